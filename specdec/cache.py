@@ -1,0 +1,121 @@
+"""A preallocated, per-row static KV cache, addressed by slot.
+
+Layout: row b of the batch holds ``pad[b]`` left-padding slots, then its prompt, then its generated
+tokens; ``lengths[b]`` counts the *committed* slots (padding included). A forward pass writes its T new
+tokens at slots ``lengths[b] .. lengths[b] + T - 1`` without committing them; the decode loop then
+commits only what verification kept. Rolling back rejected draft tokens is therefore a pointer move:
+nothing is copied and the next forward overwrites the stale slots. For token trees, :meth:`compact`
+gathers the accepted path into contiguous slots before committing.
+
+All bookkeeping is on-device tensors of fixed shape, so a step can be captured by CUDA graphs /
+``torch.compile`` later (the optional ``kv_len`` bound is the one host-side value, for CPU speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer [B, H_kv, S, D]
+    values: list[torch.Tensor]  # per layer [B, H_kv, S, D]
+    lengths: torch.Tensor  # [B] long: committed slots, left padding included
+    pad: torch.Tensor  # [B] long: left-padding slots at the start of each row
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        pad: torch.Tensor,  # [B] long
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> "KVCache":
+        shape = (batch_size, num_kv_heads, capacity, head_dim)
+        return cls(
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            lengths=torch.zeros(batch_size, dtype=torch.long, device=device),
+            pad=pad.to(device=device, dtype=torch.long),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def write(
+        self,
+        layer: int,
+        k_new: torch.Tensor,  # [B, H_kv, T, D]
+        v_new: torch.Tensor,  # [B, H_kv, T, D]
+        kv_len: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # keys, values [B, H_kv, kv_len, D]
+        """Write T uncommitted tokens after each row's committed slots; return the attendable slots."""
+        b, h, t, d = k_new.shape
+        slots = self.lengths[:, None] + torch.arange(t, device=k_new.device)  # [B, T]
+        index = slots[:, None, :, None].expand(b, h, t, d)
+        self.keys[layer].scatter_(2, index, k_new)
+        self.values[layer].scatter_(2, index, v_new)
+        kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
+        return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
+
+    def positions(self, offsets: torch.Tensor) -> torch.Tensor:  # offsets [T] → position ids [B, T]
+        """Position ids of new tokens placed ``offsets`` after each row's committed tokens (pads excluded)."""
+        return (self.lengths - self.pad)[:, None] + offsets[None, :]
+
+    def attention_mask(
+        self,
+        num_new: int,
+        kv_len: int | None = None,
+        tree_mask: torch.Tensor | None = None,  # [T, T] bool: new token i may attend to new token j
+    ) -> torch.Tensor:  # [B, 1, T, kv_len] bool
+        """Which slots each new token attends to: its row's committed non-pad slots, plus the new
+        tokens allowed by ``tree_mask`` (causal when None). A token always sees itself, so a query
+        sitting on a padding slot never has an empty row (its output is unused)."""
+        kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
+        device = self.lengths.device
+        slot = torch.arange(kv_len, device=device)  # [S]
+        rel = slot[None, :] - self.lengths[:, None]  # [B, S]: slot position relative to the new block
+        real = slot[None, :] >= self.pad[:, None]  # [B, S]: not a padding slot
+        committed = real & (rel < 0)  # [B, S]
+        q = torch.arange(num_new, device=device)  # [T]
+        in_block = real & (rel >= 0) & (rel < num_new)  # [B, S]
+        if tree_mask is None:
+            new = in_block[:, None, :] & (rel[:, None, :] <= q[None, :, None])  # [B, T, S]
+        else:
+            gathered = tree_mask[:, rel.clamp(0, num_new - 1)]  # [T, B, S]
+            new = in_block[:, None, :] & gathered.permute(1, 0, 2)
+        itself = rel[:, None, :] == q[None, :, None]  # [B, T, S]
+        return (committed[:, None, :] | new | itself).unsqueeze(1)
+
+    def commit(self, num_tokens: torch.Tensor) -> None:  # num_tokens [B] long
+        """Keep the first ``num_tokens[b]`` slots written by the last forward of each row."""
+        self.lengths += num_tokens
+
+    def rollback_to(self, lengths: torch.Tensor) -> None:  # lengths [B] long
+        """Forget every slot at or beyond ``lengths[b]``: a pointer move, nothing is copied."""
+        self.lengths.copy_(lengths)
+
+    def compact(self, path: torch.Tensor, num_tokens: torch.Tensor) -> None:
+        """Commit a tree's accepted path: move the uncommitted slots ``lengths + path[b, j]`` to
+        ``lengths + j`` for j < P, then commit ``num_tokens[b]`` of them.
+
+        path: [B, P] long, offsets into the last forward's new tokens, in the accepted order;
+        num_tokens: [B] long, how many entries of each row's path are kept.
+        """
+        b, p = path.shape
+        src = self.lengths[:, None] + path  # [B, P]
+        dst = self.lengths[:, None] + torch.arange(p, device=path.device)  # [B, P]
+        for layer in range(len(self.keys)):
+            for store in (self.keys[layer], self.values[layer]):
+                h, d = store.shape[1], store.shape[3]
+                moved = store.gather(2, src[:, None, :, None].expand(b, h, p, d))
+                store.scatter_(2, dst[:, None, :, None].expand(b, h, p, d), moved)
+        self.commit(num_tokens)

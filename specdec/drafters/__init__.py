@@ -1,0 +1,8 @@
+"""Drafting strategies behind one protocol (:class:`Drafter`), registered by name."""
+
+from specdec.drafters.base import DRAFTERS, DecodeState, Drafter, Proposal, build_drafter, register
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+
+__all__ = ["DRAFTERS", "DecodeState", "DraftModelDrafter", "Drafter", "NgramDrafter", "Proposal",
+           "build_drafter", "register"]

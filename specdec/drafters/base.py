@@ -1,0 +1,91 @@
+"""The drafter protocol and registry.
+
+A drafter is three calls (after transformers' ``CandidateGenerator``): :meth:`Drafter.propose` gives up
+to K draft tokens per row with the distribution each was drawn from (or ``None`` when it chose them
+deterministically, i.e. one-hot q); :meth:`Drafter.observe` hears what the verifier kept, so the drafter
+can roll its own state back; :meth:`Drafter.start` / :meth:`Drafter.reset` bracket one generation. The
+decode loop never branches on which drafter it runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, K'] long, K' <= K (K' = 0 proposes nothing: a plain decode step)
+    probs: torch.Tensor | None = None  # [B, K', V] the draft distributions q; None = deterministic drafts
+    num_proposed: list[int] | None = None  # per row, how many of the K' are genuine (the rest is filler)
+
+
+@dataclass
+class DecodeState:
+    """What the decode loop shares with a drafter. Updated in place after every verify step.
+
+    Slot layout as in :class:`specdec.cache.KVCache`: row b's tokens sit at slots ``pad[b] ..
+    seq_lens[b] - 1`` of ``seq``; the target cache holds all of them but the last (``last_tokens``).
+    """
+
+    seq: torch.Tensor  # [B, capacity] long: left padding, prompt, emitted tokens
+    seq_lens: torch.Tensor  # [B] long: filled slots per row, padding included
+    pad: torch.Tensor  # [B] long: left-padding slots per row
+    last_tokens: torch.Tensor  # [B] long: newest token per row (not yet in the target's cache)
+    last_hidden: torch.Tensor  # [B, H]: target's final hidden state where last_tokens was predicted
+    num_accepted: torch.Tensor | None  # [B] long: accepted drafts at the last verify (None before one)
+    tokens: list[list[int]]  # host mirror: per row, prompt (no padding) + emitted tokens
+    active: list[bool]  # rows still generating
+    max_seq_len: int  # host: max(seq_lens), a bound for attention spans without a device sync
+    capacity: int  # slots per row in every cache of this generation
+    vocab_size: int  # the target's
+    sampling: SamplingParams
+    generator: torch.Generator | None
+
+
+class Drafter(ABC):
+    """Base class of every drafting strategy; see the module docstring for the protocol."""
+
+    name: ClassVar[str] = ""
+    lossy: ClassVar[bool] = False  # True only for rules that change the output distribution
+    forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
+
+    def start(self, state: DecodeState) -> None:
+        """A generation begins: the prompt is in the target's cache and its first token emitted."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        """Up to ``k`` draft tokens per row continuing ``state``."""
+
+    def observe(self, state: DecodeState) -> None:
+        """The verifier kept ``state.num_accepted`` drafts per row and the state now includes them."""
+
+    def reset(self) -> None:
+        """Drop all per-generation state."""
+
+
+DRAFTERS: dict[str, type[Drafter]] = {}
+
+
+def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
+    """Class decorator: make a drafter buildable from a config whose ``name`` is ``name``."""
+
+    def wrap(cls: type[Drafter]) -> type[Drafter]:
+        cls.name = name
+        DRAFTERS[name] = cls
+        return cls
+
+    return wrap
+
+
+def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
+    """Instantiate the registered drafter named ``cfg.name`` via its ``from_config`` classmethod."""
+    name = cfg.name
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; registered drafters: {sorted(DRAFTERS)}")
+    return DRAFTERS[name].from_config(cfg, target=target, tokenizer=tokenizer)

@@ -1,0 +1,83 @@
+"""An independent draft model sharing the target's vocabulary, on its own static cache.
+
+The draft cache holds every committed token but the last two. Each proposal first feeds those two (one
+forward of 2 tokens), then one token per further draft. After verification the draft cache is rolled
+back to ``seq_lens - 2`` — a pointer move — which is correct whether the verifier kept 0 or all K drafts:
+every slot below that bound holds a committed token (the drafts it kept were the ones fed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.loading import VocabMismatchError
+from specdec.models import as_decoder
+from specdec.sampling import logits_to_probs, sample
+
+
+@register("draft_model")
+class DraftModelDrafter(Drafter):
+    """``model``: any transformers causal LM (or decoder) with the target's vocabulary.
+
+    ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
+    this is a self-speculative early-exit drafter that needs no extra weights.
+    """
+
+    def __init__(self, model: torch.nn.Module, num_layers: int | None = None):
+        self.decoder = as_decoder(model, num_layers=num_layers)
+        self.cache = None
+        self.forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
+        from specdec.loading import check_same_vocab, load_target
+
+        if cfg.model in (None, "", "target"):
+            model, draft_tokenizer = target, tokenizer
+        else:
+            model, draft_tokenizer = load_target(cfg.model, dtype=target.dtype, device=target.device)
+        if tokenizer is not None and draft_tokenizer is not None:
+            check_same_vocab(tokenizer, draft_tokenizer)
+        return cls(model, num_layers=cfg.num_layers)
+
+    def start(self, state: DecodeState) -> None:
+        if self.decoder.vocab_size != state.vocab_size:
+            raise VocabMismatchError(
+                f"draft model vocabulary ({self.decoder.vocab_size} tokens) differs from the target's "
+                f"({state.vocab_size}); a draft model must share the target's tokenizer (or use drafter=ngram)"
+            )
+        batch = state.seq.shape[0]
+        self.cache = self.decoder.new_cache(batch, state.capacity, state.pad)
+        prefix = state.max_seq_len - 2  # all rows have the same length right after the prompt
+        if prefix > 0:
+            self.decoder(state.seq[:, :prefix], self.cache, kv_len=prefix)
+            self.cache.commit(torch.full_like(state.seq_lens, prefix))
+            self.forwards += 1
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        self.cache.rollback_to(state.seq_lens - 2)
+        last_two = state.seq.gather(1, state.seq_lens[:, None] - 2 + torch.arange(2, device=state.seq.device))
+        params = state.sampling
+        tokens, probs = [], []
+        logits, _ = self.decoder(last_two, self.cache, kv_len=state.max_seq_len)
+        self.cache.commit(torch.full_like(state.seq_lens, 2))
+        self.forwards += 1
+        for i in range(k):
+            q = logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p)  # [B, V]
+            token = sample(q, state.generator)  # [B]
+            tokens.append(token)
+            probs.append(q)
+            if i + 1 < k:
+                logits, _ = self.decoder(token[:, None], self.cache, kv_len=state.max_seq_len + i + 1)
+                self.cache.commit(torch.ones_like(state.seq_lens))
+                self.forwards += 1
+        return Proposal(
+            tokens=torch.stack(tokens, 1),
+            probs=None if params.greedy else torch.stack(probs, 1),
+            num_proposed=[k] * state.seq.shape[0],
+        )
+
+    def reset(self) -> None:
+        self.cache = None

@@ -1,0 +1,55 @@
+"""Prompt lookup: draft the tokens that followed the latest earlier occurrence of the current suffix.
+
+Training-free and model-free (Saxena 2023; transformers' ``prompt_lookup_num_tokens``). Drafts are
+deterministic (one-hot q). When no row finds a match the proposal is empty and the step is a plain
+decode step, so a miss costs no verification work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+
+
+def lookup(tokens: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> np.ndarray:
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix.
+
+    tokens: [S] the row's tokens so far. Returns [<= k].
+    """
+    n_tokens = len(tokens)
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        suffix = tokens[n_tokens - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: n_tokens - 1], n)  # earlier starts only
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = hits[-1] + n
+            return tokens[start: start + k]
+    return tokens[:0]
+
+
+@register("ngram")
+class NgramDrafter(Drafter):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not (1 <= min_ngram <= max_ngram):
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None) -> "NgramDrafter":
+        return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram)
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        found = [
+            lookup(np.asarray(row, dtype=np.int64), k, self.max_ngram, self.min_ngram) if on else np.zeros(0, np.int64)
+            for row, on in zip(state.tokens, state.active)
+        ]
+        width = max(len(f) for f in found)
+        if width == 0:
+            return Proposal(tokens=state.last_tokens.new_zeros(len(found), 0), num_proposed=[0] * len(found))
+        # Rows with shorter matches are filled with their last token: any filler keeps exactness.
+        padded = [np.concatenate([f, np.full(width - len(f), row[-1], np.int64)]) for f, row in zip(found, state.tokens)]
+        tokens = torch.from_numpy(np.stack(padded)).to(state.last_tokens.device)
+        return Proposal(tokens=tokens, num_proposed=[len(f) for f in found])

@@ -1,0 +1,210 @@
+"""The decode loop: speculative generation and its reference, plain autoregressive generation.
+
+Both run on the same static-cache path (:mod:`specdec.cache`, :mod:`specdec.models`); plain decoding is
+speculative decoding with a drafter that proposes nothing, so the two differ only in the drafts. One
+step: the drafter proposes up to K tokens, the target scores [last token, drafts] in one forward,
+:func:`specdec.verify.rejection_sample` keeps a prefix and draws the recovered/bonus token, and the
+cache commits what was kept (a pointer move). The loop syncs with the host once per step, to learn
+what each row emitted (EOS, ``max_new_tokens``, host-side drafters and stats need it).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.metrics import DecodeStats
+from specdec.models import as_decoder
+from specdec.sampling import SamplingParams, logits_to_probs, sample
+from specdec.verify import rejection_sample
+
+
+@dataclass
+class GenerationOutput:
+    sequences: list[list[int]]  # per row: the new tokens, without the prompt (EOS included if emitted)
+    stats: DecodeStats
+
+
+class _NoDrafter(Drafter):
+    """Proposes nothing: every step is a plain decode step."""
+
+    name = "none"
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
+
+
+@contextmanager
+def _timer(stats: DecodeStats, attr: str, device: torch.device) -> Iterator[None]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    yield
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    setattr(stats, attr, getattr(stats, attr) + time.perf_counter() - start)
+
+
+def _eos_ids(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) -> set[int]:
+    if eos_token_id is None:
+        config = getattr(target, "generation_config", None) or getattr(target, "config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+
+
+def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+        attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [batch, seq_len] with seq_len >= 1, got shape {list(input_ids.shape)}")
+    if attention_mask is None:
+        if input_ids.shape[0] > 1:
+            raise ValueError("batch > 1 needs an attention_mask (prompts left-padded to one length)")
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {list(attention_mask.shape)} differs from input_ids {list(input_ids.shape)}")
+    mask = attention_mask.bool()
+    pad = (~mask).sum(1)
+    left_padded = mask == (torch.arange(mask.shape[1], device=mask.device)[None] >= pad[:, None])
+    if not bool(left_padded.all()):
+        raise ValueError("attention_mask must be left-padded (zeros, then ones); tokenize with padding_side='left'")
+    if bool((pad == mask.shape[1]).any()):
+        raise ValueError("a row of attention_mask is all zeros: every prompt needs at least one token")
+    return input_ids, pad
+
+
+@torch.no_grad()
+def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, max_new_tokens: int,
+              params: SamplingParams, generator, eos_token_id) -> GenerationOutput:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    decoder = as_decoder(target)
+    device = decoder.device
+    input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
+    batch, prompt_len = input_ids.shape
+    capacity = prompt_len + max_new_tokens + k + 1
+    if capacity > decoder.max_positions:
+        raise ValueError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + lookahead ({k + 1}) = {capacity} "
+            f"exceeds the model's context of {decoder.max_positions} positions; shorten the prompt or max_new_tokens"
+        )
+    eos = _eos_ids(target, eos_token_id)
+    stats = DecodeStats(k=k)
+    rows = torch.arange(batch, device=device)
+    wall_start = time.perf_counter()
+
+    # Prefill: the whole prompt goes into the cache; its last position gives the first new token.
+    cache = decoder.new_cache(batch, capacity, pad)
+    with _timer(stats, "target_time_s", device):
+        logits, hidden = decoder(input_ids, cache, kv_len=prompt_len)
+        cache.commit(torch.full((batch,), prompt_len, device=device))
+        first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
+    stats.target_forwards += 1
+    seq = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+    seq[:, :prompt_len] = input_ids
+    seq[:, prompt_len] = first
+    host_prompt = input_ids.tolist()
+    host_pad = pad.tolist()
+    first_host = first.tolist()
+    out = [[t] for t in first_host]
+    state = DecodeState(
+        seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=device), pad=pad, last_tokens=first,
+        last_hidden=hidden[:, -1], num_accepted=None,
+        tokens=[p[n:] + [t] for p, n, t in zip(host_prompt, host_pad, first_host)],
+        active=[t not in eos and max_new_tokens > 1 for t in first_host],
+        max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
+        generator=generator,
+    )
+    drafter.reset()
+    drafter.forwards = 0
+    with _timer(stats, "drafter_time_s", device):
+        drafter.start(state)
+
+    while any(state.active):
+        with _timer(stats, "drafter_time_s", device):
+            proposal = drafter.propose(state, k)
+        width = proposal.tokens.shape[1]
+        if width > k:
+            raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
+        with _timer(stats, "target_time_s", device):
+            block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
+            logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + width)
+            target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
+            num_accepted, next_tokens = rejection_sample(proposal.tokens, proposal.probs, target_probs, generator)
+            emitted = torch.cat([proposal.tokens, next_tokens[:, None]], 1)  # [B, K'+1]
+            emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+            host_accepted, host_emitted = num_accepted.tolist(), emitted.tolist()  # the one sync per step
+        stats.target_forwards += 1
+        num_proposed = proposal.num_proposed or [width] * batch
+        stats.record_step(num_proposed, host_accepted, state.active)
+
+        counts = []
+        for b in range(batch):
+            kept = host_emitted[b][: host_accepted[b] + 1] if state.active[b] else []
+            kept = kept[: max_new_tokens - len(out[b])]
+            for i, token in enumerate(kept):
+                if token in eos:  # stop at EOS even in the middle of accepted drafts
+                    kept = kept[: i + 1]
+                    break
+            out[b].extend(kept)
+            state.tokens[b].extend(kept)
+            counts.append(len(kept))
+            if kept and (kept[-1] in eos or len(out[b]) >= max_new_tokens):
+                state.active[b] = False
+        stats.new_tokens += sum(counts)
+        count_t = torch.tensor(counts, device=device)
+        slots = (state.seq_lens[:, None] + torch.arange(width + 1, device=device)).clamp_(max=capacity - 1)
+        state.seq.scatter_(1, slots, emitted)  # slots past count are rewritten before they are read
+        cache.commit(count_t)  # keeps last token + accepted drafts; finished rows stop moving
+        state.seq_lens += count_t
+        state.max_seq_len = max(n + len(row) for n, row in zip(host_pad, state.tokens))
+        state.last_tokens = next_tokens
+        state.last_hidden = hidden[rows, num_accepted]
+        state.num_accepted = num_accepted
+        with _timer(stats, "drafter_time_s", device):
+            drafter.observe(state)
+
+    stats.drafter_forwards = drafter.forwards
+    stats.new_tokens += batch  # the prefill's token
+    stats.wall_time_s = time.perf_counter() - wall_start
+    return GenerationOutput(sequences=out, stats=stats)
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (lookahead: draft tokens per target forward) must be an integer >= 1, got {k!r}")
+    return k
+
+
+def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k: int, max_new_tokens: int,
+                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
+                         eos_token_id: int | Sequence[int] | None = None) -> GenerationOutput:
+    """Generate with ``drafter`` proposing up to ``k`` tokens per target forward, verified exactly.
+
+    target: a transformers causal LM (as from ``load_target``/``from_pretrained``) or a decoder;
+    input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
+    generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
+    and distributed as it under sampling.
+    """
+    params = SamplingParams(temperature, top_k, top_p)
+    return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k), max_new_tokens=max_new_tokens,
+                     params=params, generator=generator, eos_token_id=eos_token_id)
+
+
+def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+                            top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
+                            attention_mask: torch.Tensor | None = None,
+                            eos_token_id: int | Sequence[int] | None = None) -> GenerationOutput:
+    """Plain decoding, one target forward per token, on the same cache path: the reference."""
+    params = SamplingParams(temperature, top_k, top_p)
+    return _generate(target, _NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
+                     params=params, generator=generator, eos_token_id=eos_token_id)

@@ -1,0 +1,141 @@
+"""Decode statistics in one object: acceptance, mean accepted length, forward counts and times.
+
+Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
+
+- a *verify step* is one row taking part in one target forward over [last token, K drafts];
+  the prefill forward is counted in ``target_forwards`` but is not a verify step;
+- α (``acceptance_rate``) = accepted draft tokens / proposed draft tokens;
+- α_i (``acceptance_per_position[i]``) = P(draft i accepted | drafts 0..i-1 accepted), i.e. accepted at
+  i / verify steps that reached i. Their pooled ratio (``acceptance_rate_conditional``) is the per-token
+  acceptance probability Leviathan et al.'s formulas assume; accepted/proposed understates it;
+- τ (``mean_accepted_length``) = tokens the verifier emitted per verify step, bonus/recovered token
+  included (so τ ≥ 1); truncation at EOS or ``max_new_tokens`` does not count against it;
+- c (cost ratio) = drafter time per draft token / time of one plain target decode step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E[tokens per verify] with i.i.d. acceptance α: (1 − α^(K+1)) / (1 − α)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Leviathan et al. Thm 3.8: (1 − α^(K+1)) / ((1 − α)(K·c + 1))."""
+    return expected_tokens_per_step(alpha, k) / (k * cost_ratio + 1.0)
+
+
+@dataclass
+class DecodeStats:
+    k: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)  # [K]
+    accepted_per_position: list[int] = field(default_factory=list)  # [K]
+    proposed_tokens: int = 0  # genuine drafts proposed (a drafter may propose fewer than K)
+    verify_steps: int = 0
+    verified_tokens: int = 0  # accepted + 1 per verify step (bonus or recovered included)
+    new_tokens: int = 0  # tokens returned to the caller (after EOS / max_new_tokens truncation)
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    target_time_s: float = 0.0
+    drafter_time_s: float = 0.0
+    wall_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.proposed_per_position:
+            self.proposed_per_position = [0] * self.k
+            self.accepted_per_position = [0] * self.k
+
+    def record_step(self, num_proposed: list[int], num_accepted: list[int], active: list[bool]) -> None:
+        """One target verify forward: per row, drafts proposed and accepted (host ints)."""
+        for proposed, accepted, on in zip(num_proposed, num_accepted, active):
+            if not on:
+                continue
+            accepted = min(accepted, proposed)
+            self.verify_steps += 1
+            self.verified_tokens += accepted + 1
+            for i in range(min(proposed, accepted + 1)):  # positions reached
+                self.proposed_per_position[i] += 1
+            for i in range(accepted):
+                self.accepted_per_position[i] += 1
+            self.proposed_tokens += proposed
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else math.nan
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / p if p else math.nan for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def acceptance_rate_conditional(self) -> float:
+        reached = sum(self.proposed_per_position)
+        return self.accepted_tokens / reached if reached else math.nan
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.verified_tokens / self.verify_steps if self.verify_steps else math.nan
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else math.nan
+
+    @property
+    def target_time_per_forward(self) -> float:
+        return self.target_time_s / self.target_forwards if self.target_forwards else math.nan
+
+    def cost_ratio(self, target_step_time_s: float) -> float:
+        """c, given the time of one plain (single-token) target decode step."""
+        draft_tokens = self.k * self.verify_steps
+        if not draft_tokens or not target_step_time_s > 0:
+            return math.nan
+        return (self.drafter_time_s / draft_tokens) / target_step_time_s
+
+    def merge(self, other: "DecodeStats") -> "DecodeStats":
+        """Sum two runs' counts and times (same K)."""
+        k = max(self.k, other.k)
+        pad = lambda xs: xs + [0] * (k - len(xs))  # noqa: E731
+        merged = DecodeStats(
+            k=k,
+            proposed_per_position=[a + b for a, b in zip(pad(self.proposed_per_position), pad(other.proposed_per_position))],
+            accepted_per_position=[a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
+            proposed_tokens=self.proposed_tokens + other.proposed_tokens,
+            verify_steps=self.verify_steps + other.verify_steps,
+            verified_tokens=self.verified_tokens + other.verified_tokens,
+            new_tokens=self.new_tokens + other.new_tokens,
+            target_forwards=self.target_forwards + other.target_forwards,
+            drafter_forwards=self.drafter_forwards + other.drafter_forwards,
+            target_time_s=self.target_time_s + other.target_time_s,
+            drafter_time_s=self.drafter_time_s + other.drafter_time_s,
+            wall_time_s=self.wall_time_s + other.wall_time_s,
+        )
+        return merged
+
+    def summary(self) -> dict:
+        return {
+            "k": self.k,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_rate_conditional": self.acceptance_rate_conditional,
+            "acceptance_per_position": self.acceptance_per_position,
+            "mean_accepted_length": self.mean_accepted_length,
+            "proposed_tokens": self.proposed_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "verify_steps": self.verify_steps,
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "drafter_forwards": self.drafter_forwards,
+            "target_time_s": self.target_time_s,
+            "drafter_time_s": self.drafter_time_s,
+            "wall_time_s": self.wall_time_s,
+            "tokens_per_second": self.tokens_per_second,
+        }

@@ -1,0 +1,26 @@
+"""Model adapters: every target or draft model is run through a decoder with a per-row cache."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from specdec.models.hf import HFDecoder
+from specdec.models.llama import CompactLlama, supports
+
+
+def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
+    """Wrap a transformers causal LM: the compact Llama-family path when possible, else the HF fallback.
+
+    A model that already is a decoder is returned as is. ``num_layers`` (early exit) needs the compact path.
+    """
+    if isinstance(model, (CompactLlama, HFDecoder)):
+        return model
+    if supports(model):
+        return CompactLlama(model, num_layers=num_layers)
+    if num_layers is not None:
+        raise ValueError(f"num_layers={num_layers} needs a Llama-family model; "
+                         f"{type(model).__name__} runs through the generic fallback")
+    return HFDecoder(model)
+
+
+__all__ = ["CompactLlama", "HFDecoder", "as_decoder", "supports"]

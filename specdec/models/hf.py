@@ -1,0 +1,74 @@
+"""Generic fallback for causal LMs outside the Llama family: transformers' own forward and DynamicCache.
+
+Rollback is a crop of the cache (O(1) in transformers, but one length for the whole batch), so this path
+runs batch 1 only; the Llama family goes through :mod:`specdec.models.llama` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+@dataclass
+class CroppedCache:
+    """A DynamicCache plus the bookkeeping :class:`specdec.cache.KVCache` exposes to the decode loop."""
+
+    inner: DynamicCache
+    lengths: torch.Tensor  # [1] long: committed tokens
+    pad: torch.Tensor  # [1] long: always 0 (batch 1, no padding)
+    capacity: int
+
+    def commit(self, num_tokens: torch.Tensor) -> None:  # [1]
+        self.lengths += num_tokens
+        self.inner.crop(int(self.lengths[0]))
+
+    def rollback_to(self, lengths: torch.Tensor) -> None:  # [1]
+        self.lengths.copy_(lengths)
+        self.inner.crop(int(self.lengths[0]))
+
+
+class HFDecoder(nn.Module):
+    """Any transformers causal LM behind the interface of :class:`specdec.models.llama.CompactLlama`."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.model = hf_model
+        config = hf_model.config
+        self.vocab_size = config.vocab_size
+        self.hidden_size = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
+        self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 10**9)
+        self.config = config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> CroppedCache:
+        if batch_size != 1 or int(pad.max()) != 0:
+            raise NotImplementedError(
+                f"{type(self.model).__name__} runs through the generic transformers fallback, which supports "
+                f"batch size 1 only (got {batch_size}); use a Llama-family model (llama, mistral, qwen2) for "
+                "batched speculative decoding"
+            )
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        return CroppedCache(DynamicCache(), zero, zero.clone(), capacity)
+
+    def forward(self, input_ids: torch.Tensor, cache: CroppedCache, *, kv_len: int | None = None,
+                tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None):
+        if tree_mask is not None:
+            raise NotImplementedError("token trees need the compact Llama-family path")
+        t = input_ids.shape[1]
+        start = int(cache.lengths[0])
+        positions = torch.arange(start, start + t, device=input_ids.device)[None]
+        out = self.model(input_ids=input_ids, past_key_values=cache.inner, position_ids=positions,
+                         use_cache=True, output_hidden_states=True)
+        # The forward appended T entries; the loop commits what it keeps (commit crops the rest).
+        return out.logits.float(), out.hidden_states[-1]

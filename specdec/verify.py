@@ -1,0 +1,71 @@
+"""Exact verification of draft tokens: rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+Vocabulary, used the same way across specdec:
+
+- **draft** tokens: the K tokens a drafter proposes for one target forward, each drawn from the draft
+  distribution q_i (or chosen deterministically: then q_i is one-hot on that token);
+- **accepted**: the longest prefix of the draft kept by the rule below;
+- **recovered** token: drawn at the first rejection from norm(max(0, p_i − q_i));
+- **bonus** token: drawn from p_K when all K drafts are accepted;
+- acceptance rate **α** = accepted draft tokens / proposed draft tokens;
+- mean accepted length **τ** = tokens emitted per target forward, *bonus included* (so τ ≥ 1).
+
+Each draft token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)). Together with the
+recovered/bonus token this emits tokens distributed exactly as sampling from the target alone, whatever
+q is, provided p and q went through the same sampling processing (:func:`specdec.sampling.logits_to_probs`).
+Greedy decoding is the one-hot special case: a draft is accepted iff it is the target's argmax.
+
+Everything here is a pure function of probabilities and a ``torch.Generator``; there is no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.sampling import sample
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,  # [B, K] long
+    draft_probs: torch.Tensor | None,  # [B, K, V], or None for deterministic drafts (one-hot q)
+    target_probs: torch.Tensor,  # [B, K+1, V]: K draft positions, then the bonus position
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] in [0, K], next_tokens [B]
+    """Verify a chain of K draft tokens per row.
+
+    Row b emits ``draft_tokens[b, :num_accepted[b]]`` then ``next_tokens[b]``: the recovered token
+    if a draft was rejected, else the bonus token.
+    """
+    batch, k = draft_tokens.shape
+    if target_probs.shape[:2] != (batch, k + 1):
+        raise ValueError(
+            f"target_probs must be [B, K+1, V] = [{batch}, {k + 1}, V], got {list(target_probs.shape)}"
+        )
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        q_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device, dtype=p_draft.dtype)
+    # u < p/q written without the division: accepts with probability min(1, p/q), never when p = 0.
+    accepted = u * q_draft < p_draft  # [B, K]
+    num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
+
+    p_next = target_probs[rows, num_accepted]  # [B, V]: p at the first rejection, or p_K (bonus)
+    at = num_accepted.clamp(max=max(k - 1, 0))
+    if k == 0:
+        residual = p_next
+    else:
+        if draft_probs is None:
+            q_next = torch.zeros_like(p_next).scatter_(-1, draft_tokens[rows, at].unsqueeze(-1), 1.0)
+        else:
+            q_next = draft_probs[rows, at]  # [B, V]
+        residual = (p_next - q_next).clamp_(min=0)
+        # A rejection implies p(x) < q(x) at the draft token, hence positive residual mass elsewhere;
+        # an all-zero residual only comes from float round-off, where p itself is the right fallback.
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(empty, p_next, residual)
+        residual = torch.where((num_accepted == k).unsqueeze(-1), p_next, residual)
+    next_tokens = sample(residual, generator)  # sample() normalises by the row total
+    return num_accepted, next_tokens

@@ -1,0 +1,183 @@
+"""Prompt sets: every built-in source loads offline with the fixed columns; limits spread over categories;
+user files fail with errors that name the file and line; prompts encode as chat or completion."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import datasets
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from specdec import data
+from specdec.data import KINDS, SOURCES, encode_prompt, load_prompt_mix, load_prompts
+
+COLUMNS = ["id", "source", "category", "kind", "text"]
+MTBENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def tiny_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    words = ["[UNK]", "<eos>", "<user>", "<bot>", "hello", "world", "def", "f"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_builtin_source_loads_offline_with_fixed_columns(source):
+    prompts = load_prompts(source)
+    assert prompts.column_names == COLUMNS
+    assert len(prompts) > 50
+    assert set(prompts["source"]) == {source}
+    assert set(prompts["kind"]) <= set(KINDS)
+    assert all(len(text) > 30 for text in prompts["text"])
+    assert len(set(prompts["id"])) == len(prompts), "ids must be unique"
+
+
+@pytest.mark.parametrize(
+    ("source", "count", "kind", "categories"),
+    [
+        ("mtbench", 80, "chat", MTBENCH_CATEGORIES),
+        ("humaneval", 164, "completion", {"code"}),
+        ("stdlib", 200, "completion", {"code"}),
+    ],
+)
+def test_known_counts_kinds_and_categories(source, count, kind, categories):
+    prompts = load_prompts(source)
+    assert len(prompts) == count
+    assert set(prompts["kind"]) == {kind}
+    assert set(prompts["category"]) == categories
+
+
+def test_source_contents():
+    first_problem = load_prompts("humaneval", limit=1)[0]
+    assert first_problem["id"] == "HumanEval/0" and "def has_close_elements(" in first_problem["text"]
+    assert load_prompts("mtbench", limit=1)[0]["id"] == "mtbench/81"  # first turn of the first question
+    wiki = load_prompts("wikipedia")
+    assert {"wikipedia"} == set(wiki["category"]) and {"completion"} == set(wiki["kind"])
+    assert all("[[" not in t and "{{" not in t and len(t) <= 1000 for t in wiki["text"])
+    assert wiki[0]["text"].startswith("Anarchism is a political philosophy")
+    plays = load_prompts("shakespeare")
+    assert all(len(t) <= 800 for t in plays["text"])
+    assert len({i.split("/")[1] for i in plays.select(range(20))["id"]}) == 20, "first rows should span works"
+
+
+def test_mtbench_limit_8_covers_every_category():
+    prompts = load_prompts("mtbench", limit=8)
+    assert len(prompts) == 8
+    assert set(prompts["category"]) == MTBENCH_CATEGORIES
+
+
+def test_seed_changes_the_subset_but_not_the_spread():
+    a, b = load_prompts("mtbench", limit=8, seed=1), load_prompts("mtbench", limit=8, seed=1)
+    assert a["id"] == b["id"], "same seed, same prompts"
+    assert set(a["category"]) == MTBENCH_CATEGORIES
+    assert a["id"] != load_prompts("mtbench", limit=8)["id"]
+    assert load_prompts("stdlib", limit=5, seed=1)["id"] != load_prompts("stdlib", limit=5, seed=2)["id"]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_limit(source):
+    assert len(load_prompts(source, limit=3)) == 3
+    empty = load_prompts(source, limit=0)
+    assert len(empty) == 0 and empty.column_names == COLUMNS
+
+
+def test_prompt_mix_concatenates_in_order():
+    mix = load_prompt_mix(["mtbench", "humaneval"], 4)
+    assert mix["source"] == ["mtbench"] * 4 + ["humaneval"] * 4
+
+
+def test_user_jsonl_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    lines = [
+        {"text": "Write a haiku."},
+        {"prompt": "def add(a, b):", "kind": "completion", "category": "code", "id": "add"},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    prompts = load_prompts(str(path))
+    assert prompts.column_names == COLUMNS
+    expected = {"id": "mine/1", "source": str(path), "category": "user", "kind": "chat", "text": "Write a haiku."}
+    assert prompts[0] == expected
+    assert prompts[1]["id"] == "add" and prompts[1]["kind"] == "completion" and prompts[1]["text"] == "def add(a, b):"
+
+
+def test_user_json_array_file(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([{"text": "a"}, {"text": "b"}]))
+    assert load_prompts(str(path))["text"] == ["a", "b"]
+
+
+def test_user_file_errors(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_prompts(str(missing))
+    no_text = tmp_path / "bad.jsonl"
+    no_text.write_text('{"text": "fine"}\n{"category": "x"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        load_prompts(str(no_text))
+    not_json = tmp_path / "broken.jsonl"
+    not_json.write_text('{"text": "fine"}\n{"text": \n')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        load_prompts(str(not_json))
+    bad_kind = tmp_path / "kind.jsonl"
+    bad_kind.write_text('{"text": "a", "kind": "dialogue"}\n')
+    with pytest.raises(ValueError, match="dialogue"):
+        load_prompts(str(bad_kind))
+
+
+def test_unknown_source_lists_valid_ones():
+    with pytest.raises(ValueError, match="unknown prompt source 'mt-bench'") as err:
+        load_prompts("mt-bench")
+    for name in SOURCES:
+        assert name in str(err.value)
+    assert ".jsonl" in str(err.value) and "hub:" in str(err.value)
+
+
+def test_hub_source_fails_fast_and_clearly_offline():
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="no-such-org/no-such-dataset-xyz"):
+        load_prompts("hub:no-such-org/no-such-dataset-xyz")
+    assert time.perf_counter() - start < 15
+
+
+def test_hub_source_reads_like_a_user_file(monkeypatch):
+    table = datasets.Dataset.from_dict({"task_id": ["t/0", "t/1"], "prompt": ["def a():", "def b():"]})
+    monkeypatch.setattr(data, "_probe_hub_dataset", lambda name: None)
+    monkeypatch.setattr(data.datasets, "load_dataset", lambda name, split: table if split == "test" else None)
+    prompts = load_prompts("hub:some-org/some-set")
+    assert prompts["id"] == ["t/0", "t/1"] and prompts["text"] == ["def a():", "def b():"]
+    assert set(prompts["category"]) == {"some-org/some-set"} and set(prompts["kind"]) == {"chat"}
+
+
+def test_encode_prompt_chat_and_completion():
+    tokenizer = tiny_tokenizer("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}<bot>{% endif %}")
+    assert encode_prompt(tokenizer, {"kind": "chat", "text": "hello world"}) == [2, 4, 5, 3]
+    assert encode_prompt(tokenizer, {"kind": "completion", "text": "def f"}) == [6, 7]
+    with pytest.raises(ValueError, match="dialogue"):
+        encode_prompt(tokenizer, {"kind": "dialogue", "text": "hello"})
+
+
+def test_encode_prompt_without_chat_template_falls_back_to_plain_text():
+    assert encode_prompt(tiny_tokenizer(), {"kind": "chat", "text": "hello world"}) == [4, 5]
+
+
+@pytest.mark.real_model
+def test_encode_prompt_with_smollm2_chat_template():
+    from transformers import AutoTokenizer
+
+    from specdec.loading import ensure_smollm2_cache
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_smollm2_cache())
+    ids = encode_prompt(tokenizer, load_prompts("mtbench", limit=1)[0])
+    assert all(isinstance(i, int) for i in ids)
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n")  # SmolLM2's template adds a default system prompt
+    assert text.endswith("<|im_start|>assistant\n")
+    completion = encode_prompt(tokenizer, {"kind": "completion", "text": "def f(x):"})
+    assert tokenizer.decode(completion) == "def f(x):"  # no BOS or other special token added

