@@ -27,18 +27,8 @@ class DrafterConfig:
     k: int = 4  # lookahead: draft tokens proposed per target forward
 
 
-@dataclass
-class NgramDrafterConfig(DrafterConfig):
-    name: str = "ngram"
-    max_ngram: int = 3
-    min_ngram: int = 1
-
-
-@dataclass
-class DraftModelDrafterConfig(DrafterConfig):
-    name: str = "draft_model"
-    model: str = "smollm2-135m"  # alias, local path or hub id; must share the target's vocabulary
-    num_layers: Optional[int] = 8  # keep only the first N decoder layers (self-speculative early exit); null = all
+# Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;
+# register_configs() stores every registered drafter's under drafter/<name>_schema.
 
 
 @dataclass
@@ -90,11 +80,13 @@ class RunConfig:
 
 
 def register_configs() -> None:
+    from specdec.drafters import DRAFTERS
+
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="target", name="target_schema", node=TargetConfig)
-    cs.store(group="drafter", name="ngram_schema", node=NgramDrafterConfig)
-    cs.store(group="drafter", name="draft_model_schema", node=DraftModelDrafterConfig)
+    for name, drafter in DRAFTERS.items():
+        cs.store(group="drafter", name=f"{name}_schema", node=drafter.Config)
     cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -22,6 +22,12 @@ from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 from specdec.verify import rejection_sample
+from specdec.verify_tree import verify_tree
+
+
+# (draft_tokens [B, K], draft_probs [B, K, V] | None, target_probs [B, K+1, V], generator)
+#   -> (num_accepted [B], next_tokens [B]); rejection_sample is the exact one.
+Verifier = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -83,7 +89,7 @@ def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
 
 @torch.no_grad()
 def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, max_new_tokens: int,
-              params: SamplingParams, generator, eos_token_id) -> GenerationOutput:
+              params: SamplingParams, generator, eos_token_id, verifier: Verifier) -> GenerationOutput:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     decoder = as_decoder(target)
@@ -103,11 +109,10 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
 
     # Prefill: the whole prompt goes into the cache; its last position gives the first new token.
     cache = decoder.new_cache(batch, capacity, pad)
-    with _timer(stats, "target_time_s", device):
+    with _timer(stats, "prefill_time_s", device):
         logits, hidden = decoder(input_ids, cache, kv_len=prompt_len)
         cache.commit(torch.full((batch,), prompt_len, device=device))
         first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
-    stats.target_forwards += 1
     seq = torch.zeros(batch, capacity, dtype=torch.long, device=device)
     seq[:, :prompt_len] = input_ids
     seq[:, prompt_len] = first
@@ -136,10 +141,20 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
             raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
         with _timer(stats, "target_time_s", device):
             block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
-            logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + width)
+            tree = proposal.tree
+            logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + width,
+                                     tree_mask=None if tree is None else tree.mask,
+                                     depths=None if tree is None else tree.depths)
             target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
-            num_accepted, next_tokens = rejection_sample(proposal.tokens, proposal.probs, target_probs, generator)
-            emitted = torch.cat([proposal.tokens, next_tokens[:, None]], 1)  # [B, K'+1]
+            if tree is None:
+                num_accepted, next_tokens = verifier(proposal.tokens, proposal.probs, target_probs, generator)
+                drafted, path = proposal.tokens, None  # [B, K']
+            else:
+                nodes, num_accepted, next_tokens = verify_tree(tree, proposal.tokens, proposal.probs, target_probs,
+                                                               generator)
+                drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
+                path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
+            emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
             emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
             host_accepted, host_emitted = num_accepted.tolist(), emitted.tolist()  # the one sync per step
         stats.target_forwards += 1
@@ -161,13 +176,16 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                 state.active[b] = False
         stats.new_tokens += sum(counts)
         count_t = torch.tensor(counts, device=device)
-        slots = (state.seq_lens[:, None] + torch.arange(width + 1, device=device)).clamp_(max=capacity - 1)
+        slots = (state.seq_lens[:, None] + torch.arange(emitted.shape[1], device=device)).clamp_(max=capacity - 1)
         state.seq.scatter_(1, slots, emitted)  # slots past count are rewritten before they are read
-        cache.commit(count_t)  # keeps last token + accepted drafts; finished rows stop moving
+        if path is None:
+            cache.commit(count_t)  # keeps last token + accepted drafts; finished rows stop moving
+        else:
+            cache.compact(path, count_t)  # gathers the accepted path's keys/values into contiguous slots
         state.seq_lens += count_t
         state.max_seq_len = max(n + len(row) for n, row in zip(host_pad, state.tokens))
         state.last_tokens = next_tokens
-        state.last_hidden = hidden[rows, num_accepted]
+        state.last_hidden = hidden[rows, num_accepted if path is None else path[rows, num_accepted]]
         state.num_accepted = num_accepted
         with _timer(stats, "drafter_time_s", device):
             drafter.observe(state)
@@ -187,17 +205,19 @@ def _check_k(k) -> int:
 def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k: int, max_new_tokens: int,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
-                         eos_token_id: int | Sequence[int] | None = None) -> GenerationOutput:
+                         eos_token_id: int | Sequence[int] | None = None,
+                         verifier: Verifier = rejection_sample) -> GenerationOutput:
     """Generate with ``drafter`` proposing up to ``k`` tokens per target forward, verified exactly.
 
     target: a transformers causal LM (as from ``load_target``/``from_pretrained``) or a decoder;
     input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
     generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
-    and distributed as it under sampling.
+    and distributed as it under sampling. ``verifier`` is replaceable for studies (e.g. planted bugs in
+    :mod:`specdec.verify_dist`); the default is the exact rule.
     """
     params = SamplingParams(temperature, top_k, top_p)
     return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k), max_new_tokens=max_new_tokens,
-                     params=params, generator=generator, eos_token_id=eos_token_id)
+                     params=params, generator=generator, eos_token_id=eos_token_id, verifier=verifier)
 
 
 def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
@@ -207,4 +227,4 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
     """Plain decoding, one target forward per token, on the same cache path: the reference."""
     params = SamplingParams(temperature, top_k, top_p)
     return _generate(target, _NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
-                     params=params, generator=generator, eos_token_id=eos_token_id)
+                     params=params, generator=generator, eos_token_id=eos_token_id, verifier=rejection_sample)

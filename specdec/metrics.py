@@ -3,7 +3,8 @@
 Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
 
 - a *verify step* is one row taking part in one target forward over [last token, K drafts];
-  the prefill forward is counted in ``target_forwards`` but is not a verify step;
+  ``target_forwards`` and ``target_time_s`` count those forwards (batched: one per step), the prompt's
+  prefill is timed apart in ``prefill_time_s``;
 - α (``acceptance_rate``) = accepted draft tokens / proposed draft tokens;
 - α_i (``acceptance_per_position[i]``) = P(draft i accepted | drafts 0..i-1 accepted), i.e. accepted at
   i / verify steps that reached i. Their pooled ratio (``acceptance_rate_conditional``) is the per-token
@@ -43,6 +44,7 @@ class DecodeStats:
     target_forwards: int = 0
     drafter_forwards: int = 0
     target_time_s: float = 0.0
+    prefill_time_s: float = 0.0
     drafter_time_s: float = 0.0
     wall_time_s: float = 0.0
 
@@ -116,6 +118,7 @@ class DecodeStats:
             target_forwards=self.target_forwards + other.target_forwards,
             drafter_forwards=self.drafter_forwards + other.drafter_forwards,
             target_time_s=self.target_time_s + other.target_time_s,
+            prefill_time_s=self.prefill_time_s + other.prefill_time_s,
             drafter_time_s=self.drafter_time_s + other.drafter_time_s,
             wall_time_s=self.wall_time_s + other.wall_time_s,
         )
@@ -135,6 +138,7 @@ class DecodeStats:
             "target_forwards": self.target_forwards,
             "drafter_forwards": self.drafter_forwards,
             "target_time_s": self.target_time_s,
+            "prefill_time_s": self.prefill_time_s,
             "drafter_time_s": self.drafter_time_s,
             "wall_time_s": self.wall_time_s,
             "tokens_per_second": self.tokens_per_second,

@@ -25,6 +25,55 @@ import torch
 from specdec.sampling import sample
 
 
+def accept_drafts(
+    draft_tokens: torch.Tensor,  # [B, K] long
+    draft_probs: torch.Tensor | None,  # [B, K, V] or None (one-hot q)
+    target_probs: torch.Tensor,  # [B, K+1, V]
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # num_accepted [B] in [0, K]
+    """Accept draft i with probability min(1, p_i(x_i) / q_i(x_i)); keep the prefix before the first rejection."""
+    batch, k = draft_tokens.shape
+    if target_probs.shape[:2] != (batch, k + 1):
+        raise ValueError(
+            f"target_probs must be [B, K+1, V] = [{batch}, {k + 1}, V], got {list(target_probs.shape)}"
+        )
+    p_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        q_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device, dtype=p_draft.dtype)
+    # u < p/q written without the division: accepts with probability min(1, p/q), never when p = 0.
+    accepted = u * q_draft < p_draft  # [B, K]
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+def next_token_probs(
+    num_accepted: torch.Tensor,  # [B]
+    draft_tokens: torch.Tensor,  # [B, K]
+    draft_probs: torch.Tensor | None,  # [B, K, V] or None (one-hot q)
+    target_probs: torch.Tensor,  # [B, K+1, V]
+) -> torch.Tensor:  # [B, V], unnormalised
+    """The distribution of the token after the accepted drafts: the residual max(0, p_n − q_n) at the
+    first rejection n (recovered token), or p_K when all K were accepted (bonus token)."""
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p_next = target_probs[rows, num_accepted]  # [B, V]
+    if k == 0:
+        return p_next
+    at = num_accepted.clamp(max=k - 1)
+    if draft_probs is None:
+        q_next = torch.zeros_like(p_next).scatter_(-1, draft_tokens[rows, at].unsqueeze(-1), 1.0)
+    else:
+        q_next = draft_probs[rows, at]  # [B, V]
+    residual = (p_next - q_next).clamp_(min=0)
+    # A rejection implies p(x) < q(x) at the draft token, hence positive residual mass elsewhere;
+    # an all-zero residual only comes from float round-off, where p itself is the right fallback.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, p_next, residual)
+    return torch.where((num_accepted == k).unsqueeze(-1), p_next, residual)
+
+
 def rejection_sample(
     draft_tokens: torch.Tensor,  # [B, K] long
     draft_probs: torch.Tensor | None,  # [B, K, V], or None for deterministic drafts (one-hot q)
@@ -36,36 +85,6 @@ def rejection_sample(
     Row b emits ``draft_tokens[b, :num_accepted[b]]`` then ``next_tokens[b]``: the recovered token
     if a draft was rejected, else the bonus token.
     """
-    batch, k = draft_tokens.shape
-    if target_probs.shape[:2] != (batch, k + 1):
-        raise ValueError(
-            f"target_probs must be [B, K+1, V] = [{batch}, {k + 1}, V], got {list(target_probs.shape)}"
-        )
-    rows = torch.arange(batch, device=draft_tokens.device)
-    p_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    if draft_probs is None:
-        q_draft = torch.ones_like(p_draft)
-    else:
-        q_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device, dtype=p_draft.dtype)
-    # u < p/q written without the division: accepts with probability min(1, p/q), never when p = 0.
-    accepted = u * q_draft < p_draft  # [B, K]
-    num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
-
-    p_next = target_probs[rows, num_accepted]  # [B, V]: p at the first rejection, or p_K (bonus)
-    at = num_accepted.clamp(max=max(k - 1, 0))
-    if k == 0:
-        residual = p_next
-    else:
-        if draft_probs is None:
-            q_next = torch.zeros_like(p_next).scatter_(-1, draft_tokens[rows, at].unsqueeze(-1), 1.0)
-        else:
-            q_next = draft_probs[rows, at]  # [B, V]
-        residual = (p_next - q_next).clamp_(min=0)
-        # A rejection implies p(x) < q(x) at the draft token, hence positive residual mass elsewhere;
-        # an all-zero residual only comes from float round-off, where p itself is the right fallback.
-        empty = residual.sum(-1, keepdim=True) <= 0
-        residual = torch.where(empty, p_next, residual)
-        residual = torch.where((num_accepted == k).unsqueeze(-1), p_next, residual)
-    next_tokens = sample(residual, generator)  # sample() normalises by the row total
-    return num_accepted, next_tokens
+    num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
+    next_probs = next_token_probs(num_accepted, draft_tokens, draft_probs, target_probs)
+    return num_accepted, sample(next_probs, generator)  # sample() normalises by the row total

@@ -2,7 +2,8 @@
 
 from specdec.drafters.base import DRAFTERS, DecodeState, Drafter, Proposal, build_drafter, register
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.ngram import NgramDrafter
 
-__all__ = ["DRAFTERS", "DecodeState", "DraftModelDrafter", "Drafter", "NgramDrafter", "Proposal",
+__all__ = ["DRAFTERS", "DecodeState", "DraftModelDrafter", "Drafter", "MedusaDrafter", "NgramDrafter", "Proposal",
            "build_drafter", "register"]

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
 from specdec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdec.verify_tree import Tree
 
 
 @dataclass
@@ -23,6 +26,7 @@ class Proposal:
     tokens: torch.Tensor  # [B, K'] long, K' <= K (K' = 0 proposes nothing: a plain decode step)
     probs: torch.Tensor | None = None  # [B, K', V] the draft distributions q; None = deterministic drafts
     num_proposed: list[int] | None = None  # per row, how many of the K' are genuine (the rest is filler)
+    tree: Tree | None = None  # the K' tokens form this tree (node i = tokens[:, i]); None = a chain
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Drafter(ABC):
     """Base class of every drafting strategy; see the module docstring for the protocol."""
 
     name: ClassVar[str] = ""
+    Config: ClassVar[type]  # the drafter's typed Hydra config (a specdec.config.DrafterConfig subclass)
     lossy: ClassVar[bool] = False  # True only for rules that change the output distribution
     forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
 

@@ -8,8 +8,12 @@ every slot below that bound holds a committed token (the drafts it kept were the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
+from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
 from specdec.loading import VocabMismatchError
 from specdec.models import as_decoder
@@ -23,6 +27,12 @@ class DraftModelDrafter(Drafter):
     ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
     this is a self-speculative early-exit drafter that needs no extra weights.
     """
+
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "draft_model"
+        model: str = "target"  # "target" (the target itself), an alias, a local path or a hub id; same vocabulary
+        num_layers: Optional[int] = 8  # keep only the first N decoder layers (early exit); null = all
 
     def __init__(self, model: torch.nn.Module, num_layers: int | None = None):
         self.decoder = as_decoder(model, num_layers=num_layers)

@@ -7,9 +7,12 @@ decode step, so a miss costs no verification work.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
 
 
@@ -31,6 +34,12 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> np.nda
 
 @register("ngram")
 class NgramDrafter(Drafter):
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "ngram"
+        max_ngram: int = 3  # longest suffix looked up
+        min_ngram: int = 1  # shortest suffix looked up before giving up
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")

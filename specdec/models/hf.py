@@ -24,11 +24,17 @@ class CroppedCache:
 
     def commit(self, num_tokens: torch.Tensor) -> None:  # [1]
         self.lengths += num_tokens
-        self.inner.crop(int(self.lengths[0]))
+        self._crop()
 
     def rollback_to(self, lengths: torch.Tensor) -> None:  # [1]
         self.lengths.copy_(lengths)
-        self.inner.crop(int(self.lengths[0]))
+        self._crop()
+
+    def _crop(self) -> None:
+        # crop(-n) drops the last n entries in transformers 4 and 5 alike (5 refuses a positive length).
+        surplus = self.inner.get_seq_length() - int(self.lengths[0])
+        if surplus > 0:
+            self.inner.crop(-surplus)
 
 
 class HFDecoder(nn.Module):

@@ -1,0 +1,241 @@
+"""Medusa heads (Cai et al. 2024): H small heads on the target's last hidden state, no draft model.
+
+Head i (i = 0..H-1) reads the target's final hidden state at the position that predicted token t+1 —
+``DecodeState.last_hidden``, where ``last_tokens`` was predicted — and proposes token t+2+i. Each head is
+a residual block h + SiLU(W h + b) followed by the target's own LM head (frozen and shared; an own LM
+head per Medusa head is an option). W and b start at zero, so an untrained head repeats the target's
+next-token prediction. A proposal needs no model forward: H small matrix products and the LM head.
+
+Two shapes of proposal, both verified exactly:
+
+- **chain** (``tree: null``): the first k heads each propose one token, drawn from their draft
+  distribution q_i (argmax when greedy) and verified by :func:`specdec.verify.rejection_sample`. The
+  drafts are drawn independently of each other, which the rejection rule allows: it only needs each draft
+  to come from the q_i it reports.
+- **tree** (the default): candidates are the top-r tokens of each head, combined along *paths*: the path
+  [r_0, r_1, ..] is rank r_0 of head 0, then rank r_1 of head 1, and so on. Paths are listed in priority
+  order (parents first) and k takes the first k of them, so one number sizes the tree. Candidates are
+  deterministic (one-hot q) and verified by :func:`specdec.verify_tree.verify_tree`.
+
+Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
+``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specdec.config import DrafterConfig
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.sampling import logits_to_probs, sample
+from specdec.verify_tree import Tree
+
+log = logging.getLogger(__name__)
+
+FORMAT = "specdec-medusa-1"
+DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-135M-Instruct
+
+
+def default_heads_path() -> Path:
+    return Path(str(resources.files("specdec") / "assets" / "medusa" / "smollm2-135m" / "heads.safetensors"))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # a fresh head is the identity, i.e. the base next-token head
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        return h + F.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` residual blocks, then the shared LM head (passed at call time) or an own one each."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, own_lm_head: bool = False):
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads)) \
+            if own_lm_head else None
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def init_lm_heads(self, lm_head_weight: torch.Tensor) -> None:  # [V, H]
+        """Start every own LM head as a copy of the target's."""
+        if self.lm_heads is not None:
+            for head in self.lm_heads:
+                head.weight.data.copy_(lm_head_weight)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [..., H] target final hidden states
+        lm_head_weight: torch.Tensor,  # [V, H] the target's (frozen) LM head
+        num_heads: int | None = None,  # use the first heads only
+    ) -> torch.Tensor:  # [..., num_heads, V] logits
+        blocks = self.blocks[: num_heads or self.num_heads]
+        z = torch.stack([block(hidden) for block in blocks], -2)  # [..., h, H]
+        if self.lm_heads is not None:
+            return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[: len(blocks)])], -2)
+        flat = z.reshape(-1, z.shape[-1])  # [R, H]
+        # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows.
+        return torch.mm(lm_head_weight, flat.t()).t().reshape(*z.shape[:-1], -1)
+
+
+def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: list[list[int]] | None = None,
+               extra: dict[str, Any] | None = None) -> None:
+    """Write ``heads`` as safetensors (atomically: a temporary file, then a rename)."""
+    path = Path(path)
+    meta = {"format": FORMAT, "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size,
+            "num_heads": heads.num_heads, "own_lm_head": heads.lm_heads is not None, "target": target,
+            "tree": tree, **(extra or {})}
+    tensors = {name: t.detach().cpu().contiguous() for name, t in heads.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"specdec": json.dumps(meta)})
+    tmp.replace(path)
+
+
+def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[MedusaHeads, dict[str, Any]]:
+    """Load heads saved by :func:`save_heads` for a target of ``hidden_size`` and ``vocab_size``.
+
+    Raises ValueError when they were trained for a target of another shape.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "heads.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no Medusa heads at {str(path)!r}; train some with `python -m specdec.train_medusa` "
+                                f"or use drafter.heads={DEFAULT_HEADS} for the default target's")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("specdec", "{}"))
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{str(path)!r} is not a specdec Medusa heads file (format {meta.get('format')!r}, "
+                         f"expected {FORMAT!r})")
+    if (meta["hidden_size"], meta["vocab_size"]) != (hidden_size, vocab_size):
+        raise ValueError(
+            f"Medusa heads {str(path)!r} were trained for a target with hidden size {meta['hidden_size']} and "
+            f"vocabulary {meta['vocab_size']} (target {meta.get('target') or 'unknown'!r}), but this target has "
+            f"hidden size {hidden_size} and vocabulary {vocab_size}; train heads for it with "
+            f"`python -m specdec.train_medusa target=<this target>`"
+        )
+    heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"])
+    heads.load_state_dict(load_file(str(path)))
+    return heads.eval().requires_grad_(False), meta
+
+
+def check_paths(paths: Any, num_heads: int) -> list[list[int]]:
+    """Validate a tree given as priority-ordered paths of head ranks; return it as plain lists."""
+    paths = [[int(r) for r in p] for p in paths]
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        if not p or len(p) > num_heads or min(p) < 0:
+            raise ValueError(f"tree path {p} must list 1..{num_heads} non-negative ranks (one per Medusa head)")
+        if tuple(p) in seen or (len(p) > 1 and tuple(p[:-1]) not in seen):
+            raise ValueError(f"tree path {p} is repeated or listed before its parent {p[:-1]}")
+        seen.add(tuple(p))
+    return paths
+
+
+@dataclass(frozen=True)
+class _TreePlan:
+    tree: Tree
+    head: torch.Tensor  # [N] long: which head proposes each node (its depth - 1)
+    rank: torch.Tensor  # [N] long: which of that head's top tokens it is
+    top: int  # ranks needed per head
+
+
+def _plan(paths: list[list[int]], device: torch.device) -> _TreePlan:
+    index = {tuple(p): i for i, p in enumerate(paths)}
+    parents = [index[tuple(p[:-1])] if len(p) > 1 else -1 for p in paths]
+    return _TreePlan(Tree.from_parents(parents, device), torch.tensor([len(p) - 1 for p in paths], device=device),
+                     torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths))
+
+
+@register("medusa")
+class MedusaDrafter(Drafter):
+    """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
+    None = chain drafting with the first k heads."""
+
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "medusa"
+        k: int = 4  # draft tokens per target forward: tree nodes (the first k paths), or heads used in a chain
+        heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
+        tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
+
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None):
+        self.heads = heads
+        self.lm_head_weight = lm_head_weight  # [V, H]
+        self.paths = None if paths is None else check_paths(paths, heads.num_heads)
+        self._plans: dict[int, _TreePlan] = {}
+        self.forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None) -> "MedusaDrafter":
+        from specdec.models import as_decoder
+
+        decoder = as_decoder(target)
+        path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
+        heads, meta = load_heads(path, hidden_size=decoder.hidden_size, vocab_size=decoder.vocab_size)
+        heads.to(device=decoder.device, dtype=decoder.dtype)
+        if cfg.tree == "default":
+            paths = meta.get("tree")
+            if not paths:
+                raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (chain)")
+        else:
+            paths = cfg.tree
+        return cls(heads, decoder.lm_head.weight, None if paths is None else list(paths))
+
+    def start(self, state: DecodeState) -> None:
+        if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
+            raise ValueError(
+                f"Medusa heads expect hidden size {self.heads.hidden_size} and vocabulary {self.heads.vocab_size}, "
+                f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
+            )
+
+    def _tree_plan(self, k: int, device: torch.device) -> _TreePlan:
+        if k > len(self.paths):
+            raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
+                             f"lower k or give a larger drafter.tree")
+        if k not in self._plans:
+            self._plans[k] = _plan(self.paths[:k], device)
+        return self._plans[k]
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        params = state.sampling
+        batch = state.last_tokens.shape[0]
+        self.forwards += 1
+        if self.paths is None:
+            if k > self.heads.num_heads:
+                raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
+                                 f"{self.heads.num_heads} heads; lower k")
+            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V]
+            q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V]
+            return Proposal(tokens=sample(q, state.generator), probs=None if params.greedy else q,
+                            num_proposed=[k] * batch)
+        plan = self._tree_plan(k, state.last_tokens.device)
+        depth = plan.tree.max_depth
+        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=depth)  # [B, D, V]
+        top = logits.topk(plan.top, dim=-1).indices  # [B, D, r]: each head's candidates, best first
+        tokens = top[:, plan.head, plan.rank]  # [B, N]
+        return Proposal(tokens=tokens, num_proposed=[k] * batch, tree=plan.tree)

@@ -1,0 +1,248 @@
+"""Main job: speculative vs plain decoding of one configuration on a real prompt set.
+
+    python -m specdec.run                                  # embedded SmolLM2-135M, n-gram drafter, K=4
+    python -m specdec.run drafter=draft_model drafter.k=2 sampling=sample
+    python -m specdec.run -m drafter.k=1,2,4,8             # a sweep (summary written at the end)
+
+Speculative and plain decoding run on the same prompts in the same process, batch by batch in
+alternation so slow drifts in machine load hit both alike. Writes ``results.json`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specdec.config import register_configs
+from specdec.data import encode_prompt, load_prompt_mix
+from specdec.drafters import build_drafter
+from specdec.engine import autoregressive_generate, speculative_generate
+from specdec.loading import load_target, resolve_device
+from specdec.metrics import DecodeStats, predicted_speedup
+
+register_configs()
+
+
+def machine_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
+    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it."""
+    encoded = []
+    for row in rows:
+        ids = encode_prompt(tokenizer, row)
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt {row['id']!r} has {len(ids)} tokens, more than the {limit} allowed "
+                f"(context {context} minus max_new_tokens and lookahead); lower data.max_new_tokens, "
+                "raise data.max_prompt_tokens / target.max_context, or drop the prompt"
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def left_pad(batch: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(ids) for ids in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, row in enumerate(batch):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _rate(stats: DecodeStats) -> float:
+    return stats.new_tokens / stats.wall_time_s if stats.wall_time_s > 0 else math.nan
+
+
+def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: int) -> dict[str, Any]:
+    """The metrics of results.json for one group of prompts (all of them, or one category)."""
+    out = {
+        "num_prompts": num_prompts,
+        "acceptance_rate": spec.acceptance_rate,
+        "acceptance_rate_conditional": spec.acceptance_rate_conditional,
+        "acceptance_per_position": spec.acceptance_per_position,
+        "mean_accepted_length": spec.mean_accepted_length,
+        "tokens_per_second": _rate(spec),
+        "baseline_tokens_per_second": math.nan,
+        "speedup": math.nan,
+        "predicted_speedup": math.nan,
+        "cost_ratio": math.nan,
+    }
+    if base is not None and base.target_forwards:
+        step_time = base.target_time_s / base.target_forwards
+        cost = spec.cost_ratio(step_time)
+        out.update(
+            baseline_tokens_per_second=_rate(base),
+            speedup=_rate(spec) / _rate(base),
+            cost_ratio=cost,
+            predicted_speedup=predicted_speedup(spec.acceptance_rate_conditional, k, cost),
+            target_step_time_s=step_time,
+            verify_step_time_s=spec.target_time_per_forward,
+        )
+    return out
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    torch.manual_seed(cfg.sampling.seed)
+    device = resolve_device(cfg.target.device)
+    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
+    k = cfg.drafter.k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
+    drafter = build_drafter(cfg.drafter, target, tokenizer)
+    sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
+    speculative_generate(target, drafter, torch.tensor([[1, 2, 3]], device=device), k=k, max_new_tokens=1,
+                         **sampling)  # validates sampling settings before any work
+
+    context = min(cfg.target.max_context, target.config.max_position_embeddings)
+    limit = context - cfg.data.max_new_tokens - k - 1
+    if cfg.data.max_prompt_tokens is not None:
+        limit = min(limit, cfg.data.max_prompt_tokens)
+    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
+    prompts = encode_prompts(tokenizer, rows, limit, context)
+    eos = [target.generation_config.eos_token_id] if isinstance(target.generation_config.eos_token_id, int) \
+        else list(target.generation_config.eos_token_id or [])
+    # Completion prompts (code, text) end at <|endoftext|> as well as at the chat end token.
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    generator = torch.Generator(device=device)
+    gen_args = dict(max_new_tokens=cfg.data.max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
+
+    if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
+        ids, mask = left_pad(prompts[:1], tokenizer.pad_token_id, device)
+        speculative_generate(target, drafter, ids, attention_mask=mask, k=k, **{**gen_args, "max_new_tokens": 8})
+        autoregressive_generate(target, ids, attention_mask=mask, **{**gen_args, "max_new_tokens": 8})
+
+    by_category: dict[str, list[DecodeStats]] = defaultdict(list)
+    base_by_category: dict[str, list[DecodeStats]] = defaultdict(list)
+    mismatches = 0
+    bs = cfg.data.batch_size
+    for start in tqdm(range(0, len(prompts), bs), desc=f"{cfg.drafter.name} k={k}", unit="batch"):
+        batch_rows = rows.select(range(start, min(start + bs, len(prompts))))
+        ids, mask = left_pad(prompts[start:start + bs], tokenizer.pad_token_id, device)
+        generator.manual_seed(cfg.sampling.seed + start)
+        spec = speculative_generate(target, drafter, ids, attention_mask=mask, k=k, **gen_args)
+        category = batch_rows[0]["category"] if bs == 1 else "mixed"
+        by_category[category].append(spec.stats)
+        if cfg.baseline:
+            generator.manual_seed(cfg.sampling.seed + start)
+            base = autoregressive_generate(target, ids, attention_mask=mask, **gen_args)
+            base_by_category[category].append(base.stats)
+            if cfg.sampling.temperature == 0:
+                mismatches += sum(a != b for a, b in zip(spec.sequences, base.sequences))
+
+    def total(groups):
+        merged = None
+        for stats in groups:
+            merged = stats if merged is None else merged.merge(stats)
+        return merged
+
+    spec_all = total(s for group in by_category.values() for s in group)
+    base_all = total(s for group in base_by_category.values() for s in group) if cfg.baseline else None
+    results = {
+        "status": "ok",
+        "error": None,
+        **_config_fields(cfg),
+        "num_prompts": len(prompts),
+        **summarize(spec_all, base_all, k, len(prompts)),
+        "target_forwards": spec_all.target_forwards,
+        "drafter_forwards": spec_all.drafter_forwards,
+        "new_tokens": spec_all.new_tokens,
+        "wall_time_s": spec_all.wall_time_s,
+        "baseline_wall_time_s": base_all.wall_time_s if base_all else math.nan,
+        "per_category": {
+            cat: summarize(total(group), total(base_by_category[cat]) if cfg.baseline else None, k, len(group) * bs)
+            for cat, group in sorted(by_category.items())
+        },
+        "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
+        "lossy": bool(getattr(drafter, "lossy", False)),
+        "device": machine_description(device),
+    }
+    return results
+
+
+def _config_fields(cfg: DictConfig) -> dict[str, Any]:
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under Hydra (called from Python)
+        overrides = []
+    return {
+        "target": cfg.target.name,
+        "drafter": cfg.drafter.name,
+        "k": cfg.drafter.k,
+        "temperature": cfg.sampling.temperature,
+        "top_k": cfg.sampling.top_k,
+        "top_p": cfg.sampling.top_p,
+        "sources": list(cfg.data.sources),
+        "max_new_tokens": cfg.data.max_new_tokens,
+        "batch_size": cfg.data.batch_size,
+        "overrides": overrides,
+    }
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic: a crash mid-write never leaves a truncated results file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def format_table(results: dict[str, Any]) -> str:
+    head = f"{'category':<14}{'prompts':>8}{'α':>8}{'τ':>8}{'tok/s':>9}{'base tok/s':>12}{'speedup':>9}{'predicted':>11}"
+    lines = [head, "-" * len(head)]
+    rows = list(results["per_category"].items()) + [("ALL", results)]
+    for name, r in rows:
+        lines.append(
+            f"{name:<14}{r['num_prompts']:>8}{r['acceptance_rate']:>8.3f}{r['mean_accepted_length']:>8.2f}"
+            f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>12.1f}{r['speedup']:>8.2f}x"
+            f"{r['predicted_speedup']:>10.2f}x"
+        )
+    pos = ", ".join(f"{a:.2f}" for a in results["acceptance_per_position"])
+    lines.append(f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}")
+    if results.get("greedy_mismatches") is not None:
+        lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
+                     f"({results['greedy_mismatches']} mismatching rows)")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../configs", config_name="run", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    results_path = out_dir / cfg.results_file
+    try:
+        results = run(cfg)
+    except Exception as exc:
+        # A failed run still leaves a results file, so a sweep's summary lists it with its error.
+        write_json(results_path, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                  "traceback": traceback.format_exc(), **_config_fields(cfg)})
+        raise
+    write_json(results_path, results)
+    print(format_table(results))
+    print(f"results: {results_path}")
+    if cfg.logger.name == "wandb":
+        from specdec.report import wandb_log_run
+
+        wandb_log_run(cfg, results, out_dir)
+    elif cfg.logger.name != "none":
+        raise ValueError(f"logger.name must be 'none' or 'wandb', got {cfg.logger.name!r}")
+    return results["speedup"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random Llama models (fast unit tests) and the real default target (integration)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
+                         max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> LlamaForCausalLM:
+    return tiny_llama(layers=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> LlamaForCausalLM:
+    return tiny_llama(hidden=16, layers=1, heads=2, kv_heads=1, seed=1)
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """SmolLM2-135M-Instruct, the embedded default (converted once to a local safetensors cache)."""
+    from specdec.loading import load_target
+
+    return load_target()
+
+
+@pytest.fixture(scope="session")
+def real_prompts(real_target):
+    """Token ids of a few real prompts: MT-Bench questions (chat template) and HumanEval problems."""
+    from specdec.data import encode_prompt, load_prompt_mix
+
+    _, tokenizer = real_target
+    rows = load_prompt_mix(["mtbench", "humaneval"], 3)
+    return [encode_prompt(tokenizer, row) for row in rows]
+
+
+def left_pad(batch: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(batch):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids, mask

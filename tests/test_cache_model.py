@@ -1,0 +1,99 @@
+"""The per-row static cache and the compact Llama forward: equal to HF's logits, O(1) rollback."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from conftest import left_pad, tiny_llama
+from specdec.cache import KVCache
+from specdec.models import CompactLlama, HFDecoder, as_decoder
+
+
+def hf_logits(model, ids, mask):
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    return model(ids, attention_mask=mask, position_ids=positions).logits
+
+
+@torch.no_grad()
+def test_compact_llama_matches_hf_with_padding_and_incremental_steps(tiny_target):
+    ids, mask = left_pad([[5, 9, 3, 7, 11, 2, 8], [4, 4, 6]])
+    decoder = as_decoder(tiny_target)
+    assert isinstance(decoder, CompactLlama)
+    cache = decoder.new_cache(2, 32, (mask == 0).sum(1))
+    logits, _ = decoder(ids, cache)
+    cache.commit(torch.full((2,), ids.shape[1]))
+    ref = hf_logits(tiny_target, ids, mask)
+    assert torch.allclose(logits[mask.bool()], ref[mask.bool()], atol=1e-5)
+    for step in ([[1, 2, 3], [7, 8, 9]], [[4], [5]]):  # a verify block, then a single decode step
+        new = torch.tensor(step)
+        ids, mask = torch.cat([ids, new], 1), torch.cat([mask, torch.ones_like(new)], 1)
+        logits, _ = decoder(new, cache, kv_len=ids.shape[1])
+        cache.commit(torch.full((2,), new.shape[1]))
+        assert torch.allclose(logits, hf_logits(tiny_target, ids, mask)[:, -new.shape[1]:], atol=1e-5)
+
+
+@torch.no_grad()
+def test_rollback_is_a_pointer_move_and_stale_slots_are_invisible(tiny_target):
+    decoder = as_decoder(tiny_target)
+    cache = decoder.new_cache(1, 32, torch.zeros(1, dtype=torch.long))
+    decoder(torch.tensor([[3, 4, 5]]), cache)
+    cache.commit(torch.tensor([3]))
+    pointers = [k.data_ptr() for k in cache.keys]
+    decoder(torch.tensor([[9, 9, 9, 9]]), cache)  # four drafts scored ...
+    cache.commit(torch.tensor([1]))  # ... one kept
+    assert cache.lengths.tolist() == [4] and [k.data_ptr() for k in cache.keys] == pointers
+    logits, _ = decoder(torch.tensor([[6]]), cache)
+    ref = tiny_target(torch.tensor([[3, 4, 5, 9, 6]])).logits[:, -1]
+    assert torch.allclose(logits[:, -1], ref, atol=1e-5)  # the three stale drafts are not attended to
+    cache.rollback_to(torch.tensor([2]))
+    logits, _ = decoder(torch.tensor([[7]]), cache)
+    assert torch.allclose(logits[:, -1], tiny_target(torch.tensor([[3, 4, 7]])).logits[:, -1], atol=1e-5)
+
+
+def test_per_row_commit_and_compact():
+    cache = KVCache.allocate(1, 2, 1, 8, 1, torch.zeros(2, dtype=torch.long), dtype=torch.float32,
+                             device=torch.device("cpu"))
+    cache.write(0, torch.arange(4.0).view(1, 1, 4, 1).expand(2, 1, 4, 1), torch.zeros(2, 1, 4, 1))
+    cache.commit(torch.tensor([1, 3]))  # rows accept different numbers of tokens
+    assert cache.lengths.tolist() == [1, 3]
+    cache.write(0, torch.tensor([10.0, 11, 12]).view(1, 1, 3, 1).expand(2, 1, 3, 1), torch.zeros(2, 1, 3, 1))
+    cache.compact(torch.tensor([[0, 2], [1, 2]]), torch.tensor([2, 1]))  # keep tree nodes (0, 2) / (1)
+    assert cache.lengths.tolist() == [3, 4]
+    assert cache.keys[0][0, 0, :3, 0].tolist() == [0.0, 10.0, 12.0]
+    assert cache.keys[0][1, 0, :4, 0].tolist() == [0.0, 1.0, 2.0, 11.0]
+
+
+def test_tree_mask_limits_attention_to_ancestors():
+    cache = KVCache.allocate(1, 1, 1, 8, 1, torch.zeros(1, dtype=torch.long), dtype=torch.float32,
+                             device=torch.device("cpu"))
+    cache.commit(torch.tensor([2]))
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 0 with children 1, 2
+    mask = cache.attention_mask(3, kv_len=5, tree_mask=tree)[0, 0]
+    assert mask.tolist() == [[True, True, True, False, False],
+                             [True, True, True, True, False],
+                             [True, True, True, False, True]]
+
+
+@torch.no_grad()
+def test_early_exit_decoder_uses_first_layers(tiny_target):
+    decoder = as_decoder(tiny_target, num_layers=1)
+    assert len(decoder.layers) == 1 and decoder.layers[0] is tiny_target.model.layers[0]
+    with pytest.raises(ValueError, match=r"num_layers must be in \[1, 3\]"):
+        as_decoder(tiny_target, num_layers=7)
+
+
+@torch.no_grad()
+def test_generic_fallback_for_other_architectures():
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
+    decoder = as_decoder(gpt2)
+    assert isinstance(decoder, HFDecoder)
+    from specdec import NgramDrafter, autoregressive_generate, speculative_generate
+
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    ref = gpt2.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 8:].tolist()
+    assert autoregressive_generate(gpt2, ids, max_new_tokens=20, eos_token_id=[]).sequences[0] == ref
+    assert speculative_generate(gpt2, NgramDrafter(), ids, k=3, max_new_tokens=20, eos_token_id=[]).sequences[0] == ref
+    with pytest.raises(NotImplementedError, match="batch size 1 only"):
+        autoregressive_generate(gpt2, ids.repeat(2, 1), attention_mask=torch.ones(2, 8, dtype=torch.long),
+                                max_new_tokens=4)

@@ -1,0 +1,121 @@
+"""Decode loop on tiny random models: greedy identity, EOS, max_new_tokens, determinism, stats."""
+
+import pytest
+import torch
+
+from conftest import left_pad, tiny_llama
+from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.loading import VocabMismatchError
+
+PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
+
+
+def drafters(tiny_target, tiny_draft):
+    return {
+        "ngram": NgramDrafter(),
+        "draft_model": DraftModelDrafter(tiny_draft),
+        "early_exit": DraftModelDrafter(tiny_target, num_layers=1),
+    }
+
+
+def hf_greedy(model, ids, mask, n):
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    return out[:, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("batch", [[PROMPTS[0]], PROMPTS])
+def test_autoregressive_equals_transformers_generate(tiny_target, batch):
+    ids, mask = left_pad(batch)
+    out = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=40, eos_token_id=[])
+    assert out.sequences == hf_greedy(tiny_target, ids, mask, 40)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("name", ["ngram", "draft_model", "early_exit"])
+def test_greedy_speculative_equals_plain(tiny_target, tiny_draft, name, k):
+    for batch in ([PROMPTS[0]], PROMPTS):
+        ids, mask = left_pad(batch)
+        ref = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=40, eos_token_id=[])
+        drafter = drafters(tiny_target, tiny_draft)[name]
+        out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=40,
+                                   eos_token_id=[])
+        assert out.sequences == ref.sequences
+        assert all(len(s) == 40 for s in out.sequences)  # max_new_tokens exact
+
+
+def test_eos_stops_a_row_inside_an_accepted_draft(tiny_target, tiny_draft):
+    ids, mask = left_pad(PROMPTS)
+    free = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    eos = free.sequences[1][6]  # a token row 1 emits mid-generation
+    ref = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=eos)
+    assert len(ref.sequences[1]) <= 7 and ref.sequences[1][-1] == eos
+    # The early-exit drafter accepts long runs on this model, so EOS falls inside accepted drafts.
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_target, num_layers=2), ids, attention_mask=mask,
+                               k=6, max_new_tokens=30, eos_token_id=eos)
+    assert out.sequences == ref.sequences
+    assert out.stats.mean_accepted_length > 2
+
+
+def test_sampling_is_seeded_and_reproducible(tiny_target, tiny_draft):
+    ids, mask = left_pad(PROMPTS)
+    runs = [
+        speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), ids, attention_mask=mask, k=3,
+                             max_new_tokens=25, temperature=0.8, top_p=0.9,
+                             generator=torch.Generator().manual_seed(7), eos_token_id=[]).sequences
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+def test_stats_are_consistent(tiny_target):
+    ids, mask = left_pad(PROMPTS)
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_target, num_layers=2), ids, attention_mask=mask,
+                               k=4, max_new_tokens=30, eos_token_id=[])
+    s = out.stats
+    assert s.new_tokens == sum(len(x) for x in out.sequences) == 90
+    assert 0 <= s.acceptance_rate <= 1 and len(s.acceptance_per_position) == 4
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted_tokens / s.verify_steps)
+    assert s.proposed_per_position[0] == s.verify_steps  # position 0 is reached at every verify step
+    assert s.drafter_forwards > 0 and s.target_forwards < 90
+
+
+# --- bad input: each names the value and what to do -------------------------------------------
+
+
+@pytest.mark.parametrize("k", [0, -2, 1.5, True])
+def test_bad_lookahead(tiny_target, k):
+    with pytest.raises(ValueError, match=r"k \(lookahead.*must be an integer >= 1"):
+        speculative_generate(tiny_target, NgramDrafter(), torch.tensor([[1, 2]]), k=k, max_new_tokens=4)
+
+
+def test_bad_sampling_is_rejected_before_work(tiny_target):
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        speculative_generate(tiny_target, NgramDrafter(), torch.tensor([[1, 2]]), k=2, max_new_tokens=4,
+                             temperature=-1.0)
+    with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\]"):
+        autoregressive_generate(tiny_target, torch.tensor([[1, 2]]), max_new_tokens=4, top_p=0)
+
+
+def test_prompt_longer_than_context(tiny_target):
+    with pytest.raises(ValueError, match=r"prompt \(600 tokens\).*exceeds the model's context of 512"):
+        autoregressive_generate(tiny_target, torch.ones(1, 600, dtype=torch.long), max_new_tokens=8)
+
+
+def test_right_padding_is_rejected(tiny_target):
+    with pytest.raises(ValueError, match="left-padded"):
+        autoregressive_generate(tiny_target, torch.tensor([[1, 2, 0], [3, 4, 5]]),
+                                attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), max_new_tokens=2)
+
+
+def test_batch_without_mask_and_bad_max_new_tokens(tiny_target):
+    with pytest.raises(ValueError, match="needs an attention_mask"):
+        autoregressive_generate(tiny_target, torch.ones(2, 3, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        autoregressive_generate(tiny_target, torch.ones(1, 3, dtype=torch.long), max_new_tokens=0)
+
+
+def test_draft_vocabulary_mismatch(tiny_target):
+    other = tiny_llama(vocab_size=80, seed=3)
+    with pytest.raises(VocabMismatchError, match=r"draft model vocabulary \(80 tokens\) differs.*\(64\)"):
+        speculative_generate(tiny_target, DraftModelDrafter(other), torch.tensor([[1, 2, 3]]), k=2, max_new_tokens=4)
