@@ -1,0 +1,30 @@
+"""The same guarantees on the CUDA path (skipped where no GPU is present)."""
+
+import pytest
+import torch
+
+from conftest import left_pad, tiny_llama
+from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+
+pytestmark = pytest.mark.gpu
+PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_speculative_equals_plain_on_cuda(dtype):
+    model = tiny_llama(layers=3).to("cuda", dtype)
+    ids, mask = left_pad(PROMPTS)
+    ids, mask = ids.cuda(), mask.cuda()
+    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=32, eos_token_id=[])
+    for drafter in (NgramDrafter(), DraftModelDrafter(model, num_layers=1)):
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=4, max_new_tokens=32, eos_token_id=[])
+        assert out.sequences == ref.sequences
+
+
+def test_sampling_on_cuda_is_seeded():
+    model = tiny_llama(layers=2).cuda()
+    ids = torch.tensor([PROMPTS[0]], device="cuda")
+    runs = [speculative_generate(model, DraftModelDrafter(model, num_layers=1), ids, k=3, max_new_tokens=20,
+                                 temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
+                                 eos_token_id=[]).sequences for _ in range(2)]
+    assert runs[0] == runs[1]
