@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import sys
 import traceback
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -228,10 +230,15 @@ def main(cfg: DictConfig) -> float:
     try:
         results = run(cfg)
     except Exception as exc:
-        # A failed run still leaves a results file, so a sweep's summary lists it with its error.
+        # A failed run still leaves a results file, so a sweep's summary lists it with its error. In a
+        # sweep the job returns instead of raising: Hydra would otherwise abort the remaining jobs and
+        # skip the summary (whose callback then exits non-zero when any run failed).
         write_json(results_path, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                   "traceback": traceback.format_exc(), **_config_fields(cfg)})
-        raise
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        print(f"run failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
+        return math.nan
     write_json(results_path, results)
     print(format_table(results))
     print(f"results: {results_path}")
