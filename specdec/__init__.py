@@ -1,21 +1,28 @@
 """specdec: speculative decoding with pluggable drafters and an exact verifier.
 
 Terms (draft, accepted, recovered, bonus, α, τ) are defined once in :mod:`specdec.verify`.
+The public names below are imported lazily, so ``python -m specdec.report`` and sweep workers do not
+pay for torch and transformers until they use them.
 """
 
-from specdec.drafters import DraftModelDrafter, NgramDrafter
-from specdec.engine import GenerationOutput, autoregressive_generate, speculative_generate
-from specdec.loading import load_target
-from specdec.sampling import logits_to_probs
-from specdec.verify import rejection_sample
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "DraftModelDrafter",
-    "GenerationOutput",
-    "NgramDrafter",
-    "autoregressive_generate",
-    "load_target",
-    "logits_to_probs",
-    "rejection_sample",
-    "speculative_generate",
-]
+_EXPORTS = {
+    "DraftModelDrafter": "specdec.drafters",
+    "NgramDrafter": "specdec.drafters",
+    "GenerationOutput": "specdec.engine",
+    "autoregressive_generate": "specdec.engine",
+    "speculative_generate": "specdec.engine",
+    "load_target": "specdec.loading",
+    "logits_to_probs": "specdec.sampling",
+    "rejection_sample": "specdec.verify",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")

@@ -361,6 +361,7 @@ def plot_acceptance_per_position(df: pd.DataFrame) -> Figure:
             values = row.iloc[: int(k)]
             ax.plot(range(1, len(values) + 1), values.to_numpy(), marker="o", label=f"k={k}")
         ax.set(xlabel="draft position i", ylabel="α_i = P(accepted | reached)", title=label, ylim=(0, 1.05))
+        ax.set_xticks(range(1, int(g["k"].max()) + 1))
         _finish(ax, g)
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)

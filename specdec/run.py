@@ -33,6 +33,7 @@ from specdec.drafters import build_drafter
 from specdec.engine import autoregressive_generate, speculative_generate
 from specdec.loading import load_target, resolve_device
 from specdec.metrics import DecodeStats, predicted_speedup
+from specdec.sampling import SamplingParams
 
 register_configs()
 
@@ -101,16 +102,15 @@ def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: 
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    torch.manual_seed(cfg.sampling.seed)
-    device = resolve_device(cfg.target.device)
-    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     k = cfg.drafter.k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
-    drafter = build_drafter(cfg.drafter, target, tokenizer)
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
-    speculative_generate(target, drafter, torch.tensor([[1, 2, 3]], device=device), k=k, max_new_tokens=1,
-                         **sampling)  # validates sampling settings before any work
+    SamplingParams(**sampling)  # bad settings fail before the model loads
+    torch.manual_seed(cfg.sampling.seed)
+    device = resolve_device(cfg.target.device)
+    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
+    drafter = build_drafter(cfg.drafter, target, tokenizer)
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
     limit = context - cfg.data.max_new_tokens - k - 1
@@ -228,26 +228,26 @@ def main(cfg: DictConfig) -> float:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     results_path = out_dir / cfg.results_file
     try:
+        if cfg.logger.name not in ("none", "wandb"):
+            raise ValueError(f"logger.name must be 'none' or 'wandb', got {cfg.logger.name!r}")
         results = run(cfg)
+        write_json(results_path, results)
+        print(format_table(results))
+        print(f"results: {results_path}")
+        if cfg.logger.name == "wandb":
+            from specdec.report import wandb_log_run
+
+            wandb_log_run(cfg, results, out_dir)
     except Exception as exc:
         # A failed run still leaves a results file, so a sweep's summary lists it with its error. In a
-        # sweep the job returns instead of raising: Hydra would otherwise abort the remaining jobs and
-        # skip the summary (whose callback then exits non-zero when any run failed).
+        # sweep the job returns instead of raising: an escaping exception would make Hydra skip the
+        # summary at the end (the summary callback then exits 1 when any run failed).
         write_json(results_path, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                   "traceback": traceback.format_exc(), **_config_fields(cfg)})
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             raise
         print(f"run failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
         return math.nan
-    write_json(results_path, results)
-    print(format_table(results))
-    print(f"results: {results_path}")
-    if cfg.logger.name == "wandb":
-        from specdec.report import wandb_log_run
-
-        wandb_log_run(cfg, results, out_dir)
-    elif cfg.logger.name != "none":
-        raise ValueError(f"logger.name must be 'none' or 'wandb', got {cfg.logger.name!r}")
     return results["speedup"]
 
 
