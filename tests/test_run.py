@@ -86,3 +86,11 @@ def test_joblib_multirun_summarizes_and_lists_the_failed_run(tmp_path):
     for r in ok:  # the summary copies each run's own τ
         assert any(abs(t - r["mean_accepted_length"]) < 1e-9 for t in table["mean_accepted_length"].dropna())
     assert list(sweep.glob("*.png"))
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "slurm"])
+def test_launchers_compose(launcher):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("run", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+        assert launcher.replace("slurm", "Slurm").lower() in cfg.hydra.launcher._target_.lower()
