@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--drafter", choices=["ngram", "draft_model"], default="ngram")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--num-layers", type=int, default=8, help="early-exit layers of the draft model")
+    ap.add_argument("--min-ngram", type=int, default=None, help="n-gram drafter: shortest suffix matched")
     ap.add_argument("--source", default="humaneval")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
@@ -56,7 +57,8 @@ def main() -> None:
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     if args.drafter == "ngram":
-        make_drafter = lambda: NgramDrafter()  # noqa: E731
+        ngram_args = {} if args.min_ngram is None else {"min_ngram": args.min_ngram}
+        make_drafter = lambda: NgramDrafter(**ngram_args)  # noqa: E731
         hf_extra = dict(prompt_lookup_num_tokens=args.k)
     else:
         make_drafter = lambda: DraftModelDrafter(model, num_layers=args.num_layers)  # noqa: E731
@@ -111,7 +113,7 @@ def main() -> None:
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag = f"{args.drafter}_k{args.k}_{args.source}"
+    tag = f"{args.drafter}_k{args.k}_{args.source}_{torch.get_num_threads()}threads"
     (out_dir / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"## {args.drafter}, K={args.k}, {args.source} ({len(prompts)} prompts, {args.new} new tokens, greedy, batch 1)",
