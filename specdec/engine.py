@@ -6,6 +6,10 @@ step: the drafter proposes up to K tokens, the target scores [last token, drafts
 :func:`specdec.verify.rejection_sample` keeps a prefix and draws the recovered/bonus token, and the
 cache commits what was kept (a pointer move). The loop syncs with the host once per step, to learn
 what each row emitted (EOS, ``max_new_tokens``, host-side drafters and stats need it).
+
+A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
+[last token, N nodes] under the tree's attention mask, :func:`specdec.verify_tree.verify_tree` walks it,
+and the cache gathers the accepted path into contiguous slots (:meth:`specdec.cache.KVCache.compact`).
 """
 
 from __future__ import annotations

@@ -194,16 +194,18 @@ class MedusaDrafter(Drafter):
         from specdec.models import as_decoder
 
         decoder = as_decoder(target)
+        lm_head = decoder.lm_head if hasattr(decoder, "lm_head") else decoder.model.get_output_embeddings()
         path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
-        heads, meta = load_heads(path, hidden_size=decoder.hidden_size, vocab_size=decoder.vocab_size)
-        heads.to(device=decoder.device, dtype=decoder.dtype)
+        vocab_size, hidden_size = lm_head.weight.shape
+        heads, meta = load_heads(path, hidden_size=hidden_size, vocab_size=vocab_size)
+        heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
         if cfg.tree == "default":
             paths = meta.get("tree")
             if not paths:
                 raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (chain)")
         else:
             paths = cfg.tree
-        return cls(heads, decoder.lm_head.weight, None if paths is None else list(paths))
+        return cls(heads, lm_head.weight, None if paths is None else list(paths))
 
     def start(self, state: DecodeState) -> None:
         if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):

@@ -1,0 +1,600 @@
+"""Train Medusa heads for a frozen target (Medusa-1), reproducibly, on one CPU or many GPUs.
+
+    python -m specdec.train_medusa                                   # the shipped heads' config (CPU, ~20 min)
+    python -m specdec.train_medusa data.mode=text                    # train on a text corpus instead
+    python -m specdec.train_medusa target=/path/to/model run_name=mine export=heads/mine
+    accelerate launch -m specdec.train_medusa ...                    # several GPUs, no code change
+
+Rerunning the same command resumes from the latest checkpoint in ``outputs/train_medusa/<run_name>``.
+
+1. **Data.** ``self_distill`` (default): the target's own greedy answers to prompts — labels are then
+   exactly the tokens greedy verification accepts. The prompts are instructions in MT-Bench's eight
+   categories, filled from local corpora (Wikipedia, Shakespeare, the Python standard library) and word
+   lists, plus passages and code to continue; the first ``data.skip_first`` rows of each corpus and all
+   of MT-Bench and HumanEval stay out of training, so benchmark runs measure held-out prompts. ``text``: chunks of a corpus. Either way the target runs once
+   (no grad) and its final hidden states are cached with the labels in ``data.safetensors``.
+2. **Training.** Head i, on the hidden state that predicted token t+1, learns token t+2+i by
+   cross-entropy, weighted ``optim.head_decay ** i``; AdamW, linear warm-up then cosine decay.
+3. **Evaluation.** Per-head top-1 / top-5 accuracy on held-out text: the target's answers to MT-Bench
+   and HumanEval prompts, and raw Wikipedia articles never trained on. On a validation split of the
+   training prompts the draft tree is chosen: the paths of head ranks that the target most often
+   follows, in priority order (:mod:`specdec.drafters.medusa`).
+4. **Checkpoints** are safetensors (never pickle) written to a temporary directory and renamed into
+   place, then published by atomically rewriting ``checkpoints/latest``, every ``save_every`` steps and
+   on Ctrl-C; the data order is a function of (seed, epoch), so a resumed run reproduces the
+   uninterrupted one bit for bit. Resuming with another training configuration is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+import torch
+import torch.nn.functional as F
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
+
+from specdec.config import LoggerConfig, register_configs
+from specdec.drafters.medusa import MedusaHeads, save_heads
+
+log = logging.getLogger(__name__)
+IGNORE = -100
+
+
+@dataclass
+class MedusaDataConfig:
+    mode: str = "self_distill"  # "self_distill" (the target's greedy answers to prompts) or "text" (a corpus)
+    num_prompts: int = 640  # self_distill: instruction prompts answered by the target
+    max_new_tokens: int = 96  # self_distill: answer length
+    batch_size: int = 64  # sequences per target forward while building the data
+    text_sources: list[str] = field(default_factory=lambda: ["wikipedia", "stdlib", "shakespeare"])  # mode=text
+    text_seq_len: int = 256  # mode=text: tokens per chunk
+    skip_first: int = 16  # rows of each corpus never trained on (the benchmark runs' prompts)
+    val_fraction: float = 0.1  # sequences held out to choose the tree and report validation accuracy
+
+
+@dataclass
+class MedusaEvalConfig:
+    answer_sources: list[str] = field(default_factory=lambda: ["mtbench", "humaneval"])  # held-out prompts
+    limit_per_source: int = 24
+    max_new_tokens: int = 64
+    text_sources: list[str] = field(default_factory=lambda: ["wikipedia"])  # their first data.skip_first rows
+    tree_nodes: int = 32  # paths stored with the heads, best first
+    max_rank: int = 10  # candidates per head considered for the tree
+
+
+@dataclass
+class MedusaOptimConfig:
+    epochs: int = 2
+    batch_size: int = 256  # positions per optimiser step (over all processes)
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    head_decay: float = 0.8  # loss weight of head i is head_decay ** i (Medusa-1)
+
+
+@dataclass
+class TrainMedusaConfig:
+    target: str = "smollm2-135m"  # alias, local directory or hub id
+    num_heads: int = 3
+    own_lm_head: bool = False  # an own (trainable) LM head per Medusa head instead of the target's, shared
+    seed: int = 0
+    threads: Optional[int] = None  # torch CPU threads; null = torch's default
+    run_name: str = "smollm2-135m"
+    output_dir: str = "outputs/train_medusa/${run_name}"  # checkpoints, data cache, results; reused to resume
+    export: Optional[str] = None  # also write heads.safetensors + provenance.json to this directory
+    save_every: int = 50  # optimiser steps between checkpoints
+    log_every: int = 10
+    stop_after_steps: Optional[int] = None  # stop (checkpointed) after this many steps of this invocation
+    data: MedusaDataConfig = field(default_factory=MedusaDataConfig)
+    eval: MedusaEvalConfig = field(default_factory=MedusaEvalConfig)
+    optim: MedusaOptimConfig = field(default_factory=MedusaOptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+register_configs()
+ConfigStore.instance().store(name="train_medusa_schema", node=TrainMedusaConfig)
+
+# --- prompts -------------------------------------------------------------------------------------------
+
+# Instruction templates in MT-Bench's eight categories (writing, roleplay, reasoning, math, coding,
+# extraction, STEM, humanities), filled from local corpora and small word lists: many distinct prompts,
+# none of them MT-Bench's or HumanEval's.
+_PASSAGE = [
+    "Summarize the following text in two or three sentences.\n\n{text}",
+    "List the key facts in this passage as bullet points.\n\n{text}",
+    "Explain the following passage to a high-school student.\n\n{text}",
+    "Write three quiz questions about this passage, with their answers.\n\n{text}",
+    "Extract every person, place and date mentioned in this text and return them as JSON.\n\n{text}",
+    "Rewrite this passage in a more formal tone.\n\n{text}",
+]
+_TOPIC = [
+    "Write a short essay about {topic}.", "What are the most important things to know about {topic}?",
+    "Write a persuasive paragraph on why everyone should learn about {topic}.", "Compose a short poem about {topic}.",
+    "Discuss the historical significance of {topic}.", "Write a blog post introducing {topic} to beginners.",
+    "Draft a professional email inviting colleagues to a talk about {topic}.",
+    "Give five interesting questions to discuss about {topic}, and explain why each matters.",
+]
+_ROLEPLAY = [
+    "Pretend you are {persona}. Describe your typical day.", "Act as {persona} and give advice to a newcomer.",
+    "You are {persona}. Explain what you care about most, and why.",
+    "Imagine you are {persona}. Write a short letter to your younger self.",
+]
+_PERSONAS = ["a pirate captain", "a medieval knight", "a startup founder", "a detective", "a famous chef", "a doctor",
+             "a primary-school teacher", "an astronaut", "a tour guide in Rome", "a librarian", "a robot butler",
+             "a personal fitness trainer", "a farmer", "a jazz musician", "a museum curator", "a software engineer"]
+_STEM = [
+    "Explain how {x} works, step by step.", "What is the difference between {x} and {y}?",
+    "Why is {x} important in everyday life?", "Describe a simple experiment that demonstrates {x}.",
+]
+_SCIENCE = ["photosynthesis", "vaccines", "black holes", "the internet", "electric motors", "plate tectonics",
+            "machine learning", "DNA replication", "nuclear fusion", "the greenhouse effect", "antibiotics",
+            "compound interest", "public-key cryptography", "the water cycle", "GPS", "batteries", "inflation",
+            "natural selection", "supply and demand", "quantum computing"]
+_CODING = [
+    "Write a Python function that {task}.", "Write a JavaScript function that {task}.",
+    "Write a C++ function that {task}. Explain its time complexity.", "Write a Python function that {task}, with tests.",
+]
+_TASKS = ["reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
+          "merges two sorted lists", "counts the words in a text", "finds the longest common prefix of some strings",
+          "removes duplicates from a list while keeping the order", "computes the median of a list",
+          "validates an email address", "converts a Roman numeral to an integer", "flattens a nested list",
+          "finds the two numbers in a list that add up to a target", "parses a CSV line", "checks for balanced brackets",
+          "computes the greatest common divisor", "sorts a list of dictionaries by a key", "implements binary search",
+          "returns all permutations of a string", "computes a moving average", "reads a file and counts its lines"]
+_CODE = [
+    "Explain what the following Python code does.\n\n```python\n{text}\n```",
+    "Review this Python code and suggest improvements.\n\n```python\n{text}\n```",
+]
+_MATH = [
+    "What is {a} multiplied by {b}? Show your reasoning step by step.",
+    "A shop sells notebooks for ${a} each. How much do {b} notebooks cost, and how much change is left from ${c}?",
+    "Solve for x: {a}x + {b} = {c}. Explain each step.",
+    "A train travels {a} km in {b} hours. What is its average speed? How far does it go in {c} hours?",
+    "If {b} people each shake hands with every other person once, how many handshakes are there?",
+    "What is the sum of the integers from 1 to {c}? Explain the method.",
+]
+_VERSE = [
+    "Paraphrase this passage from Shakespeare in modern English.\n\n{text}",
+    "Who might be speaking in this passage, and what are they feeling?\n\n{text}",
+]
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: text.rfind(" ", 0, chars) if " " in text[:chars] else chars]
+
+
+def instruction_prompts(num: int, skip_first: int, seed: int) -> list[dict[str, str]]:
+    """``num`` prompt rows (as :mod:`specdec.data` rows): chat instructions from the templates above,
+    about passages, topics and code from local corpora, plus raw passages and code to continue."""
+    from specdec.data import load_prompts
+
+    wiki, code, verse = (list(load_prompts(s, seed=0))[skip_first:] for s in ("wikipedia", "stdlib", "shakespeare"))
+    topics = sorted({t for row in wiki for t in re.findall(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)+", row["text"])}
+                    | {row["id"].split("/", 1)[-1].replace("_", " ") for row in wiki})
+    rng = random.Random(seed)
+    pick = rng.choice
+    builders = [
+        (3, lambda: pick(_PASSAGE).format(text=_cut(pick(wiki)["text"], 500))),
+        (4, lambda: pick(_TOPIC).format(topic=pick(topics))),
+        (2, lambda: pick(_ROLEPLAY).format(persona=pick(_PERSONAS))),
+        (2, lambda: pick(_STEM).format(x=pick(_SCIENCE), y=pick(_SCIENCE))),
+        (2, lambda: pick(_CODING).format(task=pick(_TASKS))),
+        (1, lambda: pick(_CODE).format(text=_cut(pick(code)["text"], 500))),
+        (2, lambda: pick(_MATH).format(a=rng.randint(2, 99), b=rng.randint(2, 30), c=rng.randint(31, 500))),
+        (1, lambda: pick(_VERSE).format(text=_cut(pick(verse)["text"], 400))),
+    ]
+    weights = [w for w, _ in builders]
+    rows = []
+    for i in range(num):
+        if rng.random() < 0.15:  # completion: continue a passage or a module
+            row = pick(wiki + code)
+            rows.append({"id": f"continue/{i}", "source": "continue", "category": row["category"],
+                         "kind": "completion", "text": _cut(row["text"], 500)})
+        else:
+            text = rng.choices(builders, weights)[0][1]()
+            rows.append({"id": f"instruct/{i}", "source": "instruct", "category": "instruct", "kind": "chat",
+                         "text": text})
+    return rows
+
+
+# --- data: the target's hidden states and the heads' labels -------------------------------------------
+
+
+def _eos_ids(target) -> set[int]:
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    return set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+
+
+@torch.no_grad()
+def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The target's greedy answers: per prompt (hidden [n, H], tokens [n]), hidden[s] having predicted
+    tokens[s] (EOS included). transformers' ``generate`` hands out the final hidden state of every step,
+    so the answers cost no second pass; any causal LM works."""
+    device = target.device
+    eos = _eos_ids(target)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start: start + batch_size]
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.tensor([[pad_id] * (width - len(prompts[i])) + prompts[i] for i in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk], device=device)
+        result = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=pad_id, output_hidden_states=True, return_dict_in_generate=True)
+        hidden = torch.stack([step[-1][:, -1] for step in result.hidden_states], 1)  # [B, steps, H]
+        tokens = result.sequences[:, width:]  # [B, steps]
+        for row, i in enumerate(chunk):
+            answer = tokens[row].tolist()
+            n = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
+            out[i] = (hidden[row, :n].float().cpu(), tokens[row, :n].cpu())
+        log.info("answered %d/%d prompts", min(start + batch_size, len(order)), len(order))
+    return [out[i] for i in range(len(prompts))]
+
+
+@torch.no_grad()
+def text_sequences(target, texts: list[list[int]], seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Chunks of token ids through the target: per chunk (hidden [n, H], next tokens [n])."""
+    out = []
+    for ids in texts:
+        for start in range(0, max(len(ids) - 1, 0), seq_len):
+            chunk = torch.tensor(ids[start: start + seq_len + 1], device=target.device)[None]  # [1, n+1]
+            hidden = target(chunk[:, :-1], output_hidden_states=True).hidden_states[-1]  # [1, n, H] final
+            out.append((hidden[0].float().cpu(), chunk[0, 1:].cpu()))
+    return out
+
+
+def head_labels(sequences: list[tuple[torch.Tensor, torch.Tensor]], num_heads: int,
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # hidden [P, H], labels [P, num_heads]
+    """Head i's label at position s is tokens[s + 1 + i] (IGNORE past the end); positions where even
+    head 0 has no label are dropped."""
+    hidden, labels = [], []
+    for h, tokens in sequences:
+        n = tokens.shape[0] - 1
+        if n <= 0:
+            continue
+        lab = torch.full((n, num_heads), IGNORE, dtype=torch.long)
+        for i in range(num_heads):
+            lab[: max(n - i, 0), i] = tokens[1 + i:]
+        hidden.append(h[:n])
+        labels.append(lab)
+    return torch.cat(hidden), torch.cat(labels)
+
+
+def build_data(cfg: TrainMedusaConfig, target, tokenizer) -> dict[str, torch.Tensor]:
+    """Every split as ``{split}.hidden`` [P, H] and ``{split}.labels`` [P, heads]: train, val, eval sets."""
+    from specdec.data import encode_prompt, load_prompts
+
+    data, heads = cfg.data, cfg.num_heads
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if data.mode == "self_distill":
+        rows = instruction_prompts(data.num_prompts, data.skip_first, cfg.seed)
+        seqs = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
+                                data.batch_size, pad_id)
+    elif data.mode == "text":
+        texts = [tokenizer(r["text"])["input_ids"] for s in data.text_sources
+                 for r in list(load_prompts(s, seed=0))[data.skip_first:]]
+        seqs = text_sequences(target, texts, data.text_seq_len)
+    else:
+        raise ValueError(f"data.mode must be 'self_distill' or 'text', got {data.mode!r}")
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    num_val = max(1, int(len(seqs) * data.val_fraction))
+    splits = {"train": [seqs[i] for i in order[num_val:]], "val": [seqs[i] for i in order[:num_val]]}
+    for source in cfg.eval.answer_sources:
+        rows = load_prompts(source, limit=cfg.eval.limit_per_source)
+        splits[f"answers_{source}"] = answer_sequences(
+            target, [encode_prompt(tokenizer, r) for r in rows], cfg.eval.max_new_tokens, data.batch_size, pad_id)
+    for source in cfg.eval.text_sources:
+        texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
+        splits[f"text_{source}"] = text_sequences(target, texts, data.text_seq_len)
+    tensors = {}
+    for name, split in splits.items():
+        tensors[f"{name}.hidden"], tensors[f"{name}.labels"] = head_labels(split, heads)
+    return tensors
+
+
+def _fingerprint(cfg: TrainMedusaConfig) -> str:
+    """What the cached data depends on."""
+    return json.dumps({"target": cfg.target, "heads": cfg.num_heads, "seed": cfg.seed, "data": vars(cfg.data),
+                       "eval": {k: v for k, v in vars(cfg.eval).items() if k not in ("tree_nodes", "max_rank")}},
+                      sort_keys=True, default=list)
+
+
+def load_or_build_data(cfg: TrainMedusaConfig, target, tokenizer, path: Path) -> dict[str, torch.Tensor]:
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            cached = (f.metadata() or {}).get("fingerprint")
+        if cached == _fingerprint(cfg):
+            return load_file(str(path))
+        raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
+                         f"(or delete {str(path.parent)!r} to start over)")
+    tensors = build_data(cfg, target, tokenizer)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"fingerprint": _fingerprint(cfg)})
+    tmp.replace(path)
+    return tensors
+
+
+# --- loss, evaluation, tree ----------------------------------------------------------------------------
+
+
+def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, head_decay: float,
+                ) -> tuple[torch.Tensor, list[float]]:  # logits [P, h, V], labels [P, h] -> loss, per-head CE
+    losses = [F.cross_entropy(logits[:, i], labels[:, i], ignore_index=IGNORE) for i in range(labels.shape[1])]
+    losses = [torch.nan_to_num(x) for x in losses]  # a batch without labels for a far head contributes 0
+    total = sum(head_decay ** i * x for i, x in enumerate(losses))
+    return total, [float(x.detach()) for x in losses]
+
+
+@torch.no_grad()
+def label_ranks(heads: MedusaHeads, lm_head_weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
+                max_rank: int, chunk: int = 512) -> torch.Tensor:  # -> [P, h]: rank of each label, -1 = beyond
+    """Where each label sits among its head's top ``max_rank`` tokens (-1: further down, or no label)."""
+    out = []
+    for start in range(0, hidden.shape[0], chunk):
+        logits = heads(hidden[start: start + chunk], lm_head_weight)  # [c, h, V]
+        top = logits.topk(max_rank, dim=-1).indices  # [c, h, r]
+        hit = top == labels[start: start + chunk, :, None]  # [c, h, r]
+        out.append(torch.where(hit.any(-1), hit.float().argmax(-1), -1))
+    return torch.cat(out)
+
+
+def accuracies(ranks: torch.Tensor, labels: torch.Tensor) -> dict[str, list[float]]:  # [P, h] each
+    valid = labels != IGNORE
+    n = valid.sum(0).clamp(min=1)
+    return {f"top{k}": (((ranks >= 0) & (ranks < k) & valid).sum(0) / n).tolist() for k in (1, 5)}
+
+
+def tree_from_ranks(ranks: torch.Tensor, labels: torch.Tensor, num_nodes: int) -> tuple[list[list[int]], list[float]]:
+    """The ``num_nodes`` paths of head ranks most often followed, best first, and the expected τ of the
+    tree made of the first n paths (n = 1..num_nodes) under greedy verification: 1 + Σ P(path accepted).
+
+    At position s the accepted path is the prefix of (rank of head 0's label, rank of head 1's, ...) up to
+    the first head whose label is not among its candidates. A path is accepted no more often than its
+    parent, so taking paths by frequency always takes parents first and gives the best tree of each size."""
+    counts: Counter[tuple[int, ...]] = Counter()
+    ranks = torch.where(labels == IGNORE, -1, ranks).tolist()
+    for row in ranks:
+        for depth in range(len(row)):
+            if row[depth] < 0:
+                break
+            counts[tuple(row[: depth + 1])] += 1
+    best = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:num_nodes]
+    total, tau = len(ranks), []
+    for _, c in best:
+        tau.append((tau[-1] if tau else 1.0) + c / max(total, 1))
+    return [list(p) for p, _ in best], tau
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------
+
+
+def save_checkpoint(directory: Path, step: int, heads: MedusaHeads, optimizer: torch.optim.Optimizer,
+                    meta: dict[str, Any]) -> None:
+    """Write checkpoints/step-N (tmp dir + rename), then point checkpoints/latest at it (tmp file + replace)."""
+    root = directory / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"step-{step}", root / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.detach().cpu().contiguous() for k, v in heads.state_dict().items()}, str(tmp / "heads.safetensors"))
+    state = optimizer.state_dict()
+    tensors = {f"{pid}.{key}": v.detach().cpu().contiguous() for pid, st in state["state"].items()
+               for key, v in st.items() if torch.is_tensor(v)}
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "param_groups": state["param_groups"], **meta}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = root / ".latest.tmp"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, root / "latest")
+    for old in root.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(directory: Path, heads: MedusaHeads, optimizer: torch.optim.Optimizer,
+                    expect: dict[str, Any] | None = None) -> int:
+    """Restore the latest checkpoint into ``heads`` and ``optimizer``; return its step (0 if none).
+    ``expect``: the training configuration the checkpoint must have been written with."""
+    latest = directory / "checkpoints" / "latest"
+    if not latest.is_file():
+        return 0
+    ckpt = directory / "checkpoints" / latest.read_text().strip()
+    heads.load_state_dict(load_file(str(ckpt / "heads.safetensors")))
+    meta = json.loads((ckpt / "state.json").read_text())
+    if expect is not None and meta.get("run") != expect:
+        raise ValueError(f"the checkpoint in {str(ckpt)!r} was written with another training configuration "
+                         f"({meta.get('run')} vs {expect}); use another run_name, or delete the directory to start over")
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in load_file(str(ckpt / "optimizer.safetensors")).items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = tensor
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return int(meta["step"])
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, total: int, cfg: MedusaOptimConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(total - cfg.warmup_steps, 1)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]:
+    """Build (or load) the data, train (or resume), evaluate, export. Returns the metrics.
+
+    ``target``/``tokenizer``: an already loaded model (tests); default: ``load_target(cfg.target)``."""
+    from accelerate import Accelerator
+
+    from specdec.loading import load_target
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator(log_with="wandb" if cfg.logger.name == "wandb" else None)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    if target is None:
+        target, tokenizer = load_target(cfg.target, device=accelerator.device)
+    target.requires_grad_(False)
+    with accelerator.main_process_first():  # the main process builds the data; the others read its cache
+        data = load_or_build_data(cfg, target, tokenizer, out_dir / "data.safetensors")
+    times["data_s"] = time.perf_counter() - start
+
+    lm_head_weight = target.get_output_embeddings().weight.detach().to(accelerator.device)  # [V, H], frozen
+    heads = MedusaHeads(lm_head_weight.shape[1], lm_head_weight.shape[0], cfg.num_heads, cfg.own_lm_head)
+    heads.init_lm_heads(lm_head_weight)
+    heads.to(accelerator.device)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    run_config = {"num_heads": cfg.num_heads, "own_lm_head": cfg.own_lm_head, "seed": cfg.seed,
+                  "optim": dict(vars(cfg.optim))}
+    first_step = load_checkpoint(out_dir, heads, optimizer, expect=run_config)
+    model, optimizer = accelerator.prepare(heads, optimizer)
+    if cfg.logger.name == "wandb":
+        accelerator.init_trackers(cfg.logger.project, config=_plain(cfg),
+                                  init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
+
+    hidden, labels = data["train.hidden"], data["train.labels"]
+    steps_per_epoch = math.ceil(hidden.shape[0] / cfg.optim.batch_size)
+    total = cfg.optim.epochs * steps_per_epoch
+    saved = step = first_step
+
+    def checkpoint() -> None:
+        nonlocal saved
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process and step > saved:
+            save_checkpoint(out_dir, step, accelerator.unwrap_model(model), optimizer,
+                            {"total_steps": total, "run": run_config})
+        saved = step
+
+    start = time.perf_counter()
+    model.train()
+    try:
+        while step < total and (cfg.stop_after_steps is None or step - first_step < cfg.stop_after_steps):
+            epoch, i = divmod(step, steps_per_epoch)
+            order = torch.randperm(hidden.shape[0], generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+            idx = order[i * cfg.optim.batch_size: (i + 1) * cfg.optim.batch_size]
+            idx = idx[accelerator.process_index:: accelerator.num_processes]  # this process's share of the batch
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, total, cfg.optim)
+            logits = model(hidden[idx].to(accelerator.device), lm_head_weight)  # [b, h, V]
+            loss, per_head = medusa_loss(logits, labels[idx].to(accelerator.device), cfg.optim.head_decay)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % cfg.log_every == 0 or step == total:
+                log.info("step %d/%d loss %.4f per head %s", step, total, float(loss.detach()), [round(x, 3) for x in per_head])
+                accelerator.log({"loss": float(loss.detach()), **{f"loss_head{j}": x for j, x in enumerate(per_head)},
+                                 "lr": optimizer.param_groups[0]["lr"]}, step=step)
+            if step % cfg.save_every == 0 or step == total:
+                checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()  # nothing trained so far is lost; rerun the same command to resume
+        raise
+    checkpoint()
+    times["train_s"] = time.perf_counter() - start
+    metrics: dict[str, Any] = {"step": step, "total_steps": total, "finished": step >= total,
+                               "train_positions": int(hidden.shape[0])}
+    if step < total or not accelerator.is_main_process:
+        accelerator.end_training()
+        return metrics
+
+    start = time.perf_counter()
+    heads = accelerator.unwrap_model(model).eval()
+    evals = {}
+    for name in sorted({key.split(".")[0] for key in data} - {"train"}):
+        h, lab = data[f"{name}.hidden"].to(accelerator.device), data[f"{name}.labels"].to(accelerator.device)
+        ranks = label_ranks(heads, lm_head_weight, h, lab, cfg.eval.max_rank)
+        evals[name] = {"positions": int(h.shape[0]), **accuracies(ranks, lab)}
+        if name == "val":
+            tree, tau = tree_from_ranks(ranks.cpu(), lab.cpu(), cfg.eval.tree_nodes)
+    times["eval_s"] = time.perf_counter() - start
+    metrics.update(eval=evals, tree=tree, expected_tau_greedy=[round(t, 4) for t in tau], times_s=times)
+    accelerator.log({f"{n}/{k}_head{j}": v for n, e in evals.items() for k in ("top1", "top5")
+                     for j, v in enumerate(e[k])}, step=total)
+    save_heads(out_dir / "heads.safetensors", heads, target=cfg.target, tree=tree)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    if cfg.export:
+        export(Path(cfg.export), heads, cfg, metrics, num_sequences={k: int(v.shape[0]) for k, v in data.items()
+                                                                    if k.endswith(".labels")})
+    accelerator.end_training()
+    return metrics
+
+
+def _plain(cfg: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def _git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def export(directory: Path, heads: MedusaHeads, cfg: TrainMedusaConfig, metrics: dict[str, Any],
+           num_sequences: dict[str, int]) -> None:
+    """heads.safetensors (with the tree) + provenance.json: command, data, commit, metrics, date."""
+    save_heads(directory / "heads.safetensors", heads, target=cfg.target, tree=metrics["tree"])
+    provenance = {
+        "command": " ".join(["python -m specdec.train_medusa", *sys.argv[1:]]),
+        "config": _plain(cfg),
+        "data": {"mode": cfg.data.mode, "positions": num_sequences,
+                 "description": "the target's greedy answers (self-distillation) to instruction prompts in MT-Bench's "
+                                "eight categories, from templates filled with gensim's Wikipedia sample, Shakespeare, "
+                                f"the Python standard library (their first {cfg.data.skip_first} rows excluded) and word "
+                                "lists, plus passages to continue; MT-Bench and HumanEval held out"
+                                if cfg.data.mode == "self_distill" else
+                                f"chunks of {cfg.data.text_sources} (first {cfg.data.skip_first} rows excluded)"},
+        "git_commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} CPU, {torch.get_num_threads()} threads" if not torch.cuda.is_available()
+        else torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "metrics": metrics,
+        "reference": "Medusa-1 on Vicuna-7B, head top-1 accuracy: 0.56 / 0.32 / 0.20 (heads 1..3)",
+    }
+    tmp = directory / ".provenance.json.tmp"
+    tmp.write_text(json.dumps(provenance, indent=1))
+    os.replace(tmp, directory / "provenance.json")
+
+
+@hydra.main(config_path="../configs", config_name="train_medusa", version_base="1.3")
+def main(dict_cfg: DictConfig) -> float:
+    cfg: TrainMedusaConfig = OmegaConf.to_object(dict_cfg)
+    metrics = train(cfg)
+    print(json.dumps(metrics, indent=1))
+    return metrics.get("eval", {}).get("val", {}).get("top1", [math.nan])[0]  # what a sweep maximises
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Exact verification of a token *tree*: multi-candidate recursive rejection sampling.
+
+Terms as in :mod:`specdec.verify`. A tree of N draft nodes hangs below the root (the last emitted
+token); node i holds a draft token and, when drawn at random, the draft distribution q_i it was drawn
+from (``None`` = chosen deterministically, i.e. one-hot q). The target scores [root, N nodes] in one
+forward under a tree attention mask, which gives p at every node. The rule, from the root down:
+
+- at the current node, with target distribution p, try its children in order. Child x (with q) is
+  **accepted** with probability min(1, p(x) / q(x)); if it is rejected, p ← norm(max(0, p − q)) and the
+  next sibling is tried against that residual;
+- an accepted child becomes the current node (p ← the target's distribution there) and the rule repeats;
+- when every child was rejected, the **recovered** token is drawn from the final residual; at a leaf, the
+  **bonus** token is drawn from p there.
+
+Why it is exact (Chen et al. 2023's lemma, applied repeatedly; SpecTr / Sequoia do the same): one step
+"draw x ~ q, accept with min(1, p/q), else draw from norm(max(0, p − q))" emits a draw from p for *any* q.
+Replacing "else draw from the residual" by "else try the next sibling against the residual" keeps that
+true by induction over the siblings, provided each sibling was drawn from the q it reports given the
+siblings before it (independent draws, draws without replacement with q renormalised, or fixed tokens
+with one-hot q all qualify). Deterministic top-k candidates make the rule "accept x with probability p(x);
+else remove x's mass from p and renormalise" — sampling from p by asking "is it this one?" in turn.
+Greedy is again the one-hot special case: the path that follows the target's argmax is accepted.
+
+The renormalisation after each rejected sibling matters: without it the next sibling is tested against a
+sub-stochastic p and accepted too rarely (``tests/test_tree_verify.py`` plants exactly that bug).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specdec.sampling import sample
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A static draft-tree shape, shared by every row. Block position 0 is the root (last emitted token);
+    node i sits at block position i + 1. Build with :meth:`from_parents`."""
+
+    parents: torch.Tensor  # [N] long: parent node of each node, -1 = the root; parents[i] < i
+    depths: torch.Tensor  # [N+1] long: position offset of each block position (root 0, its children 1, ...)
+    mask: torch.Tensor  # [N+1, N+1] bool: block position i attends to j iff j is i or an ancestor of i
+    children: torch.Tensor  # [N+1, W] long: block positions of each block position's children, -1 = none
+
+    @classmethod
+    def from_parents(cls, parents: list[int], device: torch.device | str = "cpu") -> "Tree":
+        n = len(parents)
+        if n == 0:
+            raise ValueError("a draft tree needs at least one node")
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i} has parent {parent}: parents must be listed first (-1 = the root)")
+        block_parent = [-1] + [p + 1 for p in parents]  # in block positions
+        depths, mask = [0], torch.eye(n + 1, dtype=torch.bool)
+        kids: list[list[int]] = [[] for _ in range(n + 1)]
+        for pos in range(1, n + 1):
+            depths.append(depths[block_parent[pos]] + 1)
+            mask[pos] |= mask[block_parent[pos]]
+            kids[block_parent[pos]].append(pos)
+        width = max(len(k) for k in kids)
+        children = torch.tensor([k + [-1] * (width - len(k)) for k in kids])
+        return cls(torch.tensor(parents, device=device), torch.tensor(depths, device=device), mask.to(device),
+                   children.to(device))
+
+    @property
+    def num_nodes(self) -> int:
+        return self.parents.shape[0]
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+
+def residual_after_rejection(
+    p: torch.Tensor,  # [B, V] current target distribution
+    q: torch.Tensor,  # [B, V] the rejected candidate's draft distribution (one-hot for a fixed token)
+) -> torch.Tensor:  # [B, V] norm(max(0, p − q))
+    """The distribution the next sibling is tested against. An all-zero residual only comes from float
+    round-off (a rejection implies p(x) < q(x), so mass remains elsewhere); p itself is then kept."""
+    residual = (p - q).clamp_(min=0)
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+
+
+def verify_tree(
+    tree: Tree,
+    draft_tokens: torch.Tensor,  # [B, N] long
+    draft_probs: torch.Tensor | None,  # [B, N, V] q of each node, or None for deterministic nodes (one-hot q)
+    target_probs: torch.Tensor,  # [B, N+1, V]: p at the root, then at each node
+    generator: torch.Generator | None = None,
+    residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_after_rejection,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+    """Walk the tree from the root; see the module docstring. Row b emits the tokens of nodes
+    ``accepted_nodes[b, :num_accepted[b]]`` (node indices; -1 past them), then ``next_tokens[b]``.
+    ``residual`` is replaceable only to plant bugs in tests."""
+    batch, n = draft_tokens.shape
+    if target_probs.shape[:2] != (batch, n + 1) or tree.num_nodes != n:
+        raise ValueError(f"a tree of {tree.num_nodes} nodes needs draft_tokens [B, {tree.num_nodes}] and target_probs "
+                         f"[B, {tree.num_nodes + 1}, V]; got {list(draft_tokens.shape)} and {list(target_probs.shape)}")
+    device = draft_tokens.device
+    rows = torch.arange(batch, device=device)
+    depth = tree.max_depth
+    node = torch.zeros(batch, dtype=torch.long, device=device)  # [B] block position of the current node
+    p = target_probs[:, 0]  # [B, V]
+    alive = torch.ones(batch, dtype=torch.bool, device=device)  # [B] still descending
+    accepted_nodes = torch.full((batch, depth), -1, dtype=torch.long, device=device)
+    for d in range(depth):
+        kids = tree.children[node]  # [B, W]
+        chosen = torch.full_like(node, -1)  # [B] block position of the accepted child
+        for j in range(kids.shape[1]):
+            kid = kids[:, j]
+            trying = alive & (kid >= 0) & (chosen < 0)  # [B]
+            idx = (kid - 1).clamp(min=0)  # [B] node index
+            x = draft_tokens[rows, idx]  # [B]
+            if draft_probs is None:
+                q = torch.zeros_like(p).scatter_(-1, x[:, None], 1.0)  # [B, V] one-hot
+            else:
+                q = draft_probs[rows, idx]  # [B, V]
+            u = torch.rand(batch, generator=generator, device=device, dtype=p.dtype)
+            # u < p/q without the division: accepts with probability min(1, p/q), never when p = 0.
+            ok = trying & (u * q[rows, x] < p[rows, x])
+            chosen = torch.where(ok, kid, chosen)
+            p = torch.where((trying & ~ok)[:, None], residual(p, q), p)
+        moved = chosen >= 0
+        accepted_nodes[:, d] = torch.where(moved, chosen - 1, -1)
+        node = torch.where(moved, chosen, node)
+        p = torch.where(moved[:, None], target_probs[rows, node], p)
+        alive &= moved
+    num_accepted = (accepted_nodes >= 0).sum(-1)
+    return accepted_nodes, num_accepted, sample(p, generator)

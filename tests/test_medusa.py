@@ -1,0 +1,254 @@
+"""Medusa heads: storage and shape checks, greedy equality with plain decoding (chain and tree), exactness
+of sampling through the engine (with a planted tree-sampler bug caught), and the shipped heads on the
+real default target."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specdec.engine
+from conftest import left_pad, tiny_llama
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import build_drafter
+from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
+from specdec.sampling import logits_to_probs
+from specdec.stats import exactness_test
+from specdec.verify_tree import verify_tree
+
+PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def random_heads(hidden=32, vocab=64, num_heads=3, seed=1, scale=0.3) -> MedusaHeads:
+    torch.manual_seed(seed)
+    heads = MedusaHeads(hidden, vocab, num_heads)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=scale)
+    return heads.eval().requires_grad_(False)
+
+
+# --- heads and their files -------------------------------------------------------------------------------
+
+
+def test_fresh_heads_repeat_the_base_next_token_prediction(tiny_target):
+    heads = MedusaHeads(32, 64, 3)
+    hidden = torch.randn(5, 32)
+    logits = heads(hidden, tiny_target.lm_head.weight)  # [5, 3, V]
+    assert logits.shape == (5, 3, 64)
+    for i in range(3):
+        torch.testing.assert_close(logits[:, i], tiny_target.lm_head(hidden))
+
+
+def test_own_lm_head_starts_as_the_targets(tiny_target):
+    heads = MedusaHeads(32, 64, 2, own_lm_head=True)
+    heads.init_lm_heads(tiny_target.lm_head.weight)
+    hidden = torch.randn(4, 32)
+    torch.testing.assert_close(heads(hidden, None)[:, 1], tiny_target.lm_head(hidden))
+
+
+def test_save_load_roundtrip_keeps_weights_and_tree(tmp_path):
+    heads = random_heads()
+    save_heads(tmp_path / "heads.safetensors", heads, target="tiny", tree=PATHS)
+    loaded, meta = load_heads(tmp_path, hidden_size=32, vocab_size=64)  # a directory works too
+    assert meta["tree"] == PATHS and meta["target"] == "tiny" and meta["num_heads"] == 3
+    for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(a, b)
+    assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed into place
+
+
+@pytest.mark.parametrize("hidden, vocab", [(48, 64), (32, 100)])
+def test_heads_for_another_target_fail_with_both_shapes(tmp_path, hidden, vocab):
+    save_heads(tmp_path / "heads.safetensors", random_heads(), target="tiny")
+    with pytest.raises(ValueError) as err:
+        load_heads(tmp_path / "heads.safetensors", hidden_size=hidden, vocab_size=vocab)
+    message = str(err.value)
+    assert "hidden size 32 and vocabulary 64" in message and f"hidden size {hidden} and vocabulary {vocab}" in message
+    assert "train_medusa" in message
+
+
+def test_mismatched_heads_fail_when_the_drafter_is_built(tmp_path):
+    save_heads(tmp_path / "heads.safetensors", random_heads(hidden=48), target="other")
+    cfg = MedusaDrafter.Config(heads=str(tmp_path / "heads.safetensors"), tree=None)
+    with pytest.raises(ValueError, match="hidden size 48 .* hidden size 32"):
+        build_drafter(cfg, tiny_llama())
+
+
+def test_missing_or_foreign_heads_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Medusa heads"):
+        load_heads(tmp_path / "nope.safetensors", hidden_size=32, vocab_size=64)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match="not a specdec Medusa heads file"):
+        load_heads(tmp_path / "x.safetensors", hidden_size=32, vocab_size=64)
+
+
+def test_tree_paths_are_validated():
+    assert check_paths([[0], [0, 1]], 3) == [[0], [0, 1]]
+    with pytest.raises(ValueError, match="before its parent"):
+        check_paths([[0, 1], [0]], 3)
+    with pytest.raises(ValueError, match="1..2 non-negative ranks"):
+        check_paths([[0], [0, 0], [0, 0, 0]], 2)
+
+
+def test_k_beyond_heads_or_tree_is_rejected(tiny_target):
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="exceeds the 3 heads"):
+        speculative_generate(tiny_target, MedusaDrafter(random_heads(), tiny_target.lm_head.weight), ids, k=4,
+                             max_new_tokens=4)
+    with pytest.raises(ValueError, match="only 8 paths"):
+        speculative_generate(tiny_target, MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS), ids,
+                             k=9, max_new_tokens=4)
+
+
+def test_drafter_config_composes_with_hydra():
+    from hydra import compose, initialize_config_dir
+
+    import specdec.run  # noqa: F401  (registers the configs)
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("run", overrides=["drafter=medusa"])
+    assert cfg.drafter.name == "medusa" and cfg.drafter.heads == "default" and cfg.drafter.tree == "default"
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("run", overrides=["drafter=medusa", "drafter.tree=null", "drafter.k=2"])
+    assert cfg.drafter.tree is None and cfg.drafter.k == 2
+
+
+# --- greedy equality on a tiny random model ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("paths, ks", [(None, [1, 2, 3]), (PATHS, [1, 4, 8])])
+def test_greedy_medusa_equals_plain_decoding(tiny_target, paths, ks):
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    for k in ks:
+        drafter = MedusaDrafter(random_heads(), tiny_target.lm_head.weight, paths)
+        out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=30,
+                                   eos_token_id=[])
+        assert out.sequences == reference.sequences, f"k={k}"
+        assert out.stats.target_forwards <= reference.stats.target_forwards
+
+
+# --- exact sampling through the engine ---------------------------------------------------------------------
+
+
+VOCAB, SIGMA_LOGIT, TAU_LOGIT = 64, 6.07, 4.82
+
+
+def successor(token, shift: int):  # σ: a fixed permutation of the vocabulary
+    return (token * 5 + 3 * shift) % VOCAB if shift == 1 else successor(successor(token, 1), shift - 1)
+
+
+def make_markov_target():
+    """A real Llama whose attention and MLP write nothing, so it is a bigram model: after token a it
+    puts ~0.7 on σ(a), ~0.2 on τ(a) = σ(a) + 1 and the rest on the others. Its final hidden state is e_a."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=VOCAB, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=32, max_position_embeddings=256,
+                         tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(VOCAB))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(VOCAB ** -0.5)  # RMSNorm(e_a) = sqrt(V)·e_a, so the hidden state is e_a
+        lm_head = torch.zeros(VOCAB, VOCAB)
+        a = torch.arange(VOCAB)
+        lm_head[successor(a, 1), a] = SIGMA_LOGIT
+        lm_head[(successor(a, 1) + 1) % VOCAB, a] = TAU_LOGIT
+        model.lm_head.weight.copy_(lm_head)
+    return model
+
+
+@pytest.fixture(scope="module")
+def markov_target():
+    return make_markov_target()
+
+
+def markov_heads(num_heads: int = 3) -> MedusaHeads:
+    """Head i maps e_a to ~e_{σ^(i+1)(a)}: its candidates are the likely successors of σ^(i+1)(a), i.e.
+    the target's best guesses for the token i+2 steps ahead. Good but imperfect drafts: the tree's first
+    candidate is often rejected and the second often accepted, so the sibling rule is exercised."""
+    heads = MedusaHeads(VOCAB, VOCAB, num_heads)
+    a = torch.arange(VOCAB)
+    with torch.no_grad():
+        for i, block in enumerate(heads.blocks):
+            block.linear.weight.zero_()
+            block.linear.weight[successor(a, i + 1), a] = 20.0
+    return heads.eval().requires_grad_(False)
+
+
+def sample_and_score(target, drafter, rows=400, new=8, seed=0):
+    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, VOCAB, (rows, 4), generator=g)
+    out = speculative_generate(target, drafter, prompts, attention_mask=torch.ones_like(prompts), k=drafter_k(drafter),
+                               max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
+    seqs = torch.cat([prompts, torch.tensor(out.sequences)], 1)  # [R, 4 + new]
+    with torch.no_grad():
+        probs = logits_to_probs(target(seqs).logits[:, 3:-1], 1.0)  # [R, new, V]: p of each emitted token
+    return (seqs[:, 4:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(), np.tile(np.arange(new), rows),
+            out.stats)
+
+
+def drafter_k(drafter: MedusaDrafter) -> int:
+    return len(drafter.paths) if drafter.paths is not None else drafter.heads.num_heads
+
+
+@pytest.mark.parametrize("paths", [None, PATHS], ids=["chain", "tree"])
+def test_sampling_with_medusa_is_exact(markov_target, paths):
+    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, paths)
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter, seed=1 if paths else 2)
+    assert stats.mean_accepted_length > 1.4  # drafts are accepted often: the rule is really exercised
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert not verdict.reject, verdict
+
+
+def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target, monkeypatch):
+    """No renormalisation after a rejected sibling: the same test rejects it."""
+    buggy = partial(verify_tree, residual=lambda p, q: (p - q).clamp(min=0))
+    monkeypatch.setattr(specdec.engine, "verify_tree", buggy)
+    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1)
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert verdict.reject, verdict
+
+
+# --- the shipped heads on the real default target ----------------------------------------------------------
+
+
+def test_shipped_heads_exist_with_provenance():
+    path = default_heads_path()
+    assert path.is_file(), "shipped heads missing: run `python -m specdec.train_medusa export=...` (see provenance)"
+    provenance = json.loads((path.parent / "provenance.json").read_text())
+    for key in ("command", "data", "git_commit", "metrics", "date"):
+        assert key in provenance
+    heads, meta = load_heads(path, hidden_size=576, vocab_size=49152)
+    assert meta["tree"] and path.stat().st_size < 10_000_000
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("tree", [None, "default"], ids=["chain", "tree"])
+def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, real_prompts, tree):
+    from conftest import left_pad as pad
+
+    model, tokenizer = real_target
+    cfg = MedusaDrafter.Config(k=3 if tree is None else 8, tree=tree)
+    drafter = build_drafter(cfg, model, tokenizer)
+    batches = [[real_prompts[0]], [real_prompts[1], real_prompts[2]]]  # batch 1, then batch 2 (left-padded)
+    tau = []
+    for batch in batches:
+        ids, mask = pad(batch, tokenizer.pad_token_id)
+        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
+        assert out.sequences == reference.sequences
+        tau.append(out.stats.mean_accepted_length)
+    assert min(tau) > 1.1, tau  # trained heads are accepted (untrained ones give ~1.0)

@@ -1,0 +1,157 @@
+"""Medusa training on a tiny model: labels line up, the run finishes and exports, an interrupted run
+resumes to exactly the weights of an uninterrupted one, checkpoints are atomic, configs compose."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from conftest import tiny_llama
+from specdec import train_medusa
+from specdec.drafters.medusa import MedusaHeads, load_heads
+from specdec.train_medusa import (IGNORE, TrainMedusaConfig, head_labels, load_checkpoint, medusa_loss,
+                                  save_checkpoint, train, tree_from_ranks)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+WORDS = ["[UNK]", "<eos>", "the", "of", "and", "a", "to", "in", "is", "was", "for", "on", "as", "by", "with", "that",
+         "def", "return", "self", "import", "=", "(", ")", ":", "if", "not", "write", "what", "explain", "code"]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>",
+                                        pad_token="<eos>")
+    return tiny_llama(vocab_size=len(WORDS), hidden=16, layers=1, heads=2, kv_heads=1, seed=4), tokenizer
+
+
+def tiny_config(out: Path, **optim) -> TrainMedusaConfig:
+    cfg = TrainMedusaConfig(target="tiny", num_heads=3, output_dir=str(out), save_every=2, log_every=1)
+    cfg.data.num_prompts, cfg.data.max_new_tokens, cfg.data.batch_size, cfg.data.text_seq_len = 6, 10, 4, 64
+    cfg.eval.limit_per_source, cfg.eval.max_new_tokens, cfg.eval.tree_nodes = 2, 6, 5
+    cfg.optim.epochs, cfg.optim.batch_size, cfg.optim.warmup_steps, cfg.optim.lr = 3, 8, 2, 1e-2
+    for key, value in optim.items():
+        setattr(cfg.optim, key, value)
+    return cfg
+
+
+def test_head_labels_shift_by_head():
+    hidden = torch.arange(5, dtype=torch.float32)[:, None].repeat(1, 2)  # hidden[s] predicted tokens[s]
+    h, labels = head_labels([(hidden, torch.tensor([10, 11, 12, 13, 14]))], num_heads=3)
+    assert h[:, 0].tolist() == [0, 1, 2, 3]  # the last position has no label for head 0
+    assert labels.tolist() == [[11, 12, 13], [12, 13, 14], [13, 14, IGNORE], [14, IGNORE, IGNORE]]
+
+
+def test_loss_weights_heads_and_ignores_missing_labels():
+    logits = torch.zeros(2, 2, 4)
+    labels = torch.tensor([[1, IGNORE], [2, IGNORE]])
+    total, per_head = medusa_loss(logits, labels, head_decay=0.5)
+    assert per_head[1] == 0.0 and abs(float(total) - torch.log(torch.tensor(4.0)).item()) < 1e-6
+
+
+def test_tree_from_ranks_orders_paths_by_frequency_parents_first():
+    ranks = torch.tensor([[0, 0, 1], [0, 0, -1], [1, 0, 0], [0, 2, 0], [-1, 0, 0]])
+    labels = torch.zeros_like(ranks)
+    paths, tau = tree_from_ranks(ranks, labels, num_nodes=4)
+    assert paths == [[0], [0, 0], [1], [0, 2]]
+    assert tau == pytest.approx([1.6, 2.0, 2.2, 2.4])  # 1 + (3, 2, 1, 1 accepted of 5) cumulated / 5
+
+
+def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.export = str(tmp_path / "export")
+    metrics = train(cfg, model, tokenizer)
+    assert metrics["finished"] and metrics["step"] == metrics["total_steps"] > 0
+    for split in ("val", "answers_mtbench", "answers_humaneval", "text_wikipedia"):
+        assert len(metrics["eval"][split]["top1"]) == 3 and metrics["eval"][split]["positions"] > 0
+    heads, meta = load_heads(tmp_path / "export" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    assert meta["tree"] == metrics["tree"] and heads.num_heads == 3
+    provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
+    assert {"command", "data", "git_commit", "metrics", "date", "config"} <= set(provenance)
+    assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
+
+
+def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monkeypatch):
+    model, tokenizer = tiny_pair
+    straight = train(tiny_config(tmp_path / "straight"), model, tokenizer)
+
+    cfg = tiny_config(tmp_path / "resumed")
+    cfg.stop_after_steps = 3  # "interrupted" after 3 steps, between two regular checkpoints (every 2)
+    partial = train(cfg, model, tokenizer)
+    assert not partial["finished"] and partial["step"] == 3
+    assert (tmp_path / "resumed" / "checkpoints" / "latest").read_text() == "step-3"  # saved on the way out
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the data cache should have been reused")
+
+    monkeypatch.setattr(train_medusa, "build_data", no_rebuild)
+    cfg.stop_after_steps = None
+    resumed = train(cfg, model, tokenizer)
+    assert resumed["finished"] and resumed["total_steps"] == straight["total_steps"]
+    a, _ = load_heads(tmp_path / "straight" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    b, _ = load_heads(tmp_path / "resumed" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert resumed["eval"] == straight["eval"]
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    heads = MedusaHeads(8, 12, 2)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=0.1)
+    heads(torch.randn(3, 8), torch.randn(12, 8)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, 1, heads, optimizer, {})
+    saved = {k: v.clone() for k, v in heads.state_dict().items()}
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    with torch.no_grad():
+        heads.blocks[0].linear.weight.add_(1.0)
+    monkeypatch.setattr(train_medusa, "save_file", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 2, heads, optimizer, {})
+    fresh = MedusaHeads(8, 12, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert load_checkpoint(tmp_path, fresh, fresh_opt) == 1  # the crash left step 1 intact and current
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, saved[name])
+    assert fresh_opt.state_dict()["state"][0]["exp_avg"].abs().sum() > 0
+
+
+def test_data_cache_from_another_config_is_refused(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.stop_after_steps = 0
+    train(cfg, model, tokenizer)
+    cfg.data.max_new_tokens = 12
+    with pytest.raises(ValueError, match="another configuration"):
+        train(cfg, model, tokenizer)
+
+
+def test_resuming_with_another_training_config_is_refused(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.stop_after_steps = 1
+    train(cfg, model, tokenizer)
+    cfg.optim.lr = 0.5
+    with pytest.raises(ValueError, match="another training configuration"):
+        train(cfg, model, tokenizer)
+
+
+def test_config_composes_with_hydra():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train_medusa", overrides=["data.mode=text", "optim.epochs=1", "logger=wandb"])
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, TrainMedusaConfig) and obj.data.mode == "text" and obj.logger.mode == "offline"
+    assert obj.output_dir == "outputs/train_medusa/smollm2-135m"

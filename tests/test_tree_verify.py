@@ -1,0 +1,226 @@
+"""The tree verifier reproduces the target distribution exactly — and a planted bug is caught.
+
+Statistical setup as in ``test_verify.py``: a context-free "model" whose target and draft distributions
+depend only on the output position t (cycling through M tables), so token t ~ P[t mod M] independently.
+Many rows run the tree verifier in parallel over several steps; a chi-square goodness-of-fit test per
+output position and on adjacent pairs, Holm-corrected, must not reject the exact rule and must reject the
+planted bug (no renormalisation after a rejected sibling). Then: tree geometry, greedy paths, the cache's
+compaction, and greedy equality of tree drafting with plain decoding through the engine.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.cache import KVCache
+from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.sampling import logits_to_probs, sample
+from specdec.stats import chi2_goodness_of_fit, holm
+from specdec.verify_tree import Tree, residual_after_rejection, verify_tree
+from conftest import left_pad
+
+V, M, LENGTH = 8, 3, 6
+# Root with three children; the first has two, one of which has a child; the second has one.
+PARENTS = [-1, -1, -1, 0, 0, 1, 3]
+
+
+def no_renormalisation(p, q):
+    """Planted bug: the next sibling is tested against max(0, p − q) without renormalising it."""
+    return (p - q).clamp(min=0)
+
+
+def _siblings(tree: Tree) -> list[list[int]]:
+    return [[c - 1 for c in row if c > 0] for row in tree.children.tolist()]
+
+
+def draft_tree(tree: Tree, q: torch.Tensor, mode: str, g: torch.Generator):
+    """Node tokens [R, N] and their draft distributions [R, N, V] (None = deterministic) given each
+    node's q [R, N, V]: "topk" (siblings = the best tokens of q, one-hot), "iid" (independent draws),
+    "without_replacement" (each sibling drawn from q renormalised without its elder siblings' tokens)."""
+    rows, n, _ = q.shape
+    if mode == "iid":
+        return sample(q, g), q
+    tokens = torch.zeros(rows, n, dtype=torch.long)
+    probs = q.clone()
+    for kids in _siblings(tree):
+        for j, node in enumerate(kids):
+            if mode == "topk":
+                tokens[:, node] = q[:, node].topk(j + 1, dim=-1).indices[:, j]
+                continue
+            for elder in kids[:j]:  # renormalised q without the elder siblings' tokens
+                probs[:, node].scatter_(1, tokens[:, elder, None], 0.0)
+            probs[:, node] /= probs[:, node].sum(-1, keepdim=True)
+            tokens[:, node] = sample(probs[:, node], g)
+    return tokens, None if mode == "topk" else probs
+
+
+def simulate(mode, temperature, residual=residual_after_rejection, rows=20000, seed=0, parents=PARENTS):
+    g = torch.Generator().manual_seed(seed)
+    target = logits_to_probs(torch.randn(M, V, generator=g) * 1.5, temperature)  # [M, V]
+    draft = logits_to_probs(torch.randn(M, V, generator=g) * 1.5, temperature)  # [M, V]
+    tree = Tree.from_parents(parents)
+    depth = tree.max_depth
+    out = torch.zeros(rows, LENGTH + depth + 1, dtype=torch.long)
+    pos = torch.zeros(rows, dtype=torch.long)
+    r = torch.arange(rows)
+    while int(pos.min()) < LENGTH:
+        # The node at depth d proposes output position pos + d - 1; p at block position of depth e is P[pos + e].
+        node_q = draft[(pos[:, None] + tree.depths[None, 1:] - 1) % M]  # [R, N, V]
+        target_probs = target[(pos[:, None] + tree.depths[None, :]) % M]  # [R, N+1, V]
+        tokens, probs = draft_tree(tree, node_q, mode, g)
+        nodes, n, nxt = verify_tree(tree, tokens, probs, target_probs, g, residual=residual)
+        emitted = torch.cat([tokens.gather(1, nodes.clamp(min=0)), nxt[:, None]], 1).scatter(1, n[:, None], nxt[:, None])
+        for j in range(depth + 1):
+            keep = j <= n
+            out[r[keep], (pos + j)[keep].clamp(max=out.shape[1] - 1)] = emitted[keep, j]
+        pos += n + 1
+    return out[:, :LENGTH].numpy(), target.numpy()
+
+
+def p_values(tokens, target):
+    ps = [chi2_goodness_of_fit(tokens[:, t], target[t % M]).p_value for t in range(LENGTH)]
+    for t in range(LENGTH - 1):  # adjacent pairs: catches dependence between positions
+        pair = tokens[:, t] * V + tokens[:, t + 1]
+        ps.append(chi2_goodness_of_fit(pair, np.outer(target[t % M], target[(t + 1) % M]).ravel()).p_value)
+    return ps
+
+
+def rejects(tokens, target, alpha=0.01) -> bool:
+    return bool(holm(p_values(tokens, target), alpha)[1].any())
+
+
+@pytest.mark.parametrize("mode", ["topk", "iid", "without_replacement"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_tree_rule_reproduces_target(mode, temperature):
+    tokens, target = simulate(mode, temperature, seed=hash((mode, temperature)) % 1000)
+    assert not rejects(tokens, target)
+
+
+def test_chain_shaped_tree_reproduces_target():
+    tokens, target = simulate("iid", 1.0, parents=[-1, 0, 1], seed=3)
+    assert not rejects(tokens, target)
+
+
+@pytest.mark.parametrize("mode", ["topk", "iid"])
+def test_planted_bug_no_renormalisation_is_caught(mode):
+    tokens, target = simulate(mode, 1.0, residual=no_renormalisation, seed=5)
+    assert rejects(tokens, target), f"missing renormalisation after a rejected sibling went undetected ({mode})"
+
+
+def test_false_positive_rate_is_nominal():
+    alpha, reps = 0.1, 30
+    rejected = sum(rejects(*simulate("topk", 1.0, rows=3000, seed=100 + s), alpha=alpha) for s in range(reps))
+    assert rejected <= 8  # binomial(30, 0.1): P(X > 8) < 0.001
+
+
+# --- geometry and greedy ---------------------------------------------------------------------------------
+
+
+def test_tree_geometry():
+    tree = Tree.from_parents(PARENTS)
+    assert tree.depths.tolist() == [0, 1, 1, 1, 2, 2, 2, 3]
+    assert tree.children.tolist()[0] == [1, 2, 3] and tree.children.tolist()[1] == [4, 5, -1]
+    # node 6 (block 7): itself, node 3 (block 4), node 0 (block 1), the root
+    assert torch.nonzero(tree.mask[7]).flatten().tolist() == [0, 1, 4, 7]
+    with pytest.raises(ValueError, match="parents must be listed first"):
+        Tree.from_parents([-1, 2, 0])
+
+
+def test_greedy_follows_the_target_argmax_path():
+    tree = Tree.from_parents(PARENTS)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])  # node tokens
+    target = torch.zeros(1, 8, V)
+    # root argmax 2 (node 1), at node 1 argmax 6 (node 5), at node 5 (a leaf) argmax 0 = bonus
+    for block, best in [(0, 2), (1, 0), (2, 6), (3, 0), (4, 0), (5, 0), (6, 0), (7, 0)]:
+        target[0, block, best] = 1.0
+    nodes, n, nxt = verify_tree(tree, tokens, None, target)
+    assert nodes.tolist() == [[1, 5, -1]] and n.tolist() == [2] and nxt.tolist() == [0]
+    target[0, 0] = 0.0
+    target[0, 0, 0] = 1.0  # root argmax is no candidate: recovered token, nothing accepted
+    nodes, n, nxt = verify_tree(tree, tokens, None, target)
+    assert n.tolist() == [0] and nxt.tolist() == [0]
+
+
+def test_shape_mismatch_is_named():
+    with pytest.raises(ValueError, match=r"tree of 7 nodes"):
+        verify_tree(Tree.from_parents(PARENTS), torch.zeros(1, 3, dtype=torch.long), None, torch.rand(1, 4, V))
+
+
+# --- cache compaction --------------------------------------------------------------------------------------
+
+
+def test_compact_gathers_the_accepted_path_into_contiguous_slots():
+    cache = KVCache.allocate(2, 2, 1, 12, 1, torch.tensor([0, 2]), dtype=torch.float32, device=torch.device("cpu"))
+    cache.commit(torch.tensor([3, 4]))
+    for layer in range(2):
+        new = (torch.arange(5, dtype=torch.float32) + 10 * (layer + 1))[None, None, :, None].repeat(2, 1, 1, 1)
+        cache.write(layer, new, -new)  # 5 uncommitted tokens after each row's committed slots
+    path = torch.tensor([[0, 2, 4], [0, 3, 1]])  # block offsets in accepted order
+    cache.compact(path, torch.tensor([3, 2]))
+    assert cache.lengths.tolist() == [6, 6]
+    assert cache.keys[0][0, 0, 3:6, 0].tolist() == [10, 12, 14]
+    assert cache.keys[1][1, 0, 4:6, 0].tolist() == [20, 23]
+    assert cache.values[1][1, 0, 4:6, 0].tolist() == [-20, -23]
+
+
+# --- through the engine ------------------------------------------------------------------------------------
+
+
+class OracleTreeDrafter(Drafter):
+    """Knows the greedy continuation; hides it along a random branch of ``PARENTS`` among wrong tokens,
+    and sometimes only partly, so verification accepts paths of every length through every branch."""
+
+    name = "oracle_tree"
+
+    def __init__(self, reference: list[list[int]], prompt_lens: list[int], vocab: int, seed: int = 0):
+        self.reference, self.prompt_lens, self.vocab = reference, prompt_lens, vocab
+        self.tree = Tree.from_parents(PARENTS)
+        self.rng = np.random.default_rng(seed)
+        self.leaves = [i for i in range(len(PARENTS)) if i not in PARENTS]
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        rows = []
+        for b, tokens in enumerate(state.tokens):
+            done = len(tokens) - self.prompt_lens[b]  # tokens emitted so far; the next is reference[done]
+            row = list(self.rng.integers(0, self.vocab, len(PARENTS)))
+            node, path = int(self.rng.choice(self.leaves)), []
+            while node >= 0:
+                path.append(node)
+                node = PARENTS[node]
+            for depth, node in enumerate(list(reversed(path))[: len(path) - int(self.rng.integers(0, 2))]):
+                if done + depth < len(self.reference[b]):
+                    row[node] = self.reference[b][done + depth]
+            rows.append(row)
+        tokens = torch.tensor(rows, device=state.last_tokens.device)
+        return Proposal(tokens=tokens, num_proposed=[len(PARENTS)] * len(rows), tree=self.tree)
+
+
+def test_greedy_tree_decoding_equals_plain_decoding(tiny_target):
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=40, eos_token_id=[])
+    drafter = OracleTreeDrafter(reference.sequences, [7, 3], vocab=64)
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=len(PARENTS), max_new_tokens=40,
+                               eos_token_id=[])
+    assert out.sequences == reference.sequences
+    assert out.stats.mean_accepted_length > 2.0  # long paths through the tree were accepted (and compacted)
+
+
+def test_tree_decoding_stops_at_eos_inside_an_accepted_path(tiny_target):
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
+    free = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    eos = free.sequences[0][9]  # a token the first row emits mid-way
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=eos)
+    drafter = OracleTreeDrafter(free.sequences, [7, 3], vocab=64, seed=1)
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=len(PARENTS), max_new_tokens=30,
+                               eos_token_id=eos)
+    assert out.sequences == reference.sequences
+
+
+def test_residual_removes_the_rejected_mass_and_renormalises():
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])  # a rejected fixed token
+    assert torch.allclose(residual_after_rejection(p, q), torch.tensor([[0.0, 0.6, 0.4]]))
+    assert torch.allclose(no_renormalisation(p, q), torch.tensor([[0.0, 0.3, 0.2]]))
+    q = torch.tensor([[0.2, 0.5, 0.3]])  # a rejected draw from q
+    assert torch.allclose(residual_after_rejection(p, q), torch.tensor([[1.0, 0.0, 0.0]]))
