@@ -34,7 +34,8 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
     rows = flat.shape[0]
     if rows == 1:
         flat = flat.repeat(2, 1)  # contiguous: a stride-0 operand takes a slow kernel
-    out = torch.mm(layer.weight, flat.t()).t()[:rows]
+    # Contiguous [rows, out]: a transposed result sends SDPA down a slow copying path at batch > 1.
+    out = torch.mm(layer.weight, flat.t()).t()[:rows].contiguous()
     if layer.bias is not None:
         out = out + layer.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
