@@ -1,17 +1,57 @@
 """Planted bugs: realistic mistakes in a speculative decoder, for proving that the statistical tests
 catch them (:mod:`specdec.verify_dist`, tests). Never used unless asked for by name.
 
-Each verifier here has the signature of :func:`specdec.verify.rejection_sample` and is wrong in one way.
-(Dropping the bonus token altogether — emitting only accepted drafts — is *not* among them: it wastes
-a token per fully accepted step but leaves the distribution exact. Drawing it from the wrong position is.)
+Where a mistake has to sit to bias the output
+---------------------------------------------
+Rejection sampling is exact for *any* draft distribution q, provided (1) q is the distribution each draft
+token was actually drawn from and (2) p is the target's conditional processed with the requested
+sampling settings. So a draft-side mistake applied consistently — to the draws and to the reported q
+alike — costs acceptance, never exactness: a drafter that ignores temperature everywhere, or a *draft*
+KV cache that is not rolled back after a rejection (its drafts get worse, their q stays honest). So does
+dropping the bonus token altogether (emitting only the accepted drafts): it wastes a token per fully
+accepted step, and the next step draws that token from the same p_K. A biasing mistake breaks the rule
+itself or one of the two premises:
+
+================================  ============================================================  ===========
+name                              what is wrong                                                 breaks
+================================  ============================================================  ===========
+``recovered_from_target``         the recovered token is drawn from p_n, not norm(max(0, p_n −   the rule
+                                  q_n)): a rejected draft can come straight back. Its bias is
+                                  ½ Σ |min(p, q) − β·p| ≤ β = Σ min(p, q), the acceptance
+                                  probability: small when drafts are nearly always rejected
+``bonus_from_wrong_position``     off by one: the bonus token is drawn from p_{K−1}, not p_K     the rule
+``top_p_draft_only``              the sampling settings reach the drafter, but the target's p    (2)
+                                  is computed without top-p: the output follows the untruncated
+                                  target
+``temperature_ignored_by_draft``  the draft model samples from its raw logits (temperature 1)     (1)
+                                  but reports the temperature-processed q to the verifier
+``target_cache_not_rolled_back``  the *target's* KV cache keeps every slot a verify forward       (2)
+                                  wrote, rejected drafts included (an uncropped dynamic cache):
+                                  later tokens attend to text that was never emitted, at shifted
+                                  positions
+================================  ============================================================  ===========
+
+:func:`plant` applies one of them to what the decode loop is called with (a :class:`Setup`) and refuses
+settings under which the bug cannot bias anything (e.g. ``top_p_draft_only`` without top-p), so a
+planted run that passes always means the test lacked power, never that nothing was planted.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, replace
+from typing import Callable
 
-from specdec.sampling import sample
+import torch
+from torch import nn
+
+from specdec.cache import KVCache
+from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.models.llama import CompactLlama, supports
+from specdec.sampling import SamplingParams, logits_to_probs, sample
 from specdec.verify import accept_drafts, next_token_probs
+
+# --- the verifier: signature of specdec.verify.rejection_sample ----------------------------------------
 
 
 def recovered_from_target(draft_tokens, draft_probs, target_probs, generator=None):
@@ -34,3 +74,157 @@ VERIFIER_BUGS = {
     "recovered_from_target": recovered_from_target,
     "bonus_from_wrong_position": bonus_from_wrong_position,
 }
+
+
+# --- the drafter ------------------------------------------------------------------------------------------
+
+
+class DraftOnlySampling(Drafter):
+    """Bug (``top_p_draft_only``, drafter half): ``inner`` drafts under ``sampling`` (q honestly reported),
+    while the decode loop — hence the target's p and the verifier — runs under other settings."""
+
+    name = "planted:draft_only_sampling"
+
+    def __init__(self, inner: Drafter, sampling: SamplingParams):
+        self.inner = inner
+        self.sampling = sampling
+
+    @property
+    def forwards(self) -> int:  # the decode loop resets and reads the inner drafter's count
+        return self.inner.forwards
+
+    @forwards.setter
+    def forwards(self, value: int) -> None:
+        self.inner.forwards = value
+
+    def start(self, state: DecodeState) -> None:
+        self.inner.start(replace(state, sampling=self.sampling))
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return self.inner.propose(replace(state, sampling=self.sampling), k)
+
+    def observe(self, state: DecodeState) -> None:
+        self.inner.observe(replace(state, sampling=self.sampling))
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
+class TemperatureIgnoredDraftModel(DraftModelDrafter):
+    """Bug: draft tokens are drawn from the draft model's logits at temperature 1 (top-k / top-p still
+    applied), but the q reported to the verifier is the one processed with the requested temperature."""
+
+    def draw(self, logits, params, generator):  # logits [B, V] -> token [B], q [B, V]
+        reported = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
+        drawn_from = logits_to_probs(logits, 1.0, params.top_k, params.top_p)
+        return sample(drawn_from, generator), reported
+
+
+# --- the target -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CacheKeepingRejected(KVCache):
+    """Bug: :meth:`commit` keeps every slot the last forward wrote, rejected drafts included, like a
+    dynamic cache that is never cropped. Grows on demand (see :meth:`reserve`), since it fills faster
+    than the decode loop's capacity plans for."""
+
+    written: int = 0  # tokens the last forward wrote per row
+
+    def reserve(self, num_new: int) -> None:
+        """Called before each forward of ``num_new`` tokens: remember it, and grow to fit it."""
+        self.written = num_new
+        needed = int(self.lengths.max()) + num_new
+        if needed > self.capacity:
+            extra = max(needed, 2 * self.capacity) - self.capacity
+            for store in (self.keys, self.values):
+                for i, t in enumerate(store):
+                    store[i] = torch.cat([t, t.new_zeros(*t.shape[:2], extra, t.shape[3])], 2)
+
+    def commit(self, num_tokens: torch.Tensor) -> None:  # num_tokens [B] long
+        self.lengths += torch.where(num_tokens > 0, self.written, 0)  # rows that stopped stay put
+
+
+class TargetCacheNotRolledBack(CompactLlama):
+    """The target's forward over a :class:`CacheKeepingRejected`: after a rejection it attends to the
+    rejected drafts' keys/values, at positions shifted by their number."""
+
+    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> CacheKeepingRejected:
+        cache = super().new_cache(batch_size, capacity, pad)
+        return CacheKeepingRejected(keys=cache.keys, values=cache.values, lengths=cache.lengths, pad=cache.pad)
+
+    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None):
+        cache.reserve(input_ids.shape[1])
+        # The loop's kv_len bound assumes its own (correct) lengths; the grown cache lies beyond it.
+        return super().forward(input_ids, cache, kv_len=None, tree_mask=tree_mask, depths=depths)
+
+
+# --- planting ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the decode loop is called with."""
+
+    target: nn.Module  # a transformers causal LM or a decoder
+    drafter: Drafter
+    verifier: Callable  # signature of specdec.verify.rejection_sample
+    sampling: SamplingParams  # the settings the target side (prefill, target probs) runs with
+
+
+def _needs_sampling(bug: str, s: Setup) -> None:
+    if s.sampling.greedy:
+        raise ValueError(f"planted bug {bug!r} cannot bias greedy decoding; set sampling.temperature > 0")
+
+
+def _plant_verifier(bug: str) -> Callable[[Setup], Setup]:
+    def plant_it(s: Setup) -> Setup:
+        _needs_sampling(bug, s)
+        return replace(s, verifier=VERIFIER_BUGS[bug])
+
+    return plant_it
+
+
+def _plant_top_p_draft_only(s: Setup) -> Setup:
+    _needs_sampling("top_p_draft_only", s)
+    if s.sampling.top_p >= 1.0:
+        raise ValueError("planted bug 'top_p_draft_only' drops top-p on the target side, which changes nothing "
+                         "without top-p; set sampling.top_p < 1 (e.g. 0.8)")
+    return replace(s, drafter=DraftOnlySampling(s.drafter, s.sampling), sampling=replace(s.sampling, top_p=1.0))
+
+
+def _plant_temperature_ignored_by_draft(s: Setup) -> Setup:
+    if not isinstance(s.drafter, DraftModelDrafter):
+        raise ValueError("planted bug 'temperature_ignored_by_draft' lives in the draft model's sampling; "
+                         f"use drafter=draft_model (got {type(s.drafter).__name__}, whose drafts carry no q)")
+    if s.sampling.greedy or s.sampling.temperature == 1.0:
+        raise ValueError("planted bug 'temperature_ignored_by_draft' changes nothing at temperature "
+                         f"{s.sampling.temperature}; use a temperature other than 0 and 1 (e.g. 0.7)")
+    return replace(s, drafter=TemperatureIgnoredDraftModel(s.drafter.decoder))
+
+
+def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:
+    _needs_sampling("target_cache_not_rolled_back", s)
+    if not supports(s.target):
+        raise ValueError("planted bug 'target_cache_not_rolled_back' needs a Llama-family transformers target "
+                         f"(the compact static-cache path), got {type(s.target).__name__}")
+    return replace(s, target=TargetCacheNotRolledBack(s.target))
+
+
+BUGS: dict[str, Callable[[Setup], Setup]] = {
+    "recovered_from_target": _plant_verifier("recovered_from_target"),
+    "bonus_from_wrong_position": _plant_verifier("bonus_from_wrong_position"),
+    "top_p_draft_only": _plant_top_p_draft_only,
+    "temperature_ignored_by_draft": _plant_temperature_ignored_by_draft,
+    "target_cache_not_rolled_back": _plant_target_cache_not_rolled_back,
+}
+
+
+def plant(bug: str | None, setup: Setup) -> Setup:
+    """``setup`` with the bug named ``bug`` planted (None: unchanged). Raises ValueError for an unknown
+    name, or for settings under which the bug cannot change the output distribution."""
+    if bug is None:
+        return setup
+    if bug not in BUGS:
+        raise ValueError(f"unknown planted bug {bug!r}; choose one of {sorted(BUGS)} (or null for none)")
+    return BUGS[bug](setup)

@@ -22,7 +22,10 @@ Tests and their error rates (α = the level you pass; every test returns a :clas
   (central limit theorem; calibrated in the tests for N ≥ 100 rows of LM-like distributions).
 - :func:`exactness_test`: the PIT KS test and the surprisal test (pooled, and per position if positions
   are given), combined by Bonferroni: the family-wise false-rejection rate is ≤ α under H0, with no
-  assumption about how the tests depend on each other.
+  assumption about how the tests depend on each other. :func:`token_scores` reduces (probs, tokens) to
+  four numbers per token and :func:`exactness_test_from_scores` runs the same test on them, so a long
+  run over a large vocabulary is scored in chunks without holding [N, V] (``exactness_test`` is built
+  on the pair).
 - :func:`chi2_two_sample` / :func:`g_two_sample`: homogeneity of two samples of discrete outcomes
   (e.g. whole continuations as tuples), asymptotic chi-square with small-cell pooling.
 - :func:`chi2_goodness_of_fit`: one sample against a known distribution, same pooling.
@@ -67,6 +70,10 @@ __all__ = [
     "pit_test",
     "surprisal_test",
     "exactness_test",
+    "TokenScores",
+    "token_scores",
+    "pit_from_scores",
+    "exactness_test_from_scores",
     "homogeneity_test",
     "chi2_two_sample",
     "g_two_sample",
@@ -176,20 +183,44 @@ def _uniforms(n: int, rng: Any) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 
 
-def pit_values(
+@dataclass(frozen=True)
+class TokenScores:
+    """All that the PIT and surprisal tests need from (probs [N, V], tokens [N]): four numbers per token
+    instead of V. Score a long run chunk by chunk with :func:`token_scores`, join the chunks with
+    :meth:`concat`, and test them with :func:`exactness_test_from_scores`: the same math as
+    :func:`exactness_test` (which is built on it) without ever holding [N, V] at once."""
+
+    mass_before: np.ndarray  # [N] float64: p-mass of the tokens ranked before x under the PIT order
+    p_token: np.ndarray  # [N] float64: p(x)
+    entropy: np.ndarray  # [N] float64: H(p) in nats
+    surprisal_var: np.ndarray  # [N] float64: Var_{y~p}(−log p(y)) = Σ p log² p − H², clipped at 0
+
+    def __len__(self) -> int:
+        return self.p_token.size
+
+    def subset(self, idx: Any) -> TokenScores:  # idx: [n] indices or a boolean mask over the N rows
+        return TokenScores(self.mass_before[idx], self.p_token[idx], self.entropy[idx], self.surprisal_var[idx])
+
+    @staticmethod
+    def concat(parts: Sequence[TokenScores]) -> TokenScores:
+        if not parts:
+            raise ValueError("TokenScores.concat needs at least one part")
+        return TokenScores(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                             ("mass_before", "p_token", "entropy", "surprisal_var")))
+
+
+def token_scores(
     probs: Any,  # [N, V] exact target conditionals, rows sum to 1
     tokens: Any,  # [N] emitted token ids
     *,
-    rng: Any,
     order: PitOrder = "descending",
-) -> np.ndarray:  # [N] in (0, 1); i.i.d. Uniform(0, 1) under H0
-    """Randomised PIT u = F(x−1) + U·p(x), with F the CDF under ``order`` (see module docstring)."""
+) -> TokenScores:
+    """Per-token summaries for the PIT (under ``order``, see module docstring) and the surprisal test."""
     probs, tokens = _probs_and_tokens(probs, tokens)
     if order not in ("descending", "id"):
         raise ValueError(f"order must be 'descending' or 'id', got {order!r}")
     n, v = probs.shape
-    before = np.empty(n)
-    p_x = np.empty(n)
+    before, p_x, entropy, var = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     for rows in _row_blocks(n, v):
         block = _normalised_block(probs, rows)
         tok = tokens[rows]
@@ -202,7 +233,27 @@ def pit_values(
             )
         before[rows] = np.where(ranked_before, block, 0.0).sum(axis=1)
         p_x[rows] = px
-    return np.clip(before + _uniforms(n, rng) * p_x, 0.0, 1.0)
+        logp = np.log(block, out=np.zeros_like(block), where=block > 0)  # 0·log 0 = 0
+        h = -(block * logp).sum(axis=1)
+        entropy[rows] = h
+        var[rows] = np.maximum((block * logp**2).sum(axis=1) - h**2, 0.0)
+    return TokenScores(before, p_x, entropy, var)
+
+
+def pit_from_scores(scores: TokenScores, rng: Any) -> np.ndarray:  # -> [N]
+    """The randomised PIT values of :func:`pit_values`, from precomputed scores."""
+    return np.clip(scores.mass_before + _uniforms(len(scores), rng) * scores.p_token, 0.0, 1.0)
+
+
+def pit_values(
+    probs: Any,  # [N, V] exact target conditionals, rows sum to 1
+    tokens: Any,  # [N] emitted token ids
+    *,
+    rng: Any,
+    order: PitOrder = "descending",
+) -> np.ndarray:  # [N] in (0, 1); i.i.d. Uniform(0, 1) under H0
+    """Randomised PIT u = F(x−1) + U·p(x), with F the CDF under ``order`` (see module docstring)."""
+    return pit_from_scores(token_scores(probs, tokens, order=order), rng)
 
 
 def uniformity_ks(u: Any, *, alpha: float = 0.05, name: str = "ks_uniform") -> Verdict:  # u: [N]
@@ -230,6 +281,17 @@ def uniformity_chi2(
     return Verdict.from_p(name, res.statistic, res.pvalue, alpha, dof=bins - 1, n=u.size)
 
 
+def _surprisal_from_scores(scores: TokenScores, alpha: float, name: str) -> Verdict:
+    n = len(scores)
+    if (scores.p_token == 0).any():
+        return Verdict.from_p(name, math.inf, 0.0, alpha, n=n)
+    variance = float(scores.surprisal_var.sum())
+    if variance == 0.0:  # every row one-hot (greedy) and every token its argmax
+        return Verdict.from_p(name, 0.0, 1.0, alpha, n=n)
+    z = float((-np.log(scores.p_token) - scores.entropy).sum()) / math.sqrt(variance)
+    return Verdict.from_p(name, z, 2.0 * stats.norm.sf(abs(z)), alpha, n=n)
+
+
 def surprisal_test(
     probs: Any,  # [N, V] exact target conditionals
     tokens: Any,  # [N] emitted token ids
@@ -240,23 +302,7 @@ def surprisal_test(
     """Two-sided z-test of Σ_i (−log p_i(x_i) − H(p_i)) = 0 with variance Σ_i Var_i, where
     Var_i = Σ_x p_i(x) log² p_i(x) − H(p_i)². The statistic is z; p-value 0 if any token had p = 0."""
     _check_alpha(alpha)
-    probs, tokens = _probs_and_tokens(probs, tokens)
-    n, v = probs.shape
-    excess, variance, impossible = 0.0, 0.0, 0
-    for rows in _row_blocks(n, v):
-        block = _normalised_block(probs, rows)
-        logp = np.log(block, out=np.zeros_like(block), where=block > 0)  # 0·log 0 = 0
-        entropy = -(block * logp).sum(axis=1)
-        variance += float(np.maximum((block * logp**2).sum(axis=1) - entropy**2, 0.0).sum())
-        px = block[np.arange(block.shape[0]), tokens[rows]]
-        impossible += int((px == 0).sum())
-        excess += float((-np.log(np.where(px > 0, px, 1.0)) - entropy).sum())
-    if impossible:
-        return Verdict.from_p(name, math.inf, 0.0, alpha, n=n)
-    if variance == 0.0:  # every row one-hot (greedy) and every token its argmax
-        return Verdict.from_p(name, 0.0, 1.0, alpha, n=n)
-    z = excess / math.sqrt(variance)
-    return Verdict.from_p(name, z, 2.0 * stats.norm.sf(abs(z)), alpha, n=n)
+    return _surprisal_from_scores(token_scores(probs, tokens), alpha, name)
 
 
 def pit_test(
@@ -290,13 +336,27 @@ def exactness_test(
     rows. Bonferroni over the m tests: each part is judged at α/m, the combined p-value is
     min(1, m · min p), and the family-wise false-rejection rate is ≤ α. The statistic is m."""
     _check_alpha(alpha)
-    probs, tokens = _probs_and_tokens(probs, tokens)
-    u = pit_values(probs, tokens, rng=rng)
-    groups: list[tuple[str, np.ndarray]] = [("pooled", np.arange(tokens.size))]
+    return exactness_test_from_scores(token_scores(probs, tokens), rng=rng, alpha=alpha, positions=positions,
+                                      min_rows_per_position=min_rows_per_position)
+
+
+def exactness_test_from_scores(
+    scores: TokenScores,  # N tokens, as from token_scores (descending PIT order)
+    *,
+    rng: Any,
+    alpha: float = 0.01,
+    positions: Any = None,  # [N] index of each token in its continuation, or None
+    min_rows_per_position: int = 100,
+) -> Verdict:
+    """:func:`exactness_test` on precomputed :class:`TokenScores` (identical math and error rate)."""
+    _check_alpha(alpha)
+    n = len(scores)
+    u = pit_from_scores(scores, rng)
+    groups: list[tuple[str, np.ndarray]] = [("pooled", np.arange(n))]
     if positions is not None:
         positions = _to_numpy(positions).ravel()
-        if positions.shape != tokens.shape:
-            raise ValueError(f"positions must be [N] like tokens, got {positions.shape} vs {tokens.shape}")
+        if positions.shape != (n,):
+            raise ValueError(f"positions must be [N] like tokens, got {positions.shape} vs ({n},)")
         for pos in np.unique(positions):
             idx = np.flatnonzero(positions == pos)
             if idx.size >= min_rows_per_position:
@@ -305,9 +365,9 @@ def exactness_test(
     parts = []
     for label, idx in groups:
         parts.append(uniformity_ks(u[idx], alpha=alpha / m, name=f"pit_ks[{label}]"))
-        parts.append(surprisal_test(probs[idx], tokens[idx], alpha=alpha / m, name=f"surprisal[{label}]"))
+        parts.append(_surprisal_from_scores(scores.subset(idx), alpha / m, f"surprisal[{label}]"))
     p_min = min(p.p_value for p in parts)
-    return Verdict.from_p("exactness", m, m * p_min, alpha, n=int(tokens.size), parts=tuple(parts))
+    return Verdict.from_p("exactness", m, m * p_min, alpha, n=n, parts=tuple(parts))
 
 
 # ---------------------------------------------------------------------------------------------------

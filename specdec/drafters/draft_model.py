@@ -17,7 +17,7 @@ from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
 from specdec.loading import VocabMismatchError
 from specdec.models import as_decoder
-from specdec.sampling import logits_to_probs, sample
+from specdec.sampling import SamplingParams, logits_to_probs, sample
 
 
 @register("draft_model")
@@ -75,8 +75,7 @@ class DraftModelDrafter(Drafter):
         self.cache.commit(torch.full_like(state.seq_lens, 2))
         self.forwards += 1
         for i in range(k):
-            q = logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p)  # [B, V]
-            token = sample(q, state.generator)  # [B]
+            token, q = self.draw(logits[:, -1], params, state.generator)  # [B], [B, V]
             tokens.append(token)
             probs.append(q)
             if i + 1 < k:
@@ -88,6 +87,12 @@ class DraftModelDrafter(Drafter):
             probs=None if params.greedy else torch.stack(probs, 1),
             num_proposed=[k] * state.seq.shape[0],
         )
+
+    def draw(self, logits: torch.Tensor, params: SamplingParams,  # logits [B, V]
+             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # token [B], q [B, V]
+        """One draft token per row and the distribution q it was drawn from, which the verifier is told."""
+        q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
+        return sample(q, generator), q
 
     def reset(self) -> None:
         self.cache = None

@@ -1,0 +1,369 @@
+"""``specdec.verify_dist``: the exact decoder passes, every planted bug is rejected, the false-rejection rate
+is at most nominal, and the CLI's exit status gates on the verdict.
+
+Models: tiny random Llamas with a *peaked*, context-dependent target (vocabulary 64, logits scaled so the
+entropy is ~1 nat and changing an early token moves the next-token law by TV ~0.5; conftest's tiny models
+are near-uniform, where every bias is invisible), a close draft (the target with 5% weight noise: high
+acceptance, so bonus tokens are frequent) and a far one (an independent model: mostly rejections, so
+recovered tokens are frequent). Each check samples thousands of continuations in about a second.
+
+Exact-path checks come in families: each family's cases share α = 0.01 by Bonferroni, so a family fails
+spuriously with probability ≤ 0.01 (and, being seeded, reproducibly). The full grid is ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec import planted, stats
+from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
+from specdec.drafters.medusa import MedusaHeads
+from specdec.engine import speculative_generate
+from specdec.models import as_decoder
+from specdec.sampling import SamplingParams
+from specdec.verify import rejection_sample
+from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB = 64
+PROMPTS = [[5, 17, 33], [8, 2, 40, 51, 9], [60, 12, 7, 7, 30, 22, 3, 14], [1, 44, 19, 6]]  # ragged: left padding
+TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
+
+
+def peaked_llama(hidden=32, layers=2, heads=4, kv_heads=2, seed=0, init=0.1, head_std=0.8) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=2 * hidden, max_position_embeddings=512,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=0, initializer_range=init)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, head_std, generator=torch.Generator().manual_seed(seed + 100))
+    return model
+
+
+def noisy_copy(model, scale=0.05, seed=1):
+    copied = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+    return copied
+
+
+def random_heads(num_heads=4, seed=1, scale=0.3) -> MedusaHeads:
+    torch.manual_seed(seed)
+    heads = MedusaHeads(32, VOCAB, num_heads)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=scale)
+    return heads.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = peaked_llama()
+    return {"target": target, "close": noisy_copy(target),
+            "far": peaked_llama(hidden=16, layers=1, heads=2, kv_heads=1, seed=7)}
+
+
+# Every registered drafter builds here; a new one (EAGLE, ...) adds itself or test_every_drafter_is_covered fails.
+FACTORIES = {
+    "draft_model": lambda m: DraftModelDrafter(m["close"]),
+    "draft_model_far": lambda m: DraftModelDrafter(m["far"]),
+    "ngram": lambda m: NgramDrafter(),
+    "medusa": lambda m: MedusaDrafter(random_heads(), m["target"].lm_head.weight),  # chain
+    "medusa_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE),
+}
+
+
+def check(models, drafter, *, k=4, temperature=1.0, top_k=0, top_p=1.0, n=250, length=8, seed=0, alpha=0.01,
+          bug=None, batch_size=256, joint_tokens=2):
+    drafter = FACTORIES[drafter](models) if isinstance(drafter, str) else drafter
+    return verify_distribution(models["target"], drafter, PROMPTS, k=k, length=length, samples_per_prompt=n,
+                               sampling=SamplingParams(temperature, top_k, top_p), batch_size=batch_size, seed=seed,
+                               alpha=alpha, planted_bug=bug, joint_tokens=joint_tokens)
+
+
+def test_every_drafter_is_covered():
+    assert set(DRAFTERS) <= set(FACTORIES), f"add a factory for {sorted(set(DRAFTERS) - set(FACTORIES))}"
+
+
+# --- the exact path passes ---------------------------------------------------------------------------------
+
+# (drafter, K, temperature, top_k, top_p): every drafter, T ∈ {0.7, 1.0}, top-k and top-p, K from 1 to 8.
+FAST_CASES = [
+    ("draft_model", 4, 1.0, 0, 1.0),
+    ("draft_model", 8, 0.7, 0, 0.9),
+    ("draft_model_far", 2, 0.7, 10, 1.0),
+    ("ngram", 3, 1.0, 0, 1.0),
+    ("ngram", 1, 0.7, 10, 1.0),
+    ("ngram", 6, 0.7, 0, 0.8),
+    ("medusa", 3, 1.0, 0, 0.9),
+    ("medusa_tree", 8, 0.7, 0, 1.0),
+]
+
+
+@pytest.mark.parametrize("drafter, k, temperature, top_k, top_p", FAST_CASES)
+def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
+    result = check(models, drafter, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=500,
+                   alpha=0.01 / len(FAST_CASES))
+    report = result.report
+    assert not result.reject, (report["p_value"], [t for t in report["tests"] if t["reject"]])
+    assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
+    assert report["mean_accepted_length"] > 1.0  # drafts really were accepted (and so verified)
+
+
+SLOW_CASES = [(d, k, t, tk, tp) for d in ("draft_model", "draft_model_far", "ngram") for k in range(1, 9)
+              for t in (0.7, 1.0) for tk, tp in ((0, 1.0), (10, 1.0), (0, 0.8))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter, k, temperature, top_k, top_p", SLOW_CASES)
+def test_exact_decoder_passes_full_grid(models, drafter, k, temperature, top_k, top_p):
+    result = check(models, drafter, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=500,
+                   alpha=0.01 / len(SLOW_CASES), seed=k)
+    assert not result.reject, result.report["p_value"]
+
+
+def test_ragged_batches_and_a_single_position(models):
+    """Batches that split prompts unevenly (7 rows), and L = 1 (only the prefill's token is tested)."""
+    assert not check(models, "draft_model", batch_size=7, n=60, alpha=0.005).reject
+    result = check(models, "ngram", length=1, joint_tokens=1, n=250, alpha=0.005)
+    assert not result.reject and result.report["num_tokens"] == 1000
+
+
+def bonus_skipped(draft_tokens, draft_probs, target_probs, generator=None):
+    """Not a bug: when all K drafts are accepted, emit the K-th draft as the last token and no bonus."""
+    num_accepted, next_tokens = rejection_sample(draft_tokens, draft_probs, target_probs, generator)
+    k = draft_tokens.shape[1]
+    full = num_accepted == k
+    if k == 0:
+        return num_accepted, next_tokens
+    return torch.where(full, k - 1, num_accepted), torch.where(full, draft_tokens[:, -1], next_tokens)
+
+
+def test_harmless_change_passes(models, monkeypatch):
+    """Skipping the bonus token costs speed, not exactness: the test must not reject it."""
+    monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", bonus_skipped)
+    result = check(models, "draft_model", bug="recovered_from_target", n=500, alpha=0.01)
+    assert not result.reject, result.report["p_value"]
+
+
+# --- every planted bug is caught ---------------------------------------------------------------------------
+
+# (bug, drafter, K, temperature, top_k, top_p): settings under which the bug can bias (plant() refuses others).
+BUG_CASES = [
+    ("recovered_from_target", "draft_model", 4, 1.0, 0, 1.0),
+    ("recovered_from_target", "ngram", 3, 0.7, 0, 1.0),
+    ("bonus_from_wrong_position", "draft_model", 4, 1.0, 0, 1.0),
+    ("bonus_from_wrong_position", "ngram", 2, 1.0, 10, 1.0),
+    ("top_p_draft_only", "draft_model", 4, 1.0, 0, 0.8),
+    ("top_p_draft_only", "ngram", 4, 0.7, 0, 0.9),
+    ("temperature_ignored_by_draft", "draft_model", 4, 0.7, 0, 1.0),
+    ("target_cache_not_rolled_back", "draft_model", 4, 1.0, 0, 1.0),
+    ("target_cache_not_rolled_back", "ngram", 4, 1.0, 0, 1.0),
+]
+
+
+def test_every_planted_bug_has_a_case():
+    assert {case[0] for case in BUG_CASES} == set(planted.BUGS)
+
+
+@pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)
+def test_planted_bug_is_caught(models, bug, drafter, k, temperature, top_k, top_p):
+    result = check(models, drafter, bug=bug, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=1000)
+    assert result.reject, f"planted bug {bug} with {drafter} went undetected (p = {result.report['p_value']})"
+    assert result.report["planted_bug"] == bug and bug in result.report["WARNING"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)
+def test_planted_bug_power_over_seeds(models, bug, drafter, k, temperature, top_k, top_p):
+    """Power at the default-tier budget (n = 1000 per prompt, L = 8, α = 0.01): ≥ 9 of 10 seeds reject."""
+    caught = sum(check(models, drafter, bug=bug, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=1000,
+                       seed=100 + s).reject for s in range(10))
+    assert caught >= 9, f"{bug}: caught {caught}/10"
+
+
+def test_bugs_that_cannot_bias_are_refused(models):
+    with pytest.raises(ValueError, match="sampling.top_p < 1"):
+        check(models, "ngram", bug="top_p_draft_only")
+    with pytest.raises(ValueError, match="use drafter=draft_model"):
+        check(models, "ngram", bug="temperature_ignored_by_draft", temperature=0.7)
+    with pytest.raises(ValueError, match="temperature 1.0"):
+        check(models, "draft_model", bug="temperature_ignored_by_draft")
+    with pytest.raises(ValueError, match="greedy"):
+        check(models, "draft_model", bug="recovered_from_target", temperature=0.0)
+    with pytest.raises(ValueError, match="unknown planted bug 'typo'.*recovered_from_target"):
+        check(models, "draft_model", bug="typo")
+
+
+def test_cache_bug_keeps_rejected_slots(models):
+    """The planted target cache commits every slot a forward wrote; the correct one only what was kept."""
+    buggy = planted.TargetCacheNotRolledBack(models["target"])
+    ids = torch.tensor([[3, 4, 5]])
+    cache = buggy.new_cache(1, 8, torch.zeros(1, dtype=torch.long))
+    buggy(ids, cache, kv_len=3)
+    cache.commit(torch.tensor([3]))
+    buggy(torch.tensor([[6, 7, 8, 9]]), cache, kv_len=7)  # last token + 3 drafts
+    cache.commit(torch.tensor([2]))  # one draft accepted, plus the recovered token
+    assert cache.lengths.tolist() == [7]  # all four kept (a correct cache: 5)
+    buggy(torch.tensor([[1, 2, 3, 4, 5]]), cache)  # grows past the planned capacity of 8
+    assert cache.capacity >= 12
+
+
+# --- the false-rejection rate ------------------------------------------------------------------------------
+
+
+def test_false_rejection_rate_is_at_most_nominal(models):
+    """30 seeds of the exact decoder at α = 0.1 (drafters and settings cycled): the number of rejections
+    must be consistent with a rate ≤ 0.1 (Binomial(30, 0.1) exceeds 9 with probability < 0.002)."""
+    alpha, reps = 0.1, 30
+    settings = [("draft_model", 4, 1.0, 0, 1.0), ("ngram", 3, 0.7, 0, 0.9), ("draft_model_far", 2, 0.7, 10, 1.0)]
+    rejected = 0
+    for s in range(reps):
+        drafter, k, t, tk, tp = settings[s % len(settings)]
+        rejected += check(models, drafter, k=k, temperature=t, top_k=tk, top_p=tp, n=100, length=6, seed=1000 + s,
+                          alpha=alpha).reject
+    assert sps.binom.sf(9, reps, alpha) < 0.002
+    assert rejected <= 9, f"{rejected}/{reps} rejections at α = {alpha}"
+
+
+# --- building blocks ---------------------------------------------------------------------------------------
+
+
+def test_streamed_scores_give_the_same_test():
+    """Scoring in chunks (what the job does) gives exactly exactness_test's p-values."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.full(40, 0.3), size=900)
+    tokens = np.array([rng.choice(40, p=p) for p in probs])
+    positions = np.tile(np.arange(3), 300)
+    whole = stats.exactness_test(probs, tokens, rng=5, positions=positions)
+    parts = stats.TokenScores.concat([stats.token_scores(probs[i:i + 128], tokens[i:i + 128])
+                                      for i in range(0, 900, 128)])
+    streamed = stats.exactness_test_from_scores(parts, rng=5, positions=positions)
+    assert [p.p_value for p in streamed.parts] == [p.p_value for p in whole.parts]
+    np.testing.assert_array_equal(stats.pit_from_scores(parts, 3), stats.pit_values(probs, tokens, rng=3))
+
+
+def test_shared_prefill_matches_the_plain_forward(models):
+    target = models["target"]
+    shared, plain = SharedPrefillLlama(target), as_decoder(target)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5], [0, 0, 5, 6, 7]])
+    pad = torch.tensor([2, 0, 2])
+    for _ in range(2):  # the second time from the stored prefills
+        c1, c2 = shared.new_cache(3, 9, pad), plain.new_cache(3, 9, pad)
+        l1, h1 = shared(ids, c1, kv_len=5)
+        l2, h2 = plain(ids, c2, kv_len=5)
+        torch.testing.assert_close(l1[:, -1], l2[:, -1])
+        torch.testing.assert_close(h1[:, -1], h2[:, -1])
+        for b, p in enumerate(pad.tolist()):
+            torch.testing.assert_close(c1.keys[1][b, :, p:5], c2.keys[1][b, :, p:5])
+        c1.commit(torch.full((3,), 5))
+        c2.commit(torch.full((3,), 5))
+        nxt = torch.tensor([[9, 10], [11, 12], [9, 10]])
+        torch.testing.assert_close(shared(nxt, c1, kv_len=7)[0], plain(nxt, c2, kv_len=7)[0])
+
+
+def test_shared_prefill_decodes_like_the_target_greedily(models):
+    target = models["target"]
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5], [0, 0, 5, 6, 7]])
+    mask = (torch.arange(5)[None] >= torch.tensor([[2], [0], [2]])).long()
+    args = dict(attention_mask=mask, k=3, max_new_tokens=12, eos_token_id=[])
+    a = speculative_generate(SharedPrefillLlama(target), DraftModelDrafter(models["close"]), ids, **args)
+    b = speculative_generate(target, DraftModelDrafter(models["close"]), ids, **args)
+    assert a.sequences == b.sequences
+
+
+def test_bad_arguments_are_named(models):
+    with pytest.raises(ValueError, match="samples_per_prompt"):
+        check(models, "ngram", n=0)
+    with pytest.raises(ValueError, match="joint_tokens"):
+        check(models, "ngram", length=2, joint_tokens=3)
+    with pytest.raises(ValueError, match="alpha"):
+        check(models, "ngram", alpha=1.5)
+
+
+# --- the command line --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny target saved with a character-level tokenizer, and a prompt file: the CLI end to end."""
+    from tokenizers import Regex, Tokenizer, models as tok_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny")
+    chars = "abcdefghijklmnopqrstuvwxyz .,?!"
+    vocab = {"<pad>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    vocab.update({f"<extra_{i}>": i for i in range(len(vocab), VOCAB)})
+    tokenizer = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    peaked_llama().save_pretrained(root / "model")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>").save_pretrained(
+        root / "model")
+    prompts = ["hello there", "what is a cache?", "tell me a story", "abc"]
+    (root / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "text": t, "kind": "completion"}) + "\n" for i, t in enumerate(prompts)))
+    return root
+
+
+def run_cli(root: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "specdec.verify_dist", f"target.name={root / 'model'}",
+            f"data.sources=[{root / 'prompts.jsonl'}]", "data.limit_per_source=null", "data.max_new_tokens=8",
+            "data.batch_size=256", "samples_per_prompt=250", f"hydra.run.dir={out}", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_passes_the_exact_decoder(tiny_model_dir, tmp_path):
+    proc = run_cli(tiny_model_dir, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "verify.json").read_text())
+    assert report["verdict"] == "pass" and report["planted_bug"] is None and report["drafter"] == "ngram"
+    assert 0 < report["detectable_tv"]["per_position"] < 0.2 and len(report["per_position"]) == 8
+    assert (tmp_path / "verify.png").stat().st_size > 10_000
+    assert "smallest bias it could have detected" in proc.stdout
+
+
+def test_cli_exit_status_rejects_a_planted_bug(tiny_model_dir, tmp_path):
+    proc = run_cli(tiny_model_dir, tmp_path, "planted_bug=recovered_from_target", "plot=false")
+    assert proc.returncode == EXIT_REJECTED, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "verify.json").read_text())
+    assert report["verdict"] == "reject" and report["planted_bug"] == "recovered_from_target"
+    assert "PLANTED BUG 'recovered_from_target' IS ACTIVE" in proc.stdout + proc.stderr
+    assert "CAUGHT" in proc.stdout
+
+
+def test_config_composes_with_every_bug():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="verify_dist")
+        assert cfg.planted_bug is None and cfg.sampling.temperature == 1.0 and cfg.drafter.name == "ngram"
+        for bug in planted.BUGS:
+            assert compose(config_name="verify_dist", overrides=[f"planted_bug={bug}"]).planted_bug == bug
+        assert compose(config_name="verify_dist", overrides=["drafter=draft_model"]).drafter.num_layers == 8
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_cli_on_the_real_default_target(tmp_path):
+    """A small smoke run on SmolLM2-135M (the ~10-minute verification run is documented, not tested)."""
+    args = [sys.executable, "-m", "specdec.verify_dist", "samples_per_prompt=4", "data.limit_per_source=2",
+            "data.max_new_tokens=4", "data.batch_size=16", "min_rows_per_position=10", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(args, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "verify.json").read_text())
+    assert report["verdict"] == "pass" and report["num_tokens"] == 4 * 4 * 4 and report["impossible_tokens"] == 0
