@@ -162,8 +162,10 @@ def test_harmless_change_passes(models, monkeypatch):
 # --- every planted bug is caught ---------------------------------------------------------------------------
 
 # (bug, drafter, K, temperature, top_k, top_p): settings under which the bug can bias (plant() refuses others).
+# recovered_from_target biases by ½ Σ |min(p, q) − β·p| (β = Σ min(p, q)), which vanishes as q → p: with the
+# close draft its power at this budget is only ~0.75, so it is shown with the far one.
 BUG_CASES = [
-    ("recovered_from_target", "draft_model", 4, 1.0, 0, 1.0),
+    ("recovered_from_target", "draft_model_far", 4, 1.0, 0, 1.0),
     ("recovered_from_target", "ngram", 3, 0.7, 0, 1.0),
     ("bonus_from_wrong_position", "draft_model", 4, 1.0, 0, 1.0),
     ("bonus_from_wrong_position", "ngram", 2, 1.0, 10, 1.0),
