@@ -37,6 +37,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
+from specdec import metrics
+
 RESULTS_FILE = "results.json"
 NO_RESULTS_ERROR = "no results.json (run crashed before writing)"
 ALL = "all"  # the `category` of a run's overall row
@@ -191,11 +193,10 @@ def collect_runs(sweep_dir: str | os.PathLike, results_file: str = RESULTS_FILE)
 
 
 def predicted_speedup(alpha: float, k: int, c: float) -> float:
-    """(1 − α^(k+1)) / ((1 − α)(k·c + 1)); at α = 1 the limit (k + 1) / (k·c + 1)."""
+    """:func:`specdec.metrics.predicted_speedup`, NaN when a run lacks one of the inputs."""
     if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (alpha, k, c)):
         return math.nan
-    expected_tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return expected_tokens / (k * c + 1)
+    return metrics.predicted_speedup(alpha, k, c)
 
 
 def _join(value: Any, sep: str) -> Any:
