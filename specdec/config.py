@@ -57,23 +57,26 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
 
 
+def job_defaults(sampling: str) -> list[Any]:
+    """The Hydra defaults list of a decoding job (run, verify_dist): one choice per config group."""
+    return [{"target": "smollm2"}, {"drafter": "ngram"}, {"sampling": sampling}, {"data": "mtbench_humaneval"},
+            {"logger": "none"}, "_self_"]
+
+
 @dataclass
-class RunConfig:
-    defaults: list[Any] = field(
-        default_factory=lambda: [
-            {"target": "smollm2"},
-            {"drafter": "ngram"},
-            {"sampling": "greedy"},
-            {"data": "mtbench_humaneval"},
-            {"logger": "none"},
-            "_self_",
-        ]
-    )
+class JobConfig:
+    """The config groups a decoding job composes."""
+
     target: TargetConfig = MISSING
     drafter: DrafterConfig = MISSING
     sampling: SamplingConfig = MISSING
     data: DataConfig = MISSING
     logger: LoggerConfig = MISSING
+
+
+@dataclass
+class RunConfig(JobConfig):
+    defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy"))
     baseline: bool = True  # also run plain autoregressive decoding on the same prompts (for speedup)
     warmup: bool = True  # one untimed short generation first, so timings exclude one-off costs
     results_file: str = "results.json"

@@ -111,10 +111,11 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     rows = torch.arange(batch, device=device)
     wall_start = time.perf_counter()
 
-    # Prefill: the whole prompt goes into the cache; its last position gives the first new token.
+    # Prefill: the whole prompt goes into the cache; its last position gives the first new token (the LM
+    # head runs on that position only).
     cache = decoder.new_cache(batch, capacity, pad)
     with _timer(stats, "prefill_time_s", device):
-        logits, hidden = decoder(input_ids, cache, kv_len=prompt_len)
+        logits, hidden = decoder(input_ids, cache, kv_len=prompt_len, last_only=True)
         cache.commit(torch.full((batch,), prompt_len, device=device))
         first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
     seq = torch.zeros(batch, capacity, dtype=torch.long, device=device)
@@ -163,7 +164,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
             host_accepted, host_emitted = num_accepted.tolist(), emitted.tolist()  # the one sync per step
         stats.target_forwards += 1
         num_proposed = proposal.num_proposed or [width] * batch
-        stats.record_step(num_proposed, host_accepted, state.active)
+        stats.record_step(num_proposed, host_accepted, state.active, None if tree is None else tree.max_depth)
 
         counts = []
         for b in range(batch):

@@ -7,7 +7,8 @@ Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
   prefill is timed apart in ``prefill_time_s``;
 - α (``acceptance_rate``) = accepted draft tokens / proposed draft tokens;
 - α_i (``acceptance_per_position[i]``) = P(draft i accepted | drafts 0..i-1 accepted), i.e. accepted at
-  i / verify steps that reached i. Their pooled ratio (``acceptance_rate_conditional``) is the per-token
+  i / verify steps that reached i (for a tree: level i, with any of its candidates; levels below the
+  tree's depth stay nan). Their pooled ratio (``acceptance_rate_conditional``) is the per-token
   acceptance probability Leviathan et al.'s formulas assume; accepted/proposed understates it;
 - τ (``mean_accepted_length``) = tokens the verifier emitted per verify step, bonus/recovered token
   included (so τ ≥ 1); truncation at EOS or ``max_new_tokens`` does not count against it;
@@ -53,15 +54,18 @@ class DecodeStats:
             self.proposed_per_position = [0] * self.k
             self.accepted_per_position = [0] * self.k
 
-    def record_step(self, num_proposed: list[int], num_accepted: list[int], active: list[bool]) -> None:
-        """One target verify forward: per row, drafts proposed and accepted (host ints)."""
+    def record_step(self, num_proposed: list[int], num_accepted: list[int], active: list[bool],
+                    depth: int | None = None) -> None:
+        """One target verify forward: per row, drafts proposed and accepted (host ints). ``depth``: for a
+        tree of drafts, its number of levels (a position is then a level: reached while every level above
+        it was accepted, and only when it exists); None for a chain (depth = drafts proposed)."""
         for proposed, accepted, on in zip(num_proposed, num_accepted, active):
             if not on:
                 continue
             accepted = min(accepted, proposed)
             self.verify_steps += 1
             self.verified_tokens += accepted + 1
-            for i in range(min(proposed, accepted + 1)):  # positions reached
+            for i in range(min(proposed if depth is None else depth, accepted + 1)):  # positions reached
                 self.proposed_per_position[i] += 1
             for i in range(accepted):
                 self.accepted_per_position[i] += 1

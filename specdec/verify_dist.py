@@ -56,12 +56,12 @@ import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig
+from omegaconf import DictConfig
 from scipy import stats as sps
 
 from specdec import planted
 from specdec.cache import KVCache
-from specdec.config import DataConfig, DrafterConfig, LoggerConfig, SamplingConfig, TargetConfig, register_configs
+from specdec.config import JobConfig, job_defaults, register_configs
 from specdec.data import load_prompt_mix
 from specdec.drafters import Drafter, build_drafter
 from specdec.engine import GenerationOutput, autoregressive_generate, speculative_generate
@@ -86,22 +86,8 @@ _SCORE_ROWS = 256  # probabilities handed to token_scores at a time (bounds the 
 
 
 @dataclass
-class VerifyDistConfig:
-    defaults: list[Any] = field(
-        default_factory=lambda: [
-            {"target": "smollm2"},
-            {"drafter": "ngram"},
-            {"sampling": "sample"},
-            {"data": "mtbench_humaneval"},
-            {"logger": "none"},
-            "_self_",
-        ]
-    )
-    target: TargetConfig = MISSING
-    drafter: DrafterConfig = MISSING
-    sampling: SamplingConfig = MISSING
-    data: DataConfig = MISSING  # sources × limit_per_source = the M prompts; max_new_tokens = L; batch_size
-    logger: LoggerConfig = MISSING
+class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M prompts; max_new_tokens = L
+    defaults: list[Any] = field(default_factory=lambda: job_defaults("sample"))
     samples_per_prompt: int = 32  # N continuations per prompt
     alpha: float = 0.01  # family-wise level: P(reject | exact) ≤ alpha
     joint_tokens: int = 2  # the two-sample test compares the first j tokens; 0 = skip it (and plain sampling)
@@ -133,9 +119,10 @@ class SharedPrefillLlama(CompactLlama):
         super().__init__(hf_model)
         self._prefills: dict[tuple[int, ...], _Prefill] = {}  # by the prompt's tokens
 
-    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None):
+    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None, last_only=False):
         if input_ids.shape[1] == 1 or tree_mask is not None or depths is not None or bool(cache.lengths.any()):
-            return super().forward(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths)
+            return super().forward(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
+                                   last_only=last_only)
         pads = cache.pad.tolist()
         prompts = [tuple(row[p:]) for row, p in zip(input_ids.tolist(), pads)]
         for prompt in dict.fromkeys(prompts):  # distinct, in order

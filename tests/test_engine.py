@@ -119,3 +119,13 @@ def test_draft_vocabulary_mismatch(tiny_target):
     other = tiny_llama(vocab_size=80, seed=3)
     with pytest.raises(VocabMismatchError, match=r"draft model vocabulary \(80 tokens\) differs.*\(64\)"):
         speculative_generate(tiny_target, DraftModelDrafter(other), torch.tensor([[1, 2, 3]]), k=2, max_new_tokens=4)
+
+
+def test_tree_levels_are_the_positions_of_per_position_acceptance():
+    from specdec.metrics import DecodeStats
+
+    s = DecodeStats(k=8)  # 8 tree nodes on 3 levels
+    s.record_step([8, 8], [3, 1], [True, True], depth=3)
+    assert s.proposed_per_position == [2, 2, 1, 0, 0, 0, 0, 0]  # no level 4: never "reached", never a miss
+    assert s.accepted_per_position[:3] == [2, 1, 1] and s.acceptance_per_position[:3] == [1.0, 0.5, 1.0]
+    assert s.acceptance_rate == 4 / 16 and s.mean_accepted_length == 3.0

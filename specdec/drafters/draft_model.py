@@ -61,7 +61,7 @@ class DraftModelDrafter(Drafter):
         self.cache = self.decoder.new_cache(batch, state.capacity, state.pad)
         prefix = state.max_seq_len - 2  # all rows have the same length right after the prompt
         if prefix > 0:
-            self.decoder(state.seq[:, :prefix], self.cache, kv_len=prefix)
+            self.decoder(state.seq[:, :prefix], self.cache, kv_len=prefix, last_only=True)
             self.cache.commit(torch.full_like(state.seq_lens, prefix))
             self.forwards += 1
 

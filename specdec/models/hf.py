@@ -68,7 +68,7 @@ class HFDecoder(nn.Module):
         return CroppedCache(DynamicCache(), zero, zero.clone(), capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: CroppedCache, *, kv_len: int | None = None,
-                tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None):
+                tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False):
         if tree_mask is not None:
             raise NotImplementedError("token trees need the compact Llama-family path")
         t = input_ids.shape[1]
@@ -77,4 +77,6 @@ class HFDecoder(nn.Module):
         out = self.model(input_ids=input_ids, past_key_values=cache.inner, position_ids=positions,
                          use_cache=True, output_hidden_states=True)
         # The forward appended T entries; the loop commits what it keeps (commit crops the rest).
+        if last_only:
+            return out.logits[:, -1:].float(), out.hidden_states[-1][:, -1:]
         return out.logits.float(), out.hidden_states[-1]

@@ -110,6 +110,7 @@ class CompactLlama(nn.Module):
         kv_len: int | None = None,  # attend to slots [0, kv_len) only; must cover lengths + T
         tree_mask: torch.Tensor | None = None,  # [T, T] bool; None = causal chain
         depths: torch.Tensor | None = None,  # [T] long: position offset of each new token; None = 0..T-1
+        last_only: bool = False,  # logits and hidden state of the last position only ([B, 1, ...]): a prefill
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, T, V] float32, last hidden state [B, T, H]
         """Run T new tokens per row, writing their keys/values uncommitted (see :class:`KVCache`)."""
         b, t = input_ids.shape
@@ -133,5 +134,5 @@ class CompactLlama(nn.Module):
             h = layer.post_attention_layernorm(x)
             mlp = layer.mlp
             x = x + _linear(mlp.act_fn(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
-        hidden = self.norm(x)
+        hidden = self.norm(x[:, -1:] if last_only else x)
         return _linear(hidden, self.lm_head).float(), hidden
