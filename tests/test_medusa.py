@@ -25,9 +25,9 @@ PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def random_heads(hidden=32, vocab=64, num_heads=3, seed=1, scale=0.3) -> MedusaHeads:
+def random_heads(hidden=32, vocab=64, num_heads=3, seed=1, scale=0.3, token_ids=None) -> MedusaHeads:
     torch.manual_seed(seed)
-    heads = MedusaHeads(hidden, vocab, num_heads)
+    heads = MedusaHeads(hidden, vocab, num_heads, token_ids=token_ids)
     for block in heads.blocks:
         torch.nn.init.normal_(block.linear.weight, std=scale)
     return heads.eval().requires_grad_(False)
@@ -60,6 +60,29 @@ def test_save_load_roundtrip_keeps_weights_and_tree(tmp_path):
     for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()):
         assert torch.equal(a, b)
     assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed into place
+
+
+def test_draft_vocabulary_scores_its_tokens_only(tiny_target, tmp_path):
+    token_ids = torch.tensor([3, 9, 17, 40, 63])
+    heads = random_heads(token_ids=token_ids)
+    full = random_heads()  # the same blocks (same seed), full vocabulary
+    hidden = torch.randn(4, 32)
+    w = tiny_target.lm_head.weight
+    logits = heads(hidden, w)  # [4, 3, 5]
+    assert logits.shape == (4, 3, 5) and heads.draft_vocab_size == 5
+    torch.testing.assert_close(logits, full(hidden, w)[..., token_ids])
+    torch.testing.assert_close(heads(hidden, heads.draft_lm_head(w)), logits)  # rows sliced once, same result
+    assert heads.to_token_ids(torch.tensor([0, 4])).tolist() == [3, 63]
+    save_heads(tmp_path / "heads.safetensors", heads, target="tiny", tree=PATHS)
+    loaded, meta = load_heads(tmp_path, hidden_size=32, vocab_size=64)
+    assert meta["draft_vocab_size"] == 5 and torch.equal(loaded.token_ids, token_ids)
+    torch.testing.assert_close(loaded(hidden, w), logits)
+
+
+@pytest.mark.parametrize("token_ids", [[1, 64], [-1, 2], [2, 2], list(range(64)), []])
+def test_bad_draft_vocabulary_is_named(token_ids):
+    with pytest.raises(ValueError, match="token_ids must be fewer than 64 distinct token ids"):
+        MedusaHeads(32, 64, 2, token_ids=torch.tensor(token_ids, dtype=torch.long))
 
 
 @pytest.mark.parametrize("hidden, vocab", [(48, 64), (32, 100)])
@@ -123,12 +146,16 @@ def test_drafter_config_composes_with_hydra():
 # --- greedy equality on a tiny random model ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("paths, ks", [(None, [1, 2, 3]), (PATHS, [1, 4, 8])])
-def test_greedy_medusa_equals_plain_decoding(tiny_target, paths, ks):
+DRAFT_VOCAB = torch.arange(0, 64, 2)  # every other token: the target's greedy choice is often outside
+
+
+@pytest.mark.parametrize("token_ids", [None, DRAFT_VOCAB], ids=["full-vocab", "draft-vocab"])
+@pytest.mark.parametrize("paths, ks", [(None, [1, 2, 3]), (PATHS, [1, 4, 8])], ids=["chain", "tree"])
+def test_greedy_medusa_equals_plain_decoding(tiny_target, paths, ks, token_ids):
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
     reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
     for k in ks:
-        drafter = MedusaDrafter(random_heads(), tiny_target.lm_head.weight, paths)
+        drafter = MedusaDrafter(random_heads(token_ids=token_ids), tiny_target.lm_head.weight, paths)
         out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=30,
                                    eos_token_id=[])
         assert out.sequences == reference.sequences, f"k={k}"
@@ -173,11 +200,12 @@ def markov_target():
     return make_markov_target()
 
 
-def markov_heads(num_heads: int = 3) -> MedusaHeads:
+def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None) -> MedusaHeads:
     """Head i maps e_a to ~e_{σ^(i+1)(a)}: its candidates are the likely successors of σ^(i+1)(a), i.e.
     the target's best guesses for the token i+2 steps ahead. Good but imperfect drafts: the tree's first
-    candidate is often rejected and the second often accepted, so the sibling rule is exercised."""
-    heads = MedusaHeads(VOCAB, VOCAB, num_heads)
+    candidate is often rejected and the second often accepted, so the sibling rule is exercised.
+    ``token_ids``: a draft vocabulary (q is 0 outside it)."""
+    heads = MedusaHeads(VOCAB, VOCAB, num_heads, token_ids=token_ids)
     a = torch.arange(VOCAB)
     with torch.no_grad():
         for i, block in enumerate(heads.blocks):
@@ -203,11 +231,15 @@ def drafter_k(drafter: MedusaDrafter) -> int:
     return len(drafter.paths) if drafter.paths is not None else drafter.heads.num_heads
 
 
+MARKOV_DRAFT_VOCAB = torch.arange(48)  # a quarter of the tokens can never be drafted
+
+
+@pytest.mark.parametrize("token_ids", [None, MARKOV_DRAFT_VOCAB], ids=["full-vocab", "draft-vocab"])
 @pytest.mark.parametrize("paths", [None, PATHS], ids=["chain", "tree"])
-def test_sampling_with_medusa_is_exact(markov_target, paths):
-    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, paths)
+def test_sampling_with_medusa_is_exact(markov_target, paths, token_ids):
+    drafter = MedusaDrafter(markov_heads(token_ids=token_ids), markov_target.lm_head.weight, paths)
     tokens, probs, positions, stats = sample_and_score(markov_target, drafter, seed=1 if paths else 2)
-    assert stats.mean_accepted_length > 1.4  # drafts are accepted often: the rule is really exercised
+    assert stats.mean_accepted_length > 1.3  # drafts are accepted often: the rule is really exercised
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert not verdict.reject, verdict
 
@@ -218,6 +250,26 @@ def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target, monkeypatc
     monkeypatch.setattr(specdec.engine, "verify_tree", buggy)
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS)
     tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1)
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert verdict.reject, verdict
+
+
+class DraftVocabNotMapped(MedusaDrafter):
+    """Planted bug: the chain's q is reported over draft-vocabulary *indices* (padded with zeros), not over
+    the token ids the drafts were mapped to."""
+
+    def propose(self, state, k):
+        proposal = super().propose(state, k)
+        q = proposal.probs[..., self.heads.token_ids]  # back to [B, k, V'] ...
+        wrong = torch.zeros_like(proposal.probs)
+        wrong[..., : q.shape[-1]] = q  # ... then laid out as if index i were token i
+        return type(proposal)(tokens=proposal.tokens, probs=wrong, num_proposed=proposal.num_proposed)
+
+
+def test_planted_draft_vocabulary_bug_is_caught(markov_target):
+    shifted = torch.arange(16, 64)  # indices and token ids disagree everywhere
+    drafter = DraftVocabNotMapped(markov_heads(token_ids=shifted), markov_target.lm_head.weight, None)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=2)
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert verdict.reject, verdict
 

@@ -62,37 +62,67 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """``num_heads`` residual blocks, then the shared LM head (passed at call time) or an own one each."""
+    """``num_heads`` residual blocks, then the shared LM head (passed at call time) or an own one each.
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, own_lm_head: bool = False):
+    ``token_ids`` (optional, [V'] long): a *draft vocabulary* — the heads score only these tokens (the
+    rows of the LM head they select), e.g. the V' most frequent tokens in the target's answers, as in
+    FR-Spec (Zhao et al. 2025). Drafting and training then cost V'/V of the full LM head; a token outside
+    the draft vocabulary can never be proposed, which costs acceptance only where the target emits a rare
+    token. Verification is unchanged and stays exact: the target still scores its full vocabulary.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, own_lm_head: bool = False,
+                 token_ids: torch.Tensor | None = None):
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        if token_ids is not None:
+            token_ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+            if not 0 < token_ids.numel() < vocab_size or int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size \
+                    or token_ids.unique().numel() != token_ids.numel():
+                raise ValueError(f"token_ids must be fewer than {vocab_size} distinct token ids in [0, {vocab_size}) "
+                                 f"(None = the full vocabulary), got {token_ids.numel()} "
+                                 f"ids in [{int(token_ids.min()) if token_ids.numel() else '-'}, "
+                                 f"{int(token_ids.max()) if token_ids.numel() else '-'}]")
+            self.register_buffer("token_ids", token_ids)
+        else:
+            self.token_ids = None
+        self.draft_vocab_size = vocab_size if token_ids is None else token_ids.numel()
         self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
-        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads)) \
-            if own_lm_head else None
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
+                                      for _ in range(num_heads)) if own_lm_head else None
 
     @property
     def num_heads(self) -> int:
         return len(self.blocks)
 
+    def draft_lm_head(self, lm_head_weight: torch.Tensor) -> torch.Tensor:  # [V, H] -> [V', H]
+        """The rows of the target's LM head that score the draft vocabulary (all of it without one)."""
+        return lm_head_weight if self.token_ids is None else lm_head_weight[self.token_ids].contiguous()
+
+    def to_token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into the draft vocabulary -> the target's token ids."""
+        return index if self.token_ids is None else self.token_ids[index]
+
     def init_lm_heads(self, lm_head_weight: torch.Tensor) -> None:  # [V, H]
-        """Start every own LM head as a copy of the target's."""
+        """Start every own LM head as a copy of the target's (its draft-vocabulary rows)."""
         if self.lm_heads is not None:
             for head in self.lm_heads:
-                head.weight.data.copy_(lm_head_weight)
+                head.weight.data.copy_(self.draft_lm_head(lm_head_weight))
 
     def forward(
         self,
         hidden: torch.Tensor,  # [..., H] target final hidden states
-        lm_head_weight: torch.Tensor,  # [V, H] the target's (frozen) LM head
+        lm_head_weight: torch.Tensor,  # [V, H] the target's (frozen) LM head, or its draft_lm_head() rows [V', H]
         num_heads: int | None = None,  # use the first heads only
-    ) -> torch.Tensor:  # [..., num_heads, V] logits
+    ) -> torch.Tensor:  # [..., num_heads, V'] logits over the draft vocabulary (V' = V without one)
         blocks = self.blocks[: num_heads or self.num_heads]
         z = torch.stack([block(hidden) for block in blocks], -2)  # [..., h, H]
         if self.lm_heads is not None:
             return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[: len(blocks)])], -2)
+        if self.token_ids is not None and lm_head_weight.shape[0] == self.vocab_size:
+            lm_head_weight = self.draft_lm_head(lm_head_weight)  # callers in a loop pass the rows, sliced once
         flat = z.reshape(-1, z.shape[-1])  # [R, H]
         # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows.
         return torch.mm(lm_head_weight, flat.t()).t().reshape(*z.shape[:-1], -1)
@@ -103,8 +133,8 @@ def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: 
     """Write ``heads`` as safetensors (atomically: a temporary file, then a rename)."""
     path = Path(path)
     meta = {"format": FORMAT, "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size,
-            "num_heads": heads.num_heads, "own_lm_head": heads.lm_heads is not None, "target": target,
-            "tree": tree, **(extra or {})}
+            "draft_vocab_size": heads.draft_vocab_size, "num_heads": heads.num_heads,
+            "own_lm_head": heads.lm_heads is not None, "target": target, "tree": tree, **(extra or {})}
     tensors = {name: t.detach().cpu().contiguous() for name, t in heads.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -137,8 +167,10 @@ def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[
             f"hidden size {hidden_size} and vocabulary {vocab_size}; train heads for it with "
             f"`python -m specdec.train_medusa target=<this target>`"
         )
-    heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"])
-    heads.load_state_dict(load_file(str(path)))
+    tensors = load_file(str(path))
+    heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"],
+                        token_ids=tensors.get("token_ids"))
+    heads.load_state_dict(tensors)
     return heads.eval().requires_grad_(False), meta
 
 
@@ -184,7 +216,7 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None):
         self.heads = heads
-        self.lm_head_weight = lm_head_weight  # [V, H]
+        self.lm_head_weight = heads.draft_lm_head(lm_head_weight)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
         self._plans: dict[int, _TreePlan] = {}
         self.forwards = 0
@@ -231,13 +263,15 @@ class MedusaDrafter(Drafter):
             if k > self.heads.num_heads:
                 raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
                                  f"{self.heads.num_heads} heads; lower k")
-            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V]
-            q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V]
-            return Proposal(tokens=sample(q, state.generator), probs=None if params.greedy else q,
-                            num_proposed=[k] * batch)
+            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V']
+            q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
+            tokens = self.heads.to_token_ids(sample(q, state.generator))  # [B, k]
+            if not params.greedy and self.heads.token_ids is not None:  # q over the full vocabulary, 0 elsewhere
+                q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, self.heads.token_ids, q)
+            return Proposal(tokens=tokens, probs=None if params.greedy else q, num_proposed=[k] * batch)
         plan = self._tree_plan(k, state.last_tokens.device)
         depth = plan.tree.max_depth
-        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=depth)  # [B, D, V]
-        top = logits.topk(plan.top, dim=-1).indices  # [B, D, r]: each head's candidates, best first
+        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=depth)  # [B, D, V']
+        top = self.heads.to_token_ids(logits.topk(plan.top, dim=-1).indices)  # [B, D, r]: each head's candidates
         tokens = top[:, plan.head, plan.rank]  # [B, N]
         return Proposal(tokens=tokens, num_proposed=[k] * batch, tree=plan.tree)
