@@ -1,6 +1,6 @@
 """Train Medusa heads for a frozen target (Medusa-1), reproducibly, on one CPU or many GPUs.
 
-    python -m specdec.train_medusa                                   # the shipped heads' config (CPU, ~20 min)
+    python -m specdec.train_medusa                                   # the shipped heads' config (CPU, ~30 min)
     python -m specdec.train_medusa data.mode=text                    # train on a text corpus instead
     python -m specdec.train_medusa target=/path/to/model run_name=mine export=heads/mine
     accelerate launch -m specdec.train_medusa ...                    # several GPUs, no code change
@@ -8,13 +8,18 @@
 Rerunning the same command resumes from the latest checkpoint in ``outputs/train_medusa/<run_name>``.
 
 1. **Data.** ``self_distill`` (default): the target's own greedy answers to prompts — labels are then
-   exactly the tokens greedy verification accepts. The prompts are instructions in MT-Bench's eight
-   categories, filled from local corpora (Wikipedia, Shakespeare, the Python standard library) and word
-   lists, plus passages and code to continue; the first ``data.skip_first`` rows of each corpus and all
-   of MT-Bench and HumanEval stay out of training, so benchmark runs measure held-out prompts. ``text``: chunks of a corpus. Either way the target runs once
-   (no grad) and its final hidden states are cached with the labels in ``data.safetensors``.
+   exactly the tokens greedy verification accepts. The prompts (:mod:`specdec.medusa_prompts`) are short
+   instructions in MT-Bench's eight categories, filled from local corpora (Wikipedia, Shakespeare, the
+   Python standard library) and word lists, plus passages and code to continue; the first
+   ``data.skip_first`` rows of each corpus and all of MT-Bench and HumanEval stay out of training, so
+   benchmark runs measure held-out prompts. ``text``: chunks of a corpus. Either way the target runs once
+   (no grad; a Llama-family target through specdec's own batched decode loop) and its final hidden states
+   are cached with the labels in ``data.safetensors``.
 2. **Training.** Head i, on the hidden state that predicted token t+1, learns token t+2+i by
-   cross-entropy, weighted ``optim.head_decay ** i``; AdamW, linear warm-up then cosine decay.
+   cross-entropy, weighted ``optim.head_decay ** i``; AdamW, linear warm-up then cosine decay. With
+   ``draft_vocab: N`` the heads score only the N tokens most frequent in the training answers (their
+   rows of the frozen LM head): training and drafting then cost N/V of the full head, and a label outside
+   them is left out of the loss (and counted as a miss in evaluation).
 3. **Evaluation.** Per-head top-1 / top-5 accuracy on held-out text: the target's answers to MT-Bench
    and HumanEval prompts, and raw Wikipedia articles never trained on. On a validation split of the
    training prompts the draft tree is chosen: the paths of head ranks that the target most often
@@ -33,8 +38,6 @@ import logging
 import math
 import os
 import platform
-import random
-import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +55,10 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
 from specdec.config import LoggerConfig, register_configs
+from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.drafters.medusa import MedusaHeads, save_heads
+from specdec.engine import speculative_generate
+from specdec.medusa_prompts import instruction_prompts
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -95,6 +101,7 @@ class TrainMedusaConfig:
     target: str = "smollm2-135m"  # alias, local directory or hub id
     num_heads: int = 3
     own_lm_head: bool = False  # an own (trainable) LM head per Medusa head instead of the target's, shared
+    draft_vocab: Optional[int] = 8192  # heads score the N most frequent answer tokens only (FR-Spec); null = all
     seed: int = 0
     threads: Optional[int] = None  # torch CPU threads; null = torch's default
     run_name: str = "smollm2-135m"
@@ -112,109 +119,6 @@ class TrainMedusaConfig:
 register_configs()
 ConfigStore.instance().store(name="train_medusa_schema", node=TrainMedusaConfig)
 
-# --- prompts -------------------------------------------------------------------------------------------
-
-# Instruction templates in MT-Bench's eight categories (writing, roleplay, reasoning, math, coding,
-# extraction, STEM, humanities), filled from local corpora and small word lists: many distinct prompts,
-# none of them MT-Bench's or HumanEval's.
-_PASSAGE = [
-    "Summarize the following text in two or three sentences.\n\n{text}",
-    "List the key facts in this passage as bullet points.\n\n{text}",
-    "Explain the following passage to a high-school student.\n\n{text}",
-    "Write three quiz questions about this passage, with their answers.\n\n{text}",
-    "Extract every person, place and date mentioned in this text and return them as JSON.\n\n{text}",
-    "Rewrite this passage in a more formal tone.\n\n{text}",
-]
-_TOPIC = [
-    "Write a short essay about {topic}.", "What are the most important things to know about {topic}?",
-    "Write a persuasive paragraph on why everyone should learn about {topic}.", "Compose a short poem about {topic}.",
-    "Discuss the historical significance of {topic}.", "Write a blog post introducing {topic} to beginners.",
-    "Draft a professional email inviting colleagues to a talk about {topic}.",
-    "Give five interesting questions to discuss about {topic}, and explain why each matters.",
-]
-_ROLEPLAY = [
-    "Pretend you are {persona}. Describe your typical day.", "Act as {persona} and give advice to a newcomer.",
-    "You are {persona}. Explain what you care about most, and why.",
-    "Imagine you are {persona}. Write a short letter to your younger self.",
-]
-_PERSONAS = ["a pirate captain", "a medieval knight", "a startup founder", "a detective", "a famous chef", "a doctor",
-             "a primary-school teacher", "an astronaut", "a tour guide in Rome", "a librarian", "a robot butler",
-             "a personal fitness trainer", "a farmer", "a jazz musician", "a museum curator", "a software engineer"]
-_STEM = [
-    "Explain how {x} works, step by step.", "What is the difference between {x} and {y}?",
-    "Why is {x} important in everyday life?", "Describe a simple experiment that demonstrates {x}.",
-]
-_SCIENCE = ["photosynthesis", "vaccines", "black holes", "the internet", "electric motors", "plate tectonics",
-            "machine learning", "DNA replication", "nuclear fusion", "the greenhouse effect", "antibiotics",
-            "compound interest", "public-key cryptography", "the water cycle", "GPS", "batteries", "inflation",
-            "natural selection", "supply and demand", "quantum computing"]
-_CODING = [
-    "Write a Python function that {task}.", "Write a JavaScript function that {task}.",
-    "Write a C++ function that {task}. Explain its time complexity.", "Write a Python function that {task}, with tests.",
-]
-_TASKS = ["reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
-          "merges two sorted lists", "counts the words in a text", "finds the longest common prefix of some strings",
-          "removes duplicates from a list while keeping the order", "computes the median of a list",
-          "validates an email address", "converts a Roman numeral to an integer", "flattens a nested list",
-          "finds the two numbers in a list that add up to a target", "parses a CSV line", "checks for balanced brackets",
-          "computes the greatest common divisor", "sorts a list of dictionaries by a key", "implements binary search",
-          "returns all permutations of a string", "computes a moving average", "reads a file and counts its lines"]
-_CODE = [
-    "Explain what the following Python code does.\n\n```python\n{text}\n```",
-    "Review this Python code and suggest improvements.\n\n```python\n{text}\n```",
-]
-_MATH = [
-    "What is {a} multiplied by {b}? Show your reasoning step by step.",
-    "A shop sells notebooks for ${a} each. How much do {b} notebooks cost, and how much change is left from ${c}?",
-    "Solve for x: {a}x + {b} = {c}. Explain each step.",
-    "A train travels {a} km in {b} hours. What is its average speed? How far does it go in {c} hours?",
-    "If {b} people each shake hands with every other person once, how many handshakes are there?",
-    "What is the sum of the integers from 1 to {c}? Explain the method.",
-]
-_VERSE = [
-    "Paraphrase this passage from Shakespeare in modern English.\n\n{text}",
-    "Who might be speaking in this passage, and what are they feeling?\n\n{text}",
-]
-
-
-def _cut(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[: text.rfind(" ", 0, chars) if " " in text[:chars] else chars]
-
-
-def instruction_prompts(num: int, skip_first: int, seed: int) -> list[dict[str, str]]:
-    """``num`` prompt rows (as :mod:`specdec.data` rows): chat instructions from the templates above,
-    about passages, topics and code from local corpora, plus raw passages and code to continue."""
-    from specdec.data import load_prompts
-
-    wiki, code, verse = (list(load_prompts(s, seed=0))[skip_first:] for s in ("wikipedia", "stdlib", "shakespeare"))
-    topics = sorted({t for row in wiki for t in re.findall(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)+", row["text"])}
-                    | {row["id"].split("/", 1)[-1].replace("_", " ") for row in wiki})
-    rng = random.Random(seed)
-    pick = rng.choice
-    builders = [
-        (3, lambda: pick(_PASSAGE).format(text=_cut(pick(wiki)["text"], 500))),
-        (4, lambda: pick(_TOPIC).format(topic=pick(topics))),
-        (2, lambda: pick(_ROLEPLAY).format(persona=pick(_PERSONAS))),
-        (2, lambda: pick(_STEM).format(x=pick(_SCIENCE), y=pick(_SCIENCE))),
-        (2, lambda: pick(_CODING).format(task=pick(_TASKS))),
-        (1, lambda: pick(_CODE).format(text=_cut(pick(code)["text"], 500))),
-        (2, lambda: pick(_MATH).format(a=rng.randint(2, 99), b=rng.randint(2, 30), c=rng.randint(31, 500))),
-        (1, lambda: pick(_VERSE).format(text=_cut(pick(verse)["text"], 400))),
-    ]
-    weights = [w for w, _ in builders]
-    rows = []
-    for i in range(num):
-        if rng.random() < 0.15:  # completion: continue a passage or a module
-            row = pick(wiki + code)
-            rows.append({"id": f"continue/{i}", "source": "continue", "category": row["category"],
-                         "kind": "completion", "text": _cut(row["text"], 500)})
-        else:
-            text = rng.choices(builders, weights)[0][1]()
-            rows.append({"id": f"instruct/{i}", "source": "instruct", "category": "instruct", "kind": "chat",
-                         "text": text})
-    return rows
-
-
 # --- data: the target's hidden states and the heads' labels -------------------------------------------
 
 
@@ -223,30 +127,59 @@ def _eos_ids(target) -> set[int]:
     return set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
 
 
+class _HiddenRecorder(Drafter):
+    """A drafter that proposes nothing and records, at each step, the hidden state that predicted each
+    row's newest token: plain decoding on the engine's fast path, with the hidden states for free."""
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
+
+    def start(self, state: DecodeState) -> None:
+        self.hidden = [state.last_hidden.float().cpu()]
+
+    def observe(self, state: DecodeState) -> None:
+        self.hidden.append(state.last_hidden.float().cpu())
+
+
 @torch.no_grad()
 def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The target's greedy answers: per prompt (hidden [n, H], tokens [n]), hidden[s] having predicted
-    tokens[s] (EOS included). transformers' ``generate`` hands out the final hidden state of every step,
-    so the answers cost no second pass; any causal LM works."""
+    tokens[s] (EOS included). A Llama-family target runs through specdec's own batched decode loop (its
+    plain greedy decoding, several times faster than ``generate`` here); any other causal LM through
+    transformers' ``generate``, which hands out the final hidden state of every step. Either way the
+    answers cost no second pass."""
+    from specdec.models import supports
+
     device = target.device
     eos = _eos_ids(target)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    started = time.perf_counter()
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
         width = max(len(prompts[i]) for i in chunk)
         ids = torch.tensor([[pad_id] * (width - len(prompts[i])) + prompts[i] for i in chunk], device=device)
         mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk], device=device)
-        result = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=pad_id, output_hidden_states=True, return_dict_in_generate=True)
-        hidden = torch.stack([step[-1][:, -1] for step in result.hidden_states], 1)  # [B, steps, H]
-        tokens = result.sequences[:, width:]  # [B, steps]
+        if supports(target):
+            recorder = _HiddenRecorder()
+            result = speculative_generate(target, recorder, ids, k=1, max_new_tokens=max_new_tokens,
+                                          attention_mask=mask, eos_token_id=sorted(eos) or None)
+            hidden = torch.stack(recorder.hidden, 1)  # [B, steps, H]
+            answers = result.sequences
+        else:
+            result = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=pad_id, output_hidden_states=True, return_dict_in_generate=True)
+            hidden = torch.stack([step[-1][:, -1] for step in result.hidden_states], 1).float().cpu()
+            answers = result.sequences[:, width:].tolist()
         for row, i in enumerate(chunk):
-            answer = tokens[row].tolist()
+            answer = answers[row]
             n = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
-            out[i] = (hidden[row, :n].float().cpu(), tokens[row, :n].cpu())
-        log.info("answered %d/%d prompts", min(start + batch_size, len(order)), len(order))
+            out[i] = (hidden[row, :n].clone(), torch.tensor(answer[:n], dtype=torch.long))
+        done = min(start + batch_size, len(order))
+        tokens = sum(len(out[i][1]) for i in order[:done])
+        log.info("answered %d/%d prompts (%d tokens, %.0f tokens/s)", done, len(order), tokens,
+                 tokens / (time.perf_counter() - started))
     return [out[i] for i in range(len(prompts))]
 
 
@@ -333,6 +266,27 @@ def load_or_build_data(cfg: TrainMedusaConfig, target, tokenizer, path: Path) ->
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"fingerprint": _fingerprint(cfg)})
     tmp.replace(path)
     return tensors
+
+
+def draft_vocabulary(labels: torch.Tensor, vocab_size: int, size: int | None) -> torch.Tensor | None:
+    """The ``size`` token ids most frequent among ``labels`` (ascending ids; ties to the lower id), or None
+    (the full vocabulary) when ``size`` is None or covers it."""
+    if size is None or size >= vocab_size:
+        return None
+    if size < 1:
+        raise ValueError(f"draft_vocab must be null or >= 1, got {size}")
+    counts = torch.bincount(labels[labels != IGNORE].flatten(), minlength=vocab_size).double()
+    counts -= torch.arange(vocab_size, dtype=torch.double) / vocab_size  # stable tie-break: lower id first
+    return counts.topk(size).indices.sort().values
+
+
+def to_draft_labels(labels: torch.Tensor, token_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Token-id labels -> indices into the draft vocabulary (IGNORE where a token lies outside it)."""
+    if token_ids is None:
+        return labels
+    index = torch.full((vocab_size + 1,), IGNORE, dtype=torch.long)  # the extra slot maps IGNORE to IGNORE
+    index[token_ids] = torch.arange(token_ids.numel())
+    return index[torch.where(labels == IGNORE, vocab_size, labels)]
 
 
 # --- loss, evaluation, tree ----------------------------------------------------------------------------
@@ -466,20 +420,23 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
         data = load_or_build_data(cfg, target, tokenizer, out_dir / "data.safetensors")
     times["data_s"] = time.perf_counter() - start
 
-    lm_head_weight = target.get_output_embeddings().weight.detach().to(accelerator.device)  # [V, H], frozen
-    heads = MedusaHeads(lm_head_weight.shape[1], lm_head_weight.shape[0], cfg.num_heads, cfg.own_lm_head)
-    heads.init_lm_heads(lm_head_weight)
+    full_lm_head = target.get_output_embeddings().weight.detach().to(accelerator.device)  # [V, H], frozen
+    vocab_size = full_lm_head.shape[0]
+    token_ids = draft_vocabulary(data["train.labels"], vocab_size, cfg.draft_vocab)
+    heads = MedusaHeads(full_lm_head.shape[1], vocab_size, cfg.num_heads, cfg.own_lm_head, token_ids=token_ids)
+    heads.init_lm_heads(full_lm_head)
     heads.to(accelerator.device)
+    lm_head_weight = heads.draft_lm_head(full_lm_head)  # [V', H]: sliced once
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    run_config = {"num_heads": cfg.num_heads, "own_lm_head": cfg.own_lm_head, "seed": cfg.seed,
-                  "optim": dict(vars(cfg.optim))}
+    run_config = {"num_heads": cfg.num_heads, "own_lm_head": cfg.own_lm_head, "draft_vocab": cfg.draft_vocab,
+                  "seed": cfg.seed, "optim": dict(vars(cfg.optim))}
     first_step = load_checkpoint(out_dir, heads, optimizer, expect=run_config)
     model, optimizer = accelerator.prepare(heads, optimizer)
     if cfg.logger.name == "wandb":
         accelerator.init_trackers(cfg.logger.project, config=_plain(cfg),
                                   init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
 
-    hidden, labels = data["train.hidden"], data["train.labels"]
+    hidden, labels = data["train.hidden"], to_draft_labels(data["train.labels"], token_ids, vocab_size)
     steps_per_epoch = math.ceil(hidden.shape[0] / cfg.optim.batch_size)
     total = cfg.optim.epochs * steps_per_epoch
     saved = step = first_step
@@ -520,7 +477,7 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     checkpoint()
     times["train_s"] = time.perf_counter() - start
     metrics: dict[str, Any] = {"step": step, "total_steps": total, "finished": step >= total,
-                               "train_positions": int(hidden.shape[0])}
+                               "train_positions": int(hidden.shape[0]), "draft_vocab_size": heads.draft_vocab_size}
     if step < total or not accelerator.is_main_process:
         accelerator.end_training()
         return metrics
@@ -530,8 +487,11 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     evals = {}
     for name in sorted({key.split(".")[0] for key in data} - {"train"}):
         h, lab = data[f"{name}.hidden"].to(accelerator.device), data[f"{name}.labels"].to(accelerator.device)
-        ranks = label_ranks(heads, lm_head_weight, h, lab, cfg.eval.max_rank)
-        evals[name] = {"positions": int(h.shape[0]), **accuracies(ranks, lab)}
+        draft_lab = to_draft_labels(lab.cpu(), token_ids, vocab_size).to(accelerator.device)
+        ranks = label_ranks(heads, lm_head_weight, h, draft_lab, cfg.eval.max_rank)  # a token outside: a miss
+        valid = lab != IGNORE
+        evals[name] = {"positions": int(h.shape[0]), **accuracies(ranks, lab),
+                       "in_draft_vocab": float(((draft_lab != IGNORE) & valid).sum() / valid.sum().clamp(min=1))}
         if name == "val":
             tree, tau = tree_from_ranks(ranks.cpu(), lab.cpu(), cfg.eval.tree_nodes)
     times["eval_s"] = time.perf_counter() - start

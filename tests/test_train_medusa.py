@@ -14,8 +14,10 @@ from transformers import PreTrainedTokenizerFast
 from conftest import tiny_llama
 from specdec import train_medusa
 from specdec.drafters.medusa import MedusaHeads, load_heads
-from specdec.train_medusa import (IGNORE, TrainMedusaConfig, head_labels, load_checkpoint, medusa_loss,
-                                  save_checkpoint, train, tree_from_ranks)
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.train_medusa import (IGNORE, TrainMedusaConfig, draft_vocabulary, head_labels, load_checkpoint,
+                                  medusa_loss, save_checkpoint, to_draft_labels, train, tree_from_ranks)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WORDS = ["[UNK]", "<eos>", "the", "of", "and", "a", "to", "in", "is", "was", "for", "on", "as", "by", "with", "that",
@@ -76,6 +78,30 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
     assert {"command", "data", "git_commit", "metrics", "date", "config"} <= set(provenance)
     assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_labels():
+    labels = torch.tensor([[5, 5], [5, 7], [7, IGNORE], [2, 9]])
+    ids = draft_vocabulary(labels, vocab_size=10, size=2)
+    assert ids.tolist() == [5, 7]
+    assert draft_vocabulary(labels, 10, None) is None and draft_vocabulary(labels, 10, 10) is None
+    assert to_draft_labels(labels, ids, 10).tolist() == [[0, 0], [0, 1], [1, IGNORE], [IGNORE, IGNORE]]
+
+
+def test_training_with_a_draft_vocabulary_decodes_exactly(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.draft_vocab = 12
+    metrics = train(cfg, model, tokenizer)
+    assert metrics["draft_vocab_size"] == 12
+    assert all(0 < split["in_draft_vocab"] <= 1 for split in metrics["eval"].values())
+    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    assert heads.token_ids.numel() == 12 == meta["draft_vocab_size"]
+    ids = torch.tensor([[2, 3, 4, 5]])
+    reference = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    drafter = MedusaDrafter(heads, model.lm_head.weight, metrics["tree"])
+    out = speculative_generate(model, drafter, ids, k=len(metrics["tree"]), max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == reference.sequences
 
 
 def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monkeypatch):
