@@ -5,6 +5,7 @@ real default target."""
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -162,6 +163,39 @@ def test_greedy_medusa_equals_plain_decoding(tiny_target, paths, ks, token_ids):
         assert out.stats.target_forwards <= reference.stats.target_forwards
 
 
+@pytest.mark.parametrize("min_confidence", [0.01, 0.03, 0.9])
+def test_greedy_dynamic_tree_equals_plain_decoding(tiny_target, min_confidence):
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, min_confidence)
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=8, max_new_tokens=30, eos_token_id=[])
+    assert out.sequences == reference.sequences
+    assert out.stats.proposed_tokens < 8 * out.stats.verify_steps  # some nodes were dropped
+    assert out.stats.proposed_tokens > 0 or min_confidence > 0.5
+
+
+def test_dynamic_tree_keeps_confident_paths_only(tiny_target):
+    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, min_confidence=0.03)
+    hidden = torch.randn(1, 32)
+    state = type("S", (), {})()  # the fields propose() reads
+    state.last_hidden, state.last_tokens = hidden, torch.tensor([3])
+    state.sampling = type("P", (), {"greedy": True})()
+    proposal = drafter.propose(state, 8)
+    logp = drafter.heads(hidden, drafter.lm_head_weight).detach().log_softmax(-1)[0]  # [3, V]
+    ranked = logp.sort(-1, descending=True).values  # [3, V]
+    expected = [i for i, path in enumerate(PATHS)
+                if sum(float(ranked[depth, rank]) for depth, rank in enumerate(path)) >= math.log(0.03)]
+    assert proposal.tokens.shape[1] == len(expected)
+    assert (proposal.tree is None) == (not expected)
+
+
+def test_bad_min_confidence_is_named(tiny_target):
+    with pytest.raises(ValueError, match="min_confidence must be in"):
+        MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS, min_confidence=1.0)
+    with pytest.raises(ValueError, match="shapes a tree"):
+        MedusaDrafter(random_heads(), tiny_target.lm_head.weight, None, min_confidence=0.3)
+
+
 # --- exact sampling through the engine ---------------------------------------------------------------------
 
 
@@ -235,9 +269,10 @@ MARKOV_DRAFT_VOCAB = torch.arange(48)  # a quarter of the tokens can never be dr
 
 
 @pytest.mark.parametrize("token_ids", [None, MARKOV_DRAFT_VOCAB], ids=["full-vocab", "draft-vocab"])
-@pytest.mark.parametrize("paths", [None, PATHS], ids=["chain", "tree"])
-def test_sampling_with_medusa_is_exact(markov_target, paths, token_ids):
-    drafter = MedusaDrafter(markov_heads(token_ids=token_ids), markov_target.lm_head.weight, paths)
+@pytest.mark.parametrize("paths, min_confidence", [(None, 0.0), (PATHS, 0.0), (PATHS, 0.05)],
+                         ids=["chain", "tree", "dynamic-tree"])
+def test_sampling_with_medusa_is_exact(markov_target, paths, min_confidence, token_ids):
+    drafter = MedusaDrafter(markov_heads(token_ids=token_ids), markov_target.lm_head.weight, paths, min_confidence)
     tokens, probs, positions, stats = sample_and_score(markov_target, drafter, seed=1 if paths else 2)
     assert stats.mean_accepted_length > 1.3  # drafts are accepted often: the rule is really exercised
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)

@@ -16,6 +16,11 @@ Two shapes of proposal, both verified exactly:
   [r_0, r_1, ..] is rank r_0 of head 0, then rank r_1 of head 1, and so on. Paths are listed in priority
   order (parents first) and k takes the first k of them, so one number sizes the tree. Candidates are
   deterministic (one-hot q) and verified by :func:`specdec.verify_tree.verify_tree`.
+- **dynamic tree** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence
+  (the product of the heads' probabilities along the path, EAGLE-2's estimate of its acceptance) reaches
+  ``min_confidence``; a step where none does is a plain decode step. Where verifying a token costs a
+  good fraction of a decode step (a CPU), unlikely nodes cost more than they return. The tree's shape
+  depends on the context only, never on the target's draws, so verification stays exact.
 
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -213,12 +219,22 @@ class MedusaDrafter(Drafter):
         k: int = 4  # draft tokens per target forward: tree nodes (the first k paths), or heads used in a chain
         heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
+        # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
+        # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
+        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths.
+        min_confidence: float = 0.0
 
-    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None):
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
+                 min_confidence: float = 0.0):
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
+        if min_confidence > 0 and paths is None:
+            raise ValueError("min_confidence shapes a tree; give a tree (drafter.tree=default) or set it to 0")
         self.heads = heads
         self.lm_head_weight = heads.draft_lm_head(lm_head_weight)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
-        self._plans: dict[int, _TreePlan] = {}
+        self.min_confidence = min_confidence
+        self._plans: dict[tuple[int, ...], _TreePlan] = {}
         self.forwards = 0
 
     @classmethod
@@ -237,7 +253,7 @@ class MedusaDrafter(Drafter):
                 raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (chain)")
         else:
             paths = cfg.tree
-        return cls(heads, lm_head.weight, None if paths is None else list(paths))
+        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence)
 
     def start(self, state: DecodeState) -> None:
         if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
@@ -246,13 +262,11 @@ class MedusaDrafter(Drafter):
                 f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
             )
 
-    def _tree_plan(self, k: int, device: torch.device) -> _TreePlan:
-        if k > len(self.paths):
-            raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
-                             f"lower k or give a larger drafter.tree")
-        if k not in self._plans:
-            self._plans[k] = _plan(self.paths[:k], device)
-        return self._plans[k]
+    def _tree_plan(self, nodes: tuple[int, ...], device: torch.device) -> _TreePlan:
+        """The plan of the tree made of these paths (indices into ``self.paths``, parents included)."""
+        if nodes not in self._plans:
+            self._plans[nodes] = _plan([self.paths[i] for i in nodes], device)
+        return self._plans[nodes]
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -269,9 +283,20 @@ class MedusaDrafter(Drafter):
             if not params.greedy and self.heads.token_ids is not None:  # q over the full vocabulary, 0 elsewhere
                 q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, self.heads.token_ids, q)
             return Proposal(tokens=tokens, probs=None if params.greedy else q, num_proposed=[k] * batch)
-        plan = self._tree_plan(k, state.last_tokens.device)
-        depth = plan.tree.max_depth
-        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=depth)  # [B, D, V']
-        top = self.heads.to_token_ids(logits.topk(plan.top, dim=-1).indices)  # [B, D, r]: each head's candidates
-        tokens = top[:, plan.head, plan.rank]  # [B, N]
-        return Proposal(tokens=tokens, num_proposed=[k] * batch, tree=plan.tree)
+        if k > len(self.paths):
+            raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
+                             f"lower k or give a larger drafter.tree")
+        plan = self._tree_plan(tuple(range(k)), state.last_tokens.device)
+        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
+        top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
+        tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
+        if self.min_confidence > 0:
+            node_logp = (top.values - logits.logsumexp(-1, keepdim=True)).clamp(max=0)[:, plan.head, plan.rank]  # [B, N]
+            ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself and its ancestors)
+            confident = (node_logp @ ancestry.t() >= math.log(self.min_confidence)).any(0)  # [N], parents first
+            nodes = tuple(confident.nonzero().flatten().tolist())
+            if not nodes:  # no path is worth its verification: a plain step
+                return Proposal(tokens=tokens[:, :0], num_proposed=[0] * batch)
+            plan = self._tree_plan(nodes, state.last_tokens.device)
+            tokens = tokens[:, list(nodes)]
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * batch, tree=plan.tree)

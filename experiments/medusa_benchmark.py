@@ -1,0 +1,129 @@
+"""Medusa side by side (not a test): plain decoding vs Medusa trees and chains vs the n-gram drafter.
+
+In one process, on the same held-out prompts, batch 1, greedy, each prompt runs every method in turn (so
+drifts in machine load hit all alike). transformers has no Medusa decoding, so the peer in the same
+process is specdec's training-free n-gram drafter. For each method: τ, tokens/s, speedup over plain
+decoding, and two predictions of that speedup, both from costs measured in this run:
+
+- ``predicted`` (a priori): the τ the heads' training expected for this tree (``expected_tau_greedy`` in
+  their provenance, measured on the validation split) × plain step time / (verify step + drafter step);
+- ``predicted_measured_tau``: the same with the τ measured here. Its gap to the measured speedup is loop
+  overhead (sampling, cache compaction, host sync) and the prefill.
+
+Checks that every method's tokens equal plain decoding's, writes ``medusa_<source>.json`` / ``.md`` to --out.
+
+    python experiments/medusa_benchmark.py --trees 4 7 15 --dynamic 15:0.2 --chains 2 --source mtbench --prompts 16
+
+``--dynamic K:CONF`` runs a dynamic tree (``MedusaDrafter(min_confidence=CONF)``): of the first K paths,
+the ones whose confidence reaches CONF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec.data import encode_prompt, load_prompts
+from specdec.drafters.medusa import MedusaDrafter, default_heads_path, load_heads
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", default=None, help="heads.safetensors (default: the shipped heads)")
+    ap.add_argument("--trees", type=int, nargs="*", default=[4, 8], help="tree sizes k (first k paths)")
+    ap.add_argument("--chains", type=int, nargs="*", default=[], help="chain lengths k (first k heads)")
+    ap.add_argument("--dynamic", nargs="*", default=[], metavar="K:CONF",
+                    help="dynamic trees: at most K paths, those with confidence >= CONF (e.g. 15:0.2)")
+    ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
+    ap.add_argument("--source", default="mtbench")
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--new", type=int, default=128, help="max new tokens")
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args()
+
+    model, tokenizer = load_target()
+    heads_path = Path(args.heads) if args.heads else default_heads_path()
+    heads, meta = load_heads(heads_path, hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size)
+    provenance_file = heads_path.parent / "provenance.json"
+    expected_tau = (json.loads(provenance_file.read_text())["metrics"].get("expected_tau_greedy", [])
+                    if provenance_file.is_file() else [])
+    rows = load_prompts(args.source, limit=args.prompts)
+    prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
+    eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
+    lm_head = model.get_output_embeddings().weight
+
+    methods = {"plain": (None, 0)}
+    for k in args.trees:
+        methods[f"medusa tree k={k}"] = (MedusaDrafter(heads, lm_head, meta["tree"]), k)
+    for spec in args.dynamic:
+        k, conf = spec.split(":")
+        methods[f"medusa dynamic k<={k} conf>={conf}"] = (MedusaDrafter(heads, lm_head, meta["tree"], float(conf)), int(k))
+    for k in args.chains:
+        methods[f"medusa chain k={k}"] = (MedusaDrafter(heads, lm_head, None), k)
+    if args.ngram_k:
+        methods[f"ngram K={args.ngram_k}"] = (NgramDrafter(), args.ngram_k)
+
+    def run(drafter, k, ids):
+        if drafter is None:
+            return autoregressive_generate(model, ids, max_new_tokens=args.new, eos_token_id=eos)
+        return speculative_generate(model, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
+
+    for drafter, k in methods.values():  # warm-up, untimed
+        run(drafter, k, prompts[0][:, :32])
+    seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
+    mismatches = dict.fromkeys(methods, 0)
+    with torch.no_grad():
+        for ids in prompts:
+            reference = None
+            for name, (drafter, k) in methods.items():
+                start = time.perf_counter()
+                out = run(drafter, k, ids)
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += len(out.sequences[0])
+                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
+                reference = reference or out.sequences
+                mismatches[name] += out.sequences != reference
+
+    plain_step = stats["plain"].target_time_s / stats["plain"].target_forwards  # s per plain decode step
+    results = {}
+    for name, (drafter, k) in methods.items():
+        s = stats[name]
+        step = (s.target_time_s + s.drafter_time_s) / s.target_forwards  # verify + draft, s per step
+        tau = s.mean_accepted_length
+        a_priori = expected_tau[k - 1] if name.startswith("medusa tree") and k <= len(expected_tau) else float("nan")
+        results[name] = {
+            "k": k, "tau": tau, "acceptance_rate": s.acceptance_rate, "tokens_per_second": tokens[name] / seconds[name],
+            "step_ms": 1000 * step, "verify_step_ms": 1000 * s.target_time_s / s.target_forwards,
+            "drafter_step_ms": 1000 * s.drafter_time_s / s.target_forwards,
+            "expected_tau": a_priori, "predicted": a_priori * plain_step / step,
+            "predicted_measured_tau": tau * plain_step / step, "mismatching_outputs": mismatches[name],
+        }
+    base = results["plain"]["tokens_per_second"]
+    for r in results.values():
+        r["speedup"] = r["tokens_per_second"] / base
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,
+               "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "methods": results}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"medusa_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## Medusa vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, greedy, batch 1)",
+             f"machine: {machine}; heads: {heads_path} (draft vocabulary {heads.draft_vocab_size})", "",
+             "| method | τ | expected τ | tok/s | speedup | predicted | predicted (measured τ) | step ms (verify + draft) "
+             "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['tau']:.2f} | {r['expected_tau']:.2f} | {r['tokens_per_second']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_measured_tau']:.2f}x | "
+                     f"{r['verify_step_ms']:.1f} + {r['drafter_step_ms']:.1f} | {r['mismatching_outputs']} |")
+    (out_dir / f"medusa_{args.source}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
