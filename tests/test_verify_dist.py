@@ -83,6 +83,8 @@ FACTORIES = {
     "ngram": lambda m: NgramDrafter(),
     "medusa": lambda m: MedusaDrafter(random_heads(), m["target"].lm_head.weight),  # chain
     "medusa_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE),
+    "medusa_dynamic_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE,
+                                                   min_confidence=0.02),
 }
 
 
@@ -110,6 +112,7 @@ FAST_CASES = [
     ("ngram", 6, 0.7, 0, 0.8),
     ("medusa", 3, 1.0, 0, 0.9),
     ("medusa_tree", 8, 0.7, 0, 1.0),
+    ("medusa_dynamic_tree", 8, 1.0, 0, 1.0),
 ]
 
 
