@@ -163,14 +163,16 @@ def test_greedy_medusa_equals_plain_decoding(tiny_target, paths, ks, token_ids):
         assert out.stats.target_forwards <= reference.stats.target_forwards
 
 
+@pytest.mark.parametrize("paths", [PATHS, None], ids=["tree", "chain"])
 @pytest.mark.parametrize("min_confidence", [0.01, 0.03, 0.9])
-def test_greedy_dynamic_tree_equals_plain_decoding(tiny_target, min_confidence):
+def test_greedy_dynamic_tree_equals_plain_decoding(tiny_target, min_confidence, paths):
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
     reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
-    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, min_confidence)
-    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=8, max_new_tokens=30, eos_token_id=[])
+    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, paths, min_confidence)
+    k = 8 if paths else 3
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=30, eos_token_id=[])
     assert out.sequences == reference.sequences
-    assert out.stats.proposed_tokens < 8 * out.stats.verify_steps  # some nodes were dropped
+    assert out.stats.proposed_tokens < k * out.stats.verify_steps  # some nodes were dropped
     assert out.stats.proposed_tokens > 0 or min_confidence > 0.5
 
 
@@ -192,8 +194,6 @@ def test_dynamic_tree_keeps_confident_paths_only(tiny_target):
 def test_bad_min_confidence_is_named(tiny_target):
     with pytest.raises(ValueError, match="min_confidence must be in"):
         MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS, min_confidence=1.0)
-    with pytest.raises(ValueError, match="shapes a tree"):
-        MedusaDrafter(random_heads(), tiny_target.lm_head.weight, None, min_confidence=0.3)
 
 
 # --- exact sampling through the engine ---------------------------------------------------------------------
@@ -234,7 +234,7 @@ def markov_target():
     return make_markov_target()
 
 
-def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None) -> MedusaHeads:
+def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None, strength: float = 20.0) -> MedusaHeads:
     """Head i maps e_a to ~e_{σ^(i+1)(a)}: its candidates are the likely successors of σ^(i+1)(a), i.e.
     the target's best guesses for the token i+2 steps ahead. Good but imperfect drafts: the tree's first
     candidate is often rejected and the second often accepted, so the sibling rule is exercised.
@@ -244,7 +244,7 @@ def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None) -> M
     with torch.no_grad():
         for i, block in enumerate(heads.blocks):
             block.linear.weight.zero_()
-            block.linear.weight[successor(a, i + 1), a] = 20.0
+            block.linear.weight[successor(a, i + 1), a] = strength
     return heads.eval().requires_grad_(False)
 
 
@@ -269,8 +269,8 @@ MARKOV_DRAFT_VOCAB = torch.arange(48)  # a quarter of the tokens can never be dr
 
 
 @pytest.mark.parametrize("token_ids", [None, MARKOV_DRAFT_VOCAB], ids=["full-vocab", "draft-vocab"])
-@pytest.mark.parametrize("paths, min_confidence", [(None, 0.0), (PATHS, 0.0), (PATHS, 0.05)],
-                         ids=["chain", "tree", "dynamic-tree"])
+@pytest.mark.parametrize("paths, min_confidence", [(None, 0.0), (PATHS, 0.0), (PATHS, 0.05), (None, 0.3)],
+                         ids=["chain", "tree", "dynamic-tree", "dynamic-chain"])
 def test_sampling_with_medusa_is_exact(markov_target, paths, min_confidence, token_ids):
     drafter = MedusaDrafter(markov_heads(token_ids=token_ids), markov_target.lm_head.weight, paths, min_confidence)
     tokens, probs, positions, stats = sample_and_score(markov_target, drafter, seed=1 if paths else 2)
@@ -287,6 +287,37 @@ def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target, monkeypatc
     tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1)
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert verdict.reject, verdict
+
+
+class ChainCutByOwnDraft(MedusaDrafter):
+    """Planted bug: a dynamic chain keeps draft i only if *its own* probability (times the earlier ones')
+    reaches the threshold, so an unlikely draft is replaced by an unverified sample from p."""
+
+    def _confident_prefix(self, logits, index):
+        drafted = logits.log_softmax(-1).gather(-1, index[..., None])[..., 0].cumsum(-1)  # [B, k]
+        keep = (drafted >= math.log(self.min_confidence)).long().cumprod(-1)
+        return int(keep.sum(-1).max())
+
+
+@pytest.mark.parametrize("cls, reject", [(MedusaDrafter, False), (ChainCutByOwnDraft, True)],
+                         ids=["exact-rule", "planted-own-draft-rule"])
+def test_dynamic_chain_rule_is_exact_and_the_value_based_cut_is_caught(markov_target, cls, reject):
+    """Batch 1, row by row: in a batch the cut is the longest over rows, which hides a per-row bias."""
+    heads = markov_heads(num_heads=2, strength=1.5)  # head 1's drafts: ~0.64 on the likeliest token, the rest spread
+    drafter = cls(heads, markov_target.lm_head.weight, None, min_confidence=0.4)
+    g = torch.Generator().manual_seed(3)
+    tokens, probs = [], []
+    for prompt in torch.randint(0, VOCAB, (300, 1, 4), generator=g):
+        out = speculative_generate(markov_target, drafter, prompt, k=2, max_new_tokens=6, temperature=1.0,
+                                   generator=g, eos_token_id=[])
+        seq = torch.cat([prompt, torch.tensor(out.sequences)], 1)  # [1, 10]
+        with torch.no_grad():
+            probs.append(logits_to_probs(markov_target(seq).logits[0, 3:-1], 1.0))  # [6, V]
+        tokens.append(seq[0, 4:])
+    tokens, probs = torch.cat(tokens).numpy(), torch.cat(probs).numpy()
+    positions = np.tile(np.arange(6), 300)
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert verdict.reject == reject, verdict
 
 
 class DraftVocabNotMapped(MedusaDrafter):

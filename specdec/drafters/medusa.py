@@ -20,7 +20,10 @@ Two shapes of proposal, both verified exactly:
   (the product of the heads' probabilities along the path, EAGLE-2's estimate of its acceptance) reaches
   ``min_confidence``; a step where none does is a plain decode step. Where verifying a token costs a
   good fraction of a decode step (a CPU), unlikely nodes cost more than they return. The tree's shape
-  depends on the context only, never on the target's draws, so verification stays exact.
+  depends on the context only, never on the target's draws, so verification stays exact. A chain is cut
+  the same way, before the first position whose confidence (the drafts before it, then its head's best
+  probability) falls short — never by looking at the draft being decided on, which would bias the token
+  emitted in its place.
 
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
@@ -228,8 +231,6 @@ class MedusaDrafter(Drafter):
                  min_confidence: float = 0.0):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
-        if min_confidence > 0 and paths is None:
-            raise ValueError("min_confidence shapes a tree; give a tree (drafter.tree=default) or set it to 0")
         self.heads = heads
         self.lm_head_weight = heads.draft_lm_head(lm_head_weight)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
@@ -268,6 +269,17 @@ class MedusaDrafter(Drafter):
             self._plans[nodes] = _plan([self.paths[i] for i in nodes], device)
         return self._plans[nodes]
 
+    def _confident_prefix(self, logits: torch.Tensor, index: torch.Tensor) -> int:  # [B, k, V'], [B, k]
+        """How many chain drafts to keep: the longest prefix (in any row) over which the confidence of
+        position i — P(drafts before i) · max q_i, the heads' probabilities — reaches ``min_confidence``.
+        Whether draft i is kept never depends on draft i itself: dropping a draft *because of its value*
+        would bias the token emitted in its place; a stop after it is a plain bonus position."""
+        logp = logits.log_softmax(-1)  # [B, k, V']
+        drafted = logp.gather(-1, index[..., None])[..., 0]  # [B, k]
+        confidence = drafted.cumsum(-1) - drafted + logp.amax(-1)  # [B, k]: drafts before i, then q_i's best
+        keep = (confidence >= math.log(self.min_confidence)).long().cumprod(-1)  # [B, k]: a prefix per row
+        return int(keep.sum(-1).max())
+
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         params = state.sampling
@@ -279,7 +291,13 @@ class MedusaDrafter(Drafter):
                                  f"{self.heads.num_heads} heads; lower k")
             logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V']
             q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
-            tokens = self.heads.to_token_ids(sample(q, state.generator))  # [B, k]
+            index = sample(q, state.generator)  # [B, k]
+            if self.min_confidence > 0:
+                k = self._confident_prefix(logits, index)
+                if k == 0:
+                    return Proposal(tokens=index[:, :0], num_proposed=[0] * batch)
+                index, q = index[:, :k], q[:, :k]
+            tokens = self.heads.to_token_ids(index)  # [B, k]
             if not params.greedy and self.heads.token_ids is not None:  # q over the full vocabulary, 0 elsewhere
                 q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, self.heads.token_ids, q)
             return Proposal(tokens=tokens, probs=None if params.greedy else q, num_proposed=[k] * batch)
