@@ -529,10 +529,11 @@ def export(directory: Path, heads: MedusaHeads, cfg: TrainMedusaConfig, metrics:
         "command": " ".join(["python -m specdec.train_medusa", *sys.argv[1:]]),
         "config": _plain(cfg),
         "data": {"mode": cfg.data.mode, "positions": num_sequences,
-                 "description": "the target's greedy answers (self-distillation) to instruction prompts in MT-Bench's "
-                                "eight categories, from templates filled with gensim's Wikipedia sample, Shakespeare, "
-                                f"the Python standard library (their first {cfg.data.skip_first} rows excluded) and word "
-                                "lists, plus passages to continue; MT-Bench and HumanEval held out"
+                 "description": "the target's greedy answers (self-distillation) to generated instruction prompts in "
+                                "MT-Bench's eight categories (specdec/medusa_prompts.py: templates filled from Wikipedia "
+                                "titles and sentences, stdlib signatures and docstrings, the Lee news corpus, Shakespeare "
+                                f"and word lists, each corpus minus its first {cfg.data.skip_first} rows), plus passages "
+                                "and code to continue; MT-Bench and HumanEval held out"
                                 if cfg.data.mode == "self_distill" else
                                 f"chunks of {cfg.data.text_sources} (first {cfg.data.skip_first} rows excluded)"},
         "git_commit": _git_commit(),

@@ -219,13 +219,14 @@ class MedusaDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "medusa"
-        k: int = 4  # draft tokens per target forward: tree nodes (the first k paths), or heads used in a chain
+        k: int = 15  # draft tokens per target forward at most: tree nodes (the first k paths), or chain heads
         heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
-        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths.
-        min_confidence: float = 0.0
+        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.3
+        # suits a CPU (configs/drafter/medusa.yaml); on a GPU use 0 and a larger k.
+        min_confidence: float = 0.3
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
                  min_confidence: float = 0.0):
