@@ -248,7 +248,8 @@ def _news(skip_first: int) -> list[str]:
     from specdec.data import _package_file
 
     path = _package_file("gensim", "gensim", "test/test_data/lee_background.cor")
-    return [_cut(line.strip(), 400) for line in path.read_text(errors="replace").splitlines()[skip_first:] if line.strip()]
+    lines = path.read_text(errors="replace").splitlines()[skip_first:]
+    return [_cut(line.strip(), 400) for line in lines if line.strip()]
 
 
 def _slot_filler(rng: random.Random, skip_first: int) -> Callable[[], dict[str, str]]:
@@ -290,7 +291,8 @@ def _slot_filler(rng: random.Random, skip_first: int) -> Callable[[], dict[str, 
     return fill
 
 
-def instruction_prompts(num: int, skip_first: int, seed: int, completion_fraction: float = 0.05) -> list[dict[str, str]]:
+def instruction_prompts(num: int, skip_first: int, seed: int,
+                        completion_fraction: float = 0.05) -> list[dict[str, str]]:
     """``num`` prompt rows (as :mod:`specdec.data` rows): chat instructions from the templates above
     (categories weighted as in ``CATEGORIES``), and a ``completion_fraction`` of raw Wikipedia passages
     and Python modules to continue."""

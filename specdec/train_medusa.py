@@ -1,6 +1,6 @@
 """Train Medusa heads for a frozen target (Medusa-1), reproducibly, on one CPU or many GPUs.
 
-    python -m specdec.train_medusa                                   # the shipped heads' config (CPU, ~30 min)
+    python -m specdec.train_medusa                                   # the shipped heads' config (2-core CPU, ~36 min)
     python -m specdec.train_medusa data.mode=text                    # train on a text corpus instead
     python -m specdec.train_medusa target=/path/to/model run_name=mine export=heads/mine
     accelerate launch -m specdec.train_medusa ...                    # several GPUs, no code change
