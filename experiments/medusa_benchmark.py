@@ -6,7 +6,8 @@ process is specdec's training-free n-gram drafter. For each method: τ, tokens/s
 decoding, and two predictions of that speedup, both from costs measured in this run:
 
 - ``predicted`` (a priori): the τ the heads' training expected for this tree (``expected_tau_greedy`` in
-  their provenance, measured on the validation split) × plain step time / (verify step + drafter step);
+  their provenance: on this source's held-out answers where training evaluated them — MT-Bench's and
+  HumanEval's first 24 — else on the validation split) × plain step time / (verify step + drafter step);
 - ``predicted_measured_tau``: the same with the τ measured here. Its gap to the measured speedup is loop
   overhead (sampling, cache compaction, host sync) and the prefill.
 
@@ -51,8 +52,9 @@ def main() -> None:
     heads_path = Path(args.heads) if args.heads else default_heads_path()
     heads, meta = load_heads(heads_path, hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size)
     provenance_file = heads_path.parent / "provenance.json"
-    expected_tau = (json.loads(provenance_file.read_text())["metrics"].get("expected_tau_greedy", [])
-                    if provenance_file.is_file() else [])
+    metrics = json.loads(provenance_file.read_text())["metrics"] if provenance_file.is_file() else {}
+    expected_tau = (metrics.get("eval", {}).get(f"answers_{args.source}", {}).get("expected_tau_greedy")
+                    or metrics.get("expected_tau_greedy", []))  # on this source's held-out answers, else val
     rows = load_prompts(args.source, limit=args.prompts)
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]

@@ -12,11 +12,15 @@ target's time goes to the prompt and the answer alike, and only the answer is tr
 from __future__ import annotations
 
 import ast
+import logging
+import math
 import os
 import random
 import re
 from pathlib import Path
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 WRITING = [
     "Write a short essay about {topic}.", "Compose a short poem about {topic}.",
@@ -311,3 +315,67 @@ def instruction_prompts(num: int, skip_first: int, seed: int,
         text = rng.choice(CATEGORIES[category][0]).format(**slots)
         rows.append({"id": f"instruct/{i}", "source": "instruct", "category": category, "kind": "chat", "text": text})
     return rows
+
+
+def magpie_prompts(target, tokenizer, num: int, seed: int, batch_size: int = 128, max_tokens: int = 64,
+                   temperature: float = 1.0, top_p: float = 0.95) -> list[dict[str, str]]:
+    """``num`` chat prompts written by the target itself (Magpie, Xu et al. 2024): the chat template up to
+    the opening of a user turn, sampled until the turn ends. An instruction-tuned target writes the kind
+    of requests it was tuned on — closer to real chat traffic (and MT-Bench) than templates. Queries cut
+    off at ``max_tokens``, shorter than 6 tokens, holding a special token, repeated, or sharing 8 words in a
+    row with an MT-Bench or HumanEval prompt (the model may have seen them) are dropped and more are sampled.
+
+    Raises ValueError for a tokenizer without a chat template (nothing to open a user turn with)."""
+    import torch
+
+    from specdec.engine import autoregressive_generate
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("magpie prompts need a chat model (a tokenizer with a chat template); use "
+                         "data.magpie_fraction=0 for this target")
+    sentinel = "\u2063SPECDEC\u2063"
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False)
+    prefix = tokenizer(templated[: templated.index(sentinel)], add_special_tokens=False)["input_ids"]
+    vocab = tokenizer.get_vocab()
+    end = vocab.get("<|im_end|>")
+    stops = sorted({t for t in (end, tokenizer.eos_token_id) if t is not None})
+    special = set(tokenizer.all_special_ids) | {vocab[t] for t in ("<|im_start|>", "<|im_end|>") if t in vocab}
+    generator = torch.Generator().manual_seed(seed)
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    benchmark = benchmark_ngrams()
+    for _ in range(max(8, 4 * math.ceil(num / batch_size))):
+        if len(rows) >= num:
+            break
+        ids = torch.tensor([prefix] * batch_size)
+        out = autoregressive_generate(target, ids, max_new_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                      generator=generator, attention_mask=torch.ones_like(ids), eos_token_id=stops)
+        for seq in out.sequences:
+            cut = next((j for j, t in enumerate(seq) if t in stops), None)
+            ok = cut is not None and cut >= 6 and not special.intersection(seq[:cut])  # one whole, plain user turn
+            text = tokenizer.decode(seq[:cut]).strip() if ok else ""
+            if text and benchmark & _ngrams(text):
+                log.info("magpie: dropped a query sharing 8 words with a benchmark prompt: %r", text[:200])
+                continue
+            if text and text not in seen and len(rows) < num:
+                seen.add(text)
+                rows.append({"id": f"magpie/{len(rows)}", "source": "magpie", "category": "magpie", "kind": "chat",
+                             "text": text})
+        log.info("magpie: %d/%d queries written", len(rows), num)
+    if len(rows) < num:
+        raise RuntimeError(f"the target wrote only {len(rows)} usable queries of the {num} asked for; "
+                           f"lower data.magpie_fraction or check the chat template")
+    return rows
+
+
+def _ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+def benchmark_ngrams(n: int = 8) -> set[tuple[str, ...]]:
+    """Every run of ``n`` words in MT-Bench's and HumanEval's prompts: a generated prompt sharing one is not
+    held out from them."""
+    from specdec.data import load_prompts
+
+    return {g for source in ("mtbench", "humaneval") for row in load_prompts(source) for g in _ngrams(row["text"], n)}

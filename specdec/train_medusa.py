@@ -58,7 +58,7 @@ from specdec.config import LoggerConfig, register_configs
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.drafters.medusa import MedusaHeads, save_heads
 from specdec.engine import speculative_generate
-from specdec.medusa_prompts import instruction_prompts
+from specdec.medusa_prompts import instruction_prompts, magpie_prompts
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -68,6 +68,7 @@ IGNORE = -100
 class MedusaDataConfig:
     mode: str = "self_distill"  # "self_distill" (the target's greedy answers to prompts) or "text" (a corpus)
     num_prompts: int = 640  # self_distill: instruction prompts answered by the target
+    magpie_fraction: float = 0.0  # self_distill: share of those prompts written by the target itself (Magpie)
     max_new_tokens: int = 96  # self_distill: answer length
     batch_size: int = 64  # sequences per target forward while building the data
     text_sources: list[str] = field(default_factory=lambda: ["wikipedia", "stdlib", "shakespeare"])  # mode=text
@@ -94,6 +95,7 @@ class MedusaOptimConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     head_decay: float = 0.8  # loss weight of head i is head_decay ** i (Medusa-1)
+    soft_labels: bool = False  # learn the target's distribution over each label, not the label alone
 
 
 @dataclass
@@ -212,14 +214,26 @@ def head_labels(sequences: list[tuple[torch.Tensor, torch.Tensor]], num_heads: i
     return torch.cat(hidden), torch.cat(labels)
 
 
-def build_data(cfg: TrainMedusaConfig, target, tokenizer) -> dict[str, torch.Tensor]:
-    """Every split as ``{split}.hidden`` [P, H] and ``{split}.labels`` [P, heads]: train, val, eval sets."""
+def build_data(cfg: TrainMedusaConfig, target, tokenizer, prompts_path: Path | None = None,
+               ) -> dict[str, torch.Tensor]:
+    """Every split as ``{split}.hidden`` [P, H] and ``{split}.labels`` [P, heads]: train, val, eval sets.
+    ``prompts_path``: where to write the self-distillation prompts (JSON lines), for the record."""
     from specdec.data import encode_prompt, load_prompts
 
     data, heads = cfg.data, cfg.num_heads
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if data.mode == "self_distill":
-        rows = instruction_prompts(data.num_prompts, data.skip_first, cfg.seed)
+        if not 0.0 <= data.magpie_fraction <= 1.0:
+            raise ValueError(f"data.magpie_fraction must be in [0, 1], got {data.magpie_fraction}")
+        num_magpie = round(data.num_prompts * data.magpie_fraction)
+        rows = instruction_prompts(data.num_prompts - num_magpie, data.skip_first, cfg.seed)
+        if num_magpie:
+            rows += magpie_prompts(target, tokenizer, num_magpie, cfg.seed, data.batch_size)
+            log.info("the target wrote %d prompts, e.g. %r", num_magpie, rows[-1]["text"][:200])
+        if prompts_path is not None:
+            tmp = prompts_path.with_name(f".{prompts_path.name}.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            tmp.replace(prompts_path)
         seqs = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
                                 data.batch_size, pad_id)
     elif data.mode == "text":
@@ -245,8 +259,9 @@ def build_data(cfg: TrainMedusaConfig, target, tokenizer) -> dict[str, torch.Ten
 
 
 def _fingerprint(cfg: TrainMedusaConfig) -> str:
-    """What the cached data depends on."""
-    return json.dumps({"target": cfg.target, "heads": cfg.num_heads, "seed": cfg.seed, "data": vars(cfg.data),
+    """What the cached data depends on (magpie_fraction only when used: caches made before it stay valid)."""
+    data = {k: v for k, v in vars(cfg.data).items() if k != "magpie_fraction" or v}
+    return json.dumps({"target": cfg.target, "heads": cfg.num_heads, "seed": cfg.seed, "data": data,
                        "eval": {k: v for k, v in vars(cfg.eval).items() if k not in ("tree_nodes", "max_rank")}},
                       sort_keys=True, default=list)
 
@@ -261,7 +276,7 @@ def load_or_build_data(cfg: TrainMedusaConfig, target, tokenizer, path: Path) ->
             return load_file(str(path))
         raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
                          f"(or delete {str(path.parent)!r} to start over)")
-    tensors = build_data(cfg, target, tokenizer)
+    tensors = build_data(cfg, target, tokenizer, prompts_path=path.with_name("prompts.jsonl"))
     tmp = path.with_name(f".{path.name}.tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"fingerprint": _fingerprint(cfg)})
     tmp.replace(path)
@@ -292,12 +307,38 @@ def to_draft_labels(labels: torch.Tensor, token_ids: torch.Tensor | None, vocab_
 # --- loss, evaluation, tree ----------------------------------------------------------------------------
 
 
-def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, head_decay: float,
+def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, head_decay: float, targets: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, list[float]]:  # logits [P, h, V], labels [P, h] -> loss, per-head CE
-    losses = [F.cross_entropy(logits[:, i], labels[:, i], ignore_index=IGNORE) for i in range(labels.shape[1])]
+    """Medusa-1's loss: Σ_i head_decay^i · CE_i, CE_i against head i's labels, or against ``targets`` [P, h, V]
+    (distributions, see :func:`soft_targets`) where given; positions labelled IGNORE never count."""
+    if targets is None:
+        losses = [F.cross_entropy(logits[:, i], labels[:, i], ignore_index=IGNORE) for i in range(labels.shape[1])]
+    else:
+        ce = -(targets * F.log_softmax(logits.float(), -1)).sum(-1)  # [P, h]
+        valid = labels != IGNORE
+        losses = [ce[:, i][valid[:, i]].mean() for i in range(labels.shape[1])]
     losses = [torch.nan_to_num(x) for x in losses]  # a batch without labels for a far head contributes 0
     total = sum(head_decay ** i * x for i, x in enumerate(losses))
     return total, [float(x.detach()) for x in losses]
+
+
+@torch.no_grad()
+def soft_targets(hidden: torch.Tensor, idx: torch.Tensor, labels: torch.Tensor, lm_head_weight: torch.Tensor,
+                 ) -> torch.Tensor:  # -> [b, h, V'] one distribution per (position, head)
+    """The target's own distribution over each label (self-distillation with soft labels, as Hydra++ and
+    Medusa-2 train): head i's label at row r was predicted by the hidden state at row r + 1 + i of the same
+    sequence, so its distribution over the (draft) vocabulary is free. Used where that row's prediction is
+    the label — every position of a greedy answer but the last few, where the row belongs to the next
+    sequence; elsewhere (and for an IGNORE label) the one-hot label.
+
+    hidden [P, H] rows in sequence order; idx [b] rows of the batch; labels [P, h] draft-vocabulary indices."""
+    device = lm_head_weight.device
+    lab = labels[idx].to(device)  # [b, h]
+    rows = idx[:, None].cpu() + 1 + torch.arange(lab.shape[1])  # [b, h]
+    logits = hidden[rows.clamp(max=hidden.shape[0] - 1)].to(lm_head_weight) @ lm_head_weight.t()  # [b, h, V']
+    agree = (rows < hidden.shape[0]).to(device) & (lab != IGNORE) & (logits.argmax(-1) == lab)
+    onehot = F.one_hot(lab.clamp(min=0), logits.shape[-1]).to(logits.dtype)
+    return torch.where(agree[..., None], logits.float().softmax(-1), onehot)
 
 
 @torch.no_grad()
@@ -333,11 +374,25 @@ def tree_from_ranks(ranks: torch.Tensor, labels: torch.Tensor, num_nodes: int) -
             if row[depth] < 0:
                 break
             counts[tuple(row[: depth + 1])] += 1
-    best = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:num_nodes]
-    total, tau = len(ranks), []
-    for _, c in best:
-        tau.append((tau[-1] if tau else 1.0) + c / max(total, 1))
-    return [list(p) for p, _ in best], tau
+    best = [list(p) for p, _ in sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:num_nodes]]
+    return best, tree_tau(torch.tensor(ranks), labels, best)
+
+
+def tree_tau(ranks: torch.Tensor, labels: torch.Tensor, paths: list[list[int]]) -> list[float]:
+    """The expected τ under greedy verification of the tree made of the first n ``paths`` (n = 1..len),
+    at held-out positions: 1 + the mean number of tree nodes on the accepted path."""
+    index = {tuple(p): n for n, p in enumerate(paths)}
+    accepted = [0] * len(paths)  # positions whose accepted path reaches path n
+    for row in torch.where(labels == IGNORE, -1, ranks).tolist():
+        for depth in range(len(row)):
+            n = index.get(tuple(row[: depth + 1])) if row[depth] >= 0 else None
+            if n is None:
+                break
+            accepted[n] += 1
+    total, tau = max(len(labels), 1), []
+    for count in accepted:
+        tau.append((tau[-1] if tau else 1.0) + count / total)
+    return tau
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------
@@ -429,7 +484,8 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     lm_head_weight = heads.draft_lm_head(full_lm_head)  # [V', H]: sliced once
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     run_config = {"num_heads": cfg.num_heads, "own_lm_head": cfg.own_lm_head, "draft_vocab": cfg.draft_vocab,
-                  "seed": cfg.seed, "optim": dict(vars(cfg.optim))}
+                  "seed": cfg.seed,  # soft_labels only when on: checkpoints made before it still resume
+                  "optim": {k: v for k, v in vars(cfg.optim).items() if k != "soft_labels" or v}}
     first_step = load_checkpoint(out_dir, heads, optimizer, expect=run_config)
     model, optimizer = accelerator.prepare(heads, optimizer)
     if cfg.logger.name == "wandb":
@@ -460,7 +516,8 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total, cfg.optim)
             logits = model(hidden[idx].to(accelerator.device), lm_head_weight)  # [b, h, V]
-            loss, per_head = medusa_loss(logits, labels[idx].to(accelerator.device), cfg.optim.head_decay)
+            targets = soft_targets(hidden, idx, labels, lm_head_weight) if cfg.optim.soft_labels else None
+            loss, per_head = medusa_loss(logits, labels[idx].to(accelerator.device), cfg.optim.head_decay, targets)
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -484,7 +541,7 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
 
     start = time.perf_counter()
     heads = accelerator.unwrap_model(model).eval()
-    evals = {}
+    evals, split_ranks = {}, {}
     for name in sorted({key.split(".")[0] for key in data} - {"train"}):
         h, lab = data[f"{name}.hidden"].to(accelerator.device), data[f"{name}.labels"].to(accelerator.device)
         draft_lab = to_draft_labels(lab.cpu(), token_ids, vocab_size).to(accelerator.device)
@@ -494,6 +551,9 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
                        "in_draft_vocab": float(((draft_lab != IGNORE) & valid).sum() / valid.sum().clamp(min=1))}
         if name == "val":
             tree, tau = tree_from_ranks(ranks.cpu(), lab.cpu(), cfg.eval.tree_nodes)
+        split_ranks[name] = ranks.cpu(), lab.cpu()
+    for name, (ranks, lab) in split_ranks.items():  # what the tree chosen on val promises elsewhere
+        evals[name]["expected_tau_greedy"] = [round(t, 4) for t in tree_tau(ranks, lab, tree)]
     times["eval_s"] = time.perf_counter() - start
     metrics.update(eval=evals, tree=tree, expected_tau_greedy=[round(t, 4) for t in tau], times_s=times)
     accelerator.log({f"{n}/{k}_head{j}": v for n, e in evals.items() for k in ("top1", "top5")

@@ -3,6 +3,7 @@ resumes to exactly the weights of an uninterrupted one, checkpoints are atomic, 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -13,14 +14,16 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_llama
 from specdec import train_medusa
+from specdec.medusa_prompts import magpie_prompts
 from specdec.drafters.medusa import MedusaHeads, load_heads
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.train_medusa import (IGNORE, TrainMedusaConfig, draft_vocabulary, head_labels, load_checkpoint,
-                                  medusa_loss, save_checkpoint, to_draft_labels, train, tree_from_ranks)
+                                  medusa_loss, save_checkpoint, soft_targets, to_draft_labels, train, tree_from_ranks)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-WORDS = ["[UNK]", "<eos>", "the", "of", "and", "a", "to", "in", "is", "was", "for", "on", "as", "by", "with", "that",
+WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",
+         "the", "of", "and", "a", "to", "in", "is", "was", "for", "on", "as", "by", "with", "that",
          "def", "return", "self", "import", "=", "(", ")", ":", "if", "not", "write", "what", "explain", "code"]
 
 
@@ -31,6 +34,10 @@ def tiny_pair():
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>",
                                         pad_token="<eos>")
     return tiny_llama(vocab_size=len(WORDS), hidden=16, layers=1, heads=2, kv_heads=1, seed=4), tokenizer
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 
 
 def tiny_config(out: Path, **optim) -> TrainMedusaConfig:
@@ -73,11 +80,15 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     assert metrics["finished"] and metrics["step"] == metrics["total_steps"] > 0
     for split in ("val", "answers_mtbench", "answers_humaneval", "text_wikipedia"):
         assert len(metrics["eval"][split]["top1"]) == 3 and metrics["eval"][split]["positions"] > 0
+        assert len(metrics["eval"][split]["expected_tau_greedy"]) == len(metrics["tree"])  # the val tree, there
+    assert metrics["eval"]["val"]["expected_tau_greedy"] == metrics["expected_tau_greedy"]
     heads, meta = load_heads(tmp_path / "export" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
     assert meta["tree"] == metrics["tree"] and heads.num_heads == 3
     provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
     assert {"command", "data", "git_commit", "metrics", "date", "config"} <= set(provenance)
     assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
+    prompts = [json.loads(line) for line in (tmp_path / "run" / "prompts.jsonl").read_text().splitlines()]
+    assert len(prompts) == cfg.data.num_prompts and all(p["text"] for p in prompts)  # what the heads learned from
 
 
 def test_draft_vocabulary_keeps_the_most_frequent_labels():
@@ -181,3 +192,74 @@ def test_config_composes_with_hydra():
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, TrainMedusaConfig) and obj.data.mode == "text" and obj.logger.mode == "offline"
     assert obj.output_dir == "outputs/train_medusa/smollm2-135m"
+
+
+def test_magpie_prompts_are_the_targets_own_user_turns(tiny_pair):
+    model, tokenizer = tiny_pair
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    rows = magpie_prompts(model, chat, 5, seed=3, batch_size=16, max_tokens=32)
+    texts = [r["text"] for r in rows]
+    assert len(texts) == 5 and len(set(texts)) == 5 and all(r["kind"] == "chat" for r in rows)
+    assert not any("<|im_end|>" in t or "<|im_start|>" in t for t in texts)  # one user turn each, cut at its end
+    assert all(len(t.split()) >= 6 for t in texts)
+    assert texts == [r["text"] for r in magpie_prompts(model, chat, 5, seed=3, batch_size=16, max_tokens=32)]
+
+
+def test_magpie_prompts_need_a_chat_template(tiny_pair):
+    model, tokenizer = tiny_pair
+    with pytest.raises(ValueError, match="magpie_fraction=0"):
+        magpie_prompts(model, tokenizer, 4, seed=0)
+
+
+def test_magpie_fraction_out_of_range_is_refused_and_old_caches_stay_valid(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    assert "magpie_fraction" not in train_medusa._fingerprint(tiny_config(tmp_path))  # caches made before it
+    cfg = tiny_config(tmp_path / "run")
+    cfg.data.magpie_fraction = 1.5
+    with pytest.raises(ValueError, match="magpie_fraction must be in"):
+        train(cfg, model, tokenizer)
+    assert not (tmp_path / "run" / "data.safetensors").exists()
+
+
+def test_soft_targets_are_the_targets_distribution_over_each_label():
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(6, 8), torch.randn(5, 8)  # one sequence of 6 rows, 5-token vocabulary
+    greedy = (hidden @ weight.t()).argmax(-1)  # row s predicted token s
+    _, labels = head_labels([(hidden, greedy)], num_heads=2)  # [5, 2]: head i at row r = token r + 1 + i
+    labels[2, 1] = (labels[2, 1] + 1) % 5  # a label the target did not predict: the one-hot stays
+    targets = soft_targets(hidden[:5], torch.arange(5), labels, weight)
+    probs = (hidden @ weight.t()).softmax(-1)
+    assert torch.allclose(targets[0, 0], probs[1]) and torch.allclose(targets[0, 1], probs[2])
+    assert torch.equal(targets[2, 1], torch.nn.functional.one_hot(labels[2, 1], 5).float())
+    assert torch.equal(targets[4, 0], torch.nn.functional.one_hot(labels[4, 0], 5).float())  # row 5 was dropped
+    assert labels[4, 1] == IGNORE and targets[4, 1].sum() == 1  # no label: ignored by the loss
+
+
+def test_loss_with_one_hot_targets_is_the_cross_entropy():
+    torch.manual_seed(1)
+    logits, labels = torch.randn(4, 2, 6), torch.tensor([[1, 2], [3, IGNORE], [0, 5], [2, IGNORE]])
+    onehot = torch.nn.functional.one_hot(labels.clamp(min=0), 6).float()
+    hard, per_hard = medusa_loss(logits, labels, 0.8)
+    soft, per_soft = medusa_loss(logits, labels, 0.8, onehot)
+    assert torch.allclose(hard, soft) and per_hard == pytest.approx(per_soft)
+
+
+def test_training_with_soft_labels_learns_other_weights(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    soft = train(tiny_config(tmp_path / "soft", soft_labels=True), model, tokenizer)
+    hard = train(tiny_config(tmp_path / "hard"), model, tokenizer)
+    assert soft["finished"] and hard["finished"]
+    a, _ = load_heads(tmp_path / "soft" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    b, _ = load_heads(tmp_path / "hard" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    assert not torch.equal(a.blocks[0].linear.weight, b.blocks[0].linear.weight)
+
+
+def test_generated_prompts_sharing_8_words_with_a_benchmark_prompt_are_caught():
+    from specdec.data import load_prompts
+    from specdec.medusa_prompts import _ngrams, benchmark_ngrams
+
+    forbidden = benchmark_ngrams()
+    question = load_prompts("mtbench", limit=1)[0]["text"]
+    assert forbidden & _ngrams("Sure! " + question + " Thanks.")
+    assert not forbidden & _ngrams("Can you suggest a YouTube channel about sustainable food production without plastic?")
