@@ -55,7 +55,7 @@ class Head(nn.Module):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", help="a train_medusa data cache (data.safetensors)")
-    ap.add_argument("--head", type=int, default=0, help="which head (0 = the token after next)")
+    ap.add_argument("--head", type=int, default=0, help="which head, 0-based (0 = head 1: the token after next)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-2)
