@@ -368,14 +368,13 @@ def tree_from_ranks(ranks: torch.Tensor, labels: torch.Tensor, num_nodes: int) -
     the first head whose label is not among its candidates. A path is accepted no more often than its
     parent, so taking paths by frequency always takes parents first and gives the best tree of each size."""
     counts: Counter[tuple[int, ...]] = Counter()
-    ranks = torch.where(labels == IGNORE, -1, ranks).tolist()
-    for row in ranks:
+    for row in torch.where(labels == IGNORE, -1, ranks).tolist():
         for depth in range(len(row)):
             if row[depth] < 0:
                 break
             counts[tuple(row[: depth + 1])] += 1
     best = [list(p) for p, _ in sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:num_nodes]]
-    return best, tree_tau(torch.tensor(ranks), labels, best)
+    return best, tree_tau(ranks, labels, best)
 
 
 def tree_tau(ranks: torch.Tensor, labels: torch.Tensor, paths: list[list[int]]) -> list[float]:

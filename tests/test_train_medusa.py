@@ -206,6 +206,19 @@ def test_magpie_prompts_are_the_targets_own_user_turns(tiny_pair):
     assert texts == [r["text"] for r in magpie_prompts(model, chat, 5, seed=3, batch_size=16, max_tokens=32)]
 
 
+def test_magpie_prompts_drop_queries_overlapping_a_benchmark(tiny_pair, monkeypatch):
+    from specdec import medusa_prompts
+
+    model, tokenizer = tiny_pair
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    first = [r["text"] for r in magpie_prompts(model, chat, 3, seed=3, batch_size=16, max_tokens=32)]
+    monkeypatch.setattr(medusa_prompts, "_ngrams", lambda text, n=8: {text})  # a whole query as its "n-gram"
+    monkeypatch.setattr(medusa_prompts, "benchmark_ngrams", lambda n=8: {first[0]})  # ... found in a benchmark
+    again = [r["text"] for r in magpie_prompts(model, chat, 3, seed=3, batch_size=16, max_tokens=32)]
+    assert first[0] not in again and again[:2] == first[1:]
+
+
 def test_magpie_prompts_need_a_chat_template(tiny_pair):
     model, tokenizer = tiny_pair
     with pytest.raises(ValueError, match="magpie_fraction=0"):
