@@ -25,6 +25,7 @@ import argparse
 import json
 import platform
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -59,15 +60,17 @@ def main() -> None:
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     lm_head = model.get_output_embeddings().weight
+    medusa = partial(MedusaDrafter, heads, lm_head,
+                     embed_weight=model.get_input_embeddings().weight if heads.token_aware else None)
 
     methods = {"plain": (None, 0)}
     for k in args.trees:
-        methods[f"medusa tree k={k}"] = (MedusaDrafter(heads, lm_head, meta["tree"]), k)
+        methods[f"medusa tree k={k}"] = (medusa(meta["tree"]), k)
     for spec in args.dynamic:
         k, conf = spec.split(":")
-        methods[f"medusa dynamic k<={k} conf>={conf}"] = (MedusaDrafter(heads, lm_head, meta["tree"], float(conf)), int(k))
+        methods[f"medusa dynamic k<={k} conf>={conf}"] = (medusa(meta["tree"], float(conf)), int(k))
     for k in args.chains:
-        methods[f"medusa chain k={k}"] = (MedusaDrafter(heads, lm_head, None), k)
+        methods[f"medusa chain k={k}"] = (medusa(None), k)
     if args.ngram_k:
         methods[f"ngram K={args.ngram_k}"] = (NgramDrafter(), args.ngram_k)
 

@@ -27,16 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from specdec.loading import load_target
-from specdec.train_medusa import IGNORE, draft_vocabulary, to_draft_labels
-
-
-def with_previous_token(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Rows whose previous token is known: (hidden, tokens [P, 1 + heads] = tokens[s], tokens[s+1..])."""
-    prev = torch.full((labels.shape[0],), -1, dtype=torch.long)
-    # row r-1 is in the same answer unless it was that answer's last row (no label for head 1 there)
-    prev[1:] = torch.where(labels[:-1, 1] != IGNORE, labels[:-1, 0], -1)
-    keep = prev >= 0
-    return hidden[keep], torch.cat([prev[keep, None], labels[keep]], 1)
+from specdec.train_medusa import IGNORE, draft_vocabulary, to_draft_labels, with_previous_token
 
 
 class Head(nn.Module):

@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import hydra
 import torch
@@ -103,6 +103,7 @@ class TrainMedusaConfig:
     target: str = "smollm2-135m"  # alias, local directory or hub id
     num_heads: int = 3
     own_lm_head: bool = False  # an own (trainable) LM head per Medusa head instead of the target's, shared
+    token_aware: bool = False  # heads also read the emitted token and the draft path (Hydra-style)
     draft_vocab: Optional[int] = 8192  # heads score the N most frequent answer tokens only (FR-Spec); null = all
     seed: int = 0
     threads: Optional[int] = None  # torch CPU threads; null = torch's default
@@ -283,6 +284,22 @@ def load_or_build_data(cfg: TrainMedusaConfig, target, tokenizer, path: Path) ->
     return tensors
 
 
+def with_previous_token(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For token-aware heads: the rows whose emitted token (tokens[s], which hidden[s] predicted) is in the
+    cache — every row but each answer's first — as (hidden, tokens [P', 1 + heads] = tokens[s], labels)."""
+    prev = torch.full((labels.shape[0],), -1, dtype=torch.long)
+    # row r-1 belongs to the same answer unless it was that answer's last row (no label for head 1 there)
+    prev[1:] = torch.where(labels[:-1, 1] != IGNORE, labels[:-1, 0], -1) if labels.shape[1] > 1 else -1
+    keep = prev >= 0
+    return hidden[keep], torch.cat([prev[keep, None], labels[keep]], 1)
+
+
+def known_embeddings(embed_weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [P, 1+h] -> [P, h, H]
+    """What token-aware head i reads besides the hidden state: embeddings of tokens[s .. s+i] (a path token
+    past the answer's end is IGNORE; its head has no label there, so any embedding will do)."""
+    return embed_weight[tokens[:, :-1].clamp(min=0)]
+
+
 def draft_vocabulary(labels: torch.Tensor, vocab_size: int, size: int | None) -> torch.Tensor | None:
     """The ``size`` token ids most frequent among ``labels`` (ascending ids; ties to the lower id), or None
     (the full vocabulary) when ``size`` is None or covers it."""
@@ -343,11 +360,14 @@ def soft_targets(hidden: torch.Tensor, idx: torch.Tensor, labels: torch.Tensor, 
 
 @torch.no_grad()
 def label_ranks(heads: MedusaHeads, lm_head_weight: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
-                max_rank: int, chunk: int = 512) -> torch.Tensor:  # -> [P, h]: rank of each label, -1 = beyond
-    """Where each label sits among its head's top ``max_rank`` tokens (-1: further down, or no label)."""
+                max_rank: int, chunk: int = 512, known: Callable[[slice], torch.Tensor] | None = None,
+                ) -> torch.Tensor:  # -> [P, h]: rank of each label, -1 = beyond
+    """Where each label sits among its head's top ``max_rank`` tokens (-1: further down, or no label).
+    ``known``: rows -> the token-aware heads' known-token embeddings [c, h, H] (the true path)."""
     out = []
     for start in range(0, hidden.shape[0], chunk):
-        logits = heads(hidden[start: start + chunk], lm_head_weight)  # [c, h, V]
+        rows = slice(start, start + chunk)
+        logits = heads(hidden[rows], lm_head_weight, known=None if known is None else known(rows))  # [c, h, V]
         top = logits.topk(max_rank, dim=-1).indices  # [c, h, r]
         hit = top == labels[start: start + chunk, :, None]  # [c, h, r]
         out.append(torch.where(hit.any(-1), hit.float().argmax(-1), -1))
@@ -477,21 +497,35 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     full_lm_head = target.get_output_embeddings().weight.detach().to(accelerator.device)  # [V, H], frozen
     vocab_size = full_lm_head.shape[0]
     token_ids = draft_vocabulary(data["train.labels"], vocab_size, cfg.draft_vocab)
-    heads = MedusaHeads(full_lm_head.shape[1], vocab_size, cfg.num_heads, cfg.own_lm_head, token_ids=token_ids)
+    if cfg.token_aware and cfg.num_heads < 2:
+        raise ValueError("token_aware needs num_heads >= 2 (the cache marks where answers end by head 2's labels)")
+    heads = MedusaHeads(full_lm_head.shape[1], vocab_size, cfg.num_heads, cfg.own_lm_head, token_ids=token_ids,
+                        token_aware=cfg.token_aware)
     heads.init_lm_heads(full_lm_head)
     heads.to(accelerator.device)
     lm_head_weight = heads.draft_lm_head(full_lm_head)  # [V', H]: sliced once
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     run_config = {"num_heads": cfg.num_heads, "own_lm_head": cfg.own_lm_head, "draft_vocab": cfg.draft_vocab,
-                  "seed": cfg.seed,  # soft_labels only when on: checkpoints made before it still resume
-                  "optim": {k: v for k, v in vars(cfg.optim).items() if k != "soft_labels" or v}}
+                  "seed": cfg.seed,  # soft_labels, token_aware only when on: older checkpoints still resume
+                  "optim": {k: v for k, v in vars(cfg.optim).items() if k != "soft_labels" or v},
+                  **({"token_aware": True} if cfg.token_aware else {})}
     first_step = load_checkpoint(out_dir, heads, optimizer, expect=run_config)
     model, optimizer = accelerator.prepare(heads, optimizer)
     if cfg.logger.name == "wandb":
         accelerator.init_trackers(cfg.logger.project, config=_plain(cfg),
                                   init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
 
-    hidden, labels = data["train.hidden"], to_draft_labels(data["train.labels"], token_ids, vocab_size)
+    embed_weight = target.get_input_embeddings().weight.detach().to(accelerator.device)  # token-aware heads
+
+    def split(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # hidden, labels, tokens
+        hidden, labels = data[f"{name}.hidden"], data[f"{name}.labels"]
+        if not cfg.token_aware:
+            return hidden, labels, None
+        hidden, tokens = with_previous_token(hidden, labels)
+        return hidden, tokens[:, 1:], tokens
+
+    hidden, labels, known_tokens = split("train")
+    labels = to_draft_labels(labels, token_ids, vocab_size)
     steps_per_epoch = math.ceil(hidden.shape[0] / cfg.optim.batch_size)
     total = cfg.optim.epochs * steps_per_epoch
     saved = step = first_step
@@ -514,7 +548,8 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
             idx = idx[accelerator.process_index:: accelerator.num_processes]  # this process's share of the batch
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total, cfg.optim)
-            logits = model(hidden[idx].to(accelerator.device), lm_head_weight)  # [b, h, V]
+            known = None if known_tokens is None else known_embeddings(embed_weight, known_tokens[idx].to(embed_weight.device))
+            logits = model(hidden[idx].to(accelerator.device), lm_head_weight, known=known)  # [b, h, V]
             targets = soft_targets(hidden, idx, labels, lm_head_weight) if cfg.optim.soft_labels else None
             loss, per_head = medusa_loss(logits, labels[idx].to(accelerator.device), cfg.optim.head_decay, targets)
             accelerator.backward(loss)
@@ -542,9 +577,11 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     heads = accelerator.unwrap_model(model).eval()
     evals, split_ranks = {}, {}
     for name in sorted({key.split(".")[0] for key in data} - {"train"}):
-        h, lab = data[f"{name}.hidden"].to(accelerator.device), data[f"{name}.labels"].to(accelerator.device)
+        h, lab, tokens = split(name)
+        h, lab = h.to(accelerator.device), lab.to(accelerator.device)
         draft_lab = to_draft_labels(lab.cpu(), token_ids, vocab_size).to(accelerator.device)
-        ranks = label_ranks(heads, lm_head_weight, h, draft_lab, cfg.eval.max_rank)  # a token outside: a miss
+        known = None if tokens is None else (lambda rows, t=tokens: known_embeddings(embed_weight, t[rows].to(embed_weight.device)))
+        ranks = label_ranks(heads, lm_head_weight, h, draft_lab, cfg.eval.max_rank, known=known)  # outside: a miss
         valid = lab != IGNORE
         evals[name] = {"positions": int(h.shape[0]), **accuracies(ranks, lab),
                        "in_draft_vocab": float(((draft_lab != IGNORE) & valid).sum() / valid.sum().clamp(min=1))}
@@ -593,6 +630,8 @@ def export(directory: Path, heads: MedusaHeads, cfg: TrainMedusaConfig, metrics:
                                 "titles and sentences, stdlib signatures and docstrings, the Lee news corpus, Shakespeare "
                                 f"and word lists, each corpus minus its first {cfg.data.skip_first} rows), plus passages "
                                 "and code to continue; MT-Bench and HumanEval held out"
+                                + (f"; {cfg.data.magpie_fraction:.0%} of the prompts written by the target itself "
+                                   "(Magpie)" if cfg.data.magpie_fraction else "")
                                 if cfg.data.mode == "self_distill" else
                                 f"chunks of {cfg.data.text_sources} (first {cfg.data.skip_first} rows excluded)"},
         "git_commit": _git_commit(),

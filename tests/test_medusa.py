@@ -370,3 +370,85 @@ def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, r
         assert out.sequences == reference.sequences
         tau.append(out.stats.mean_accepted_length)
     assert min(tau) > 1.1, tau  # trained heads are accepted (untrained ones give ~1.0)
+
+
+# --- token-aware heads (Hydra-style: the emitted token and the draft path as input) -----------------------
+
+
+def random_token_aware_heads(num_heads=3, seed=2, scale=0.3, hidden=32) -> MedusaHeads:
+    torch.manual_seed(seed)
+    heads = MedusaHeads(hidden, VOCAB, num_heads, token_aware=True)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=scale)
+    return heads.eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("paths, min_confidence, ks", [(None, 0.0, [1, 3]), (PATHS, 0.0, [1, 8]), (PATHS, 0.03, [8]),
+                                                      (None, 0.03, [3])],
+                         ids=["chain", "tree", "dynamic-tree", "dynamic-chain"])
+def test_greedy_token_aware_medusa_equals_plain_decoding(tiny_target, paths, min_confidence, ks):
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]])
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    for k in ks:
+        drafter = MedusaDrafter(random_token_aware_heads(), tiny_target.lm_head.weight, paths, min_confidence,
+                                embed_weight=tiny_target.get_input_embeddings().weight)
+        out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=30,
+                                   eos_token_id=[])
+        assert out.sequences == reference.sequences, f"k={k}"
+
+
+def test_token_aware_heads_need_embeddings_and_roundtrip(tiny_target, tmp_path):
+    heads = random_token_aware_heads()
+    with pytest.raises(ValueError, match="input embeddings"):
+        MedusaDrafter(heads, tiny_target.lm_head.weight, PATHS)
+    with pytest.raises(ValueError, match="known tokens"):
+        heads(torch.zeros(2, 32), tiny_target.lm_head.weight)
+    save_heads(tmp_path / "h.safetensors", heads, tree=PATHS)
+    loaded, meta = load_heads(tmp_path / "h.safetensors", hidden_size=32, vocab_size=VOCAB)
+    known = torch.randn(2, 3, 32)
+    assert meta["token_aware"] and loaded.token_aware
+    assert torch.equal(loaded(torch.ones(2, 32), tiny_target.lm_head.weight, known=known),
+                       heads(torch.ones(2, 32), tiny_target.lm_head.weight, known=known))
+
+
+def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:
+    """Token-aware head i copies the last known token t (the one just before the token it predicts) into
+    the hidden state, so the target's LM head puts it on σ(t) and τ(t): right given the path, and
+    imperfect in the same way as :func:`markov_heads` (τ(t) is drawn a fifth of the time)."""
+    heads = MedusaHeads(VOCAB, VOCAB, num_heads, token_aware=True)
+    a = torch.arange(VOCAB)
+    with torch.no_grad():
+        for i, block in enumerate(heads.blocks):
+            block.linear.weight.zero_()
+            block.linear.weight[a, (1 + i) * VOCAB + a] = strength  # the (i+1)-th known token's embedding e_t
+    return heads.eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("paths, min_confidence", [(None, 0.0), (PATHS, 0.0), (PATHS, 0.05)],
+                         ids=["chain", "tree", "dynamic-tree"])
+def test_sampling_with_token_aware_medusa_is_exact(markov_target, paths, min_confidence):
+    drafter = MedusaDrafter(markov_token_aware_heads(), markov_target.lm_head.weight, paths, min_confidence,
+                            embed_weight=markov_target.get_input_embeddings().weight)
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter, seed=3)
+    assert stats.mean_accepted_length > 1.8  # the path makes the drafts good: the rule is really exercised
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert not verdict.reject, verdict
+
+
+class ChainReportsPathlessQ(MedusaDrafter):
+    """Planted bug: each chain draft is drawn given the drafts before it, but the q reported for it is the
+    head's distribution with the path left out (the emitted token in every slot) — not the q it was drawn
+    from."""
+
+    def _chain_token_aware(self, state, k):
+        logits, q, index = super()._chain_token_aware(state, k)
+        pathless = self.embed_weight[state.last_tokens][:, None].expand(-1, k, -1)
+        wrong = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k, known=pathless)
+        return logits, logits_to_probs(wrong, state.sampling.temperature), index
+
+
+def test_planted_token_aware_chain_q_bug_is_caught(markov_target):
+    drafter = ChainReportsPathlessQ(markov_token_aware_heads(), markov_target.lm_head.weight, None,
+                                   embed_weight=markov_target.get_input_embeddings().weight)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=3)
+    assert exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions).reject

@@ -19,7 +19,8 @@ from specdec.drafters.medusa import MedusaHeads, load_heads
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.train_medusa import (IGNORE, TrainMedusaConfig, draft_vocabulary, head_labels, load_checkpoint,
-                                  medusa_loss, save_checkpoint, soft_targets, to_draft_labels, train, tree_from_ranks)
+                                  medusa_loss, save_checkpoint, soft_targets, to_draft_labels, train, tree_from_ranks,
+                                  with_previous_token)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",
@@ -276,3 +277,28 @@ def test_generated_prompts_sharing_8_words_with_a_benchmark_prompt_are_caught():
     question = load_prompts("mtbench", limit=1)[0]["text"]
     assert forbidden & _ngrams("Sure! " + question + " Thanks.")
     assert not forbidden & _ngrams("Can you suggest a YouTube channel about sustainable food production without plastic?")
+
+
+def test_with_previous_token_skips_each_answers_first_row():
+    hidden = torch.arange(7, dtype=torch.float32)[:, None]
+    _, a = head_labels([(hidden[:4], torch.tensor([10, 11, 12, 13]))], num_heads=2)  # rows 0-2
+    _, b = head_labels([(hidden[4:], torch.tensor([20, 21, 22, 23]))], num_heads=2)  # rows 3-5
+    h, tokens = with_previous_token(torch.arange(6, dtype=torch.float32)[:, None], torch.cat([a, b]))
+    assert h[:, 0].tolist() == [1, 2, 4, 5]  # rows 0 and 3 open an answer: their emitted token is not cached
+    assert tokens.tolist() == [[11, 12, 13], [12, 13, IGNORE], [21, 22, 23], [22, 23, IGNORE]]
+
+
+def test_token_aware_training_decodes_exactly(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.token_aware = True
+    metrics = train(cfg, model, tokenizer)
+    assert metrics["finished"] and metrics["eval"]["val"]["positions"] > 0
+    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    assert heads.token_aware and meta["token_aware"]
+    ids = torch.tensor([[6, 7, 8, 9]])
+    reference = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]  # fixed: the tiny run's val split may leave its own tree empty
+    drafter = MedusaDrafter(heads, model.lm_head.weight, tree, embed_weight=model.get_input_embeddings().weight)
+    out = speculative_generate(model, drafter, ids, k=len(tree), max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == reference.sequences

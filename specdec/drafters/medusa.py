@@ -25,6 +25,14 @@ Two shapes of proposal, both verified exactly:
   probability) falls short — never by looking at the draft being decided on, which would bias the token
   emitted in its place.
 
+**Token-aware heads** (``MedusaHeads(token_aware=True)``, ``train_medusa token_aware=true``; the
+sequentially dependent heads of Hydra, Ankner et al. 2024): head i also reads the embeddings of the token
+the target just emitted and of the i draft tokens on the path before its own, [h; E(x_t+1); ...; E(x_t+1+i)],
+through the residual block's linear layer. A tree is then drafted level by level (a node's candidates are
+the top tokens of its depth's head given the node's path: one small head call per level instead of one in
+all) and a chain head by head, each draft drawn from the q it reports given the drafts before it. The
+target's input embeddings come with the drafter (``embed_weight``).
+
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
 """
@@ -60,14 +68,18 @@ def default_heads_path() -> Path:
 
 
 class ResBlock(nn.Module):
-    def __init__(self, hidden_size: int):
+    """h + SiLU(W x + b), x = h, or for a token-aware head [h; embeddings of the ``known`` tokens before]."""
+
+    def __init__(self, hidden_size: int, known: int = 0):
         super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.known = known
+        self.linear = nn.Linear(hidden_size * (1 + known), hidden_size)
         nn.init.zeros_(self.linear.weight)  # a fresh head is the identity, i.e. the base next-token head
         nn.init.zeros_(self.linear.bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
-        return h + F.silu(self.linear(h))
+    def forward(self, h: torch.Tensor, known: torch.Tensor | None = None) -> torch.Tensor:  # [..., H] -> [..., H]
+        x = h if not self.known else torch.cat([h, known[..., : self.known, :].flatten(-2)], -1)  # known [..., n, H]
+        return h + F.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):
@@ -81,7 +93,7 @@ class MedusaHeads(nn.Module):
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, own_lm_head: bool = False,
-                 token_ids: torch.Tensor | None = None):
+                 token_ids: torch.Tensor | None = None, token_aware: bool = False):
         super().__init__()
         if num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
@@ -98,7 +110,8 @@ class MedusaHeads(nn.Module):
         else:
             self.token_ids = None
         self.draft_vocab_size = vocab_size if token_ids is None else token_ids.numel()
-        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.token_aware = token_aware
+        self.blocks = nn.ModuleList(ResBlock(hidden_size, i + 1 if token_aware else 0) for i in range(num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
                                       for _ in range(num_heads)) if own_lm_head else None
 
@@ -125,11 +138,18 @@ class MedusaHeads(nn.Module):
         hidden: torch.Tensor,  # [..., H] target final hidden states
         lm_head_weight: torch.Tensor,  # [V, H] the target's (frozen) LM head, or its draft_lm_head() rows [V', H]
         num_heads: int | None = None,  # use the first heads only
+        known: torch.Tensor | None = None,  # token-aware heads: [..., >= h, H] embeddings of the tokens before
+        first: int = 0,  # start at this head (token-aware drafting evaluates one head at a time)
     ) -> torch.Tensor:  # [..., num_heads, V'] logits over the draft vocabulary (V' = V without one)
-        blocks = self.blocks[: num_heads or self.num_heads]
-        z = torch.stack([block(hidden) for block in blocks], -2)  # [..., h, H]
+        """Each head's logits. A token-aware head i also reads ``known[..., :i+1]``: the embeddings of the
+        token the target just emitted and of the i tokens after it (teacher-forced in training, the draft
+        path when drafting)."""
+        if self.token_aware and known is None:
+            raise ValueError("token-aware Medusa heads need the embeddings of the known tokens (known=...)")
+        blocks = self.blocks[first: num_heads or self.num_heads]
+        z = torch.stack([block(hidden, known) for block in blocks], -2)  # [..., h, H]
         if self.lm_heads is not None:
-            return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[: len(blocks)])], -2)
+            return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[first: first + len(blocks)])], -2)
         if self.token_ids is not None and lm_head_weight.shape[0] == self.vocab_size:
             lm_head_weight = self.draft_lm_head(lm_head_weight)  # callers in a loop pass the rows, sliced once
         flat = z.reshape(-1, z.shape[-1])  # [R, H]
@@ -143,7 +163,8 @@ def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: 
     path = Path(path)
     meta = {"format": FORMAT, "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size,
             "draft_vocab_size": heads.draft_vocab_size, "num_heads": heads.num_heads,
-            "own_lm_head": heads.lm_heads is not None, "target": target, "tree": tree, **(extra or {})}
+            "own_lm_head": heads.lm_heads is not None, "token_aware": heads.token_aware, "target": target,
+            "tree": tree, **(extra or {})}
     tensors = {name: t.detach().cpu().contiguous() for name, t in heads.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -178,7 +199,7 @@ def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[
         )
     tensors = load_file(str(path))
     heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"],
-                        token_ids=tensors.get("token_ids"))
+                        token_ids=tensors.get("token_ids"), token_aware=meta.get("token_aware", False))
     heads.load_state_dict(tensors)
     return heads.eval().requires_grad_(False), meta
 
@@ -202,13 +223,17 @@ class _TreePlan:
     head: torch.Tensor  # [N] long: which head proposes each node (its depth - 1)
     rank: torch.Tensor  # [N] long: which of that head's top tokens it is
     top: int  # ranks needed per head
+    parents: list[int]  # [N] parent node of each node, -1 = the root (token-aware drafting, level by level)
+    depth_of: list[int]  # [N] depth - 1
+    ranks: list[int]  # [N]
 
 
 def _plan(paths: list[list[int]], device: torch.device) -> _TreePlan:
     index = {tuple(p): i for i, p in enumerate(paths)}
     parents = [index[tuple(p[:-1])] if len(p) > 1 else -1 for p in paths]
     return _TreePlan(Tree.from_parents(parents, device), torch.tensor([len(p) - 1 for p in paths], device=device),
-                     torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths))
+                     torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths),
+                     parents, [len(p) - 1 for p in paths], [p[-1] for p in paths])
 
 
 @register("medusa")
@@ -229,10 +254,13 @@ class MedusaDrafter(Drafter):
         min_confidence: float = 0.3
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
-                 min_confidence: float = 0.0):
+                 min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
+        if heads.token_aware and embed_weight is None:
+            raise ValueError("token-aware Medusa heads need the target's input embeddings (embed_weight=...)")
         self.heads = heads
+        self.embed_weight = embed_weight  # [V, H] the target's input embeddings (token-aware heads only)
         self.lm_head_weight = heads.draft_lm_head(lm_head_weight)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
         self.min_confidence = min_confidence
@@ -255,7 +283,11 @@ class MedusaDrafter(Drafter):
                 raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (chain)")
         else:
             paths = cfg.tree
-        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence)
+        embed = None
+        if heads.token_aware:
+            model = getattr(decoder, "model", target)
+            embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
+        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed)
 
     def start(self, state: DecodeState) -> None:
         if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
@@ -281,6 +313,43 @@ class MedusaDrafter(Drafter):
         keep = (confidence >= math.log(self.min_confidence)).long().cumprod(-1)  # [B, k]: a prefix per row
         return int(keep.sum(-1).max())
 
+    def _chain_token_aware(self, state: DecodeState, k: int) -> tuple[torch.Tensor, ...]:
+        """Chain drafts one head at a time, each head reading the drafts before it: draft i is drawn from
+        q_i( · | the emitted token, drafts 0..i-1), the q_i that is reported — what rejection sampling needs."""
+        params = state.sampling
+        known = self.embed_weight[state.last_tokens][:, None]  # [B, 1, H]
+        logits, qs, index = [], [], []
+        for i in range(k):
+            logit = self.heads(state.last_hidden, self.lm_head_weight, num_heads=i + 1, known=known, first=i)[:, 0]
+            q = logits_to_probs(logit, params.temperature, params.top_k, params.top_p)  # [B, V']
+            draw = sample(q, state.generator)  # [B]
+            logits.append(logit), qs.append(q), index.append(draw)
+            known = torch.cat([known, self.embed_weight[self.heads.to_token_ids(draw)][:, None]], 1)
+        return torch.stack(logits, 1), torch.stack(qs, 1), torch.stack(index, 1)
+
+    def _tree_token_aware(self, state: DecodeState, plan: _TreePlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tree drafts level by level: a node's candidates are the top tokens of the head at its depth given
+        the emitted token and the tokens on the node's path. Returns tokens and log-probabilities [B, N]."""
+        batch, n = state.last_tokens.shape[0], plan.head.numel()
+        parents = plan.parents
+        tokens = state.last_tokens.new_zeros(batch, n)
+        node_logp = state.last_hidden.new_zeros(batch, n, dtype=torch.float32)
+        paths: dict[int, torch.Tensor] = {-1: self.embed_weight[state.last_tokens][:, None]}  # node -> [B, d+1, H]
+        for depth in range(plan.tree.max_depth):
+            nodes = [i for i in range(n) if plan.depth_of[i] == depth]
+            above = sorted({parents[i] for i in nodes})
+            known = torch.stack([paths[p] for p in above], 1)  # [B, P, depth+1, H]
+            hidden = state.last_hidden[:, None].expand(-1, len(above), -1)  # [B, P, H]
+            logits = self.heads(hidden, self.lm_head_weight, num_heads=depth + 1, known=known, first=depth)[:, :, 0]
+            top = logits.topk(1 + max(plan.ranks[i] for i in nodes), dim=-1)  # [B, P, r]
+            logp = top.values - logits.logsumexp(-1, keepdim=True)
+            for i in nodes:
+                slot, rank = above.index(parents[i]), plan.ranks[i]
+                tokens[:, i] = self.heads.to_token_ids(top.indices[:, slot, rank])
+                node_logp[:, i] = logp[:, slot, rank]
+                paths[i] = torch.cat([paths[parents[i]], self.embed_weight[tokens[:, i]][:, None]], 1)
+        return tokens, node_logp
+
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         params = state.sampling
@@ -290,9 +359,12 @@ class MedusaDrafter(Drafter):
             if k > self.heads.num_heads:
                 raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
                                  f"{self.heads.num_heads} heads; lower k")
-            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V']
-            q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
-            index = sample(q, state.generator)  # [B, k]
+            if self.heads.token_aware:
+                logits, q, index = self._chain_token_aware(state, k)
+            else:
+                logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V']
+                q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
+                index = sample(q, state.generator)  # [B, k]
             if self.min_confidence > 0:
                 k = self._confident_prefix(logits, index)
                 if k == 0:
@@ -306,11 +378,16 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
                              f"lower k or give a larger drafter.tree")
         plan = self._tree_plan(tuple(range(k)), state.last_tokens.device)
-        logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
-        top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
-        tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
+        if self.heads.token_aware:
+            tokens, node_logp = self._tree_token_aware(state, plan)
+        else:
+            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
+            top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
+            tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
+            if self.min_confidence > 0:
+                node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.head, plan.rank]  # [B, N]
         if self.min_confidence > 0:
-            node_logp = (top.values - logits.logsumexp(-1, keepdim=True)).clamp(max=0)[:, plan.head, plan.rank]  # [B, N]
+            node_logp = node_logp.clamp(max=0)
             ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself and its ancestors)
             confident = (node_logp @ ancestry.t() >= math.log(self.min_confidence)).any(0)  # [N], parents first
             nodes = tuple(confident.nonzero().flatten().tolist())
