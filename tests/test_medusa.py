@@ -411,6 +411,25 @@ def test_token_aware_heads_need_embeddings_and_roundtrip(tiny_target, tmp_path):
                        heads(torch.ones(2, 32), tiny_target.lm_head.weight, known=known))
 
 
+def test_token_aware_tree_nodes_follow_their_own_paths(tiny_target):
+    """Each node's token is its depth's head's choice given the emitted token and the node's own path (the
+    exactness tests cannot see this: any tree of deterministic candidates is verified exactly)."""
+    heads, embed = random_token_aware_heads(scale=1.0), torch.randn(VOCAB, 32)  # embeddings that matter
+    drafter = MedusaDrafter(heads, tiny_target.lm_head.weight, PATHS, embed_weight=embed)
+    hidden, emitted = torch.randn(2, 32), torch.tensor([3, 17])
+    state = type("S", (), {})()  # the fields propose() reads
+    state.last_hidden, state.last_tokens = hidden, emitted
+    state.sampling = type("P", (), {"greedy": True})()
+    proposal = drafter.propose(state, len(PATHS))
+    drafted = {}
+    for i, path in enumerate(PATHS):
+        before = [drafted[tuple(path[:j])] for j in range(1, len(path))]  # [B] tokens of the ancestors
+        known = embed[torch.stack([emitted, *before], 1)]  # [B, depth, H]
+        logits = heads(hidden, drafter.lm_head_weight, num_heads=len(path), known=known, first=len(path) - 1)[:, 0]
+        drafted[tuple(path)] = logits.topk(path[-1] + 1, -1).indices[:, path[-1]]
+        assert torch.equal(proposal.tokens[:, i], drafted[tuple(path)]), path
+
+
 def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:
     """Token-aware head i copies the last known token t (the one just before the token it predicts) into
     the hidden state, so the target's LM head puts it on σ(t) and τ(t): right given the path, and

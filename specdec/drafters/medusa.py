@@ -223,17 +223,31 @@ class _TreePlan:
     head: torch.Tensor  # [N] long: which head proposes each node (its depth - 1)
     rank: torch.Tensor  # [N] long: which of that head's top tokens it is
     top: int  # ranks needed per head
-    parents: list[int]  # [N] parent node of each node, -1 = the root (token-aware drafting, level by level)
-    depth_of: list[int]  # [N] depth - 1
-    ranks: list[int]  # [N]
+    levels: list[_Level]  # the nodes depth by depth (token-aware drafting)
+
+
+@dataclass(frozen=True)
+class _Level:
+    nodes: torch.Tensor  # [n] the nodes at this depth
+    above: torch.Tensor  # [P] their distinct parents, as positions in the level above (the root: [0])
+    slot: torch.Tensor  # [n] each node's parent, as a position in ``above``
+    rank: torch.Tensor  # [n] each node's rank among its parent's candidates
+    top: int  # candidates needed per parent
 
 
 def _plan(paths: list[list[int]], device: torch.device) -> _TreePlan:
     index = {tuple(p): i for i, p in enumerate(paths)}
     parents = [index[tuple(p[:-1])] if len(p) > 1 else -1 for p in paths]
+    levels, previous = [], [-1]  # the root is the level above depth 1
+    for depth in range(1, max(len(p) for p in paths) + 1):
+        nodes = [i for i, p in enumerate(paths) if len(p) == depth]
+        above = sorted({parents[i] for i in nodes}, key=previous.index)
+        levels.append(_Level(*(torch.tensor(x, device=device) for x in (
+            nodes, [previous.index(a) for a in above], [above.index(parents[i]) for i in nodes],
+            [paths[i][-1] for i in nodes])), 1 + max(paths[i][-1] for i in nodes)))
+        previous = nodes
     return _TreePlan(Tree.from_parents(parents, device), torch.tensor([len(p) - 1 for p in paths], device=device),
-                     torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths),
-                     parents, [len(p) - 1 for p in paths], [p[-1] for p in paths])
+                     torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths), levels)
 
 
 @register("medusa")
@@ -331,23 +345,18 @@ class MedusaDrafter(Drafter):
         """Tree drafts level by level: a node's candidates are the top tokens of the head at its depth given
         the emitted token and the tokens on the node's path. Returns tokens and log-probabilities [B, N]."""
         batch, n = state.last_tokens.shape[0], plan.head.numel()
-        parents = plan.parents
         tokens = state.last_tokens.new_zeros(batch, n)
         node_logp = state.last_hidden.new_zeros(batch, n, dtype=torch.float32)
-        paths: dict[int, torch.Tensor] = {-1: self.embed_weight[state.last_tokens][:, None]}  # node -> [B, d+1, H]
-        for depth in range(plan.tree.max_depth):
-            nodes = [i for i in range(n) if plan.depth_of[i] == depth]
-            above = sorted({parents[i] for i in nodes})
-            known = torch.stack([paths[p] for p in above], 1)  # [B, P, depth+1, H]
-            hidden = state.last_hidden[:, None].expand(-1, len(above), -1)  # [B, P, H]
-            logits = self.heads(hidden, self.lm_head_weight, num_heads=depth + 1, known=known, first=depth)[:, :, 0]
-            top = logits.topk(1 + max(plan.ranks[i] for i in nodes), dim=-1)  # [B, P, r]
-            logp = top.values - logits.logsumexp(-1, keepdim=True)
-            for i in nodes:
-                slot, rank = above.index(parents[i]), plan.ranks[i]
-                tokens[:, i] = self.heads.to_token_ids(top.indices[:, slot, rank])
-                node_logp[:, i] = logp[:, slot, rank]
-                paths[i] = torch.cat([paths[parents[i]], self.embed_weight[tokens[:, i]][:, None]], 1)
+        known = self.embed_weight[state.last_tokens][:, None, None]  # [B, 1, 1, H]: the root's path
+        for depth, level in enumerate(plan.levels):
+            parents = known[:, level.above]  # [B, P, depth+1, H]: the paths of this level's parents
+            hidden = state.last_hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
+            logits = self.heads(hidden, self.lm_head_weight, num_heads=depth + 1, known=parents, first=depth)[:, :, 0]
+            top = logits.topk(level.top, dim=-1)  # [B, P, r]
+            drafted = self.heads.to_token_ids(top.indices[:, level.slot, level.rank])  # [B, n]
+            tokens[:, level.nodes] = drafted
+            node_logp[:, level.nodes] = (top.values - logits.logsumexp(-1, keepdim=True))[:, level.slot, level.rank].float()
+            known = torch.cat([parents[:, level.slot], self.embed_weight[drafted][:, :, None]], 2)  # [B, n, depth+2, H]
         return tokens, node_logp
 
     @torch.no_grad()
