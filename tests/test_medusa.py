@@ -430,6 +430,34 @@ def test_token_aware_tree_nodes_follow_their_own_paths(tiny_target):
         assert torch.equal(proposal.tokens[:, i], drafted[tuple(path)]), path
 
 
+@pytest.mark.parametrize("min_confidence", [0.003, 0.1, 0.5, 0.999])
+def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_confidence):
+    """A dynamic token-aware tree drafts a level only under parents that pass the confidence test, and
+    keeps exactly the nodes the full tree would keep (a path is never likelier than its parent)."""
+    heads, embed = random_token_aware_heads(scale=1.0), torch.randn(VOCAB, 32)
+    # rank 1 first: a pruned parent before a kept one at each level
+    paths = check_paths([[1], [0], [2], [1, 0], [0, 0], [0, 1], [2, 0], [1, 0, 0], [0, 0, 0], [0, 0, 1]], 3)
+    drafter = MedusaDrafter(heads, tiny_target.lm_head.weight, paths, min_confidence, embed_weight=embed)
+    state = type("S", (), {})()
+    state.last_hidden, state.last_tokens = 20 * torch.randn(3, 32), torch.tensor([3, 17, 40])  # confident heads
+    state.sampling = type("P", (), {"greedy": True})()
+    full_tokens, full_logp = drafter._tree_token_aware(state, drafter._tree_plan(tuple(range(len(paths))), "cpu"))
+    keep = ((full_logp >= math.log(min_confidence)).any(0)).nonzero().flatten().tolist()
+    calls = []
+    real_forward = heads.forward
+    heads.forward = lambda *a, **kw: calls.append(kw["known"].shape[1]) or real_forward(*a, **kw)
+    proposal = drafter.propose(state, len(paths))
+    assert proposal.tokens.shape[1] == len(keep)
+    if keep:
+        assert torch.equal(proposal.tokens, full_tokens[:, keep])
+        assert proposal.tree.parents.tolist() == drafter._tree_plan(tuple(keep), "cpu").tree.parents.tolist()
+    # parents drafted from, level by level: only the kept nodes at the level above (the root first)
+    kept = [paths[i] for i in keep]
+    expected = [1] + [n for n in (sum(len(p) == d and any(q[:d] == p for q in paths if len(q) == d + 1) for p in kept)
+                                  for d in (1, 2)) if n]
+    assert calls == expected, (calls, kept)
+
+
 def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:
     """Token-aware head i copies the last known token t (the one just before the token it predicts) into
     the hidden state, so the target's LM head puts it on σ(t) and τ(t): right given the path, and

@@ -341,23 +341,46 @@ class MedusaDrafter(Drafter):
             known = torch.cat([known, self.embed_weight[self.heads.to_token_ids(draw)][:, None]], 1)
         return torch.stack(logits, 1), torch.stack(qs, 1), torch.stack(index, 1)
 
-    def _tree_token_aware(self, state: DecodeState, plan: _TreePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tree_token_aware(self, state: DecodeState, plan: _TreePlan,
+                          min_logp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Tree drafts level by level: a node's candidates are the top tokens of the head at its depth given
-        the emitted token and the tokens on the node's path. Returns tokens and log-probabilities [B, N]."""
+        the emitted token and the tokens on the node's path. Returns tokens and *path* log-probabilities
+        [B, N] (the heads' log-probabilities summed along each node's path).
+
+        With ``min_logp`` (dynamic trees), only nodes whose parent's path log-probability reaches it in some
+        row are drafted; the others get -inf. A path is never likelier than its parent, so exactly the
+        nodes that could pass the same test are drafted, and an unpromising step costs one head call."""
         batch, n = state.last_tokens.shape[0], plan.head.numel()
         tokens = state.last_tokens.new_zeros(batch, n)
-        node_logp = state.last_hidden.new_zeros(batch, n, dtype=torch.float32)
+        path_logp = state.last_hidden.new_full((batch, n), -math.inf, dtype=torch.float32)
         known = self.embed_weight[state.last_tokens][:, None, None]  # [B, 1, 1, H]: the root's path
+        above_logp = path_logp.new_zeros(batch, 1)  # [B, 1]: the root's
         for depth, level in enumerate(plan.levels):
-            parents = known[:, level.above]  # [B, P, depth+1, H]: the paths of this level's parents
+            above, slot, rank, nodes = level.above, level.slot, level.rank, level.nodes
+            if min_logp is not None and depth:
+                open_ = (above_logp[:, above] >= min_logp).any(0)  # [P]: parents worth expanding
+                if not bool(open_.any()):
+                    break
+                if not bool(open_.all()):
+                    keep = open_[slot]  # [n]: nodes under an open parent
+                    above, slot = above[open_], (open_.cumsum(0) - 1)[slot[keep]]
+                    rank, nodes = rank[keep], nodes[keep]
+            parents = known[:, above]  # [B, P, depth+1, H]: the paths of the parents drafted from
             hidden = state.last_hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
             logits = self.heads(hidden, self.lm_head_weight, num_heads=depth + 1, known=parents, first=depth)[:, :, 0]
-            top = logits.topk(level.top, dim=-1)  # [B, P, r]
-            drafted = self.heads.to_token_ids(top.indices[:, level.slot, level.rank])  # [B, n]
-            tokens[:, level.nodes] = drafted
-            node_logp[:, level.nodes] = (top.values - logits.logsumexp(-1, keepdim=True))[:, level.slot, level.rank].float()
-            known = torch.cat([parents[:, level.slot], self.embed_weight[drafted][:, :, None]], 2)  # [B, n, depth+2, H]
-        return tokens, node_logp
+            top = logits.topk(level.top if rank is level.rank else 1 + int(rank.max()), dim=-1)  # [B, P, r]
+            drafted = self.heads.to_token_ids(top.indices[:, slot, rank])  # [B, n']
+            tokens[:, nodes] = drafted
+            own = (top.values - logits.logsumexp(-1, keepdim=True))[:, slot, rank].float().clamp(max=0)
+            level_logp = above_logp[:, above][:, slot] + own  # [B, n']
+            path_logp[:, nodes] = level_logp
+            known = torch.cat([parents[:, slot], self.embed_weight[drafted][:, :, None]], 2)  # [B, n', depth+2, H]
+            above_logp = level_logp
+            if nodes is not level.nodes:  # the next level finds its parents by position in the whole level
+                where = torch.searchsorted(level.nodes, nodes)  # undrafted nodes: never open, never read
+                known = known.new_zeros(batch, level.nodes.numel(), *known.shape[2:]).index_copy_(1, where, known)
+                above_logp = level_logp.new_full((batch, level.nodes.numel()), -math.inf).index_copy_(1, where, level_logp)
+        return tokens, path_logp
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -387,18 +410,21 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
                              f"lower k or give a larger drafter.tree")
         plan = self._tree_plan(tuple(range(k)), state.last_tokens.device)
+        min_logp = math.log(self.min_confidence) if self.min_confidence > 0 else None
+        path_logp = None
         if self.heads.token_aware:
-            tokens, node_logp = self._tree_token_aware(state, plan)
+            tokens, path_logp = self._tree_token_aware(state, plan, min_logp)
         else:
             logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
             top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
             tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
             if self.min_confidence > 0:
                 node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.head, plan.rank]  # [B, N]
-        if self.min_confidence > 0:
-            node_logp = node_logp.clamp(max=0)
-            ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself and its ancestors)
-            confident = (node_logp @ ancestry.t() >= math.log(self.min_confidence)).any(0)  # [N], parents first
+        if min_logp is not None:
+            if path_logp is None:
+                ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself, ancestors)
+                path_logp = node_logp.clamp(max=0) @ ancestry.t()  # [B, N]
+            confident = (path_logp >= min_logp).any(0)  # [N], parents first
             nodes = tuple(confident.nonzero().flatten().tolist())
             if not nodes:  # no path is worth its verification: a plain step
                 return Proposal(tokens=tokens[:, :0], num_proposed=[0] * batch)
