@@ -110,6 +110,7 @@ class TrainMedusaConfig:
     run_name: str = "smollm2-135m"
     output_dir: str = "outputs/train_medusa/${run_name}"  # checkpoints, data cache, results; reused to resume
     export: Optional[str] = None  # also write heads.safetensors + provenance.json to this directory
+    export_dtype: Optional[str] = None  # weights' dtype in the exported file, e.g. float16 (half the size); null = float32
     save_every: int = 50  # optimiser steps between checkpoints
     log_every: int = 10
     stop_after_steps: Optional[int] = None  # stop (checkpointed) after this many steps of this invocation
@@ -480,6 +481,7 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
 
     from specdec.loading import load_target
 
+    export_dtype(cfg)  # a bad value fails now, not after training
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     accelerator = Accelerator(log_with="wandb" if cfg.logger.name == "wandb" else None)
@@ -617,10 +619,21 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def export_dtype(cfg: TrainMedusaConfig) -> torch.dtype | None:
+    if not cfg.export_dtype:
+        return None
+    dtype = getattr(torch, cfg.export_dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"export_dtype={cfg.export_dtype!r} is not a torch floating dtype; use float16, bfloat16, "
+                         f"float32 or null")
+    return dtype
+
+
 def export(directory: Path, heads: MedusaHeads, cfg: TrainMedusaConfig, metrics: dict[str, Any],
            num_sequences: dict[str, int]) -> None:
     """heads.safetensors (with the tree) + provenance.json: command, data, commit, metrics, date."""
-    save_heads(directory / "heads.safetensors", heads, target=cfg.target, tree=metrics["tree"])
+    save_heads(directory / "heads.safetensors", heads, target=cfg.target, tree=metrics["tree"],
+               dtype=export_dtype(cfg))
     provenance = {
         "command": " ".join(["python -m specdec.train_medusa", *sys.argv[1:]]),
         "config": _plain(cfg),

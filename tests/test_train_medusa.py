@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -76,7 +77,7 @@ def test_tree_from_ranks_orders_paths_by_frequency_parents_first():
 def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "run")
-    cfg.export = str(tmp_path / "export")
+    cfg.export, cfg.export_dtype = str(tmp_path / "export"), "float16"
     metrics = train(cfg, model, tokenizer)
     assert metrics["finished"] and metrics["step"] == metrics["total_steps"] > 0
     for split in ("val", "answers_mtbench", "answers_humaneval", "text_wikipedia"):
@@ -85,6 +86,10 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     assert metrics["eval"]["val"]["expected_tau_greedy"] == metrics["expected_tau_greedy"]
     heads, meta = load_heads(tmp_path / "export" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
     assert meta["tree"] == metrics["tree"] and heads.num_heads == 3
+    trained, _ = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    stored = load_file(str(tmp_path / "export" / "heads.safetensors"))
+    assert stored["blocks.0.linear.weight"].dtype == torch.float16 and heads.blocks[0].linear.weight.dtype == torch.float32
+    assert torch.allclose(heads.blocks[0].linear.weight, trained.blocks[0].linear.weight, atol=1e-3)
     provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
     assert {"command", "data", "git_commit", "metrics", "date", "config"} <= set(provenance)
     assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
@@ -234,6 +239,15 @@ def test_magpie_fraction_out_of_range_is_refused_and_old_caches_stay_valid(tiny_
     with pytest.raises(ValueError, match="magpie_fraction must be in"):
         train(cfg, model, tokenizer)
     assert not (tmp_path / "run" / "data.safetensors").exists()
+
+
+def test_bad_export_dtype_is_refused_before_any_work(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    cfg.export, cfg.export_dtype = str(tmp_path / "export"), "float17"
+    with pytest.raises(ValueError, match="export_dtype='float17'"):
+        train(cfg, model, tokenizer)
+    assert not (tmp_path / "run" / "data.safetensors").exists() and not (tmp_path / "export").exists()
 
 
 def test_soft_targets_are_the_targets_distribution_over_each_label():

@@ -158,14 +158,16 @@ class MedusaHeads(nn.Module):
 
 
 def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: list[list[int]] | None = None,
-               extra: dict[str, Any] | None = None) -> None:
-    """Write ``heads`` as safetensors (atomically: a temporary file, then a rename)."""
+               extra: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> None:
+    """Write ``heads`` as safetensors (atomically: a temporary file, then a rename); ``dtype`` (e.g.
+    torch.float16, half the file) stores the weights in it. Loading casts them to the heads' dtype."""
     path = Path(path)
     meta = {"format": FORMAT, "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size,
             "draft_vocab_size": heads.draft_vocab_size, "num_heads": heads.num_heads,
             "own_lm_head": heads.lm_heads is not None, "token_aware": heads.token_aware, "target": target,
             "tree": tree, **(extra or {})}
-    tensors = {name: t.detach().cpu().contiguous() for name, t in heads.state_dict().items()}
+    tensors = {name: t.detach().cpu().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
+               for name, t in heads.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata={"specdec": json.dumps(meta)})
