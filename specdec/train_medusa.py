@@ -278,11 +278,22 @@ def load_or_build_data(cfg: TrainMedusaConfig, target, tokenizer, path: Path) ->
             return load_file(str(path))
         raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
                          f"(or delete {str(path.parent)!r} to start over)")
+    start = time.perf_counter()
     tensors = build_data(cfg, target, tokenizer, prompts_path=path.with_name("prompts.jsonl"))
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"fingerprint": _fingerprint(cfg)})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+              metadata={"fingerprint": _fingerprint(cfg), "build_s": f"{time.perf_counter() - start:.1f}"})
     tmp.replace(path)
     return tensors
+
+
+def data_build_seconds(path: Path) -> float | None:
+    """How long the cached data took to build (None: a cache written before this was recorded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        value = (f.metadata() or {}).get("build_s")
+    return None if value is None else float(value)
 
 
 def with_previous_token(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -463,6 +474,15 @@ def load_checkpoint(directory: Path, heads: MedusaHeads, optimizer: torch.optim.
     return int(meta["step"])
 
 
+def checkpoint_train_seconds(directory: Path) -> float | None:
+    """Training time recorded in the latest checkpoint: 0 without one, None if it predates the record."""
+    latest = directory / "checkpoints" / "latest"
+    if not latest.is_file():
+        return 0.0
+    meta = json.loads((directory / "checkpoints" / latest.read_text().strip() / "state.json").read_text())
+    return meta.get("train_s")
+
+
 # --- training ------------------------------------------------------------------------------------------
 
 
@@ -495,6 +515,7 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
     with accelerator.main_process_first():  # the main process builds the data; the others read its cache
         data = load_or_build_data(cfg, target, tokenizer, out_dir / "data.safetensors")
     times["data_s"] = time.perf_counter() - start
+    times["data_build_s"] = data_build_seconds(out_dir / "data.safetensors")  # when it was built (None: unrecorded)
 
     full_lm_head = target.get_output_embeddings().weight.detach().to(accelerator.device)  # [V, H], frozen
     vocab_size = full_lm_head.shape[0]
@@ -512,6 +533,7 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
                   "optim": {k: v for k, v in vars(cfg.optim).items() if k != "soft_labels" or v},
                   **({"token_aware": True} if cfg.token_aware else {})}
     first_step = load_checkpoint(out_dir, heads, optimizer, expect=run_config)
+    trained_before = checkpoint_train_seconds(out_dir)  # by earlier invocations of this run
     model, optimizer = accelerator.prepare(heads, optimizer)
     if cfg.logger.name == "wandb":
         accelerator.init_trackers(cfg.logger.project, config=_plain(cfg),
@@ -536,8 +558,9 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
         nonlocal saved
         accelerator.wait_for_everyone()
         if accelerator.is_main_process and step > saved:
+            elapsed = None if trained_before is None else trained_before + time.perf_counter() - start
             save_checkpoint(out_dir, step, accelerator.unwrap_model(model), optimizer,
-                            {"total_steps": total, "run": run_config})
+                            {"total_steps": total, "run": run_config, "train_s": elapsed})
         saved = step
 
     start = time.perf_counter()
@@ -568,9 +591,13 @@ def train(cfg: TrainMedusaConfig, target=None, tokenizer=None) -> dict[str, Any]
         checkpoint()  # nothing trained so far is lost; rerun the same command to resume
         raise
     checkpoint()
-    times["train_s"] = time.perf_counter() - start
+    # training time over every invocation of this run (None: resumed from a checkpoint that predates the record)
+    times["train_s"] = None if trained_before is None else trained_before + time.perf_counter() - start
+    if first_step:
+        times["resumed_at_step"] = first_step
     metrics: dict[str, Any] = {"step": step, "total_steps": total, "finished": step >= total,
-                               "train_positions": int(hidden.shape[0]), "draft_vocab_size": heads.draft_vocab_size}
+                               "train_positions": int(hidden.shape[0]), "draft_vocab_size": heads.draft_vocab_size,
+                               "times_s": times}
     if step < total or not accelerator.is_main_process:
         accelerator.end_training()
         return metrics

@@ -143,6 +143,10 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name
     assert resumed["eval"] == straight["eval"]
+    # the times cover the whole run, not the last invocation: training time adds up over the interruption
+    assert resumed["times_s"]["resumed_at_step"] == 3 and "resumed_at_step" not in straight["times_s"]
+    assert resumed["times_s"]["train_s"] > partial["times_s"]["train_s"] > 0
+    assert resumed["times_s"]["data_build_s"] == partial["times_s"]["data_build_s"] > 0  # from the cache
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
