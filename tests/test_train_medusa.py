@@ -135,6 +135,11 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
         raise AssertionError("the data cache should have been reused")
 
     monkeypatch.setattr(train_medusa, "build_data", no_rebuild)
+    state_file = tmp_path / "resumed" / "checkpoints" / "step-3" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["train_s"] == pytest.approx(partial["times_s"]["train_s"], abs=1.0)
+    state["train_s"] = 1000.0  # as if the first invocation had trained for long: the resumed total must include it
+    state_file.write_text(json.dumps(state))
     cfg.stop_after_steps = None
     resumed = train(cfg, model, tokenizer)
     assert resumed["finished"] and resumed["total_steps"] == straight["total_steps"]
@@ -145,7 +150,7 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     assert resumed["eval"] == straight["eval"]
     # the times cover the whole run, not the last invocation: training time adds up over the interruption
     assert resumed["times_s"]["resumed_at_step"] == 3 and "resumed_at_step" not in straight["times_s"]
-    assert resumed["times_s"]["train_s"] > partial["times_s"]["train_s"] > 0
+    assert resumed["times_s"]["train_s"] > 1000.0 and partial["times_s"]["train_s"] > 0
     assert resumed["times_s"]["data_build_s"] == partial["times_s"]["data_build_s"] > 0  # from the cache
 
 
