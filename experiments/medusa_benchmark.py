@@ -35,6 +35,28 @@ from specdec.data import encode_prompt, load_prompts
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, load_heads
 
 
+def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
+    """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
+    ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
+    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference."""
+    for drafter, k in methods.values():  # warm-up, untimed
+        run(drafter, k, prompts[0][:, :32])
+    seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
+    mismatches = dict.fromkeys(methods, 0)
+    with torch.no_grad():
+        for ids in prompts:
+            reference = None
+            for name, (drafter, k) in methods.items():
+                start = time.perf_counter()
+                out = run(drafter, k, ids)
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += len(out.sequences[0])
+                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
+                reference = reference or out.sequences
+                mismatches[name] += out.sequences != reference
+    return seconds, tokens, stats, mismatches
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default=None, help="heads.safetensors (default: the shipped heads)")
@@ -79,21 +101,7 @@ def main() -> None:
             return autoregressive_generate(model, ids, max_new_tokens=args.new, eos_token_id=eos)
         return speculative_generate(model, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
 
-    for drafter, k in methods.values():  # warm-up, untimed
-        run(drafter, k, prompts[0][:, :32])
-    seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
-    mismatches = dict.fromkeys(methods, 0)
-    with torch.no_grad():
-        for ids in prompts:
-            reference = None
-            for name, (drafter, k) in methods.items():
-                start = time.perf_counter()
-                out = run(drafter, k, ids)
-                seconds[name] += time.perf_counter() - start
-                tokens[name] += len(out.sequences[0])
-                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
-                reference = reference or out.sequences
-                mismatches[name] += out.sequences != reference
+    seconds, tokens, stats, mismatches = side_by_side(methods, prompts, run)
 
     plain_step = stats["plain"].target_time_s / stats["plain"].target_forwards  # s per plain decode step
     results = {}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
-import time
 from functools import partial
 
 import numpy as np
@@ -33,6 +32,8 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.medusa import MedusaDrafter, load_heads
 from specdec.drafters.ngram import lookup
 from specdec.verify_tree import Tree
+
+from medusa_benchmark import side_by_side  # the same interleaved timing (run as a script from experiments/)
 
 
 class _Probe(Drafter):
@@ -100,20 +101,7 @@ def main() -> None:
             return autoregressive_generate(model, ids, max_new_tokens=128, eos_token_id=eos)
         return speculative_generate(model, drafter, ids, k=k, max_new_tokens=128, eos_token_id=eos)
 
-    for drafter, k in methods.values():  # warm-up, untimed
-        run(drafter, k, prompts[0][:, :32])
-    seconds, tokens, stats, differ = {}, {}, {}, {}
-    with torch.no_grad():
-        for ids in prompts:
-            reference = None
-            for name, (drafter, k) in methods.items():
-                start = time.perf_counter()
-                out = run(drafter, k, ids)
-                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-                tokens[name] = tokens.get(name, 0) + len(out.sequences[0])
-                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
-                reference = reference or out.sequences
-                differ[name] = differ.get(name, 0) + (out.sequences != reference)
+    seconds, tokens, stats, differ = side_by_side(methods, prompts, run)
     base = tokens["plain"] / seconds["plain"]
     print(f"{source}, {len(prompts)} prompts, 128 tokens, greedy, batch 1, {torch.get_num_threads()} threads")
     print("| method | τ | speedup | verify + draft ms/step | outputs ≠ plain |\n|---|---|---|---|---|")
