@@ -16,7 +16,11 @@ Checks that every method's tokens equal plain decoding's, writes ``medusa_<sourc
     python experiments/medusa_benchmark.py --trees 4 7 15 --dynamic 15:0.2 --chains 2 --source mtbench --prompts 16
 
 ``--dynamic K:CONF`` runs a dynamic tree (``MedusaDrafter(min_confidence=CONF)``): of the first K paths,
-the ones whose confidence reaches CONF.
+the ones whose confidence reaches CONF. A tree written ``K+L`` (``--trees 15+8``, ``--dynamic 15:0.3+4``)
+adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.k=K+L``). ``--dtype bfloat16``
+drafts in bfloat16 (the target stays float32).
+
+    python experiments/medusa_benchmark.py --trees 15 15+8 --dynamic 15:0.3+4 --dtype bfloat16 --prompts 8
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default=None, help="heads.safetensors (default: the shipped heads)")
-    ap.add_argument("--trees", type=int, nargs="*", default=[4, 8], help="tree sizes k (first k paths)")
+    ap.add_argument("--trees", nargs="*", default=["4", "8"], metavar="K[+L]",
+                    help="trees of the first K paths (+ a prompt-lookup branch of up to L nodes)")
     ap.add_argument("--chains", type=int, nargs="*", default=[], help="chain lengths k (first k heads)")
-    ap.add_argument("--dynamic", nargs="*", default=[], metavar="K:CONF",
-                    help="dynamic trees: at most K paths, those with confidence >= CONF (e.g. 15:0.2)")
+    ap.add_argument("--dynamic", nargs="*", default=[], metavar="K:CONF[+L]",
+                    help="dynamic trees: at most K paths, those with confidence >= CONF (e.g. 15:0.2, 15:0.3+4)")
+    ap.add_argument("--dtype", default=None, help="the heads' dtype, e.g. bfloat16 (default: the target's)")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
     ap.add_argument("--source", default="mtbench")
     ap.add_argument("--prompts", type=int, default=24)
@@ -82,15 +88,21 @@ def main() -> None:
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     lm_head = model.get_output_embeddings().weight
-    medusa = partial(MedusaDrafter, heads, lm_head,
+    medusa = partial(MedusaDrafter, heads, lm_head, dtype=args.dtype,
                      embed_weight=model.get_input_embeddings().weight if heads.token_aware else None)
 
+    def tree(spec: str, conf: float = 0.0) -> tuple[MedusaDrafter, int]:  # "K" or "K+L"
+        k, _, lookup = spec.partition("+")
+        return medusa(meta["tree"], conf, lookup=int(lookup or 0)), int(k) + int(lookup or 0)
+
     methods = {"plain": (None, 0)}
-    for k in args.trees:
-        methods[f"medusa tree k={k}"] = (medusa(meta["tree"]), k)
+    for spec in args.trees:
+        methods[f"medusa tree k={spec}"] = tree(spec)
     for spec in args.dynamic:
-        k, conf = spec.split(":")
-        methods[f"medusa dynamic k<={k} conf>={conf}"] = (medusa(meta["tree"], float(conf)), int(k))
+        k, _, conf = spec.partition(":")
+        conf, _, lookup = conf.partition("+")
+        methods[f"medusa dynamic k<={k}{'+' + lookup if lookup else ''} conf>={conf}"] = \
+            tree(f"{k}+{lookup or 0}", float(conf))
     for k in args.chains:
         methods[f"medusa chain k={k}"] = (medusa(None), k)
     if args.ngram_k:
@@ -109,7 +121,8 @@ def main() -> None:
         s = stats[name]
         step = (s.target_time_s + s.drafter_time_s) / s.target_forwards  # verify + draft, s per step
         tau = s.mean_accepted_length
-        a_priori = expected_tau[k - 1] if name.startswith("medusa tree") and k <= len(expected_tau) else float("nan")
+        fixed = name.startswith("medusa tree") and "+" not in name  # the provenance's τ: Medusa nodes only
+        a_priori = expected_tau[k - 1] if fixed and k <= len(expected_tau) else float("nan")
         results[name] = {
             "k": k, "tau": tau, "acceptance_rate": s.acceptance_rate, "tokens_per_second": tokens[name] / seconds[name],
             "step_ms": 1000 * step, "verify_step_ms": 1000 * s.target_time_s / s.target_forwards,
@@ -122,12 +135,14 @@ def main() -> None:
         r["speedup"] = r["tokens_per_second"] / base
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,
-               "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "methods": results}
+               "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "dtype": args.dtype,
+               "methods": results}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"medusa_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"## Medusa vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, greedy, batch 1)",
-             f"machine: {machine}; heads: {heads_path} (draft vocabulary {heads.draft_vocab_size})", "",
+             f"machine: {machine}; heads: {heads_path} (draft vocabulary {heads.draft_vocab_size}, drafting in "
+             f"{args.dtype or 'the target dtype'})", "",
              "| method | τ | expected τ | tok/s | speedup | predicted | predicted (measured τ) | step ms (verify + draft) "
              "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():

@@ -441,7 +441,8 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     state = type("S", (), {})()
     state.last_hidden, state.last_tokens = 20 * torch.randn(3, 32), torch.tensor([3, 17, 40])  # confident heads
     state.sampling = type("P", (), {"greedy": True})()
-    full_tokens, full_logp = drafter._tree_token_aware(state, drafter._tree_plan(tuple(range(len(paths))), "cpu"))
+    full_tokens, full_logp = drafter._tree_token_aware(state, state.last_hidden,
+                                                       drafter._tree_plan(tuple(range(len(paths))), "cpu"))
     keep = ((full_logp >= math.log(min_confidence)).any(0)).nonzero().flatten().tolist()
     calls = []
     real_forward = heads.forward
@@ -487,10 +488,10 @@ class ChainReportsPathlessQ(MedusaDrafter):
     head's distribution with the path left out (the emitted token in every slot) — not the q it was drawn
     from."""
 
-    def _chain_token_aware(self, state, k):
-        logits, q, index = super()._chain_token_aware(state, k)
+    def _chain_token_aware(self, state, hidden, k):
+        logits, q, index = super()._chain_token_aware(state, hidden, k)
         pathless = self.embed_weight[state.last_tokens][:, None].expand(-1, k, -1)
-        wrong = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k, known=pathless)
+        wrong = self.heads(hidden, self.lm_head_weight, num_heads=k, known=pathless)
         return logits, logits_to_probs(wrong, state.sampling.temperature), index
 
 

@@ -33,20 +33,36 @@ the top tokens of its depth's head given the node's path: one small head call pe
 all) and a chain head by head, each draft drawn from the q it reports given the drafts before it. The
 target's input embeddings come with the drafter (``embed_weight``).
 
+**Prompt-lookup branch** (``lookup`` L > 0, trees only): each step also looks up the n-gram drafter's
+continuation of the text so far (:func:`specdec.drafters.ngram.lookup`, up to L tokens) and adds it to the
+tree; the Medusa tree gets the first k − L paths, so a proposal never exceeds k nodes. With one row the
+continuation is merged in like a trie (down the Medusa nodes that already hold its tokens, the rest as a
+new chain below; no two siblings share a token). With several rows, whose continuations differ while the
+engine verifies one tree shape for all, it hangs below the root as its own chain, tried first (a row with
+a shorter or no continuation fills it with its last token). Lookup nodes are deterministic like the
+Medusa ones, so verification stays exact. Text that repeats (code, quoted input) is where the heads are
+weakest and the lookup strongest.
+
+``dtype`` (e.g. bfloat16) runs the heads, the draft LM-head rows and the embeddings they read in that
+dtype; the target, and so verification, keeps its own. Drafts may change, exactness does not: the q a
+chain draft is drawn from is computed in float32 from the heads' logits and reported as drawn.
+
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -54,6 +70,8 @@ from torch import nn
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.ngram import NgramDrafter, lookup
+from specdec.loading import resolve_dtype
 from specdec.sampling import logits_to_probs, sample
 from specdec.verify_tree import Tree
 
@@ -61,6 +79,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "specdec-medusa-1"
 DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-135M-Instruct
+_MAX_TREES = 1024  # tree shapes cached per drafter (a lookup branch merged in makes many)
 
 
 def default_heads_path() -> Path:
@@ -268,31 +287,52 @@ class MedusaDrafter(Drafter):
         # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.3
         # suits a CPU (configs/drafter/medusa.yaml); on a GPU use 0 and a larger k.
         min_confidence: float = 0.3
+        # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
+        # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
+        # paths. 0 = none.
+        lookup: int = 0
+        # The heads' dtype: null = the target's; "bfloat16" drafts ~1.5x faster on CPUs with avx512_bf16 and
+        # on GPUs (verification keeps the target's dtype, so it stays exact).
+        dtype: Optional[str] = None
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
-                 min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None):
+                 min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
+                 dtype: torch.dtype | str | None = None):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
         if heads.token_aware and embed_weight is None:
             raise ValueError("token-aware Medusa heads need the target's input embeddings (embed_weight=...)")
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise ValueError(f"lookup (prompt-lookup nodes per tree) must be an integer >= 0, got {lookup!r}")
+        if lookup and paths is None:
+            raise ValueError(f"lookup={lookup}: the prompt-lookup branch joins a tree, and chain drafting "
+                             f"(tree: null) has none; give a tree or set lookup=0")
+        self.dtype = lm_head_weight.dtype if dtype is None else resolve_dtype(dtype)
+        if next(heads.parameters()).dtype != self.dtype:
+            heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
         self.heads = heads
         self.embed_weight = embed_weight  # [V, H] the target's input embeddings (token-aware heads only)
-        self.lm_head_weight = heads.draft_lm_head(lm_head_weight)  # [V', H]: the draft vocabulary's rows
+        self.lm_head_weight = heads.draft_lm_head(lm_head_weight).to(self.dtype)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
         self.min_confidence = min_confidence
+        self.lookup = lookup
         self._plans: dict[tuple[int, ...], _TreePlan] = {}
+        self._trees: dict[tuple[int, ...], Tree] = {}
         self.forwards = 0
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "MedusaDrafter":
         from specdec.models import as_decoder
 
+        if cfg.lookup and cfg.lookup >= cfg.k:
+            raise ValueError(f"drafter.lookup={cfg.lookup} prompt-lookup nodes leave none of drafter.k={cfg.k} for "
+                             f"the Medusa tree; raise drafter.k or lower drafter.lookup")
         decoder = as_decoder(target)
         lm_head = decoder.lm_head if hasattr(decoder, "lm_head") else decoder.model.get_output_embeddings()
         path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
         vocab_size, hidden_size = lm_head.weight.shape
         heads, meta = load_heads(path, hidden_size=hidden_size, vocab_size=vocab_size)
-        heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+        heads.to(device=lm_head.weight.device, dtype=resolve_dtype(cfg.dtype) if cfg.dtype else lm_head.weight.dtype)
         if cfg.tree == "default":
             paths = meta.get("tree")
             if not paths:
@@ -303,7 +343,8 @@ class MedusaDrafter(Drafter):
         if heads.token_aware:
             model = getattr(decoder, "model", target)
             embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
-        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed)
+        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
+                   lookup=cfg.lookup, dtype=cfg.dtype)
 
     def start(self, state: DecodeState) -> None:
         if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
@@ -318,6 +359,9 @@ class MedusaDrafter(Drafter):
             self._plans[nodes] = _plan([self.paths[i] for i in nodes], device)
         return self._plans[nodes]
 
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [...] -> [..., H] in the heads' dtype
+        return self.embed_weight[tokens].to(self.dtype)
+
     def _confident_prefix(self, logits: torch.Tensor, index: torch.Tensor) -> int:  # [B, k, V'], [B, k]
         """How many chain drafts to keep: the longest prefix (in any row) over which the confidence of
         position i — P(drafts before i) · max q_i, the heads' probabilities — reaches ``min_confidence``.
@@ -329,21 +373,21 @@ class MedusaDrafter(Drafter):
         keep = (confidence >= math.log(self.min_confidence)).long().cumprod(-1)  # [B, k]: a prefix per row
         return int(keep.sum(-1).max())
 
-    def _chain_token_aware(self, state: DecodeState, k: int) -> tuple[torch.Tensor, ...]:
+    def _chain_token_aware(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
         """Chain drafts one head at a time, each head reading the drafts before it: draft i is drawn from
         q_i( · | the emitted token, drafts 0..i-1), the q_i that is reported — what rejection sampling needs."""
         params = state.sampling
-        known = self.embed_weight[state.last_tokens][:, None]  # [B, 1, H]
+        known = self._embed(state.last_tokens)[:, None]  # [B, 1, H]
         logits, qs, index = [], [], []
         for i in range(k):
-            logit = self.heads(state.last_hidden, self.lm_head_weight, num_heads=i + 1, known=known, first=i)[:, 0]
+            logit = self.heads(hidden, self.lm_head_weight, num_heads=i + 1, known=known, first=i)[:, 0].float()
             q = logits_to_probs(logit, params.temperature, params.top_k, params.top_p)  # [B, V']
             draw = sample(q, state.generator)  # [B]
             logits.append(logit), qs.append(q), index.append(draw)
-            known = torch.cat([known, self.embed_weight[self.heads.to_token_ids(draw)][:, None]], 1)
+            known = torch.cat([known, self._embed(self.heads.to_token_ids(draw))[:, None]], 1)
         return torch.stack(logits, 1), torch.stack(qs, 1), torch.stack(index, 1)
 
-    def _tree_token_aware(self, state: DecodeState, plan: _TreePlan,
+    def _tree_token_aware(self, state: DecodeState, hidden: torch.Tensor, plan: _TreePlan,
                           min_logp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Tree drafts level by level: a node's candidates are the top tokens of the head at its depth given
         the emitted token and the tokens on the node's path. Returns tokens and *path* log-probabilities
@@ -354,8 +398,8 @@ class MedusaDrafter(Drafter):
         nodes that could pass the same test are drafted, and an unpromising step costs one head call."""
         batch, n = state.last_tokens.shape[0], plan.head.numel()
         tokens = state.last_tokens.new_zeros(batch, n)
-        path_logp = state.last_hidden.new_full((batch, n), -math.inf, dtype=torch.float32)
-        known = self.embed_weight[state.last_tokens][:, None, None]  # [B, 1, 1, H]: the root's path
+        path_logp = hidden.new_full((batch, n), -math.inf, dtype=torch.float32)
+        known = self._embed(state.last_tokens)[:, None, None]  # [B, 1, 1, H]: the root's path
         above_logp = path_logp.new_zeros(batch, 1)  # [B, 1]: the root's
         for depth, level in enumerate(plan.levels):
             above, slot, rank, nodes = level.above, level.slot, level.rank, level.nodes
@@ -368,15 +412,16 @@ class MedusaDrafter(Drafter):
                     above, slot = above[open_], (open_.cumsum(0) - 1)[slot[keep]]
                     rank, nodes = rank[keep], nodes[keep]
             parents = known[:, above]  # [B, P, depth+1, H]: the paths of the parents drafted from
-            hidden = state.last_hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
-            logits = self.heads(hidden, self.lm_head_weight, num_heads=depth + 1, known=parents, first=depth)[:, :, 0]
+            expanded = hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
+            logits = self.heads(expanded, self.lm_head_weight, num_heads=depth + 1, known=parents,
+                                first=depth)[:, :, 0].float()
             top = logits.topk(level.top if rank is level.rank else 1 + int(rank.max()), dim=-1)  # [B, P, r]
             drafted = self.heads.to_token_ids(top.indices[:, slot, rank])  # [B, n']
             tokens[:, nodes] = drafted
-            own = (top.values - logits.logsumexp(-1, keepdim=True))[:, slot, rank].float().clamp(max=0)
+            own = (top.values - logits.logsumexp(-1, keepdim=True))[:, slot, rank].clamp(max=0)
             level_logp = above_logp[:, above][:, slot] + own  # [B, n']
             path_logp[:, nodes] = level_logp
-            known = torch.cat([parents[:, slot], self.embed_weight[drafted][:, :, None]], 2)  # [B, n', depth+2, H]
+            known = torch.cat([parents[:, slot], self._embed(drafted)[:, :, None]], 2)  # [B, n', depth+2, H]
             above_logp = level_logp
             if nodes is not level.nodes:  # the next level finds its parents by position in the whole level
                 where = torch.searchsorted(level.nodes, nodes)  # undrafted nodes: never open, never read
@@ -388,15 +433,16 @@ class MedusaDrafter(Drafter):
     def propose(self, state: DecodeState, k: int) -> Proposal:
         params = state.sampling
         batch = state.last_tokens.shape[0]
+        hidden = state.last_hidden.to(self.dtype)  # [B, H]
         self.forwards += 1
         if self.paths is None:
             if k > self.heads.num_heads:
                 raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
                                  f"{self.heads.num_heads} heads; lower k")
             if self.heads.token_aware:
-                logits, q, index = self._chain_token_aware(state, k)
+                logits, q, index = self._chain_token_aware(state, hidden, k)
             else:
-                logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=k)  # [B, k, V']
+                logits = self.heads(hidden, self.lm_head_weight, num_heads=k).float()  # [B, k, V']
                 q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
                 index = sample(q, state.generator)  # [B, k]
             if self.min_confidence > 0:
@@ -408,16 +454,29 @@ class MedusaDrafter(Drafter):
             if not params.greedy and self.heads.token_ids is not None:  # q over the full vocabulary, 0 elsewhere
                 q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, self.heads.token_ids, q)
             return Proposal(tokens=tokens, probs=None if params.greedy else q, num_proposed=[k] * batch)
-        if k > len(self.paths):
-            raise ValueError(f"k={k} tree nodes requested, but the tree lists only {len(self.paths)} paths; "
-                             f"lower k or give a larger drafter.tree")
+        if k <= self.lookup:
+            raise ValueError(f"k={k} tree nodes, {self.lookup} of them for the prompt-lookup branch, leave none for "
+                             f"the Medusa tree; raise k or lower lookup")
+        if k - self.lookup > len(self.paths):
+            raise ValueError(f"k={k} tree nodes requested ({self.lookup} for the prompt-lookup branch), but the tree "
+                             f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
+        tokens, tree = self._medusa_tree(state, hidden, k - self.lookup)
+        if self.lookup:
+            tokens, tree = self._add_lookup(state, tokens, tree)
+        if tree is None:  # no path is worth its verification, no continuation found: a plain step
+            return Proposal(tokens=tokens[:, :0], num_proposed=[0] * batch)
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * batch, tree=tree)
+
+    def _medusa_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, Tree | None]:
+        """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
+        (None when no path is kept)."""
         plan = self._tree_plan(tuple(range(k)), state.last_tokens.device)
         min_logp = math.log(self.min_confidence) if self.min_confidence > 0 else None
         path_logp = None
         if self.heads.token_aware:
-            tokens, path_logp = self._tree_token_aware(state, plan, min_logp)
+            tokens, path_logp = self._tree_token_aware(state, hidden, plan, min_logp)
         else:
-            logits = self.heads(state.last_hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
+            logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
             top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
             tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
             if self.min_confidence > 0:
@@ -428,8 +487,45 @@ class MedusaDrafter(Drafter):
                 path_logp = node_logp.clamp(max=0) @ ancestry.t()  # [B, N]
             confident = (path_logp >= min_logp).any(0)  # [N], parents first
             nodes = tuple(confident.nonzero().flatten().tolist())
-            if not nodes:  # no path is worth its verification: a plain step
-                return Proposal(tokens=tokens[:, :0], num_proposed=[0] * batch)
+            if not nodes:
+                return tokens[:, :0], None
             plan = self._tree_plan(nodes, state.last_tokens.device)
             tokens = tokens[:, list(nodes)]
-        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * batch, tree=plan.tree)
+        return tokens, plan.tree
+
+    def _add_lookup(self, state: DecodeState, tokens: torch.Tensor,
+                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None]:
+        """Add each row's prompt-lookup continuation to the Medusa tree (tokens [B, N]); see the module
+        docstring. Returns the new tokens [B, N'] (N' <= N + lookup) and tree."""
+        found = [lookup(np.asarray(row, dtype=np.int64), self.lookup, NgramDrafter.Config.max_ngram,
+                          NgramDrafter.Config.min_ngram)
+                 .tolist() if on else [] for row, on in zip(state.tokens, state.active)]
+        width = max(len(chain) for chain in found)
+        if width == 0:
+            return tokens, tree
+        parents = [] if tree is None else tree.parents.tolist()
+        if len(found) == 1:  # merge like a trie: follow nodes that hold the continuation's tokens
+            row = tokens[0].tolist()
+            children: dict[int, dict[int, int]] = {}
+            for i, parent in enumerate(parents):
+                children.setdefault(parent, {}).setdefault(row[i], i)
+            node = -1
+            for token in found[0]:
+                below = children.setdefault(node, {}).get(token)
+                if below is None:
+                    row.append(token), parents.append(node)
+                    below = children[node][token] = len(row) - 1
+                node = below
+            tokens = torch.tensor([row], dtype=tokens.dtype, device=tokens.device)
+        else:  # the continuations first, as a chain below the root, then the Medusa tree
+            chains = [chain + [state.tokens[b][-1]] * (width - len(chain)) for b, chain in enumerate(found)]
+            tokens = torch.cat([torch.tensor(chains, dtype=tokens.dtype, device=tokens.device), tokens], 1)
+            parents = list(range(-1, width - 1)) + [p + width if p >= 0 else -1 for p in parents]
+        return tokens, self._tree(tuple(parents), tokens.device)
+
+    def _tree(self, parents: tuple[int, ...], device: torch.device) -> Tree:
+        if parents not in self._trees:
+            if len(self._trees) >= _MAX_TREES:
+                self._trees.clear()
+            self._trees[parents] = Tree.from_parents(list(parents), device)
+        return self._trees[parents]

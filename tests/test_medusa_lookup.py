@@ -1,0 +1,219 @@
+"""Medusa trees with a prompt-lookup branch, and drafting in another dtype: greedy equality with plain
+decoding (batch 1, where the continuation is merged into the tree, and batch 2, where it hangs below the
+root), the merge's structure (with a planted non-merging insert caught), exactness of sampling, and the
+errors for settings that cannot work."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import specdec.engine
+from conftest import left_pad
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import build_drafter
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.drafters.ngram import lookup
+from specdec.sampling import SamplingParams
+from specdec.stats import exactness_test
+from specdec.verify_tree import Tree, verify_tree
+from test_medusa import PATHS, VOCAB, make_markov_target, markov_heads, random_heads, successor
+
+# Prompts that repeat themselves, so the lookup finds continuations from the first step on.
+REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]
+
+
+def with_lookup_spy(drafter: MedusaDrafter) -> list[int]:
+    """Record how many nodes the lookup adds at each step."""
+    added, real = [], drafter._add_lookup
+
+    def spy(state, tokens, tree):
+        new_tokens, new_tree = real(state, tokens, tree)
+        added.append(new_tokens.shape[1] - tokens.shape[1])
+        return new_tokens, new_tree
+
+    drafter._add_lookup = spy
+    return added
+
+
+@pytest.mark.parametrize("batch", [[REPEATING[0]], REPEATING], ids=["batch1-merged", "batch2-branch"])
+@pytest.mark.parametrize("min_confidence, dtype", [(0.0, None), (0.05, None), (0.0, "bfloat16")],
+                         ids=["fixed", "dynamic", "fixed-bf16"])
+def test_greedy_medusa_with_lookup_equals_plain_decoding(tiny_target, batch, min_confidence, dtype):
+    ids, mask = left_pad(batch)
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, min_confidence,
+                            lookup=4, dtype=dtype)
+    added = with_lookup_spy(drafter)
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=10, max_new_tokens=30, eos_token_id=[])
+    assert out.sequences == reference.sequences
+    assert sum(added) > 0  # the branch was really there
+
+
+def tree_problems(tokens: list[int], tree: Tree) -> list[str]:
+    """Structural faults of a one-row tree: siblings that repeat a token (the second can never be accepted
+    under greedy decoding and only costs verification)."""
+    seen: dict[tuple[int, int], int] = {}
+    problems = []
+    for i, parent in enumerate(tree.parents.tolist()):
+        if (parent, tokens[i]) in seen:
+            problems.append(f"nodes {seen[parent, tokens[i]]} and {i} under {parent} both hold {tokens[i]}")
+        seen.setdefault((parent, tokens[i]), i)
+    return problems
+
+
+def path_of(tokens: list[int], tree: Tree, chain: list[int]) -> list[int]:
+    """The nodes that spell ``chain`` from the root down (shorter when it is not all there)."""
+    parents, node, nodes = tree.parents.tolist(), -1, []
+    for token in chain:
+        below = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
+        if not below:
+            break
+        node = below[0]
+        nodes.append(node)
+    return nodes
+
+
+class AppendsWithoutMerging(MedusaDrafter):
+    """Planted bug: at batch 1 the continuation is appended as a separate chain below the root, even where
+    Medusa nodes already hold its first tokens."""
+
+    def _add_lookup(self, state, tokens, tree):
+        chain = lookup(np.asarray(state.tokens[0], dtype=np.int64), self.lookup, 3, 2).tolist()
+        n = tokens.shape[1]
+        parents = tree.parents.tolist() + [-1] + [n + j for j in range(len(chain) - 1)]
+        return torch.cat([tokens, torch.tensor([chain])], 1), Tree.from_parents(parents)
+
+
+@pytest.mark.parametrize("cls, merged", [(MedusaDrafter, True), (AppendsWithoutMerging, False)],
+                         ids=["merge", "planted-append"])
+def test_lookup_continuation_is_merged_like_a_trie(tiny_target, cls, merged):
+    heads = random_heads(scale=1.0)
+    hidden = torch.randn(1, 32)
+    state = type("S", (), {})()  # the fields propose() reads
+    state.last_hidden, state.sampling, state.active = hidden, SamplingParams(), [True]
+    plain = MedusaDrafter(heads, tiny_target.lm_head.weight, PATHS)
+    state.last_tokens, state.tokens = torch.tensor([9]), [[7, 8, 9]]
+    medusa = plain.propose(state, len(PATHS))
+    m0, m00 = medusa.tokens[0, 0].item(), medusa.tokens[0, 2].item()  # the nodes of paths [0] and [0, 0]
+    # the text so far ends in 7 8 9, which earlier went on with m0 m00 50 51: that is the continuation
+    state.tokens = [[7, 8, 9, m0, m00, 50, 51, 1, 7, 8, 9]]
+    drafter = cls(heads, tiny_target.lm_head.weight, PATHS, lookup=4)
+    proposal = drafter.propose(state, len(PATHS) + 4)
+    tokens = proposal.tokens[0].tolist()
+    assert tokens[: len(PATHS)] == medusa.tokens[0].tolist()  # the Medusa tree is kept as it was
+    problems = tree_problems(tokens, proposal.tree)
+    if merged:
+        assert not problems, problems
+        assert len(path_of(tokens, proposal.tree, [m0, m00, 50, 51])) == 4  # the continuation is all there
+        assert proposal.tree.num_nodes == len(PATHS) + 2  # m0 and m00 were already there
+    else:
+        assert problems  # the check catches the planted bug
+
+
+def test_batch_rows_hang_their_continuations_below_the_root_first(tiny_target):
+    state = type("S", (), {})()
+    state.last_hidden, state.sampling = torch.randn(2, 32), SamplingParams()
+    state.last_tokens, state.active = torch.tensor([9, 4]), [True, True]
+    state.tokens = [[7, 8, 9, 20, 21, 22, 7, 8, 9], [1, 2, 3, 4]]  # row 1 finds no continuation
+    drafter = MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS, lookup=3)
+    proposal = drafter.propose(state, len(PATHS) + 3)
+    assert proposal.tree.parents.tolist()[:3] == [-1, 0, 1]  # the branch first, so it is tried first
+    assert proposal.tokens[:, :3].tolist() == [[20, 21, 22], [4, 4, 4]]  # row 1: filler (its last token)
+    assert proposal.tokens.shape[1] == len(PATHS) + 3
+
+
+# --- exact sampling through the engine ---------------------------------------------------------------------
+
+
+def markov_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:
+    """[rows, 6]: a σ-run a σa σ²a σ³a, then a σa again, so the lookup proposes σ²a σ³a a σa — good drafts
+    for the bigram target (it puts ~0.7 on σ), often accepted, sometimes not."""
+    a = torch.randint(0, VOCAB, (rows,), generator=generator)
+    run = [a, successor(a, 1), successor(a, 2), successor(a, 3)]
+    return torch.stack(run + run[:2], 1)
+
+
+def sample_lookup(target, drafter, batch: int, rows=400, new=8, seed=0):
+    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = markov_prompts(rows, g)
+    sequences, stats = [], None
+    for start in range(0, rows, batch):
+        ids = prompts[start: start + batch]
+        out = speculative_generate(target, drafter, ids, attention_mask=torch.ones_like(ids), k=len(PATHS) + 4,
+                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
+        sequences += out.sequences
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    seqs = torch.cat([prompts, torch.tensor(sequences)], 1)
+    with torch.no_grad():
+        probs = target(seqs).logits[:, prompts.shape[1] - 1: -1].softmax(-1)  # [R, new, V]
+    return (seqs[:, prompts.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, VOCAB).numpy(),
+            np.tile(np.arange(new), rows), stats)
+
+
+@pytest.fixture(scope="module")
+def markov_target():
+    return make_markov_target()
+
+
+@pytest.mark.parametrize("batch", [1, 400], ids=["batch1-merged", "batch400-branch"])
+def test_sampling_with_a_lookup_branch_is_exact(markov_target, batch):
+    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4)
+    added = with_lookup_spy(drafter)
+    tokens, probs, positions, stats = sample_lookup(markov_target, drafter, batch, rows=200 if batch == 1 else 400)
+    assert sum(added) > 0 and stats.mean_accepted_length > 1.5  # the branch is there and drafts are accepted
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert not verdict.reject, verdict
+
+
+def test_planted_tree_sampler_bug_is_caught_with_a_lookup_branch(markov_target, monkeypatch):
+    """No renormalisation after a rejected sibling: the test above rejects it with the branch in the tree."""
+    monkeypatch.setattr(specdec.engine, "verify_tree", partial(verify_tree, residual=lambda p, q: (p - q).clamp(min=0)))
+    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4)
+    tokens, probs, positions, _ = sample_lookup(markov_target, drafter, 400)
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert verdict.reject, verdict
+
+
+def test_bf16_chain_reports_the_float32_q_it_draws_from_and_stays_exact(markov_target):
+    heads = markov_heads()
+    drafter = MedusaDrafter(heads, markov_target.lm_head.weight, None, dtype="bfloat16")
+    assert next(heads.parameters()).dtype == torch.float32  # the caller's heads are not cast in place
+    assert drafter.lm_head_weight.dtype == torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, VOCAB, (400, 4), generator=g)
+    out = speculative_generate(markov_target, drafter, prompts, attention_mask=torch.ones_like(prompts), k=3,
+                               max_new_tokens=8, temperature=1.0, generator=g, eos_token_id=[])
+    seqs = torch.cat([prompts, torch.tensor(out.sequences)], 1)
+    with torch.no_grad():
+        probs = markov_target(seqs).logits[:, 3:-1].softmax(-1).reshape(-1, VOCAB).numpy()
+    assert out.stats.mean_accepted_length > 1.3
+    verdict = exactness_test(probs, seqs[:, 4:].reshape(-1).numpy(), rng=np.random.default_rng(0), alpha=0.01,
+                             positions=np.tile(np.arange(8), 400))
+    assert not verdict.reject, verdict
+
+
+# --- settings that cannot work -----------------------------------------------------------------------------
+
+
+def test_bad_lookup_settings_are_named(tiny_target):
+    weight = tiny_target.lm_head.weight
+    with pytest.raises(ValueError, match="lookup=2: the prompt-lookup branch joins a tree"):
+        MedusaDrafter(random_heads(), weight, None, lookup=2)
+    with pytest.raises(ValueError, match="integer >= 0, got -1"):
+        MedusaDrafter(random_heads(), weight, PATHS, lookup=-1)
+    with pytest.raises(ValueError, match="unsupported dtype 'bf16'"):
+        MedusaDrafter(random_heads(), weight, PATHS, dtype="bf16")
+    with pytest.raises(ValueError, match="k=4 tree nodes, 4 of them for the prompt-lookup branch"):
+        speculative_generate(tiny_target, MedusaDrafter(random_heads(), weight, PATHS, lookup=4),
+                             torch.tensor([[5, 6, 7]]), k=4, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"k=13 tree nodes requested \(4 for the prompt-lookup branch\)"):
+        speculative_generate(tiny_target, MedusaDrafter(random_heads(), weight, PATHS, lookup=4),
+                             torch.tensor([[5, 6, 7]]), k=13, max_new_tokens=4)
+    cfg = MedusaDrafter.Config(k=4, lookup=4)
+    with pytest.raises(ValueError, match="drafter.lookup=4 prompt-lookup nodes leave none of drafter.k=4"):
+        build_drafter(cfg, tiny_target)
