@@ -139,9 +139,12 @@ def test_drafter_config_composes_with_hydra():
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("run", overrides=["drafter=medusa"])
     assert cfg.drafter.name == "medusa" and cfg.drafter.heads == "default" and cfg.drafter.tree == "default"
+    defaults = MedusaDrafter.Config()  # the YAML and the dataclass tell the same defaults
+    assert {f: cfg.drafter[f] for f in ("k", "min_confidence", "lookup", "dtype")} == \
+        {f: getattr(defaults, f) for f in ("k", "min_confidence", "lookup", "dtype")}
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("run", overrides=["drafter=medusa", "drafter.tree=null", "drafter.k=2"])
-    assert cfg.drafter.tree is None and cfg.drafter.k == 2
+        cfg = compose("run", overrides=["drafter=medusa", "drafter.tree=null", "drafter.lookup=0", "drafter.k=2"])
+    assert cfg.drafter.tree is None and cfg.drafter.k == 2 and cfg.drafter.lookup == 0
 
 
 # --- greedy equality on a tiny random model ----------------------------------------------------------------
@@ -354,12 +357,14 @@ def test_shipped_heads_exist_with_provenance():
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("tree", [None, "default"], ids=["chain", "tree"])
-def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, real_prompts, tree):
+@pytest.mark.parametrize("cfg", [MedusaDrafter.Config(k=3, tree=None, min_confidence=0.0, lookup=0),
+                                 MedusaDrafter.Config(k=8, min_confidence=0.0, lookup=0),
+                                 MedusaDrafter.Config()],
+                         ids=["chain", "fixed-tree", "default-dynamic-tree-with-lookup"])
+def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, real_prompts, cfg):
     from conftest import left_pad as pad
 
     model, tokenizer = real_target
-    cfg = MedusaDrafter.Config(k=3 if tree is None else 8, tree=tree, min_confidence=0.0)  # fixed shapes
     drafter = build_drafter(cfg, model, tokenizer)
     batches = [[real_prompts[0]], [real_prompts[1], real_prompts[2]]]  # batch 1, then batch 2 (left-padded)
     tau = []

@@ -279,18 +279,18 @@ class MedusaDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "medusa"
-        k: int = 15  # draft tokens per target forward at most: tree nodes (the first k paths), or chain heads
+        k: int = 19  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
         heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
-        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.3
+        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.4
         # suits a CPU (configs/drafter/medusa.yaml); on a GPU use 0 and a larger k.
-        min_confidence: float = 0.3
+        min_confidence: float = 0.4
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
-        # paths. 0 = none.
-        lookup: int = 0
+        # paths. 0 = none (needed for a chain, tree: null).
+        lookup: int = 4
         # The heads' dtype: null = the target's; "bfloat16" drafts ~1.5x faster on CPUs with avx512_bf16 and
         # on GPUs (verification keeps the target's dtype, so it stays exact).
         dtype: Optional[str] = None
@@ -306,7 +306,7 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"lookup (prompt-lookup nodes per tree) must be an integer >= 0, got {lookup!r}")
         if lookup and paths is None:
             raise ValueError(f"lookup={lookup}: the prompt-lookup branch joins a tree, and chain drafting "
-                             f"(tree: null) has none; give a tree or set lookup=0")
+                             f"(tree: null) has none; give a tree or set lookup=0 (drafter.lookup=0)")
         self.dtype = lm_head_weight.dtype if dtype is None else resolve_dtype(dtype)
         if next(heads.parameters()).dtype != self.dtype:
             heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
