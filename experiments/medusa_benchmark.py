@@ -17,10 +17,10 @@ Checks that every method's tokens equal plain decoding's, writes ``medusa_<sourc
 
 ``--dynamic K:CONF`` runs a dynamic tree (``MedusaDrafter(min_confidence=CONF)``): of the first K paths,
 the ones whose confidence reaches CONF. A tree written ``K+L`` (``--trees 15+8``, ``--dynamic 15:0.3+4``)
-adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.k=K+L``). ``--dtype bfloat16``
-drafts in bfloat16 (the target stays float32).
+adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.k=K+L``). ``--dtype`` is
+``drafter.dtype`` (default ``auto``: bfloat16 where it is fast; the target stays float32).
 
-    python experiments/medusa_benchmark.py --trees 15 15+8 --dynamic 15:0.3+4 --dtype bfloat16 --prompts 8
+    python experiments/medusa_benchmark.py --trees 15 15+8 --dynamic 15:0.4+4 --dtype bfloat16 --prompts 16
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
-from specdec.drafters.medusa import MedusaDrafter, default_heads_path, load_heads
+from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
 
 
 def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--chains", type=int, nargs="*", default=[], help="chain lengths k (first k heads)")
     ap.add_argument("--dynamic", nargs="*", default=[], metavar="K:CONF[+L]",
                     help="dynamic trees: at most K paths, those with confidence >= CONF (e.g. 15:0.2, 15:0.3+4)")
-    ap.add_argument("--dtype", default=None, help="the heads' dtype, e.g. bfloat16 (default: the target's)")
+    ap.add_argument("--dtype", default="auto",
+                    help="the heads' dtype as drafter.dtype: auto (bf16 where fast, the default), float32, bfloat16")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
     ap.add_argument("--source", default="mtbench")
     ap.add_argument("--prompts", type=int, default=24)
@@ -95,6 +96,7 @@ def main() -> None:
         k, _, lookup = spec.partition("+")
         return medusa(meta["tree"], conf, lookup=int(lookup or 0)), int(k) + int(lookup or 0)
 
+    draft_dtype = drafting_dtype(args.dtype, lm_head)
     methods = {"plain": (None, 0)}
     for spec in args.trees:
         methods[f"medusa tree k={spec}"] = tree(spec)
@@ -135,14 +137,14 @@ def main() -> None:
         r["speedup"] = r["tokens_per_second"] / base
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,
-               "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "dtype": args.dtype,
+               "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "dtype": str(draft_dtype),
                "methods": results}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"medusa_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"## Medusa vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, greedy, batch 1)",
              f"machine: {machine}; heads: {heads_path} (draft vocabulary {heads.draft_vocab_size}, drafting in "
-             f"{args.dtype or 'the target dtype'})", "",
+             f"{draft_dtype})", "",
              "| method | τ | expected τ | tok/s | speedup | predicted | predicted (measured τ) | step ms (verify + draft) "
              "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():

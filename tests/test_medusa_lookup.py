@@ -217,3 +217,16 @@ def test_bad_lookup_settings_are_named(tiny_target):
     cfg = MedusaDrafter.Config(k=4, lookup=4)
     with pytest.raises(ValueError, match="drafter.lookup=4 prompt-lookup nodes leave none of drafter.k=4"):
         build_drafter(cfg, tiny_target)
+
+
+@pytest.mark.parametrize("bf16_cpu, target_dtype, expected", [(True, torch.float32, torch.bfloat16),
+                                                              (False, torch.float32, torch.float32),
+                                                              (True, torch.float16, torch.float16)])
+def test_auto_dtype_drafts_in_bf16_only_where_it_is_fast(tiny_target, monkeypatch, bf16_cpu, target_dtype, expected):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_cpu, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    weight = tiny_target.lm_head.weight.detach().to(target_dtype)
+    drafter = MedusaDrafter(random_heads(), weight, PATHS, dtype="auto")
+    assert drafter.dtype == expected and drafter.lm_head_weight.dtype == expected
+    assert next(drafter.heads.parameters()).dtype == expected
+    assert MedusaDrafter(random_heads(), weight, PATHS).dtype == target_dtype  # None: the target's

@@ -43,8 +43,9 @@ a shorter or no continuation fills it with its last token). Lookup nodes are det
 Medusa ones, so verification stays exact. Text that repeats (code, quoted input) is where the heads are
 weakest and the lookup strongest.
 
-``dtype`` (e.g. bfloat16) runs the heads, the draft LM-head rows and the embeddings they read in that
-dtype; the target, and so verification, keeps its own. Drafts may change, exactness does not: the q a
+``dtype`` (e.g. bfloat16; ``"auto"``, the config's default, picks bfloat16 for a float32 target where it
+is fast: a GPU, or a CPU with avx512_bf16 or AMX) runs the heads, the draft LM-head rows and the embeddings
+they read in that dtype; the target, and so verification, keeps its own. Drafts may change, exactness does not: the q a
 chain draft is drawn from is computed in float32 from the heads' logits and reported as drawn.
 
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
@@ -238,6 +239,25 @@ def check_paths(paths: Any, num_heads: int) -> list[list[int]]:
     return paths
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products are fast here: a GPU, or a CPU with avx512_bf16 or AMX."""
+    if device.type != "cpu":
+        return True
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private in torch.cpu; absent = unknown
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def drafting_dtype(dtype: torch.dtype | str | None, lm_head_weight: torch.Tensor) -> torch.dtype:
+    """The heads' dtype for ``dtype``: None = the target's (its LM head's); "auto" = bfloat16 for a float32
+    target where :func:`fast_bf16`, else the target's; otherwise the dtype named."""
+    if dtype is None:
+        return lm_head_weight.dtype
+    if dtype == "auto":
+        fast = lm_head_weight.dtype == torch.float32 and fast_bf16(lm_head_weight.device)
+        return torch.bfloat16 if fast else lm_head_weight.dtype
+    return resolve_dtype(dtype)
+
+
 @dataclass(frozen=True)
 class _TreePlan:
     tree: Tree
@@ -291,9 +311,10 @@ class MedusaDrafter(Drafter):
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
         # paths. 0 = none (needed for a chain, tree: null).
         lookup: int = 4
-        # The heads' dtype: null = the target's; "bfloat16" drafts ~1.5x faster on CPUs with avx512_bf16 and
-        # on GPUs (verification keeps the target's dtype, so it stays exact).
-        dtype: Optional[str] = None
+        # The heads' dtype: "auto" = bfloat16 where it is fast (a GPU, a CPU with avx512_bf16 or AMX) for a
+        # float32 target, else the target's; null = the target's; or a dtype name. Verification keeps the
+        # target's dtype, so it stays exact.
+        dtype: Optional[str] = "auto"
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
                  min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
@@ -307,7 +328,7 @@ class MedusaDrafter(Drafter):
         if lookup and paths is None:
             raise ValueError(f"lookup={lookup}: the prompt-lookup branch joins a tree, and chain drafting "
                              f"(tree: null) has none; give a tree or set lookup=0 (drafter.lookup=0)")
-        self.dtype = lm_head_weight.dtype if dtype is None else resolve_dtype(dtype)
+        self.dtype = drafting_dtype(dtype, lm_head_weight)
         if next(heads.parameters()).dtype != self.dtype:
             heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
         self.heads = heads
@@ -332,7 +353,7 @@ class MedusaDrafter(Drafter):
         path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
         vocab_size, hidden_size = lm_head.weight.shape
         heads, meta = load_heads(path, hidden_size=hidden_size, vocab_size=vocab_size)
-        heads.to(device=lm_head.weight.device, dtype=resolve_dtype(cfg.dtype) if cfg.dtype else lm_head.weight.dtype)
+        heads.to(device=lm_head.weight.device)  # the drafter casts them to its dtype
         if cfg.tree == "default":
             paths = meta.get("tree")
             if not paths:
@@ -343,8 +364,10 @@ class MedusaDrafter(Drafter):
         if heads.token_aware:
             model = getattr(decoder, "model", target)
             embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
-        return cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
-                   lookup=cfg.lookup, dtype=cfg.dtype)
+        drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
+                      lookup=cfg.lookup, dtype=cfg.dtype)
+        log.info("Medusa heads %s drafting in %s (drafter.dtype=%s)", path, drafter.dtype, cfg.dtype)
+        return drafter
 
     def start(self, state: DecodeState) -> None:
         if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
