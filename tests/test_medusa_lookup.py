@@ -31,9 +31,9 @@ def with_lookup_spy(drafter: MedusaDrafter) -> list[int]:
     added, real = [], drafter._add_lookup
 
     def spy(state, tokens, tree):
-        new_tokens, new_tree = real(state, tokens, tree)
+        new_tokens, new_tree, filler = real(state, tokens, tree)
         added.append(new_tokens.shape[1] - tokens.shape[1])
-        return new_tokens, new_tree
+        return new_tokens, new_tree, filler
 
     drafter._add_lookup = spy
     return added
@@ -85,7 +85,7 @@ class AppendsWithoutMerging(MedusaDrafter):
         chain = lookup(np.asarray(state.tokens[0], dtype=np.int64), self.lookup, 3, 2).tolist()
         n = tokens.shape[1]
         parents = tree.parents.tolist() + [-1] + [n + j for j in range(len(chain) - 1)]
-        return torch.cat([tokens, torch.tensor([chain])], 1), Tree.from_parents(parents)
+        return torch.cat([tokens, torch.tensor([chain])], 1), Tree.from_parents(parents), [0]
 
 
 @pytest.mark.parametrize("cls, merged", [(MedusaDrafter, True), (AppendsWithoutMerging, False)],
@@ -124,6 +124,7 @@ def test_batch_rows_hang_their_continuations_below_the_root_first(tiny_target):
     assert proposal.tree.parents.tolist()[:3] == [-1, 0, 1]  # the branch first, so it is tried first
     assert proposal.tokens[:, :3].tolist() == [[20, 21, 22], [4, 4, 4]]  # row 1: filler (its last token)
     assert proposal.tokens.shape[1] == len(PATHS) + 3
+    assert proposal.num_proposed == [len(PATHS) + 3, len(PATHS)]  # filler is not counted as proposed
 
 
 # --- exact sampling through the engine ---------------------------------------------------------------------

@@ -45,8 +45,9 @@ weakest and the lookup strongest.
 
 ``dtype`` (e.g. bfloat16; ``"auto"``, the config's default, picks bfloat16 for a float32 target where it
 is fast: a GPU, or a CPU with avx512_bf16 or AMX) runs the heads, the draft LM-head rows and the embeddings
-they read in that dtype; the target, and so verification, keeps its own. Drafts may change, exactness does not: the q a
-chain draft is drawn from is computed in float32 from the heads' logits and reported as drawn.
+they read in that dtype; the target, and so verification, keeps its own. Drafts may change, exactness
+does not: the q a chain draft is drawn from is computed in float32 from the heads' logits and reported as
+drawn.
 
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
@@ -484,11 +485,12 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"k={k} tree nodes requested ({self.lookup} for the prompt-lookup branch), but the tree "
                              f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
         tokens, tree = self._medusa_tree(state, hidden, k - self.lookup)
+        filler = [0] * batch
         if self.lookup:
-            tokens, tree = self._add_lookup(state, tokens, tree)
+            tokens, tree, filler = self._add_lookup(state, tokens, tree)
         if tree is None:  # no path is worth its verification, no continuation found: a plain step
             return Proposal(tokens=tokens[:, :0], num_proposed=[0] * batch)
-        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * batch, tree=tree)
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler], tree=tree)
 
     def _medusa_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, Tree | None]:
         """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
@@ -517,15 +519,15 @@ class MedusaDrafter(Drafter):
         return tokens, plan.tree
 
     def _add_lookup(self, state: DecodeState, tokens: torch.Tensor,
-                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None]:
+                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:
         """Add each row's prompt-lookup continuation to the Medusa tree (tokens [B, N]); see the module
-        docstring. Returns the new tokens [B, N'] (N' <= N + lookup) and tree."""
-        found = [lookup(np.asarray(row, dtype=np.int64), self.lookup, NgramDrafter.Config.max_ngram,
-                          NgramDrafter.Config.min_ngram)
-                 .tolist() if on else [] for row, on in zip(state.tokens, state.active)]
+        docstring. Returns the new tokens [B, N'] (N' <= N + lookup), tree, and each row's filler nodes."""
+        ngram = NgramDrafter.Config
+        found = [lookup(np.asarray(row, dtype=np.int64), self.lookup, ngram.max_ngram, ngram.min_ngram).tolist()
+                 if on else [] for row, on in zip(state.tokens, state.active)]
         width = max(len(chain) for chain in found)
         if width == 0:
-            return tokens, tree
+            return tokens, tree, [0] * len(found)
         parents = [] if tree is None else tree.parents.tolist()
         if len(found) == 1:  # merge like a trie: follow nodes that hold the continuation's tokens
             row = tokens[0].tolist()
@@ -544,7 +546,8 @@ class MedusaDrafter(Drafter):
             chains = [chain + [state.tokens[b][-1]] * (width - len(chain)) for b, chain in enumerate(found)]
             tokens = torch.cat([torch.tensor(chains, dtype=tokens.dtype, device=tokens.device), tokens], 1)
             parents = list(range(-1, width - 1)) + [p + width if p >= 0 else -1 for p in parents]
-        return tokens, self._tree(tuple(parents), tokens.device)
+        filler = [0] if len(found) == 1 else [width - len(chain) for chain in found]
+        return tokens, self._tree(tuple(parents), tokens.device), filler
 
     def _tree(self, parents: tuple[int, ...], device: torch.device) -> Tree:
         if parents not in self._trees:
