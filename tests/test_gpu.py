@@ -28,3 +28,22 @@ def test_sampling_on_cuda_is_seeded():
                                  temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
                                  eos_token_id=[]).sequences for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("min_confidence", [0.0, 0.05])
+def test_greedy_medusa_with_lookup_and_auto_dtype_equals_plain_on_cuda(min_confidence, device="cuda"):
+    """The default Medusa setting on CUDA: bf16 heads (dtype auto) over a float32 target, a dynamic or fixed
+    tree, and the prompt-lookup branch (merged at batch 1, its own chain at batch 3)."""
+    from specdec.drafters.medusa import MedusaDrafter
+    from test_medusa import PATHS, random_heads
+
+    model = tiny_llama(layers=3, seed=0).to(device)
+    heads = random_heads(scale=1.0).to(device)
+    for batch in (PROMPTS[:1], PROMPTS):
+        ids, mask = (t.to(device) for t in left_pad(batch))
+        ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=32, eos_token_id=[])
+        drafter = MedusaDrafter(heads, model.lm_head.weight, PATHS, min_confidence, lookup=4, dtype="auto")
+        assert device == "cpu" or drafter.dtype == torch.bfloat16
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=len(PATHS) + 4, max_new_tokens=32,
+                                   eos_token_id=[])
+        assert out.sequences == ref.sequences
