@@ -140,6 +140,11 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     assert state["train_s"] == pytest.approx(partial["times_s"]["train_s"], abs=1.0)
     state["train_s"] = 1000.0  # as if the first invocation had trained for long: the resumed total must include it
     state_file.write_text(json.dumps(state))
+    cfg.stop_after_steps = 2  # interrupted a second time, at step 5
+    again = train(cfg, model, tokenizer)
+    assert again["step"] == 5 and (tmp_path / "resumed" / "checkpoints" / "latest").read_text() == "step-5"
+    assert again["times_s"]["resumed_at_step"] == 3 and again["times_s"]["train_s"] > 1000.0
+    assert straight["total_steps"] > 5
     cfg.stop_after_steps = None
     resumed = train(cfg, model, tokenizer)
     assert resumed["finished"] and resumed["total_steps"] == straight["total_steps"]
@@ -149,8 +154,8 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
         assert torch.equal(x, y), name
     assert resumed["eval"] == straight["eval"]
     # the times cover the whole run, not the last invocation: training time adds up over the interruption
-    assert resumed["times_s"]["resumed_at_step"] == 3 and "resumed_at_step" not in straight["times_s"]
-    assert resumed["times_s"]["train_s"] > 1000.0 and partial["times_s"]["train_s"] > 0
+    assert resumed["times_s"]["resumed_at_step"] == 5 and "resumed_at_step" not in straight["times_s"]
+    assert resumed["times_s"]["train_s"] > again["times_s"]["train_s"] > 1000.0 and partial["times_s"]["train_s"] > 0
     assert resumed["times_s"]["data_build_s"] == partial["times_s"]["data_build_s"] > 0  # from the cache
 
 
