@@ -44,6 +44,8 @@ class Tree:
     depths: torch.Tensor  # [N+1] long: position offset of each block position (root 0, its children 1, ...)
     mask: torch.Tensor  # [N+1, N+1] bool: block position i attends to j iff j is i or an ancestor of i
     children: torch.Tensor  # [N+1, W] long: block positions of each block position's children, -1 = none
+    parent_list: tuple[int, ...]  # ``parents`` on the host: reading the shape needs no device sync
+    max_depth: int  # levels below the root
 
     @classmethod
     def from_parents(cls, parents: list[int], device: torch.device | str = "cpu") -> "Tree":
@@ -63,15 +65,11 @@ class Tree:
         width = max(len(k) for k in kids)
         children = torch.tensor([k + [-1] * (width - len(k)) for k in kids])
         return cls(torch.tensor(parents, device=device), torch.tensor(depths, device=device), mask.to(device),
-                   children.to(device))
+                   children.to(device), tuple(parents), max(depths))
 
     @property
     def num_nodes(self) -> int:
-        return self.parents.shape[0]
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.depths.max())
+        return len(self.parent_list)
 
 
 def residual_after_rejection(

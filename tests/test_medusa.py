@@ -251,21 +251,31 @@ def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None, stre
     return heads.eval().requires_grad_(False)
 
 
-def sample_and_score(target, drafter, rows=400, new=8, seed=0):
-    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats."""
+def random_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [rows, 4]
+    return torch.randint(0, VOCAB, (rows, 4), generator=generator)
+
+
+def sample_and_score(target, drafter, rows=400, new=8, seed=0, prompts=random_prompts, batch=None):
+    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats.
+    ``prompts(rows, generator)`` makes the prompts; ``batch`` rows are generated at a time (None = all)."""
     g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(0, VOCAB, (rows, 4), generator=g)
-    out = speculative_generate(target, drafter, prompts, attention_mask=torch.ones_like(prompts), k=drafter_k(drafter),
-                               max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
-    seqs = torch.cat([prompts, torch.tensor(out.sequences)], 1)  # [R, 4 + new]
-    with torch.no_grad():
-        probs = logits_to_probs(target(seqs).logits[:, 3:-1], 1.0)  # [R, new, V]: p of each emitted token
-    return (seqs[:, 4:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(), np.tile(np.arange(new), rows),
-            out.stats)
+    ids = prompts(rows, g)  # [R, P]
+    sequences, stats = [], None
+    for start in range(0, rows, batch or rows):
+        part = ids[start: start + (batch or rows)]
+        out = speculative_generate(target, drafter, part, attention_mask=torch.ones_like(part), k=drafter_k(drafter),
+                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
+        sequences += out.sequences
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    seqs = torch.cat([ids, torch.tensor(sequences)], 1)  # [R, P + new]
+    with torch.no_grad():  # [R, new, V]: p of each emitted token
+        probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1], 1.0)
+    return (seqs[:, ids.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(),
+            np.tile(np.arange(new), rows), stats)
 
 
 def drafter_k(drafter: MedusaDrafter) -> int:
-    return len(drafter.paths) if drafter.paths is not None else drafter.heads.num_heads
+    return len(drafter.paths) + drafter.lookup if drafter.paths is not None else drafter.heads.num_heads
 
 
 MARKOV_DRAFT_VOCAB = torch.arange(48)  # a quarter of the tokens can never be drafted

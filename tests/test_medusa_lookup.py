@@ -20,7 +20,8 @@ from specdec.drafters.ngram import lookup
 from specdec.sampling import SamplingParams
 from specdec.stats import exactness_test
 from specdec.verify_tree import Tree, verify_tree
-from test_medusa import PATHS, VOCAB, make_markov_target, markov_heads, random_heads, successor
+from test_medusa import (PATHS, VOCAB, markov_heads, markov_target, random_heads,  # noqa: F401 (a fixture)
+                         sample_and_score, successor)
 
 # Prompts that repeat themselves, so the lookup finds continuations from the first step on.
 REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]
@@ -138,34 +139,12 @@ def markov_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:
     return torch.stack(run + run[:2], 1)
 
 
-def sample_lookup(target, drafter, batch: int, rows=400, new=8, seed=0):
-    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = markov_prompts(rows, g)
-    sequences, stats = [], None
-    for start in range(0, rows, batch):
-        ids = prompts[start: start + batch]
-        out = speculative_generate(target, drafter, ids, attention_mask=torch.ones_like(ids), k=len(PATHS) + 4,
-                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
-        sequences += out.sequences
-        stats = out.stats if stats is None else stats.merge(out.stats)
-    seqs = torch.cat([prompts, torch.tensor(sequences)], 1)
-    with torch.no_grad():
-        probs = target(seqs).logits[:, prompts.shape[1] - 1: -1].softmax(-1)  # [R, new, V]
-    return (seqs[:, prompts.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, VOCAB).numpy(),
-            np.tile(np.arange(new), rows), stats)
-
-
-@pytest.fixture(scope="module")
-def markov_target():
-    return make_markov_target()
-
-
 @pytest.mark.parametrize("batch", [1, 400], ids=["batch1-merged", "batch400-branch"])
 def test_sampling_with_a_lookup_branch_is_exact(markov_target, batch):
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4)
     added = with_lookup_spy(drafter)
-    tokens, probs, positions, stats = sample_lookup(markov_target, drafter, batch, rows=200 if batch == 1 else 400)
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter, rows=200 if batch == 1 else 400,
+                                                       prompts=markov_prompts, batch=batch)
     assert sum(added) > 0 and stats.mean_accepted_length > 1.5  # the branch is there and drafts are accepted
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert not verdict.reject, verdict
@@ -175,7 +154,7 @@ def test_planted_tree_sampler_bug_is_caught_with_a_lookup_branch(markov_target, 
     """No renormalisation after a rejected sibling: the test above rejects it with the branch in the tree."""
     monkeypatch.setattr(specdec.engine, "verify_tree", partial(verify_tree, residual=lambda p, q: (p - q).clamp(min=0)))
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4)
-    tokens, probs, positions, _ = sample_lookup(markov_target, drafter, 400)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, prompts=markov_prompts)
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert verdict.reject, verdict
 
@@ -185,16 +164,9 @@ def test_bf16_chain_reports_the_float32_q_it_draws_from_and_stays_exact(markov_t
     drafter = MedusaDrafter(heads, markov_target.lm_head.weight, None, dtype="bfloat16")
     assert next(heads.parameters()).dtype == torch.float32  # the caller's heads are not cast in place
     assert drafter.lm_head_weight.dtype == torch.bfloat16
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, VOCAB, (400, 4), generator=g)
-    out = speculative_generate(markov_target, drafter, prompts, attention_mask=torch.ones_like(prompts), k=3,
-                               max_new_tokens=8, temperature=1.0, generator=g, eos_token_id=[])
-    seqs = torch.cat([prompts, torch.tensor(out.sequences)], 1)
-    with torch.no_grad():
-        probs = markov_target(seqs).logits[:, 3:-1].softmax(-1).reshape(-1, VOCAB).numpy()
-    assert out.stats.mean_accepted_length > 1.3
-    verdict = exactness_test(probs, seqs[:, 4:].reshape(-1).numpy(), rng=np.random.default_rng(0), alpha=0.01,
-                             positions=np.tile(np.arange(8), 400))
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter)
+    assert stats.mean_accepted_length > 1.3
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert not verdict.reject, verdict
 
 

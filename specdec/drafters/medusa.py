@@ -528,7 +528,7 @@ class MedusaDrafter(Drafter):
         width = max(len(chain) for chain in found)
         if width == 0:
             return tokens, tree, [0] * len(found)
-        parents = [] if tree is None else tree.parents.tolist()
+        parents = [] if tree is None else list(tree.parent_list)
         if len(found) == 1:  # merge like a trie: follow nodes that hold the continuation's tokens
             row = tokens[0].tolist()
             children: dict[int, dict[int, int]] = {}
