@@ -18,7 +18,8 @@ Checks that every method's tokens equal plain decoding's, writes ``medusa_<sourc
 ``--dynamic K:CONF`` runs a dynamic tree (``MedusaDrafter(min_confidence=CONF)``): of the first K paths,
 the ones whose confidence reaches CONF. A tree written ``K+L`` (``--trees 15+8``, ``--dynamic 15:0.3+4``)
 adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.k=K+L``). ``--dtype`` is
-``drafter.dtype`` (default ``auto``: bfloat16 where it is fast; the target stays float32).
+``drafter.dtype`` (default ``auto``: bfloat16 where it is fast; the target stays float32). ``--cpu-linear mkl``
+runs the target's linear layers through MKL instead of oneDNN (``specdec.models.llama.use_onednn``), as before.
 
     python experiments/medusa_benchmark.py --trees 15 15+8 --dynamic 15:0.4+4 --dtype bfloat16 --prompts 16
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
 from functools import partial
@@ -37,6 +39,7 @@ import torch
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
+from specdec.models.llama import use_onednn
 
 
 def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
@@ -76,7 +79,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--out", default="benchmarks")
+    ap.add_argument("--cpu-linear", choices=["onednn", "mkl"], default="onednn",
+                    help="the target's linear layers on CPU: oneDNN with packed weights (default) or MKL's W·xᵀ")
     args = ap.parse_args()
+    use_onednn(args.cpu_linear == "onednn")
 
     model, tokenizer = load_target()
     heads_path = Path(args.heads) if args.heads else default_heads_path()
@@ -135,7 +141,8 @@ def main() -> None:
     base = results["plain"]["tokens_per_second"]
     for r in results.values():
         r["speedup"] = r["tokens_per_second"] / base
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+               f"{', CPU linear layers: ' + args.cpu_linear if model.device.type == 'cpu' else ''}")
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,
                "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "dtype": str(draft_dtype),
                "methods": results}
@@ -148,8 +155,10 @@ def main() -> None:
              "| method | τ | expected τ | tok/s | speedup | predicted | predicted (measured τ) | step ms (verify + draft) "
              "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['tau']:.2f} | {r['expected_tau']:.2f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['predicted_measured_tau']:.2f}x | "
+        expected = "—" if math.isnan(r["expected_tau"]) else f"{r['expected_tau']:.2f}"
+        predicted = "—" if math.isnan(r["predicted"]) else f"{r['predicted']:.2f}x"
+        lines.append(f"| {name} | {r['tau']:.2f} | {expected} | {r['tokens_per_second']:.1f} | "
+                     f"{r['speedup']:.2f}x | {predicted} | {r['predicted_measured_tau']:.2f}x | "
                      f"{r['verify_step_ms']:.1f} + {r['drafter_step_ms']:.1f} | {r['mismatching_outputs']} |")
     (out_dir / f"medusa_{args.source}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -7,6 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from conftest import left_pad, tiny_llama
 from specdec.cache import KVCache
 from specdec.models import CompactLlama, HFDecoder, as_decoder
+from specdec.models import llama as llama_module
 
 
 def hf_logits(model, ids, mask):
@@ -97,3 +98,52 @@ def test_generic_fallback_for_other_architectures():
     with pytest.raises(NotImplementedError, match="batch size 1 only"):
         autoregressive_generate(gpt2, ids.repeat(2, 1), attention_mask=torch.ones(2, 8, dtype=torch.long),
                                 max_new_tokens=4)
+
+
+@pytest.fixture
+def onednn_restored():
+    """Lets a test switch the oneDNN path off; puts it back as it was."""
+    before = llama_module._ONEDNN
+    yield
+    llama_module.use_onednn(before)
+
+
+@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_linear_matches_the_plain_product(rows, bias, onednn_restored):
+    layer = torch.nn.Linear(24, 40, bias=bias)
+    x = torch.randn(2, rows, 24)
+    with torch.no_grad():
+        fast = llama_module._linear(x, layer)
+        assert llama_module._onednn_weight(layer, x) is not None  # the packed path ran
+        llama_module.use_onednn(False)
+        assert llama_module._onednn_weight(layer, x) is None
+        plain = llama_module._linear(x, layer)
+    assert fast.shape == plain.shape == (2, rows, 40)
+    assert torch.allclose(fast, plain, atol=1e-5) and torch.allclose(fast, layer(x), atol=1e-5)
+
+
+@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+@torch.no_grad()
+def test_onednn_packed_weight_follows_the_weight():
+    """A packed copy that outlived an in-place update (a fine-tune step, a load_state_dict) would silently
+    compute with the old weights: the copy is checked against the weight's identity and version."""
+    layer = torch.nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 8)
+    before = llama_module._linear(x, layer)
+    layer.weight.mul_(2)  # in place: same storage, new version
+    assert torch.allclose(llama_module._linear(x, layer), 2 * before, atol=1e-5)
+    old = layer.weight
+    layer.weight = torch.nn.Parameter(torch.zeros(8, 8))  # another tensor
+    assert llama_module._linear(x, layer).abs().max() == 0
+    del old  # freed: a new weight may take its address (an address key would then go stale)
+    layer.weight = torch.nn.Parameter(torch.ones(8, 8))
+    assert torch.allclose(llama_module._linear(x, layer), x.sum(1, keepdim=True).expand(4, 8), atol=1e-5)
+
+
+def test_onednn_path_leaves_autograd_to_torch():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    llama_module._linear(x, layer).sum().backward()  # the packed op has no backward: the plain path runs
+    assert x.grad is not None and layer.weight.grad is not None

@@ -1,0 +1,75 @@
+"""What one target forward costs by the number of tokens it scores (not a test): the curve behind every
+tree-size choice, since a verification step of N nodes is an N-token forward.
+
+On CPU it compares the two paths of ``specdec.models.llama._linear`` in one process, interleaved: MKL's
+W·xᵀ (``use_onednn(False)``) and oneDNN with prepacked weights (the default). Prints the median ms per
+forward for each token count, and the marginal cost per extra token (the slope from 1 to the largest count).
+
+    python experiments/forward_cost.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
+    python experiments/forward_cost.py --tokens 1 8 16 --context 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from specdec import load_target
+from specdec.models import as_decoder
+from specdec.models import llama
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, nargs="*", default=[1, 2, 4, 8, 12, 16, 24, 32])
+    ap.add_argument("--context", type=int, default=200, help="tokens already in the cache")
+    ap.add_argument("--reps", type=int, default=10, help="timed forwards per point and round")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median over rounds is kept)")
+    args = ap.parse_args()
+
+    model, _ = load_target(args.target)
+    decoder = as_decoder(model)
+    paths = {"mkl": False, "onednn": True} if decoder.device.type == "cpu" else {"default": True}
+    cache = decoder.new_cache(1, args.context + max(args.tokens) + 8, torch.zeros(1, dtype=torch.long))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        decoder(torch.randint(0, decoder.vocab_size, (1, args.context), generator=generator), cache)
+        cache.commit(torch.tensor([args.context]))
+        runs: dict[str, list[list[float]]] = {name: [] for name in paths}
+        for _ in range(args.rounds):
+            for name, onednn in paths.items():
+                llama.use_onednn(onednn)
+                row = []
+                for t in args.tokens:
+                    ids = torch.randint(0, decoder.vocab_size, (1, t), generator=generator)
+                    row.append(median_ms(lambda: decoder(ids, cache, kv_len=args.context + t), args.reps))
+                runs[name].append(row)
+    llama.use_onednn(True)
+
+    print(f"{args.target}, {args.context} tokens of context, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("| path | " + " | ".join(f"{t} tok" for t in args.tokens) + " | ms per extra token |")
+    print("|---|" + "---|" * (len(args.tokens) + 1))
+    for name, rows in runs.items():
+        med = [statistics.median(col) for col in zip(*rows)]
+        slope = (med[-1] - med[0]) / max(args.tokens[-1] - args.tokens[0], 1)
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in med) + f" | {slope:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
