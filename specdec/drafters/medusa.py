@@ -300,18 +300,18 @@ class MedusaDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "medusa"
-        k: int = 19  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
+        k: int = 23  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
         heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
-        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.4
-        # suits a CPU (configs/drafter/medusa.yaml); on a GPU use 0 and a larger k.
-        min_confidence: float = 0.4
+        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.05
+        # drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on a GPU 0 and a larger k.
+        min_confidence: float = 0.05
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
         # paths. 0 = none (needed for a chain, tree: null).
-        lookup: int = 4
+        lookup: int = 8
         # The heads' dtype: "auto" = bfloat16 where it is fast (a GPU, a CPU with avx512_bf16 or AMX) for a
         # float32 target, else the target's; null = the target's; or a dtype name. Verification keeps the
         # target's dtype, so it stays exact.
