@@ -114,6 +114,7 @@ def onednn_restored():
 def test_onednn_linear_matches_the_plain_product(rows, bias, onednn_restored):
     layer = torch.nn.Linear(24, 40, bias=bias)
     x = torch.randn(2, rows, 24)
+    llama_module.use_onednn(True)  # whatever SPECDEC_ONEDNN says
     with torch.no_grad():
         fast = llama_module._linear(x, layer)
         assert llama_module._onednn_weight(layer, x) is not None  # the packed path ran
@@ -126,12 +127,14 @@ def test_onednn_linear_matches_the_plain_product(rows, bias, onednn_restored):
 
 @pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
 @torch.no_grad()
-def test_onednn_packed_weight_follows_the_weight():
+def test_onednn_packed_weight_follows_the_weight(onednn_restored):
     """A packed copy that outlived an in-place update (a fine-tune step, a load_state_dict) would silently
     compute with the old weights: the copy is checked against the weight's identity and version."""
+    llama_module.use_onednn(True)
     layer = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4, 8)
     before = llama_module._linear(x, layer)
+    assert llama_module._onednn_weight(layer, x) is not None
     layer.weight.mul_(2)  # in place: same storage, new version
     assert torch.allclose(llama_module._linear(x, layer), 2 * before, atol=1e-5)
     old = layer.weight
@@ -142,7 +145,8 @@ def test_onednn_packed_weight_follows_the_weight():
     assert torch.allclose(llama_module._linear(x, layer), x.sum(1, keepdim=True).expand(4, 8), atol=1e-5)
 
 
-def test_onednn_path_leaves_autograd_to_torch():
+def test_onednn_path_leaves_autograd_to_torch(onednn_restored):
+    llama_module.use_onednn(True)
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)
     llama_module._linear(x, layer).sum().backward()  # the packed op has no backward: the plain path runs
