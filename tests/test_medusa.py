@@ -458,7 +458,7 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     state.sampling = type("P", (), {"greedy": True})()
     full_tokens, full_logp = drafter._tree_token_aware(state, state.last_hidden,
                                                        drafter._tree_plan(tuple(range(len(paths))), "cpu"))
-    keep = ((full_logp >= math.log(min_confidence)).any(0)).nonzero().flatten().tolist()
+    keep = (full_logp.exp().mean(0) >= min_confidence).nonzero().flatten().tolist()  # mean over the 3 rows
     calls = []
     real_forward = heads.forward
     heads.forward = lambda *a, **kw: calls.append(kw["known"].shape[1]) or real_forward(*a, **kw)
@@ -472,6 +472,16 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     expected = [1] + [n for n in (sum(len(p) == d and any(q[:d] == p for q in paths if len(q) == d + 1) for p in kept)
                                   for d in (1, 2)) if n]
     assert calls == expected, (calls, kept)
+
+
+def test_dynamic_tree_keeps_a_node_by_its_confidence_averaged_over_the_rows():
+    """Every kept node is verified in every row, so a node confident in one row of four is not worth it:
+    the rule is the mean confidence (the any-row rule made the batch-4 tree on the real target ~4x wider)."""
+    from specdec.drafters.medusa import _confident
+
+    confidence = torch.tensor([[0.9, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3]])  # [B, N]
+    assert _confident(confidence.log(), math.log(0.25)).tolist() == [False, True, True]  # node 0: mean 0.225
+    assert _confident(confidence[:1].log(), math.log(0.25)).tolist() == [True, True, True]  # batch 1: its own
 
 
 def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:

@@ -17,8 +17,8 @@ Two shapes of proposal, both verified exactly:
   order (parents first) and k takes the first k of them, so one number sizes the tree. Candidates are
   deterministic (one-hot q) and verified by :func:`specdec.verify_tree.verify_tree`.
 - **dynamic tree** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence
-  (the product of the heads' probabilities along the path, EAGLE-2's estimate of its acceptance) reaches
-  ``min_confidence``; a step where none does is a plain decode step. Where verifying a token costs a
+  (the product of the heads' probabilities along the path, EAGLE-2's estimate of its acceptance),
+  averaged over the batch's rows, reaches ``min_confidence``; a step where none does is a plain decode step. Where verifying a token costs a
   good fraction of a decode step (a CPU), unlikely nodes cost more than they return. The tree's shape
   depends on the context only, never on the target's draws, so verification stays exact. A chain is cut
   the same way, before the first position whose confidence (the drafts before it, then its head's best
@@ -292,6 +292,15 @@ def _plan(paths: list[list[int]], device: torch.device) -> _TreePlan:
                      torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths), levels)
 
 
+def _confident(path_logp: torch.Tensor, min_logp: float) -> torch.Tensor:  # path_logp [B, N] -> [N] bool
+    """Which nodes a dynamic tree keeps: those whose confidence (path probability), averaged over the rows,
+    reaches the threshold. One tree serves the whole batch and every kept node is verified in every row,
+    so a node pays when the tokens it is expected to add across the rows reach ``min_confidence`` per row
+    it costs; at batch 1 this is the node's own confidence. (Keeping a node confident in *any* row made the
+    batch-4 tree ~4x wider.) A path's mean is never above its parent's, so pruning by parents is exact."""
+    return (path_logp.exp().mean(0) >= math.exp(min_logp))
+
+
 @register("medusa")
 class MedusaDrafter(Drafter):
     """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
@@ -305,7 +314,7 @@ class MedusaDrafter(Drafter):
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
-        # value in some row; no path reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.05
+        # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.05
         # drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on a GPU 0 and a larger k.
         min_confidence: float = 0.05
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
@@ -417,8 +426,8 @@ class MedusaDrafter(Drafter):
         the emitted token and the tokens on the node's path. Returns tokens and *path* log-probabilities
         [B, N] (the heads' log-probabilities summed along each node's path).
 
-        With ``min_logp`` (dynamic trees), only nodes whose parent's path log-probability reaches it in some
-        row are drafted; the others get -inf. A path is never likelier than its parent, so exactly the
+        With ``min_logp`` (dynamic trees), only nodes whose parent passes :func:`_confident` are drafted; the
+        others get -inf. A path is never likelier than its parent, so exactly the
         nodes that could pass the same test are drafted, and an unpromising step costs one head call."""
         batch, n = state.last_tokens.shape[0], plan.head.numel()
         tokens = state.last_tokens.new_zeros(batch, n)
@@ -428,7 +437,7 @@ class MedusaDrafter(Drafter):
         for depth, level in enumerate(plan.levels):
             above, slot, rank, nodes = level.above, level.slot, level.rank, level.nodes
             if min_logp is not None and depth:
-                open_ = (above_logp[:, above] >= min_logp).any(0)  # [P]: parents worth expanding
+                open_ = _confident(above_logp[:, above], min_logp)  # [P]: parents worth expanding
                 if not bool(open_.any()):
                     break
                 if not bool(open_.all()):
@@ -510,7 +519,7 @@ class MedusaDrafter(Drafter):
             if path_logp is None:
                 ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself, ancestors)
                 path_logp = node_logp.clamp(max=0) @ ancestry.t()  # [B, N]
-            confident = (path_logp >= min_logp).any(0)  # [N], parents first
+            confident = _confident(path_logp, min_logp)  # [N], parents first
             nodes = tuple(confident.nonzero().flatten().tolist())
             if not nodes:
                 return tokens[:, :0], None
