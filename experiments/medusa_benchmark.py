@@ -141,8 +141,9 @@ def main() -> None:
     base = results["plain"]["tokens_per_second"]
     for r in results.values():
         r["speedup"] = r["tokens_per_second"] / base
-    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-               f"{', CPU linear layers: ' + args.cpu_linear if model.device.type == 'cpu' else ''}")
+    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    if model.device.type == "cpu":
+        machine += f", CPU linear layers: {args.cpu_linear}"
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,
                "heads": str(heads_path), "draft_vocab_size": heads.draft_vocab_size, "dtype": str(draft_dtype),
                "methods": results}

@@ -18,8 +18,9 @@ Two shapes of proposal, both verified exactly:
   deterministic (one-hot q) and verified by :func:`specdec.verify_tree.verify_tree`.
 - **dynamic tree** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence
   (the product of the heads' probabilities along the path, EAGLE-2's estimate of its acceptance),
-  averaged over the batch's rows, reaches ``min_confidence``; a step where none does is a plain decode step. Where verifying a token costs a
-  good fraction of a decode step (a CPU), unlikely nodes cost more than they return. The tree's shape
+  averaged over the batch's rows, reaches ``min_confidence``; a step where none does is a plain decode
+  step. Where verifying a token costs a good fraction of a decode step (a CPU), unlikely nodes cost more
+  than they return. The tree's shape
   depends on the context only, never on the target's draws, so verification stays exact. A chain is cut
   the same way, before the first position whose confidence (the drafts before it, then its head's best
   probability) falls short — never by looking at the draft being decided on, which would bias the token
@@ -292,13 +293,13 @@ def _plan(paths: list[list[int]], device: torch.device) -> _TreePlan:
                      torch.tensor([p[-1] for p in paths], device=device), 1 + max(p[-1] for p in paths), levels)
 
 
-def _confident(path_logp: torch.Tensor, min_logp: float) -> torch.Tensor:  # path_logp [B, N] -> [N] bool
+def _confident(path_logp: torch.Tensor, min_confidence: float) -> torch.Tensor:  # path_logp [B, N] -> [N] bool
     """Which nodes a dynamic tree keeps: those whose confidence (path probability), averaged over the rows,
     reaches the threshold. One tree serves the whole batch and every kept node is verified in every row,
     so a node pays when the tokens it is expected to add across the rows reach ``min_confidence`` per row
     it costs; at batch 1 this is the node's own confidence. (Keeping a node confident in *any* row made the
     batch-4 tree ~4x wider.) A path's mean is never above its parent's, so pruning by parents is exact."""
-    return (path_logp.exp().mean(0) >= math.exp(min_logp))
+    return path_logp.exp().mean(0) >= min_confidence
 
 
 @register("medusa")
@@ -314,8 +315,9 @@ class MedusaDrafter(Drafter):
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
-        # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed tree of k paths. 0.05
-        # drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on a GPU 0 and a larger k.
+        # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed
+        # tree of k paths. 0.05 drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on
+        # a GPU use 0 and a larger k.
         min_confidence: float = 0.05
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
@@ -421,12 +423,12 @@ class MedusaDrafter(Drafter):
         return torch.stack(logits, 1), torch.stack(qs, 1), torch.stack(index, 1)
 
     def _tree_token_aware(self, state: DecodeState, hidden: torch.Tensor, plan: _TreePlan,
-                          min_logp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          min_confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Tree drafts level by level: a node's candidates are the top tokens of the head at its depth given
         the emitted token and the tokens on the node's path. Returns tokens and *path* log-probabilities
         [B, N] (the heads' log-probabilities summed along each node's path).
 
-        With ``min_logp`` (dynamic trees), only nodes whose parent passes :func:`_confident` are drafted; the
+        With ``min_confidence`` (dynamic trees), only nodes whose parent passes :func:`_confident` are drafted; the
         others get -inf. A path is never likelier than its parent, so exactly the
         nodes that could pass the same test are drafted, and an unpromising step costs one head call."""
         batch, n = state.last_tokens.shape[0], plan.head.numel()
@@ -436,8 +438,8 @@ class MedusaDrafter(Drafter):
         above_logp = path_logp.new_zeros(batch, 1)  # [B, 1]: the root's
         for depth, level in enumerate(plan.levels):
             above, slot, rank, nodes = level.above, level.slot, level.rank, level.nodes
-            if min_logp is not None and depth:
-                open_ = _confident(above_logp[:, above], min_logp)  # [P]: parents worth expanding
+            if min_confidence is not None and depth:
+                open_ = _confident(above_logp[:, above], min_confidence)  # [P]: parents worth expanding
                 if not bool(open_.any()):
                     break
                 if not bool(open_.all()):
@@ -505,21 +507,21 @@ class MedusaDrafter(Drafter):
         """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
         (None when no path is kept)."""
         plan = self._tree_plan(tuple(range(k)), state.last_tokens.device)
-        min_logp = math.log(self.min_confidence) if self.min_confidence > 0 else None
+        min_confidence = self.min_confidence if self.min_confidence > 0 else None
         path_logp = None
         if self.heads.token_aware:
-            tokens, path_logp = self._tree_token_aware(state, hidden, plan, min_logp)
+            tokens, path_logp = self._tree_token_aware(state, hidden, plan, min_confidence)
         else:
             logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
             top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
             tokens = self.heads.to_token_ids(top.indices)[:, plan.head, plan.rank]  # [B, N]
             if self.min_confidence > 0:
                 node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.head, plan.rank]  # [B, N]
-        if min_logp is not None:
+        if min_confidence is not None:
             if path_logp is None:
                 ancestry = plan.tree.mask[1:, 1:].to(node_logp.dtype)  # [N, N]: node n's path (itself, ancestors)
                 path_logp = node_logp.clamp(max=0) @ ancestry.t()  # [B, N]
-            confident = _confident(path_logp, min_logp)  # [N], parents first
+            confident = _confident(path_logp, min_confidence)  # [N], parents first
             nodes = tuple(confident.nonzero().flatten().tolist())
             if not nodes:
                 return tokens[:, :0], None
