@@ -90,10 +90,15 @@ def rejects(tokens, target, alpha=0.01) -> bool:
     return bool(holm(p_values(tokens, target), alpha)[1].any())
 
 
-@pytest.mark.parametrize("mode", ["topk", "iid", "without_replacement"])
+MODES = ["topk", "iid", "without_replacement"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_tree_rule_reproduces_target(mode, temperature):
-    tokens, target = simulate(mode, temperature, seed=hash((mode, temperature)) % 1000)
+    # A fixed seed per case, the same in every process (``hash`` of a str is salted per process, which
+    # made this a fresh 1% draw on every run; the exact rule rejects at 5 of 600 seeds, i.e. nominal).
+    tokens, target = simulate(mode, temperature, seed=10 * MODES.index(mode) + int(10 * temperature))
     assert not rejects(tokens, target)
 
 
