@@ -133,6 +133,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
         generator=generator,
     )
+    lossy = drafter.acceptance  # None: the exact rules (always, unless the drafter was built lossy)
+    chain_rule, tree_rule = (verifier, verify_tree) if lossy is None else (lossy.chain, lossy.tree)
     drafter.reset()
     drafter.forwards = 0
     with _timer(stats, "drafter_time_s", device):
@@ -152,11 +154,11 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                                      depths=None if tree is None else tree.depths)
             target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
             if tree is None:
-                num_accepted, next_tokens = verifier(proposal.tokens, proposal.probs, target_probs, generator)
+                num_accepted, next_tokens = chain_rule(proposal.tokens, proposal.probs, target_probs, generator)
                 drafted, path = proposal.tokens, None  # [B, K']
             else:
-                nodes, num_accepted, next_tokens = verify_tree(tree, proposal.tokens, proposal.probs, target_probs,
-                                                               generator)
+                nodes, num_accepted, next_tokens = tree_rule(tree, proposal.tokens, proposal.probs, target_probs,
+                                                             generator)
                 drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
                 path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
             emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
@@ -218,7 +220,9 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
     generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
     and distributed as it under sampling. ``verifier`` is replaceable for studies (e.g. planted bugs in
-    :mod:`specdec.verify_dist`); the default is the exact rule.
+    :mod:`specdec.verify_dist`); the default is the exact rule. A drafter built with a lossy acceptance rule
+    (``drafter.lossy``, e.g. Medusa's typical acceptance) is verified by that rule instead, and then only
+    greedy output keeps the promise.
     """
     params = SamplingParams(temperature, top_k, top_p)
     return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k), max_new_tokens=max_new_tokens,

@@ -262,6 +262,12 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec).replace("|", "\\|").replace("\n", " ")
 
 
+def _drafter(row: pd.Series) -> str:
+    """The drafter's name, marked where its acceptance rule is lossy (e.g. Medusa's typical acceptance)."""
+    lossy = row["lossy"] is not pd.NA and bool(row["lossy"])
+    return str(row["drafter"]) + (" (LOSSY)" if lossy else "")
+
+
 def _varying(runs: pd.DataFrame, keys: Sequence[str]) -> list[str]:
     return [k for k in keys if runs[k].dropna().nunique() > 1]
 
@@ -278,18 +284,21 @@ def markdown_summary(df: pd.DataFrame) -> str:
              _md_row(header), _md_row(["---"] * len(header))]
     for _, r in runs.iterrows():
         lines.append(_md_row([
-            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), _fmt(r["drafter"]), _fmt(r["k"]),
+            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), _fmt(_drafter(r)), _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
             _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup"], ".2f"), _fmt(r["status"]),
         ]))
+    if runs["lossy"].fillna(False).any():
+        lines += ["", "LOSSY: a run marked so verified with a lossy acceptance rule (typical acceptance); its "
+                  "output is not distributed as the target's at temperature > 0."]
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
         header = ["job", "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup"]
         lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
         for _, r in cats.iterrows():
             lines.append(_md_row([
-                _fmt(r["job"]), _fmt(r["drafter"]), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
+                _fmt(r["job"]), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
                 _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
                 _fmt(r["speedup"], ".2f"),
             ]))
@@ -319,7 +328,7 @@ def _series(df: pd.DataFrame) -> pd.Series:
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
     extra = _varying(df, SERIES_KEYS)  # a category row carries its run's config, so rows vary as runs do
-    return df.apply(lambda r: " ".join([str(r["drafter"]), f"T={r['temperature']:g}",
+    return df.apply(lambda r: " ".join([_drafter(r), f"T={r['temperature']:g}",
                                         *(f"{k}={r[k]}" for k in extra)]), axis=1)
 
 

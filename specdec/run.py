@@ -228,6 +228,9 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms; predicted from measured costs "
                      f"{results['predicted_speedup_measured_costs']:.2f}x (Leviathan's formula assumes equal costs)")
+    if results.get("lossy"):
+        lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
+                     "> 0 the output is not distributed as the target's")
     if results.get("greedy_mismatches") is not None:
         lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
                      f"({results['greedy_mismatches']} mismatching rows)")

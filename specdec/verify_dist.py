@@ -529,6 +529,9 @@ def summary_text(report: dict[str, Any]) -> str:
     ]
     if report["impossible_tokens"]:
         lines.append(f"{report['impossible_tokens']} emitted tokens have probability 0 under the target")
+    if report["lossy_drafter"]:
+        lines.append("the drafter verifies with a LOSSY acceptance rule (typical acceptance): REJECT is the "
+                     "expected verdict; PASS means this run had too little power to see its bias")
     if report["planted_bug"]:
         caught = "CAUGHT" if report["verdict"] == "reject" else "NOT CAUGHT (too little power for this bias)"
         banner = "!" * 100

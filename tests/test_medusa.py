@@ -140,8 +140,8 @@ def test_drafter_config_composes_with_hydra():
         cfg = compose("run", overrides=["drafter=medusa"])
     assert cfg.drafter.name == "medusa" and cfg.drafter.heads == "default" and cfg.drafter.tree == "default"
     defaults = MedusaDrafter.Config()  # the YAML and the dataclass tell the same defaults
-    assert {f: cfg.drafter[f] for f in ("k", "min_confidence", "lookup", "dtype")} == \
-        {f: getattr(defaults, f) for f in ("k", "min_confidence", "lookup", "dtype")}
+    fields = ("k", "min_confidence", "lookup", "dtype", "acceptance", "typical_epsilon", "typical_alpha")
+    assert {f: cfg.drafter[f] for f in fields} == {f: getattr(defaults, f) for f in fields}
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("run", overrides=["drafter=medusa", "drafter.tree=null", "drafter.lookup=0", "drafter.k=2"])
     assert cfg.drafter.tree is None and cfg.drafter.k == 2 and cfg.drafter.lookup == 0

@@ -151,6 +151,17 @@ def test_summary_md_lists_every_run_and_the_failed_ones_with_their_errors(sweep:
     assert f"job 5 (`drafter=draft_model drafter.k=16`, in `5`): {report.NO_RESULTS_ERROR}" in failed_section
 
 
+def test_a_lossy_run_is_marked_in_the_summary_and_the_plots(sweep: Path) -> None:
+    md = report.write_summary(sweep, report.collect_runs(sweep))["md"].read_text()
+    assert "LOSSY" not in md
+    lossy = {**OK_RUNS["2"], "drafter": "medusa", "lossy": True}
+    (sweep / "2" / "results.json").write_text(json.dumps(lossy))
+    md = report.write_summary(sweep, report.collect_runs(sweep))["md"].read_text()
+    assert "| 2 | medusa (LOSSY) | 4 |" in md and "LOSSY: a run marked so" in md
+    df = report.summarize(report.collect_runs(sweep))
+    assert "medusa (LOSSY) T=0" in set(report._series(df[df["category"] == report.ALL]))
+
+
 def test_predicted_speedup_formula() -> None:
     assert report.predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
     assert report.predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify

@@ -50,6 +50,16 @@ def test_main_job_writes_results(tmp_path):
 
 
 @pytest.mark.real_model
+def test_a_lossy_acceptance_rule_is_marked_in_results_and_output(tmp_path):
+    proc = run_job(*TINY, "drafter=medusa", "drafter.acceptance=typical", "sampling=sample",
+                   f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["lossy"] is True
+    assert "LOSSY: the drafter verifies" in proc.stdout  # the table's line
+    assert "typical acceptance is LOSSY" in proc.stdout  # the log's warning (Hydra logs to stdout)
+
+
+@pytest.mark.real_model
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -58,10 +68,11 @@ def test_main_job_writes_results(tmp_path):
         ("sampling.temperature=-0.5", "temperature must be >= 0"),
         ("sampling.top_p=1.5", "top_p must lie in (0, 1]"),
         ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
+        ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
     ],
 )
 def test_bad_input_fails_clearly_and_leaves_a_failed_results_file(tmp_path, override, message):
-    proc = run_job(*TINY, override, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_job(*TINY, *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())

@@ -50,6 +50,10 @@ they read in that dtype; the target, and so verification, keeps its own. Drafts 
 does not: the q a chain draft is drawn from is computed in float32 from the heads' logits and reported as
 drawn.
 
+``acceptance="typical"`` (``drafter.acceptance=typical``) swaps the exact rule for Medusa's own default,
+typical acceptance (:mod:`specdec.verify_typical`): LOSSY at temperature > 0, never the default, offered to
+measure what it costs; the drafter then reports ``lossy`` and results carry it.
+
 Heads are stored as safetensors with their shape and target in the metadata (:func:`save_heads`), and a
 ``tree`` (priority-ordered paths measured on held-out data by :mod:`specdec.train_medusa`).
 """
@@ -77,6 +81,7 @@ from specdec.drafters.ngram import NgramDrafter, lookup
 from specdec.loading import resolve_dtype
 from specdec.sampling import logits_to_probs, sample
 from specdec.verify_tree import Tree
+from specdec.verify_typical import TypicalAcceptance
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +307,13 @@ def _confident(path_logp: torch.Tensor, min_confidence: float) -> torch.Tensor: 
     return path_logp.exp().mean(0) >= min_confidence
 
 
+def _acceptance(cfg) -> str | TypicalAcceptance:
+    """The config's verification rule: "exact", or typical acceptance with the config's thresholds."""
+    if cfg.acceptance != "typical":
+        return cfg.acceptance  # "exact", or a wrong name the drafter reports
+    return TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha)
+
+
 @register("medusa")
 class MedusaDrafter(Drafter):
     """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
@@ -327,10 +339,23 @@ class MedusaDrafter(Drafter):
         # float32 target, else the target's; null = the target's; or a dtype name. Verification keeps the
         # target's dtype, so it stays exact.
         dtype: Optional[str] = "auto"
+        # How drafts are verified: "exact" (rejection sampling, the default) or "typical" — Medusa's typical
+        # acceptance, LOSSY at temperature > 0 (specdec.verify_typical; results are marked lossy): a draft
+        # token passes where the target gives it more than min(typical_epsilon, typical_alpha · exp(−H(p))).
+        acceptance: str = "exact"
+        typical_epsilon: float = 0.09
+        typical_alpha: float = 0.3
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
                  min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
-                 dtype: torch.dtype | str | None = None):
+                 dtype: torch.dtype | str | None = None, acceptance: str | TypicalAcceptance = "exact"):
+        if acceptance == "typical":
+            acceptance = TypicalAcceptance()
+        elif acceptance == "exact":
+            acceptance = None
+        elif not isinstance(acceptance, TypicalAcceptance):
+            raise ValueError(f"acceptance must be 'exact' or 'typical' (Medusa's typical acceptance, lossy), "
+                             f"got {acceptance!r}; set drafter.acceptance")
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
         if heads.token_aware and embed_weight is None:
@@ -349,6 +374,7 @@ class MedusaDrafter(Drafter):
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
         self.min_confidence = min_confidence
         self.lookup = lookup
+        self.acceptance = acceptance
         self._plans: dict[tuple[int, ...], _TreePlan] = {}
         self._trees: dict[tuple[int, ...], Tree] = {}
         self.forwards = 0
@@ -377,7 +403,10 @@ class MedusaDrafter(Drafter):
             model = getattr(decoder, "model", target)
             embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
         drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
-                      lookup=cfg.lookup, dtype=cfg.dtype)
+                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=_acceptance(cfg))
+        if drafter.lossy:
+            log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
+                        "(output not distributed as the target's); results are marked lossy")
         log.info("Medusa heads %s drafting in %s (drafter.dtype=%s)", path, drafter.dtype, cfg.dtype)
         return drafter
 
