@@ -133,8 +133,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
         generator=generator,
     )
-    lossy = drafter.acceptance  # None: the exact rules (always, unless the drafter was built lossy)
-    chain_rule, tree_rule = (verifier, verify_tree) if lossy is None else (lossy.chain, lossy.tree)
+    rule = drafter.acceptance  # None: the exact rules (always, unless the drafter was built with a lossy one)
+    chain_rule, tree_rule = (verifier, verify_tree) if rule is None else (rule.chain, rule.tree)
     drafter.reset()
     drafter.forwards = 0
     with _timer(stats, "drafter_time_s", device):
