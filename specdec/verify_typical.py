@@ -1,6 +1,6 @@
 """Medusa's *typical acceptance*: a LOSSY verification rule, offered only to measure what it costs.
 
-Medusa (Cai et al. 2024, §2.3.1) accepts a draft token x where the target's distribution p puts at least
+Medusa (Cai et al. 2024) accepts a draft token x where the target's distribution p puts more than
 
     min(epsilon, alpha · exp(−H(p)))
 

@@ -307,13 +307,6 @@ def _confident(path_logp: torch.Tensor, min_confidence: float) -> torch.Tensor: 
     return path_logp.exp().mean(0) >= min_confidence
 
 
-def _acceptance(cfg) -> str | TypicalAcceptance:
-    """The config's verification rule: "exact", or typical acceptance with the config's thresholds."""
-    if cfg.acceptance != "typical":
-        return cfg.acceptance  # "exact", or a wrong name the drafter reports
-    return TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha)
-
-
 @register("medusa")
 class MedusaDrafter(Drafter):
     """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
@@ -402,8 +395,10 @@ class MedusaDrafter(Drafter):
         if heads.token_aware:
             model = getattr(decoder, "model", target)
             embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
+        acceptance = (TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha) if cfg.acceptance == "typical"
+                      else cfg.acceptance)  # "exact", or a wrong name the drafter reports
         drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
-                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=_acceptance(cfg))
+                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance)
         if drafter.lossy:
             log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
                         "(output not distributed as the target's); results are marked lossy")
