@@ -56,9 +56,9 @@ def sampled_acceptance(p: torch.Tensor, q: torch.Tensor, r: int, g: torch.Genera
         x = torch.multinomial(q, 1, generator=g)
         px, qx = p.gather(-1, x)[:, 0], q.gather(-1, x)[:, 0]
         accepted |= torch.rand(p.shape[0], generator=g) * qx < px
-        one_hot = torch.zeros_like(q).scatter_(-1, x, 1.0)
         p = torch.where(accepted[:, None], p, residual_after_rejection(p, q))
-        q = (q - q * one_hot) / (q - q * one_hot).sum(-1, keepdim=True).clamp(min=1e-30)  # without x
+        q = q.scatter(-1, x, 0.0)  # the next draw is without x
+        q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
     return float(accepted.float().mean())
 
 
