@@ -4,7 +4,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh || exit 1
-python3 -m pytest "$@"
+# --durations: the slowest tests, so whoever meets a slow suite sees where the time goes.
+python3 -m pytest --durations=15 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: treating as failure" >&2
