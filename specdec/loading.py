@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.errors import CheckpointError, ModelLoadError, VocabMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +49,6 @@ SMOLLM2_EXPECTED = {
     "tie_word_embeddings": True,
 }
 _STALE_TMP_S = 3600.0  # temp dirs older than this were left by a killed conversion
-
-
-class ModelLoadError(OSError):
-    """A model could not be loaded: the hub is unreachable, the repo does not exist, or a package is missing."""
-
-
-class VocabMismatchError(ValueError):
-    """Draft and target do not share a vocabulary, so draft tokens cannot be verified by the target."""
 
 
 def cache_root() -> Path:
@@ -95,7 +90,15 @@ def load_target(
     if name_or_path.lower() in EMBEDDED_ALIASES:
         model, tokenizer = _load_pretrained(str(ensure_smollm2_cache()), torch_dtype)
     elif _looks_like_path(name_or_path):
-        model, tokenizer = _load_pretrained(str(_check_local_dir(name_or_path)), torch_dtype)
+        directory = _check_local_dir(name_or_path)
+        try:
+            model, tokenizer = _load_pretrained(str(directory), torch_dtype)
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise CheckpointError(
+                f"model directory {str(directory)!r} has a config.json but its weights or tokenizer files could not "
+                f"be read ({type(exc).__name__}: {exc}); re-export it with save_pretrained (an interrupted copy "
+                f"leaves truncated files)"
+            ) from exc
     else:
         model, tokenizer = _load_from_hub(name_or_path, torch_dtype)
     tokenizer.padding_side = "left"

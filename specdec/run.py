@@ -44,6 +44,19 @@ def machine_description(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+def check_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
+    """Prompt tokens left once ``max_new_tokens`` and the lookahead (k + 1) are reserved in a context of
+    ``context`` positions; an error naming both settings when nothing is left for a prompt."""
+    room = context - max_new_tokens - k - 1
+    if room < 1:
+        raise ValueError(
+            f"data.max_new_tokens ({max_new_tokens}) + lookahead (drafter.k + 1 = {k + 1}) = {max_new_tokens + k + 1} "
+            f"exceeds the model's context of {context} positions ({where}), leaving no room for a prompt; "
+            f"lower data.max_new_tokens (at most {context - k - 2}, less the longest prompt's length)"
+        )
+    return room
+
+
 def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
     """Token ids per prompt; a prompt that leaves no room for generation is an error naming it."""
     encoded = []
@@ -114,13 +127,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     SamplingParams(**sampling)  # bad settings fail before the model loads
+    check_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafter = build_drafter(cfg.drafter, target, tokenizer)
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = context - cfg.data.max_new_tokens - k - 1
+    limit = check_room(cfg.data.max_new_tokens, k, context,
+                       "target.max_context" if context == cfg.target.max_context else "max_position_embeddings")
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)

@@ -5,7 +5,7 @@ import torch
 
 from conftest import left_pad, tiny_llama
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
-from specdec.loading import VocabMismatchError
+from specdec.errors import VocabMismatchError
 
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
 

@@ -102,6 +102,17 @@ def test_directory_without_config_is_rejected(tmp_path):
         load_target(str(tmp_path))
 
 
+def test_directory_with_corrupt_weights_is_named(tmp_path):
+    from specdec.errors import CheckpointError
+
+    tiny_llama(64).save_pretrained(tmp_path)
+    tiny_tokenizer(WORDS).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])  # an interrupted copy
+    with pytest.raises(CheckpointError, match=rf"model directory '{tmp_path}' .* re-export it with save_pretrained"):
+        load_target(str(tmp_path))
+
+
 def test_bogus_hub_id_fails_fast_with_advice():
     start = time.perf_counter()
     with pytest.raises(ModelLoadError, match="no-such-org/no-such-model-xyz") as err:

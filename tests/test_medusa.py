@@ -113,6 +113,21 @@ def test_missing_or_foreign_heads_file_is_named(tmp_path):
         load_heads(tmp_path / "x.safetensors", hidden_size=32, vocab_size=64)
 
 
+def test_corrupt_or_truncated_heads_file_is_named_with_what_to_do(tmp_path):
+    from specdec.errors import CheckpointError
+
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")  # what `drafter.heads=/etc/passwd` reads
+    with pytest.raises(CheckpointError, match=r"'.*passwd' is not a Medusa heads file .*drafter\.heads="):
+        load_heads(text, hidden_size=32, vocab_size=64)
+    good = tmp_path / "heads.safetensors"
+    save_heads(good, random_heads(), target="tiny")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[:-100])  # a copy interrupted mid-write: the header reads, the data is short
+    with pytest.raises(CheckpointError, match=r"'.*cut\.safetensors' is not a Medusa heads file .*truncated"):
+        load_heads(cut, hidden_size=32, vocab_size=64)
+
+
 def test_tree_paths_are_validated():
     assert check_paths([[0], [0, 1]], 3) == [[0], [0, 1]]
     with pytest.raises(ValueError, match="before its parent"):

@@ -15,7 +15,7 @@ import torch
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
-from specdec.loading import VocabMismatchError
+from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 

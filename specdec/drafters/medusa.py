@@ -72,12 +72,14 @@ from typing import Any, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
 from specdec.drafters.ngram import NgramDrafter, lookup
+from specdec.errors import CheckpointError
+from specdec.io import read_metadata, read_tensors
 from specdec.loading import resolve_dtype
 from specdec.sampling import logits_to_probs, sample
 from specdec.verify_tree import Tree
@@ -204,7 +206,8 @@ def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: 
 def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[MedusaHeads, dict[str, Any]]:
     """Load heads saved by :func:`save_heads` for a target of ``hidden_size`` and ``vocab_size``.
 
-    Raises ValueError when they were trained for a target of another shape.
+    Raises :class:`~specdec.errors.CheckpointError` (a ValueError) naming the file when it is not a heads
+    file specdec wrote, is corrupt, or was trained for a target of another shape.
     """
     path = Path(path)
     if path.is_dir():
@@ -212,21 +215,20 @@ def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[
     if not path.is_file():
         raise FileNotFoundError(f"no Medusa heads at {str(path)!r}; train some with `python -m specdec.train_medusa` "
                                 f"or use drafter.heads={DEFAULT_HEADS} for the default target's")
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads((f.metadata() or {}).get("specdec", "{}"))
+    hint = (f"point drafter.heads at a file written by `python -m specdec.train_medusa` (or its export "
+            f"directory), or use drafter.heads={DEFAULT_HEADS} for the default target's")
+    meta = json.loads(read_metadata(path, what="Medusa heads file", hint=hint).get("specdec", "{}"))
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{str(path)!r} is not a specdec Medusa heads file (format {meta.get('format')!r}, "
-                         f"expected {FORMAT!r})")
+        raise CheckpointError(f"{str(path)!r} is not a specdec Medusa heads file (format {meta.get('format')!r}, "
+                              f"expected {FORMAT!r}); {hint}")
     if (meta["hidden_size"], meta["vocab_size"]) != (hidden_size, vocab_size):
-        raise ValueError(
+        raise CheckpointError(
             f"Medusa heads {str(path)!r} were trained for a target with hidden size {meta['hidden_size']} and "
             f"vocabulary {meta['vocab_size']} (target {meta.get('target') or 'unknown'!r}), but this target has "
             f"hidden size {hidden_size} and vocabulary {vocab_size}; train heads for it with "
             f"`python -m specdec.train_medusa target=<this target>`"
         )
-    tensors = load_file(str(path))
+    tensors = read_tensors(path, what="Medusa heads file", hint=hint)
     heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"],
                         token_ids=tensors.get("token_ids"), token_aware=meta.get("token_aware", False))
     heads.load_state_dict(tensors)
