@@ -7,10 +7,21 @@ YAML under ``configs/`` only composes and overrides these. Groups: ``target``, `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+
+def config_dir() -> str:
+    """The Hydra config directory: the checkout's top-level ``configs/`` (editable installs, tests), else
+    the copy an installed package ships as ``specdec/configs`` (``setup.py``)."""
+    checkout = Path(__file__).resolve().parents[1] / "configs"
+    if (checkout / "run.yaml").is_file():
+        return str(checkout)
+    return str(resources.files("specdec") / "configs")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specdec.config import register_configs
+from specdec.config import config_dir, register_configs
 from specdec.data import encode_prompt, load_prompt_mix
 from specdec.drafters import build_drafter
 from specdec.engine import autoregressive_generate, speculative_generate
@@ -252,7 +252,7 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../configs", config_name="run", version_base="1.3")
+@hydra.main(config_path=config_dir(), config_name="run", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     results_path = out_dir / cfg.results_file

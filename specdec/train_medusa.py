@@ -54,7 +54,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
-from specdec.config import LoggerConfig, register_configs
+from specdec.config import LoggerConfig, config_dir, register_configs
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.drafters.medusa import MedusaHeads, save_heads
 from specdec.engine import speculative_generate
@@ -687,7 +687,7 @@ def export(directory: Path, heads: MedusaHeads, cfg: TrainMedusaConfig, metrics:
     os.replace(tmp, directory / "provenance.json")
 
 
-@hydra.main(config_path="../configs", config_name="train_medusa", version_base="1.3")
+@hydra.main(config_path=config_dir(), config_name="train_medusa", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
     cfg: TrainMedusaConfig = OmegaConf.to_object(dict_cfg)
     metrics = train(cfg)

@@ -61,7 +61,7 @@ from scipy import stats as sps
 
 from specdec import planted
 from specdec.cache import KVCache
-from specdec.config import JobConfig, job_defaults, register_configs
+from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.data import load_prompt_mix
 from specdec.drafters import Drafter, build_drafter
 from specdec.engine import GenerationOutput, autoregressive_generate, speculative_generate
@@ -539,7 +539,7 @@ def summary_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../configs", config_name="verify_dist", version_base="1.3")
+@hydra.main(config_path=config_dir(), config_name="verify_dist", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     results_path = out_dir / cfg.results_file
