@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
+from specdec.jobs import machine_description
 
 
 def early_exit_hf(model, num_layers: int):
@@ -100,7 +100,7 @@ def main() -> None:
             ref = outputs["specdec_plain"]
             mismatches += sum(o != ref for o in outputs.values())
     rate = {name: tokens[name] / seconds[name] for name in methods}
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = machine_description()
     result = {
         "drafter": args.drafter, "k": args.k, "source": args.source, "prompts": len(prompts), "max_new_tokens": args.new,
         "machine": machine, "tokens_per_second": rate,

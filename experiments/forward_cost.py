@@ -12,13 +12,13 @@ forward for each token count, and the marginal cost per extra token (the slope f
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import torch
 
 from specdec import load_target
+from specdec.jobs import machine_description
 from specdec.models import as_decoder
 from specdec.models import llama
 
@@ -61,8 +61,7 @@ def main() -> None:
                 runs[name].append(row)
     llama.use_onednn(True)
 
-    print(f"{args.target}, {args.context} tokens of context, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{args.target}, {args.context} tokens of context, {machine_description()}")
     print("| path | " + " | ".join(f"{t} tok" for t in args.tokens) + " | ms per extra token |")
     print("|---|" + "---|" * (len(args.tokens) + 1))
     for name, rows in runs.items():

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import time
 from functools import partial
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
+from specdec.jobs import machine_description
 from specdec.models.llama import use_onednn
 
 
@@ -141,7 +141,7 @@ def main() -> None:
     base = results["plain"]["tokens_per_second"]
     for r in results.values():
         r["speedup"] = r["tokens_per_second"] / base
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = machine_description()
     if model.device.type == "cpu":
         machine += f", CPU linear layers: {args.cpu_linear}"
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "machine": machine,

@@ -6,7 +6,7 @@ draws without replacement from the head's q (accepted with min(1, p/q), then aga
 
 Plain T=1 generations of MT-Bench prompts by the default target; at each position, p = the target's next
 distribution after the emitted token, q = the shipped token-aware head 0 given that token. A measurement to
-decide whether sampled candidates are worth building (see experiments/README.md, session 8), not a drafter.
+decide whether sampled candidates are worth building (see experiments/README.md, "What exactness costs"), not a drafter.
 """
 
 from __future__ import annotations

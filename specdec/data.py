@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 
 KINDS = ("chat", "completion")
 FEATURES = datasets.Features({name: datasets.Value("string") for name in ("id", "source", "category", "kind", "text")})
@@ -92,6 +93,46 @@ def encode_prompt(tokenizer: Any, row: dict[str, Any]) -> list[int]:
     else:
         encoded = tokenizer(text)
     return _as_id_list(encoded)
+
+
+def prompt_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
+    """Prompt tokens left once ``max_new_tokens`` and the lookahead (k + 1) are reserved in a context of
+    ``context`` positions; an error naming both settings when nothing is left for a prompt."""
+    room = context - max_new_tokens - k - 1
+    if room < 1:
+        raise ValueError(
+            f"data.max_new_tokens ({max_new_tokens}) + lookahead (drafter.k + 1 = {k + 1}) = {max_new_tokens + k + 1} "
+            f"exceeds the model's context of {context} positions ({where}), leaving no room for a prompt; "
+            f"lower data.max_new_tokens (at most {context - k - 2}, less the longest prompt's length)"
+        )
+    return room
+
+
+def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
+    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it."""
+    encoded = []
+    for row in rows:
+        ids = encode_prompt(tokenizer, row)
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt {row['id']!r} has {len(ids)} tokens, more than the {limit} allowed "
+                f"(context {context} minus max_new_tokens and lookahead); lower data.max_new_tokens, "
+                "raise data.max_prompt_tokens / target.max_context, or drop the prompt"
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def left_pad(batch: list[list[int]], pad_id: int = 0, device: torch.device | str = "cpu"
+             ) -> tuple[torch.Tensor, torch.Tensor]:  # ids [B, S], attention_mask [B, S]
+    """Token id lists as one left-padded batch: rows end at the same position, where decoding continues."""
+    width = max(len(ids) for ids in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, row in enumerate(batch):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
 
 
 def _as_id_list(encoded: Any) -> list[int]:

@@ -1,5 +1,6 @@
-"""Reading the safetensors files a user can point specdec at (drafter weights, training checkpoints,
-cached training data), with errors that name the file and say what to do.
+"""Files in and out: reading the safetensors files a user can point specdec at (drafter weights, training
+checkpoints, cached training data) with errors that name the file and say what to do, and the one atomic
+writer (temp file beside the target, then a rename) every results file, summary, plot and export uses.
 
 safetensors' own errors ("Error while deserializing header: header too large") name neither the file nor
 the remedy; every reader of a user-supplied file goes through :func:`read_metadata` and :func:`read_tensors`.
@@ -7,7 +8,11 @@ the remedy; every reader of a user-supplied file goes through :func:`read_metada
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -41,3 +46,34 @@ def read_tensors(path: str | Path, *, what: str, hint: str) -> dict[str, torch.T
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise _unreadable(path, what, hint, exc) from exc
+
+
+# --- atomic writes: a crash mid-write never leaves a truncated results file, summary or plot ---------------
+
+
+def atomic_write(path: str | Path, write: Callable[[Any], None], binary: bool = False) -> Path:
+    """Write through ``write(file)`` into a temp file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda f: f.write(text))
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """JSON with indent 2; values JSON lacks (paths, dtypes) are written as their str()."""
+    return atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:  # fig: a matplotlib Figure
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)

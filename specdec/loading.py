@@ -110,6 +110,17 @@ def load_target(
     return model.to(torch_device).eval(), tokenizer
 
 
+def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> list[int]:
+    """The tokens generation stops at: the model's generation config's eos ids, plus the tokenizer's eos
+    (completion prompts such as code end at ``<|endoftext|>`` as well as at the chat end token)."""
+    config = getattr(model, "generation_config", None) or getattr(model, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return [int(t) for t in ids]
+
+
 def _load_pretrained(
     source: str, dtype: torch.dtype, **kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -10,13 +10,13 @@ the verifier keeps an *accepted* prefix, then emits a *recovered* token (at the 
 - c, ``cost_ratio``: drafter step time / target step time, measured.
 - predicted speedup: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8).
 
-Every number in the summary is copied from ``results.json``; the only computed one is the predicted
-speedup of a *category* row (the schema has none), from the category's α and the run's c.
+Every number in the summary is copied from ``results.json``, category rows included (each category's
+predicted speedup and cost ratio are the ones the run computed for it); nothing is recomputed.
 
 Entry points: :func:`collect_runs`, :func:`summarize`, :func:`write_summary`; the Hydra callback
 :class:`SweepSummaryCallback`; :func:`wandb_log_run` for the run entry point; and a CLI,
-``python -m specdec.report <sweep_dir>``. Every file is written atomically (temp file, then ``os.replace``),
-so a crash never leaves a half-written summary.
+``python -m specdec.report <sweep_dir>``. Every file is written atomically (:mod:`specdec.io`), so a
+crash never leaves a half-written summary.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -37,22 +36,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
-from specdec import metrics
+from specdec.io import atomic_write, save_figure, write_text
+from specdec.jobs import failed_result
 
 RESULTS_FILE = "results.json"
 NO_RESULTS_ERROR = "no results.json (run crashed before writing)"
 ALL = "all"  # the `category` of a run's overall row
 
-# Config fields a failed run's results.json still carries, with where they live in the run config.
-CONFIG_KEYS = {
-    "target": "target.name",
-    "drafter": "drafter.name",
-    "k": "drafter.k",
-    "temperature": "sampling.temperature",
-    "top_k": "sampling.top_k",
-    "top_p": "sampling.top_p",
-    "sources": "data.sources",
-}
 # Beyond drafter and temperature, these config fields split the plot lines when they vary in a sweep.
 SERIES_KEYS = ["target", "top_k", "top_p", "sources", "max_new_tokens", "batch_size"]
 INT_COLUMNS = ["k", "top_k", "num_prompts", "max_new_tokens", "batch_size",
@@ -68,61 +58,11 @@ COLUMNS = [
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
                    "max_new_tokens", "batch_size", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-                    "baseline_tokens_per_second", "speedup"]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Atomic writes
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None], binary: bool = False) -> Path:
-    """Write through ``write(file)`` into a temp file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    return _atomic_write(path, lambda f: f.write(text))
-
-
-def write_json_atomic(path: Path, obj: Any) -> Path:
-    return _atomic_write(path, lambda f: json.dump(obj, f, indent=2))
-
-
-def save_figure_atomic(fig: Figure, path: Path) -> Path:
-    return _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+                    "baseline_tokens_per_second", "speedup", "predicted_speedup", "cost_ratio"]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Collecting runs
-
-
-def config_fields(cfg: DictConfig) -> dict[str, Any]:
-    """The config fields every results.json carries (target, drafter, k, sampling, sources)."""
-    fields = {}
-    for key, where in CONFIG_KEYS.items():
-        try:
-            value = OmegaConf.select(cfg, where, default=None)
-        except Exception:  # an interpolation that cannot resolve outside its job (e.g. ${hydra:...})
-            value = None
-        fields[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-    return fields
-
-
-def failed_result(cfg: DictConfig, error: BaseException | str, overrides: Sequence[str] = ()) -> dict:
-    """A failed run's results.json: status, error ("ExceptionType: message") and the config fields."""
-    if isinstance(error, BaseException):
-        error = f"{type(error).__name__}: {error}"
-    return {"status": "failed", "error": error, **config_fields(cfg), "overrides": list(overrides)}
 
 
 def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
@@ -192,13 +132,6 @@ def collect_runs(sweep_dir: str | os.PathLike, results_file: str = RESULTS_FILE)
 # Summary table
 
 
-def predicted_speedup(alpha: float, k: int, c: float) -> float:
-    """:func:`specdec.metrics.predicted_speedup`, NaN when a run lacks one of the inputs."""
-    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (alpha, k, c)):
-        return math.nan
-    return metrics.predicted_speedup(alpha, k, c)
-
-
 def _join(value: Any, sep: str) -> Any:
     return sep.join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
@@ -208,7 +141,7 @@ def summarize(runs: Sequence[dict]) -> pd.DataFrame:
 
     Columns: :data:`COLUMNS`, then ``alpha_1 .. alpha_<max k>`` (per-position acceptance; NaN past a run's
     own k). Metrics are copied from results.json unchanged; a category row carries its run's config fields
-    and cost ratio, its own metrics, and a predicted speedup from its own α.
+    and its own metrics.
     """
     rows = []
     for run in runs:
@@ -220,8 +153,6 @@ def summarize(runs: Sequence[dict]) -> pd.DataFrame:
         for category, metrics in (run.get("per_category") or {}).items():
             rows.append({
                 **config, "category": category, **{m: metrics.get(m) for m in CATEGORY_METRICS},
-                "predicted_speedup": predicted_speedup(metrics.get("acceptance_rate"), run.get("k"),
-                                                       run.get("cost_ratio")),
                 **_alphas(metrics.get("acceptance_per_position")),
             })
     df = pd.DataFrame(rows)
@@ -449,11 +380,11 @@ def write_summary(sweep_dir: str | os.PathLike, runs: Sequence[dict]) -> dict[st
     sweep_dir = Path(sweep_dir)
     df = summarize(runs)
     paths = {
-        "csv": _atomic_write(sweep_dir / "summary.csv", lambda f: df.to_csv(f, index=False)),
-        "md": write_text_atomic(sweep_dir / "summary.md", markdown_summary(df)),
+        "csv": atomic_write(sweep_dir / "summary.csv", lambda f: df.to_csv(f, index=False)),
+        "md": write_text(sweep_dir / "summary.md", markdown_summary(df)),
     }
     for name, fig in make_plots(df).items():
-        paths[name] = save_figure_atomic(fig, sweep_dir / f"{name}.png")
+        paths[name] = save_figure(fig, sweep_dir / f"{name}.png")
     return paths
 
 

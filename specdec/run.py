@@ -10,76 +10,27 @@ alternation so slow drifts in machine load hit both alike. Writes ``results.json
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
-import sys
-import traceback
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from specdec.config import config_dir, register_configs
-from specdec.data import encode_prompt, load_prompt_mix
+from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
 from specdec.drafters import build_drafter
 from specdec.engine import autoregressive_generate, speculative_generate
-from specdec.loading import load_target, resolve_device
+from specdec.io import write_json
+from specdec.jobs import config_fields, machine_description, run_task
+from specdec.loading import load_target, resolve_device, stop_token_ids
 from specdec.metrics import DecodeStats, predicted_speedup
 from specdec.sampling import SamplingParams
 
 register_configs()
-
-
-def machine_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
-
-
-def check_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
-    """Prompt tokens left once ``max_new_tokens`` and the lookahead (k + 1) are reserved in a context of
-    ``context`` positions; an error naming both settings when nothing is left for a prompt."""
-    room = context - max_new_tokens - k - 1
-    if room < 1:
-        raise ValueError(
-            f"data.max_new_tokens ({max_new_tokens}) + lookahead (drafter.k + 1 = {k + 1}) = {max_new_tokens + k + 1} "
-            f"exceeds the model's context of {context} positions ({where}), leaving no room for a prompt; "
-            f"lower data.max_new_tokens (at most {context - k - 2}, less the longest prompt's length)"
-        )
-    return room
-
-
-def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
-    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it."""
-    encoded = []
-    for row in rows:
-        ids = encode_prompt(tokenizer, row)
-        if len(ids) > limit:
-            raise ValueError(
-                f"prompt {row['id']!r} has {len(ids)} tokens, more than the {limit} allowed "
-                f"(context {context} minus max_new_tokens and lookahead); lower data.max_new_tokens, "
-                "raise data.max_prompt_tokens / target.max_context, or drop the prompt"
-            )
-        encoded.append(ids)
-    return encoded
-
-
-def left_pad(batch: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids) for ids in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, row in enumerate(batch):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _rate(stats: DecodeStats) -> float:
@@ -127,24 +78,20 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     SamplingParams(**sampling)  # bad settings fail before the model loads
-    check_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
+    prompt_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafter = build_drafter(cfg.drafter, target, tokenizer)
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = check_room(cfg.data.max_new_tokens, k, context,
+    limit = prompt_room(cfg.data.max_new_tokens, k, context,
                        "target.max_context" if context == cfg.target.max_context else "max_position_embeddings")
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
-    eos = [target.generation_config.eos_token_id] if isinstance(target.generation_config.eos_token_id, int) \
-        else list(target.generation_config.eos_token_id or [])
-    # Completion prompts (code, text) end at <|endoftext|> as well as at the chat end token.
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-        eos.append(tokenizer.eos_token_id)
+    eos = stop_token_ids(target, tokenizer)
     generator = torch.Generator(device=device)
     gen_args = dict(max_new_tokens=cfg.data.max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
 
@@ -182,7 +129,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     results = {
         "status": "ok",
         "error": None,
-        **_config_fields(cfg),
+        **config_fields(cfg),
         "num_prompts": len(prompts),
         **summarize(spec_all, base_all, k, len(prompts)),
         "target_forwards": spec_all.target_forwards,
@@ -199,32 +146,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "device": machine_description(device),
     }
     return results
-
-
-def _config_fields(cfg: DictConfig) -> dict[str, Any]:
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:  # not under Hydra (called from Python)
-        overrides = []
-    return {
-        "target": cfg.target.name,
-        "drafter": cfg.drafter.name,
-        "k": cfg.drafter.k,
-        "temperature": cfg.sampling.temperature,
-        "top_k": cfg.sampling.top_k,
-        "top_p": cfg.sampling.top_p,
-        "sources": list(cfg.data.sources),
-        "max_new_tokens": cfg.data.max_new_tokens,
-        "batch_size": cfg.data.batch_size,
-        "overrides": overrides,
-    }
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Atomic: a crash mid-write never leaves a truncated results file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -252,32 +173,21 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _main(cfg: DictConfig, results_path: Path) -> float:
+    results = run(cfg)
+    write_json(results_path, results)
+    print(format_table(results))
+    print(f"results: {results_path}")
+    if cfg.logger.name == "wandb":
+        from specdec.report import wandb_log_run
+
+        wandb_log_run(cfg, results, results_path.parent)
+    return results["speedup"]
+
+
 @hydra.main(config_path=config_dir(), config_name="run", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    results_path = out_dir / cfg.results_file
-    try:
-        if cfg.logger.name not in ("none", "wandb"):
-            raise ValueError(f"logger.name must be 'none' or 'wandb', got {cfg.logger.name!r}")
-        results = run(cfg)
-        write_json(results_path, results)
-        print(format_table(results))
-        print(f"results: {results_path}")
-        if cfg.logger.name == "wandb":
-            from specdec.report import wandb_log_run
-
-            wandb_log_run(cfg, results, out_dir)
-    except Exception as exc:
-        # A failed run still leaves a results file, so a sweep's summary lists it with its error. In a
-        # sweep the job returns instead of raising: an escaping exception would make Hydra skip the
-        # summary at the end (the summary callback then exits 1 when any run failed).
-        write_json(results_path, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc(), **_config_fields(cfg)})
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
-            raise
-        print(f"run failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
-        return math.nan
-    return results["speedup"]
+    return run_task(cfg, _main, failure_value=math.nan)  # the speedup, which a sweep maximises
 
 
 if __name__ == "__main__":

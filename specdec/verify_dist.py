@@ -55,22 +55,21 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from scipy import stats as sps
 
 from specdec import planted
 from specdec.cache import KVCache
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
-from specdec.data import load_prompt_mix
+from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
 from specdec.drafters import Drafter, build_drafter
 from specdec.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.loading import load_target, resolve_device
 from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.models.llama import CompactLlama, supports
-from specdec.report import config_fields, save_figure_atomic, write_json_atomic
-from specdec.run import encode_prompts, left_pad, machine_description
+from specdec.io import save_figure, write_json
+from specdec.jobs import config_fields, machine_description, run_task
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.stats import (TokenScores, Verdict, chi2_two_sample, detectable_tv, exactness_test_from_scores, holm,
                            pit_from_scores, token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
@@ -488,7 +487,8 @@ def run(cfg: DictConfig) -> VerifyResult:
     drafter = build_drafter(cfg.drafter, target, tokenizer)
     k, length = cfg.drafter.k, cfg.data.max_new_tokens
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = context - length - k - 1
+    limit = prompt_room(length, k, context, "target.max_context" if context == cfg.target.max_context
+                        else "max_position_embeddings")
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
@@ -500,18 +500,9 @@ def run(cfg: DictConfig) -> VerifyResult:
         min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
-    result.report = {**result.report, **_config_fields(cfg), "prompt_ids": list(rows["id"]),
+    result.report = {**result.report, **config_fields(cfg), "prompt_ids": list(rows["id"]),
                      "device": machine_description(device)}
     return result
-
-
-def _config_fields(cfg: DictConfig) -> dict[str, Any]:
-    try:
-        overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:  # not under Hydra
-        overrides = []
-    return {**config_fields(cfg), "seed": cfg.sampling.seed, "batch_size": cfg.data.batch_size,
-            "overrides": overrides}
 
 
 def summary_text(report: dict[str, Any]) -> str:
@@ -539,28 +530,24 @@ def summary_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path=config_dir(), config_name="verify_dist", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    results_path = out_dir / cfg.results_file
-    try:
-        result = run(cfg)
-    except Exception as exc:  # a failed run still leaves its verify.json
-        write_json_atomic(results_path, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                                         "planted_bug": cfg.planted_bug, **_config_fields(cfg)})
-        raise
-    write_json_atomic(results_path, result.report)
+def _main(cfg: DictConfig, results_path: Path) -> bool:
+    result = run(cfg)
+    write_json(results_path, result.report)
     if cfg.plot:
-        save_figure_atomic(plot_result(result), results_path.with_suffix(".png"))
+        save_figure(plot_result(result), results_path.with_suffix(".png"))
     print(summary_text(result.report))
     print(f"results: {results_path}")
     if cfg.logger.name == "wandb":
         from specdec.report import wandb_log_run
 
-        wandb_log_run(cfg, result.report, out_dir)
-    elif cfg.logger.name != "none":
-        raise ValueError(f"logger.name must be 'none' or 'wandb', got {cfg.logger.name!r}")
-    if result.reject:
+        wandb_log_run(cfg, result.report, results_path.parent)
+    return result.reject
+
+
+@hydra.main(config_path=config_dir(), config_name="verify_dist", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    rejected = run_task(cfg, _main, failure_value=False, extra_failure_fields={"planted_bug": cfg.planted_bug})
+    if rejected:
         sys.exit(EXIT_REJECTED)
 
 

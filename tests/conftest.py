@@ -46,16 +46,6 @@ def real_prompts(real_target):
     return [encode_prompt(tokenizer, row) for row in rows]
 
 
-def left_pad(batch: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(batch):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return ids, mask
-
-
 def pytest_collection_modifyitems(config, items):
     """GPU tests run where CUDA is present and are skipped (not failed) elsewhere, e.g. in CI."""
     if torch.cuda.is_available():

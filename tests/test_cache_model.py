@@ -4,7 +4,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import left_pad, tiny_llama
+from conftest import tiny_llama
+
+from specdec.data import left_pad
 from specdec.cache import KVCache
 from specdec.models import CompactLlama, HFDecoder, as_decoder
 from specdec.models import llama as llama_module

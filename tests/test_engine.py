@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from conftest import left_pad, tiny_llama
+from conftest import tiny_llama
+
+from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.errors import VocabMismatchError
 

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import specdec.engine
-from conftest import left_pad, tiny_llama
+from conftest import tiny_llama
+
+from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
@@ -387,7 +389,7 @@ def test_shipped_heads_exist_with_provenance():
                                  MedusaDrafter.Config()],
                          ids=["chain", "fixed-tree", "default-dynamic-tree-with-lookup"])
 def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, real_prompts, cfg):
-    from conftest import left_pad as pad
+    from specdec.data import left_pad as pad
 
     model, tokenizer = real_target
     drafter = build_drafter(cfg, model, tokenizer)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specdec.engine
-from conftest import left_pad
+from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter

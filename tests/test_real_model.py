@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import left_pad
+from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.models import CompactLlama, as_decoder
 

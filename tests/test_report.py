@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from specdec import report
+from specdec.jobs import failed_result
+from specdec.metrics import predicted_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,7 +27,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
     categories = {
         cat: {"num_prompts": 2, "acceptance_rate": alpha * f, "acceptance_per_position": [a * f for a in alpha_i],
               "mean_accepted_length": 1 + (tau - 1) * f, "tokens_per_second": 30.0 * f,
-              "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0}
+              "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0,
+              "predicted_speedup": predicted_speedup(alpha * f, k, 0.1 * f), "cost_ratio": 0.1 * f}
         for cat, f in (("coding", 1.1), ("writing", 0.7))
     }
     return {
@@ -35,7 +37,7 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
         "num_prompts": 4, "max_new_tokens": 64, "batch_size": 1, "acceptance_rate": alpha,
         "acceptance_per_position": alpha_i, "mean_accepted_length": tau, "tokens_per_second": 25.0 + k / 3,
         "baseline_tokens_per_second": 19.0, "speedup": (25.0 + k / 3) / 19.0,
-        "predicted_speedup": report.predicted_speedup(alpha, k, 0.1), "cost_ratio": 0.1,
+        "predicted_speedup": predicted_speedup(alpha, k, 0.1), "cost_ratio": 0.1,
         "target_forwards": 100, "drafter_forwards": 100 * k, "new_tokens": int(100 * tau),
         "wall_time_s": 10.0, "baseline_wall_time_s": 13.0, "per_category": categories, "lossy": False,
         "device": "cpu", "overrides": [f"drafter={drafter}", f"drafter.k={k}", f"sampling.temperature={temperature}"],
@@ -111,8 +113,9 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
         for cat, metrics in res["per_category"].items():
             assert rows.loc[cat, "mean_accepted_length"] == metrics["mean_accepted_length"]
             assert [rows.loc[cat, f"alpha_{i}"] for i in range(1, res["k"] + 1)] == metrics["acceptance_per_position"]
-            expected = report.predicted_speedup(metrics["acceptance_rate"], res["k"], res["cost_ratio"])
-            assert rows.loc[cat, "predicted_speedup"] == pytest.approx(expected)
+            # copied, not recomputed (the run computes each category's from its own α and cost ratio)
+            assert rows.loc[cat, "predicted_speedup"] == metrics["predicted_speedup"]
+            assert rows.loc[cat, "cost_ratio"] == metrics["cost_ratio"]
 
 
 def test_summarize_copies_metrics_exactly(sweep: Path) -> None:
@@ -163,18 +166,18 @@ def test_a_lossy_run_is_marked_in_the_summary_and_the_plots(sweep: Path) -> None
 
 
 def test_predicted_speedup_formula() -> None:
-    assert report.predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
-    assert report.predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify
-    assert report.predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
-    assert math.isnan(report.predicted_speedup(None, 4, 0.1))
+    assert predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
+    assert predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify
+    assert predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
 
 
 def test_failed_result_from_a_run_config() -> None:
     cfg = OmegaConf.create({"target": {"name": "t"}, "drafter": {"name": "ngram", "k": 3},
                             "sampling": {"temperature": 0.5, "top_k": 10, "top_p": 0.9}, "data": {"sources": ["a"]}})
-    res = report.failed_result(cfg, ValueError("bad k"), ["drafter.k=3"])
+    res = failed_result(cfg, ValueError("bad k"), ["drafter.k=3"])
     assert res == {"status": "failed", "error": "ValueError: bad k", "target": "t", "drafter": "ngram", "k": 3,
-                   "temperature": 0.5, "top_k": 10, "top_p": 0.9, "sources": ["a"], "overrides": ["drafter.k=3"]}
+                   "temperature": 0.5, "top_k": 10, "top_p": 0.9, "seed": None, "sources": ["a"],
+                   "max_new_tokens": None, "batch_size": None, "overrides": ["drafter.k=3"]}
 
 
 def test_callback_writes_summary_then_exits_nonzero_when_a_run_failed(sweep: Path, capsys) -> None:
@@ -218,38 +221,30 @@ def test_cli(sweep: Path, capsys) -> None:
 # A tiny Hydra app following the entry-point pattern the report relies on: catch, write a failed
 # results.json, return normally in a multirun (so the other jobs and on_multirun_end still run).
 HYDRA_APP = '''
-import json, os
 import hydra
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from specdec.report import failed_result, write_json_atomic
+from specdec.io import write_json
+from specdec.jobs import config_fields, run_task
 
 ConfigStore.instance().store(name="cfg", node={
     "target": {"name": "tiny"}, "drafter": {"name": "ngram", "k": 1},
     "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, "data": {"sources": ["x"]},
-    "logger": {"name": "none"}, "fail_at_k": 2,
+    "logger": {"name": "none"}, "fail_at_k": 2, "results_file": "results.json",
     "hydra": {"callbacks": {"summary": {"_target_": "specdec.report.SweepSummaryCallback"}}}})
+
+def task(cfg, results_path):
+    if cfg.drafter.k == cfg.fail_at_k:
+        raise ValueError(f"k={cfg.drafter.k} is cursed")
+    k = cfg.drafter.k
+    results = {"status": "ok", "error": None, **config_fields(cfg),
+               "acceptance_rate": 0.5, "acceptance_per_position": [0.5] * k, "mean_accepted_length": 1.5,
+               "speedup": 1.2, "predicted_speedup": 1.3, "cost_ratio": 0.1}
+    write_json(results_path, results)
+    return results["speedup"]
 
 @hydra.main(version_base="1.3", config_path=None, config_name="cfg")
 def main(cfg):
-    out = HydraConfig.get().runtime.output_dir
-    overrides = list(HydraConfig.get().overrides.task)
-    try:
-        if cfg.drafter.k == cfg.fail_at_k:
-            raise ValueError(f"k={cfg.drafter.k} is cursed")
-        k = cfg.drafter.k
-        results = {"status": "ok", "error": None, "target": "tiny", "drafter": "ngram", "k": k,
-                   "temperature": cfg.sampling.temperature, "top_k": 0, "top_p": 1.0, "sources": ["x"],
-                   "acceptance_rate": 0.5, "acceptance_per_position": [0.5] * k, "mean_accepted_length": 1.5,
-                   "speedup": 1.2, "predicted_speedup": 1.3, "cost_ratio": 0.1, "overrides": overrides}
-    except Exception as exc:
-        write_json_atomic(os.path.join(out, "results.json"), failed_result(cfg, exc, overrides))
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            return None
-        raise
-    write_json_atomic(os.path.join(out, "results.json"), results)
-    return results["speedup"]
+    return run_task(cfg, task, failure_value=None)
 
 if __name__ == "__main__":
     main()

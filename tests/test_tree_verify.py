@@ -18,7 +18,7 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.sampling import logits_to_probs, sample
 from specdec.stats import chi2_goodness_of_fit, holm
 from specdec.verify_tree import Tree, residual_after_rejection, verify_tree
-from conftest import left_pad
+from specdec.data import left_pad
 
 V, M, LENGTH = 8, 3, 6
 # Root with three children; the first has two, one of which has a child; the second has one.

@@ -14,7 +14,7 @@ from specdec.drafters.medusa import MedusaDrafter
 from specdec.stats import exactness_test
 from specdec.verify_tree import Tree
 from specdec.verify_typical import TypicalAcceptance
-from conftest import left_pad
+from specdec.data import left_pad
 from test_medusa import PATHS, markov_heads, markov_target, random_heads, sample_and_score  # noqa: F401
 
 UNIFORM = [0.2] * 5

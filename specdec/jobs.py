@@ -1,0 +1,112 @@
+"""The job layer every Hydra entry point shares (``python -m specdec.run``, ``specdec.verify_dist``): the
+config fields a results file carries, the machine line, the logger check, and one failure rule.
+
+The failure rule (:func:`run_task`): a job that fails still leaves its results file (status "failed", the
+error, the traceback, the config fields), so a sweep's summary lists it with its error. Run alone, the job
+then raises; in a multirun it returns ``failure_value`` instead, since an escaping exception would make
+Hydra skip the summary callback at the end (which exits 1 when any run failed).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from specdec.io import write_json
+
+T = TypeVar("T")
+
+# Config fields every results file carries, failed or not, with where they live in the job's config.
+CONFIG_KEYS = {
+    "target": "target.name",
+    "drafter": "drafter.name",
+    "k": "drafter.k",
+    "temperature": "sampling.temperature",
+    "top_k": "sampling.top_k",
+    "top_p": "sampling.top_p",
+    "seed": "sampling.seed",
+    "sources": "data.sources",
+    "max_new_tokens": "data.max_new_tokens",
+    "batch_size": "data.batch_size",
+}
+LOGGERS = ("none", "wandb")
+
+
+def hydra_overrides() -> list[str]:
+    """The command-line overrides of the running Hydra job ([] when called from Python)."""
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under Hydra
+        return []
+
+
+def config_fields(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """:data:`CONFIG_KEYS` read from ``cfg`` (None where absent) and the job's overrides."""
+    fields = {}
+    for key, where in CONFIG_KEYS.items():
+        try:
+            value = OmegaConf.select(cfg, where, default=None)
+        except Exception:  # an interpolation that cannot resolve outside its job (e.g. ${hydra:...})
+            value = None
+        fields[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    fields["overrides"] = list(hydra_overrides() if overrides is None else overrides)
+    return fields
+
+
+def failed_result(cfg: DictConfig, error: BaseException | str, overrides: Sequence[str] | None = None) -> dict:
+    """A failed job's results file: status, error ("ExceptionType: message") and the config fields."""
+    if isinstance(error, BaseException):
+        error = f"{type(error).__name__}: {error}"
+    return {"status": "failed", "error": error, **config_fields(cfg, overrides)}
+
+
+def machine_description(device: torch.device | str = "cpu") -> str:
+    """The line every figure is reported with: the GPU's name, or the CPU's model and thread count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_model()} CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), and whether it has AVX-512 / bf16 / AMX instructions."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = info.splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    isa = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags] or (["avx2"] if "avx2" in flags else [])
+    return f"{name} ({', '.join(isa) or 'no AVX2'})"
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """Checked before any work: a misspelt logger must not cost a whole run."""
+    if cfg.logger.name not in LOGGERS:
+        raise ValueError(f"logger.name must be one of {LOGGERS}, got {cfg.logger.name!r}")
+
+
+def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_value: T,
+             extra_failure_fields: dict[str, Any] | None = None) -> T:
+    """Run ``task(cfg, results_path)`` under the failure rule of the module docstring; ``results_path`` is
+    ``cfg.results_file`` in the job's output directory."""
+    results_path = Path(HydraConfig.get().runtime.output_dir) / cfg.results_file
+    try:
+        check_logger(cfg)
+        return task(cfg, results_path)
+    except Exception as exc:
+        write_json(results_path, {**failed_result(cfg, exc), **(extra_failure_fields or {}),
+                                  "traceback": traceback.format_exc()})
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        print(f"job failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
+        return failure_value
