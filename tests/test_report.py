@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from specdec import report
 from specdec.jobs import failed_result
 from specdec.metrics import predicted_speedup
+from specdec.report.plots import _series
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -162,7 +163,7 @@ def test_a_lossy_run_is_marked_in_the_summary_and_the_plots(sweep: Path) -> None
     md = report.write_summary(sweep, report.collect_runs(sweep))["md"].read_text()
     assert "| 2 | medusa (LOSSY) | 4 |" in md and "LOSSY: a run marked so" in md
     df = report.summarize(report.collect_runs(sweep))
-    assert "medusa (LOSSY) T=0" in set(report._series(df[df["category"] == report.ALL]))
+    assert "medusa (LOSSY) T=0" in set(_series(df[df["category"] == report.ALL]))
 
 
 def test_predicted_speedup_formula() -> None:
@@ -195,7 +196,7 @@ def test_a_report_error_is_printed_not_raised(sweep: Path, capsys, monkeypatch) 
     def broken(df):
         raise ValueError("plotting exploded")
 
-    monkeypatch.setattr(report, "make_plots", broken)
+    monkeypatch.setattr(report.sweep, "make_plots", broken)  # where write_summary looks it up
     runs = report.report_sweep(sweep)
     assert len(runs) == 7
     err = capsys.readouterr().err

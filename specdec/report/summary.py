@@ -1,0 +1,213 @@
+"""Collecting a sweep's runs (each job's ``results.json``, or what Hydra left of a crashed one) into one
+table, and that table as markdown. Figures are copied, never recomputed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from specdec.jobs import failed_result
+
+RESULTS_FILE = "results.json"
+NO_RESULTS_ERROR = "no results.json (run crashed before writing)"
+ALL = "all"  # the `category` of a run's overall row
+
+# Beyond drafter and temperature, these config fields split the plot lines when they vary in a sweep.
+SERIES_KEYS = ["target", "top_k", "top_p", "sources", "max_new_tokens", "batch_size"]
+INT_COLUMNS = ["k", "top_k", "num_prompts", "max_new_tokens", "batch_size",
+               "target_forwards", "drafter_forwards", "new_tokens"]
+COLUMNS = [
+    "job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
+    "num_prompts", "max_new_tokens", "batch_size", "category",
+    "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second",
+    "speedup", "predicted_speedup", "cost_ratio", "target_forwards", "drafter_forwards", "new_tokens",
+    "wall_time_s", "baseline_wall_time_s", "lossy", "device", "overrides", "run_dir",
+]  # then alpha_1 .. alpha_<max k>
+# What a category row copies from its run; its metrics come from per_category.
+CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
+                   "max_new_tokens", "batch_size", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
+CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
+                    "baseline_tokens_per_second", "speedup", "predicted_speedup", "cost_ratio"]
+
+
+def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
+    if results_file in names or ".hydra" in names:
+        return True
+    # Hydra names job dirs by job number: an empty one is a job killed before it wrote anything.
+    return is_sweep_child and path.name.isdigit() and not is_top
+
+
+def _job_dirs(sweep_dir: Path, results_file: str) -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(sweep_dir):
+        path = Path(root)
+        if _is_job_dir(path, dirs + files, results_file, path == sweep_dir, path.parent == sweep_dir):
+            found.append(path)
+            dirs.clear()  # a job's own subfolders (.hydra, wandb, ...) are not jobs
+        else:
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "wandb")
+    return found
+
+
+def _job_sort_key(run_dir: str) -> tuple:
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in Path(run_dir).parts)
+
+
+def _failed_from_hydra_files(job_dir: Path, error: str) -> dict:
+    """A failed record for a job without a usable results.json, from what Hydra saved at job start."""
+    hydra_dir = job_dir / ".hydra"
+    cfg = OmegaConf.load(hydra_dir / "config.yaml") if (hydra_dir / "config.yaml").is_file() else OmegaConf.create()
+    overrides = OmegaConf.load(hydra_dir / "overrides.yaml") if (hydra_dir / "overrides.yaml").is_file() else []
+    return failed_result(cfg, error, [str(o) for o in overrides])
+
+
+def collect_runs(sweep_dir: str | os.PathLike, results_file: str = RESULTS_FILE) -> list[dict]:
+    """Every run of a Hydra sweep (``<sweep_dir>/<job_num>/results.json``), failed ones included.
+
+    A job dir without ``results_file`` (the job crashed before writing it) or with an unreadable one becomes
+    a failed run whose config fields and overrides come from the job's ``.hydra/`` files. Each run gains
+    ``job`` and ``run_dir`` (its directory relative to ``sweep_dir``). Sorted by job number.
+    """
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep directory {str(sweep_dir)!r} does not exist")
+    runs = []
+    for job_dir in _job_dirs(sweep_dir, results_file):
+        path = job_dir / results_file
+        if not path.is_file():
+            run = _failed_from_hydra_files(job_dir, NO_RESULTS_ERROR)
+        else:
+            try:
+                run = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(run, dict):
+                    raise ValueError(f"expected a JSON object, got {type(run).__name__}")
+            except ValueError as e:
+                run = _failed_from_hydra_files(job_dir, f"unreadable {results_file}: {type(e).__name__}: {e}")
+            if not run.get("overrides") and (job_dir / ".hydra" / "overrides.yaml").is_file():
+                run["overrides"] = [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+        rel = job_dir.relative_to(sweep_dir).as_posix()
+        run["run_dir"] = rel
+        run["job"] = job_dir.name if rel != "." else "."
+        runs.append(run)
+    runs.sort(key=lambda r: _job_sort_key(r["run_dir"]))
+    return runs
+
+
+def _join(value: Any, sep: str) -> Any:
+    return sep.join(map(str, value)) if isinstance(value, (list, tuple)) else value
+
+
+def summarize(runs: Sequence[dict]) -> pd.DataFrame:
+    """One row per run (``category == "all"``) and one per run × prompt category, in a single frame.
+
+    Columns: :data:`COLUMNS`, then ``alpha_1 .. alpha_<max k>`` (per-position acceptance; NaN past a run's
+    own k). Metrics are copied from results.json unchanged; a category row carries its run's config fields
+    and its own metrics.
+    """
+    rows = []
+    for run in runs:
+        row = {c: run.get(c) for c in COLUMNS}
+        row["sources"] = _join(run.get("sources"), ",")
+        row["overrides"] = _join(run.get("overrides"), " ")
+        rows.append({**row, "category": ALL, **_alphas(run.get("acceptance_per_position"))})
+        config = {c: row[c] for c in CATEGORY_CONFIG}
+        for category, metrics in (run.get("per_category") or {}).items():
+            rows.append({
+                **config, "category": category, **{m: metrics.get(m) for m in CATEGORY_METRICS},
+                **_alphas(metrics.get("acceptance_per_position")),
+            })
+    df = pd.DataFrame(rows)
+    alpha_cols = sorted((c for c in df.columns if c.startswith("alpha_")), key=lambda c: int(c[6:]))
+    return _typed(df.reindex(columns=COLUMNS + alpha_cols))
+
+
+def _alphas(per_position: Optional[Sequence[float]]) -> dict[str, float]:
+    return {f"alpha_{i}": a for i, a in enumerate(per_position or [], start=1)}
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for c in INT_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    floats = [c for c in df.columns if c.startswith("alpha_")] + [
+        "temperature", "top_p", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
+        "baseline_tokens_per_second", "speedup", "predicted_speedup", "cost_ratio", "wall_time_s",
+        "baseline_wall_time_s"]
+    for c in floats:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    for c in ("job", "status", "error", "target", "drafter", "sources", "category", "device", "overrides", "run_dir"):
+        df[c] = df[c].astype("string")
+    df["lossy"] = df["lossy"].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
+    return df
+
+
+def load_summary(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a ``summary.csv`` back with the dtypes :func:`summarize` gave it (floats round-trip exactly)."""
+    # pandas < 3 parses floats exactly only when asked; pandas 3 always does and deprecates the option.
+    exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], **exact)
+    return _typed(df.reindex(columns=list(dict.fromkeys(COLUMNS + list(df.columns)))))
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return format(value, spec).replace("|", "\\|").replace("\n", " ")
+
+
+def _drafter(row: pd.Series) -> str:
+    """The drafter's name, marked where its acceptance rule is lossy (e.g. Medusa's typical acceptance)."""
+    lossy = row["lossy"] is not pd.NA and bool(row["lossy"])
+    return str(row["drafter"]) + (" (LOSSY)" if lossy else "")
+
+
+def _varying(runs: pd.DataFrame, keys: Sequence[str]) -> list[str]:
+    return [k for k in keys if runs[k].dropna().nunique() > 1]
+
+
+def markdown_summary(df: pd.DataFrame) -> str:
+    """summary.md: one table row per run, a per-category table, and the failed runs with their errors."""
+    runs = df[df["category"] == ALL]
+    extra = _varying(runs, SERIES_KEYS)
+    header = ["job", *extra, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
+              "speedup", "predicted speedup", "status"]
+    lines = ["# Sweep summary", "",
+             f"{len(runs)} runs, {int((runs['status'] != 'ok').sum())} failed. α: acceptance rate; "
+             "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline.", "",
+             _md_row(header), _md_row(["---"] * len(header))]
+    for _, r in runs.iterrows():
+        lines.append(_md_row([
+            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), _fmt(_drafter(r)), _fmt(r["k"]),
+            _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
+            _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
+            _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup"], ".2f"), _fmt(r["status"]),
+        ]))
+    if runs["lossy"].fillna(False).any():
+        lines += ["", "LOSSY: a run marked so verified with a lossy acceptance rule (typical acceptance); its "
+                  "output is not distributed as the target's at temperature > 0."]
+    cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
+    if len(cats):
+        header = ["job", "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup"]
+        lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
+        for _, r in cats.iterrows():
+            lines.append(_md_row([
+                _fmt(r["job"]), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
+                _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
+                _fmt(r["speedup"], ".2f"),
+            ]))
+    failed = runs[runs["status"] != "ok"]
+    if len(failed):
+        lines += ["", "## Failed runs", ""]
+        for _, r in failed.iterrows():
+            lines.append(f"- job {_fmt(r['job'])} (`{_fmt(r['overrides'])}`, in `{_fmt(r['run_dir'])}`): "
+                         f"{_fmt(r['error'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
