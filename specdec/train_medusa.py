@@ -1,6 +1,6 @@
 """``python -m specdec.train_medusa ...`` is ``python -m specdec.train ...`` (Medusa is its default method)."""
 
-from specdec.train import main
+import runpy
 
 if __name__ == "__main__":
-    main()
+    runpy.run_module("specdec.train", run_name="__main__", alter_sys=True)

@@ -249,6 +249,17 @@ def test_config_composes_with_hydra():
     assert obj.output_dir == "outputs/train/medusa/smollm2-135m"
 
 
+@pytest.mark.parametrize("module", ["specdec.train", "specdec.train_medusa"])
+def test_entry_point_and_its_alias_compose_the_same_config(module):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", module, "--cfg", "job", "--resolve", "method.num_heads=2"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    assert "name: medusa" in out and "num_heads: 2" in out and "output_dir: outputs/train/medusa/smollm2-135m" in out
+
+
 def test_magpie_prompts_are_the_targets_own_user_turns(tiny_pair):
     model, tokenizer = tiny_pair
     chat = copy.deepcopy(tokenizer)

@@ -134,7 +134,8 @@ def _topk(target, hidden: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torc
     return torch.cat(ids), torch.cat(logprobs)
 
 
-def _check_stored(path: Path, fingerprint: str) -> None:
+def _check_stored(path: Path, fingerprint: str | None) -> None:
+    """Raise ValueError unless ``path`` holds this format (and, given one, this ``fingerprint``)."""
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     if meta.get("format") != FORMAT:
@@ -143,9 +144,17 @@ def _check_stored(path: Path, fingerprint: str) -> None:
         raise ValueError(f"{str(path)!r} holds self-distillation data in another layout ({written_by}); this "
                          f"version reads {FORMAT!r} only: move or delete that file to rebuild it (the target "
                          f"answers the prompts again), or use another run_name")
-    if meta.get("fingerprint") != fingerprint:
+    if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
                          f"(or delete {str(path.parent)!r} to start over)")
+
+
+def load_splits(path: Path) -> dict[str, Split]:
+    """Every split stored at ``path`` (a file :func:`load_or_build` wrote)."""
+    _check_stored(path, None)
+    tensors = load_file(str(path))
+    names = sorted({key.split(".")[0] for key in tensors})
+    return {name: Split(**{f.name: tensors.get(f"{name}.{f.name}") for f in fields(Split)}) for name in names}
 
 
 def load_or_build(cfg: Any, target, tokenizer, needs: DataNeeds, path: Path) -> dict[str, Split]:
@@ -155,9 +164,7 @@ def load_or_build(cfg: Any, target, tokenizer, needs: DataNeeds, path: Path) -> 
     fingerprint = _fingerprint(cfg, needs)
     if path.is_file():
         _check_stored(path, fingerprint)
-        tensors = load_file(str(path))
-        names = sorted({key.split(".")[0] for key in tensors})
-        return {name: Split(**{f.name: tensors.get(f"{name}.{f.name}") for f in fields(Split)}) for name in names}
+        return load_splits(path)
     start = time.perf_counter()
     splits = build_splits(cfg, target, tokenizer, needs, prompts_path=path.with_name("prompts.jsonl"))
     tensors = {f"{name}.{f.name}": getattr(split, f.name).contiguous() for name, split in splits.items()
