@@ -166,6 +166,22 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     assert resumed["times_s"]["data_build_s"] == partial["times_s"]["data_build_s"] > 0  # from the cache
 
 
+def test_held_out_figures_after_every_epoch_survive_an_interruption(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "plain")
+    plain = train(cfg, model, tokenizer)
+    cfg = tiny_config(tmp_path / "every")
+    cfg.eval_every_epoch, cfg.stop_after_steps = True, plain["total_steps"] // 3 + 1  # past the first epoch
+    partial = train(cfg, model, tokenizer)
+    assert [e["epoch"] for e in partial["per_epoch"]] == [1]
+    cfg.stop_after_steps = None
+    every = train(cfg, model, tokenizer)
+    assert [e["epoch"] for e in every["per_epoch"]] == [1, 2, 3] and "per_epoch" not in plain
+    assert every["per_epoch"][0] == partial["per_epoch"][0]  # kept in the checkpoint across the interruption
+    assert every["per_epoch"][-1]["score"] == every["score"] == plain["score"]  # evaluating changes no weight
+    assert every["eval"] == plain["eval"]
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     heads = MedusaHeads(8, 12, 2)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=0.1)

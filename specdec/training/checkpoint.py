@@ -1,7 +1,8 @@
 """Resumable training checkpoints: safetensors (never pickle), written atomically.
 
 ``<output_dir>/checkpoints/step-N/`` holds ``model.safetensors``, ``optimizer.safetensors`` and
-``state.json`` (step, optimiser groups, the run's training settings, training seconds so far). It is
+``state.json`` (step, optimiser groups, the run's training settings, training seconds and per-epoch
+held-out figures so far). It is
 written to a temporary directory and renamed into place, then published by atomically rewriting
 ``checkpoints/latest``; older steps are removed only after that. A crash at any point leaves the previous
 checkpoint intact and current.
@@ -83,7 +84,7 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     return int(meta["step"])
 
 
-def train_seconds(directory: Path) -> float:
-    """Training time recorded in the latest checkpoint (0 without one)."""
+def latest_state(directory: Path) -> dict[str, Any]:
+    """The latest checkpoint's ``state.json`` (step, training seconds, per-epoch figures...); {} without one."""
     found = _latest(directory)
-    return 0.0 if found is None else float(found[1]["train_s"])
+    return {} if found is None else found[1]

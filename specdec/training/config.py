@@ -59,6 +59,7 @@ class TrainConfig:
     save_every: int = 50  # optimiser steps between checkpoints
     log_every: int = 10
     stop_after_steps: Optional[int] = None  # stop (checkpointed) after this many steps of this invocation
+    eval_every_epoch: bool = False  # also record the held-out figures after every epoch (metrics' per_epoch)
     data: DistillDataConfig = field(default_factory=DistillDataConfig)
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -3,7 +3,8 @@ resumable checkpoints.
 
 The data order is a function of (seed, epoch), and each process takes its share of every batch, so a
 resumed run reproduces the uninterrupted one bit for bit. Checkpoints are written every ``save_every``
-steps, at the end, and on Ctrl-C; resuming with other training settings is refused.
+steps, at the end, and on Ctrl-C; resuming with other training settings is refused. Held-out figures can
+be recorded after every epoch (``eval_every_epoch``): they can peak before the loss stops improving.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from specdec.training.checkpoint import load_checkpoint, save_checkpoint, train_seconds
+from specdec.training.checkpoint import latest_state, load_checkpoint, save_checkpoint
 from specdec.training.methods.base import TrainMethod
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class Progress:
     total: int  # steps of the whole run
     first_step: int  # where this invocation started (0, or the checkpoint it resumed from)
     train_s: float  # training seconds over every invocation of this run
+    history: list[dict[str, Any]] = field(default_factory=list)  # held-out figures after each epoch, if asked
 
 
 def lr_at(step: int, total: int, cfg: Any) -> float:
@@ -47,16 +49,19 @@ def batch_indices(num_examples: int, step: int, steps_per_epoch: int, cfg: Any, 
 
 
 def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_dir: Path,
-        ) -> tuple[torch.nn.Module, Progress]:
+        evaluate: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> tuple[torch.nn.Module, Progress]:
     """Train ``model`` (resuming from ``out_dir``'s latest checkpoint) until the run's last step, or for
-    ``cfg.stop_after_steps`` steps of this invocation. Returns the prepared model and where it stands."""
+    ``cfg.stop_after_steps`` steps of this invocation. Returns the prepared model and where it stands.
+    ``evaluate``: model -> held-out figures, recorded after every epoch (:attr:`Progress.history`)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     run = {"method": method.run_config(), "seed": cfg.seed, "optim": dict(vars(cfg.optim))}
     first_step = load_checkpoint(out_dir, model, optimizer, expect=run)
-    trained_before = train_seconds(out_dir)  # by earlier invocations of this run
+    before = latest_state(out_dir)  # what earlier invocations of this run recorded
+    trained_before = before.get("train_s", 0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     steps_per_epoch = math.ceil(method.num_examples() / cfg.optim.batch_size)
-    progress = Progress(first_step, cfg.optim.epochs * steps_per_epoch, first_step, trained_before)
+    progress = Progress(first_step, cfg.optim.epochs * steps_per_epoch, first_step, trained_before,
+                        before.get("history", []))
     start = time.perf_counter()
     saved = first_step
 
@@ -66,7 +71,8 @@ def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_
         progress.train_s = trained_before + time.perf_counter() - start
         if accelerator.is_main_process and progress.step > saved:
             save_checkpoint(out_dir, progress.step, accelerator.unwrap_model(model), optimizer,
-                            {"total_steps": progress.total, "run": run, "train_s": progress.train_s})
+                            {"total_steps": progress.total, "run": run, "train_s": progress.train_s,
+                             "history": progress.history})
         saved = progress.step
 
     model.train()
@@ -74,6 +80,8 @@ def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_
         while progress.step < progress.total and (cfg.stop_after_steps is None
                                                   or progress.step - first_step < cfg.stop_after_steps):
             _step(method, model, optimizer, cfg, accelerator, progress, steps_per_epoch)
+            if evaluate is not None and progress.step % steps_per_epoch == 0:
+                _after_epoch(method, model, evaluate, accelerator, progress, steps_per_epoch)
             if progress.step % cfg.save_every == 0 or progress.step == progress.total:
                 checkpoint()
     except KeyboardInterrupt:
@@ -98,3 +106,15 @@ def _step(method: TrainMethod, model: torch.nn.Module, optimizer: torch.optim.Op
                  {k: round(v, 3) for k, v in logged.items()})
         accelerator.log({"loss": float(loss.detach()), **logged, "lr": optimizer.param_groups[0]["lr"]},
                         step=progress.step)
+
+
+def _after_epoch(method: TrainMethod, model: torch.nn.Module, evaluate: Callable[[torch.nn.Module], dict[str, Any]],
+                 accelerator, progress: Progress, steps_per_epoch: int) -> None:
+    """Held-out figures of the model as it stands (they can peak before the loss does), logged and kept."""
+    unwrapped = accelerator.unwrap_model(model).eval()
+    metrics = evaluate(unwrapped)
+    model.train()
+    values = {"score": method.score(metrics), **method.log_values(metrics)}
+    progress.history.append({"epoch": progress.step // steps_per_epoch, "step": progress.step, **values})
+    log.info("epoch %d: held-out score %.4f", progress.step // steps_per_epoch, values["score"])
+    accelerator.log({f"epoch/{k}": v for k, v in values.items()}, step=progress.step)

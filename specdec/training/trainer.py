@@ -58,12 +58,14 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     if cfg.logger.name == "wandb":
         accelerator.init_trackers(cfg.logger.project, config=plain(cfg),
                                   init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
-    model, progress = fit(method, model, cfg, accelerator, out_dir)
+    evaluate = (lambda m: method.evaluate(m, splits)) if cfg.eval_every_epoch else None
+    model, progress = fit(method, model, cfg, accelerator, out_dir, evaluate)
     times["train_s"] = progress.train_s  # over every invocation of this run
     if progress.first_step:
         times["resumed_at_step"] = progress.first_step
     metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
-                               "finished": progress.step >= progress.total, **method.summary(), "times_s": times}
+                               "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
+                               **({"per_epoch": progress.history} if progress.history else {})}
     if progress.step < progress.total or not accelerator.is_main_process:
         accelerator.end_training()
         return metrics
