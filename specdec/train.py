@@ -1,7 +1,7 @@
 """Train a learned drafter for a frozen target, reproducibly, on one CPU or many GPUs.
 
-    python -m specdec.train                                          # Medusa heads, the shipped config (~36 min, 2-core CPU)
-    python -m specdec.train method=medusa method.token_aware=true    # the shipped (token-aware) heads
+    python -m specdec.train                                          # Medusa-1 heads (~36 min on a 2-core CPU)
+    python -m specdec.train method=medusa method.token_aware=true    # token-aware heads, as shipped
     python -m specdec.train data.mode=text                           # on a text corpus instead of the target's answers
     python -m specdec.train target=/path/to/model run_name=mine export=heads/mine
     accelerate launch -m specdec.train ...                           # several GPUs, no code change

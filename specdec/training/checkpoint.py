@@ -74,7 +74,8 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     ckpt, meta = found
     if expect is not None and meta.get("run") != expect:
         raise ValueError(f"the checkpoint in {str(ckpt)!r} was written with another training configuration "
-                         f"({meta.get('run')} vs {expect}); use another run_name, or delete the directory to start over")
+                         f"({meta.get('run')} vs {expect}); use another run_name, or delete the directory to "
+                         f"start over")
     model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in load_file(str(ckpt / "optimizer.safetensors")).items():

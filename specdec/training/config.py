@@ -55,7 +55,7 @@ class TrainConfig:
     run_name: str = "smollm2-135m"
     output_dir: str = "outputs/train/${method.name}/${run_name}"  # checkpoints, data, results; reused to resume
     export: Optional[str] = None  # also write the drafter's file + provenance.json to this directory
-    export_dtype: Optional[str] = None  # weights' dtype in the exported file, e.g. float16 (half the size); null = float32
+    export_dtype: Optional[str] = None  # exported weights' dtype, e.g. float16 (half the size); null = float32
     save_every: int = 50  # optimiser steps between checkpoints
     log_every: int = 10
     stop_after_steps: Optional[int] = None  # stop (checkpointed) after this many steps of this invocation

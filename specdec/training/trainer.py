@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from specdec.training.distill.store import build_seconds, load_or_build
+from specdec.training.distill.store import Split, build_seconds, load_or_build
 from specdec.training.export import export, export_dtype, plain
 from specdec.training.loop import fit
-from specdec.training.methods import build_method
+from specdec.training.methods import TrainMethod, build_method
 
 
 def check_config(cfg: Any) -> None:
@@ -66,21 +66,23 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
                                "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
                                **({"per_epoch": progress.history} if progress.history else {})}
-    if progress.step < progress.total or not accelerator.is_main_process:
-        accelerator.end_training()
-        return metrics
-
-    start = time.perf_counter()
-    model = accelerator.unwrap_model(model).eval()
-    metrics.update(method.evaluate(model, splits))
-    metrics["score"] = method.score(metrics)
-    times["eval_s"] = time.perf_counter() - start
-    accelerator.log(method.log_values(metrics), step=progress.total)
-    method.save(model, out_dir / method.weights_file, cfg.target, metrics)
-    tmp = out_dir / ".metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=1))
-    os.replace(tmp, out_dir / "metrics.json")
-    if cfg.export:
-        export(Path(cfg.export), method, model, cfg, metrics, splits)
+    if progress.step >= progress.total and accelerator.is_main_process:
+        _evaluate_and_save(method, accelerator.unwrap_model(model).eval(), cfg, splits, metrics)
+        accelerator.log(method.log_values(metrics), step=progress.total)
     accelerator.end_training()
     return metrics
+
+
+def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, splits: dict[str, Split],
+                       metrics: dict[str, Any]) -> None:
+    """Held-out evaluation into ``metrics``; the weight file and metrics.json in output_dir; the export."""
+    start = time.perf_counter()
+    metrics.update(method.evaluate(model, splits))
+    metrics["score"] = method.score(metrics)
+    metrics["times_s"]["eval_s"] = time.perf_counter() - start
+    method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target, metrics)
+    tmp = Path(cfg.output_dir) / ".metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=1))
+    os.replace(tmp, Path(cfg.output_dir) / "metrics.json")
+    if cfg.export:
+        export(Path(cfg.export), method, model, cfg, metrics, splits)

@@ -88,7 +88,9 @@ class MedusaMethod(TrainMethod):
         return {"train_positions": self.num_examples(), "draft_vocab_size": self.draft_vocab_size}
 
     def _known(self, tokens: torch.Tensor | None, rows: Any) -> torch.Tensor | None:
-        return None if tokens is None else known_embeddings(self.embed_weight, tokens[rows].to(self.embed_weight.device))
+        if tokens is None:
+            return None
+        return known_embeddings(self.embed_weight, tokens[rows].to(self.embed_weight.device))
 
     def loss(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         device = self.lm_head_weight.device
