@@ -60,7 +60,8 @@ def _latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
                       "`python -m specdec.train_medusa` before the training package")
         raise ValueError(f"the checkpoint in {str(ckpt)!r} was written by {written_by} and is not resumed by this "
                          f"version ({FORMAT!r}); finish that run with the version that wrote it, or delete "
-                         f"{str(directory / 'checkpoints')!r} to train from the start, or use another run_name")
+                         f"{str(directory / 'checkpoints')!r} to train from the start, or use another run_name "
+                         f"(or output_dir)")
     return ckpt, meta
 
 

@@ -143,7 +143,7 @@ def _check_stored(path: Path, fingerprint: str | None) -> None:
                       "per-head Medusa labels, as `python -m specdec.train_medusa` wrote before the training package")
         raise ValueError(f"{str(path)!r} holds self-distillation data in another layout ({written_by}); this "
                          f"version reads {FORMAT!r} only: move or delete that file to rebuild it (the target "
-                         f"answers the prompts again), or use another run_name")
+                         f"answers the prompts again), or use another run_name (or output_dir)")
     if fingerprint is not None and meta.get("fingerprint") != fingerprint:
         raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
                          f"(or delete {str(path.parent)!r} to start over)")
