@@ -51,7 +51,7 @@ class HiddenRecorder(Drafter):
 @torch.no_grad()
 def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, pad_id: int, eos: set[int],
                   ) -> tuple[torch.Tensor, list[list[int]]]:  # ids, mask [B, T] -> hidden [B, steps, H], answers
-    from specdec.engine import speculative_generate
+    from specdec import speculative_generate
     from specdec.models import supports
 
     if supports(target):

@@ -145,7 +145,7 @@ def magpie_prompts(target, tokenizer, num: int, seed: int, batch_size: int = 128
     Raises ValueError for a tokenizer without a chat template (nothing to open a user turn with)."""
     import torch
 
-    from specdec.engine import autoregressive_generate
+    from specdec import autoregressive_generate
 
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("magpie prompts need a chat model (a tokenizer with a chat template); use "
