@@ -3,7 +3,7 @@
 A Medusa head predicts token s+1+i from the hidden state at s alone. At drafting time the token the
 target just emitted (tokens[s], predicted by that same hidden state) is known, and in a tree so are the
 draft tokens on the path — Hydra's sequentially dependent heads and EAGLE use them. This trains one head
-both ways on a ``train_medusa`` data cache, side by side, with the same budget, and reports top-1 / top-5
+both ways on a training data store (``python -m specdec.train``'s ``data.safetensors``), side by side, with the same budget, and reports top-1 / top-5
 on the cache's held-out answers:
 
 - ``medusa``: h_s -> residual block -> the target's LM head (the draft-vocabulary rows);
@@ -11,23 +11,27 @@ on the cache's held-out answers:
   E the target's input embeddings, the path tokens teacher-forced (so the accuracy is conditional on a
   correct path — what a tree node needs).
 
-    python experiments/medusa_token_probe.py outputs/train_medusa/smollm2-135m/data.safetensors --head 0
+    python experiments/medusa_token_probe.py outputs/train/medusa/smollm2-135m/data.safetensors --head 0
 
-The first row of each answer is left out (its previous token is not in the cache).
+The first row of each answer is left out (its previous token is not in the store). Labels are those of
+the default config's 4 heads (the draft vocabulary counts them all).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file
-
 from specdec.loading import load_target
-from specdec.train_medusa import IGNORE, draft_vocabulary, to_draft_labels, with_previous_token
+from specdec.training.distill.store import load_splits
+from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_labels
+from specdec.training.methods.medusa.objective import head_labels, with_previous_token
+
+HEADS = 4  # the default training config's
 
 
 class Head(nn.Module):
@@ -45,7 +49,7 @@ class Head(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", help="a train_medusa data cache (data.safetensors)")
+    ap.add_argument("data", help="a training data store (data.safetensors)")
     ap.add_argument("--head", type=int, default=0, help="which head, 0-based (0 = head 1: the token after next)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=256)
@@ -59,13 +63,17 @@ def main() -> None:
     target, _ = load_target()
     embeddings = target.get_input_embeddings().weight.detach()
     full = target.get_output_embeddings().weight.detach()
-    data = load_file(args.data)
-    token_ids = draft_vocabulary(data["train.labels"], full.shape[0], args.draft_vocab)
+    splits = load_splits(Path(args.data))
+    labelled = {}
+    for name in ["train", *args.splits]:
+        rows, labels = head_labels(splits[name].tokens, splits[name].lengths, HEADS)
+        labelled[name] = splits[name].hidden[rows], labels
+    token_ids = draft_vocabulary(labelled["train"][1], full.shape[0], args.draft_vocab)
     lm_head = full if token_ids is None else full[token_ids].contiguous()
     i = args.head
 
     def split(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden, tokens = with_previous_token(data[f"{name}.hidden"], data[f"{name}.labels"])
+        hidden, tokens = with_previous_token(*labelled[name])
         ok = (tokens[:, 1: i + 2] != IGNORE).all(1)  # the label and the path before it
         target_index = to_draft_labels(tokens[:, 1 + i], token_ids, full.shape[0])
         return hidden[ok], tokens[ok], target_index[ok]

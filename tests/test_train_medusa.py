@@ -1,5 +1,6 @@
-"""Medusa training on a tiny model: labels line up, the run finishes and exports, an interrupted run
-resumes to exactly the weights of an uninterrupted one, checkpoints are atomic, configs compose."""
+"""Training Medusa heads through the training package on a tiny model: labels line up, the run finishes and
+exports, an interrupted run resumes to exactly the weights of an uninterrupted one, checkpoints are atomic,
+files of another format or configuration are refused, configs compose."""
 
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import tiny_llama
-from specdec import train_medusa
-from specdec.medusa_prompts import magpie_prompts
-from specdec.drafters.medusa import MedusaHeads, load_heads
 from specdec import autoregressive_generate, speculative_generate
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.train_medusa import (IGNORE, TrainMedusaConfig, draft_vocabulary, head_labels, load_checkpoint,
-                                  medusa_loss, save_checkpoint, soft_targets, to_draft_labels, train, tree_from_ranks,
-                                  with_previous_token)
+from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_heads
+from specdec.training import checkpoint
+from specdec.training.checkpoint import load_checkpoint, save_checkpoint
+from specdec.training.config import TrainConfig
+from specdec.training.distill import prompts, store
+from specdec.training.distill.prompts import magpie_prompts
+from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_labels
+from specdec.training.methods.medusa import MedusaMethodConfig
+from specdec.training.methods.medusa.objective import (head_labels, medusa_loss, soft_targets, tree_from_ranks,
+                                                       with_previous_token)
+from specdec.training.trainer import train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",
@@ -42,21 +47,21 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['cont
                  "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 
 
-def tiny_config(out: Path, **optim) -> TrainMedusaConfig:
-    cfg = TrainMedusaConfig(target="tiny", num_heads=3, output_dir=str(out), save_every=2, log_every=1)
+def tiny_config(out: Path, **method) -> TrainConfig:
+    cfg = TrainConfig(method=MedusaMethodConfig(num_heads=3, tree_nodes=5, **method), target="tiny",
+                      output_dir=str(out), save_every=2, log_every=1)
     cfg.data.num_prompts, cfg.data.max_new_tokens, cfg.data.batch_size, cfg.data.text_seq_len = 6, 10, 4, 64
-    cfg.eval.limit_per_source, cfg.eval.max_new_tokens, cfg.eval.tree_nodes = 2, 6, 5
+    cfg.eval.limit_per_source, cfg.eval.max_new_tokens = 2, 6
     cfg.optim.epochs, cfg.optim.batch_size, cfg.optim.warmup_steps, cfg.optim.lr = 3, 8, 2, 1e-2
-    for key, value in optim.items():
-        setattr(cfg.optim, key, value)
     return cfg
 
 
 def test_head_labels_shift_by_head():
-    hidden = torch.arange(5, dtype=torch.float32)[:, None].repeat(1, 2)  # hidden[s] predicted tokens[s]
-    h, labels = head_labels([(hidden, torch.tensor([10, 11, 12, 13, 14]))], num_heads=3)
-    assert h[:, 0].tolist() == [0, 1, 2, 3]  # the last position has no label for head 0
-    assert labels.tolist() == [[11, 12, 13], [12, 13, 14], [13, 14, IGNORE], [14, IGNORE, IGNORE]]
+    tokens = torch.tensor([10, 11, 12, 13, 14, 20, 21, 30])  # three sequences back to back: 5, 2 and 1 tokens
+    rows, labels = head_labels(tokens, torch.tensor([5, 2, 1]), num_heads=3)
+    assert rows.tolist() == [0, 1, 2, 3, 5]  # each sequence's last position has no label for head 0
+    assert labels.tolist() == [[11, 12, 13], [12, 13, 14], [13, 14, IGNORE], [14, IGNORE, IGNORE],
+                               [21, IGNORE, IGNORE]]
 
 
 def test_loss_weights_heads_and_ignores_missing_labels():
@@ -91,7 +96,9 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     assert stored["blocks.0.linear.weight"].dtype == torch.float16 and heads.blocks[0].linear.weight.dtype == torch.float32
     assert torch.allclose(heads.blocks[0].linear.weight, trained.blocks[0].linear.weight, atol=1e-3)
     provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
-    assert {"command", "data", "git_commit", "metrics", "date", "config"} <= set(provenance)
+    assert {"command", "config", "git_commit", "machine", "data", "wall_time_s", "metrics", "date"} <= set(provenance)
+    assert provenance["command"].startswith("python -m specdec.train") and provenance["method"]["name"] == "medusa"
+    assert provenance["data"]["size"]["train"]["tokens"] > 0 and provenance["wall_time_s"]["train_s"] > 0
     assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
     prompts = [json.loads(line) for line in (tmp_path / "run" / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == cfg.data.num_prompts and all(p["text"] for p in prompts)  # what the heads learned from
@@ -108,7 +115,7 @@ def test_draft_vocabulary_keeps_the_most_frequent_labels():
 def test_training_with_a_draft_vocabulary_decodes_exactly(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "run")
-    cfg.draft_vocab = 12
+    cfg.method.draft_vocab = 12
     metrics = train(cfg, model, tokenizer)
     assert metrics["draft_vocab_size"] == 12
     assert all(0 < split["in_draft_vocab"] <= 1 for split in metrics["eval"].values())
@@ -134,7 +141,7 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the data cache should have been reused")
 
-    monkeypatch.setattr(train_medusa, "build_data", no_rebuild)
+    monkeypatch.setattr(store, "build_splits", no_rebuild)
     state_file = tmp_path / "resumed" / "checkpoints" / "step-3" / "state.json"
     state = json.loads(state_file.read_text())
     assert state["train_s"] == pytest.approx(partial["times_s"]["train_s"], abs=1.0)
@@ -159,6 +166,22 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     assert resumed["times_s"]["data_build_s"] == partial["times_s"]["data_build_s"] > 0  # from the cache
 
 
+def test_held_out_figures_after_every_epoch_survive_an_interruption(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "plain")
+    plain = train(cfg, model, tokenizer)
+    cfg = tiny_config(tmp_path / "every")
+    cfg.eval_every_epoch, cfg.stop_after_steps = True, plain["total_steps"] // 3 + 1  # past the first epoch
+    partial = train(cfg, model, tokenizer)
+    assert [e["epoch"] for e in partial["per_epoch"]] == [1]
+    cfg.stop_after_steps = None
+    every = train(cfg, model, tokenizer)
+    assert [e["epoch"] for e in every["per_epoch"]] == [1, 2, 3] and "per_epoch" not in plain
+    assert every["per_epoch"][0] == partial["per_epoch"][0]  # kept in the checkpoint across the interruption
+    assert every["per_epoch"][-1]["score"] == every["score"] == plain["score"]  # evaluating changes no weight
+    assert every["eval"] == plain["eval"]
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     heads = MedusaHeads(8, 12, 2)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=0.1)
@@ -172,7 +195,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
     with torch.no_grad():
         heads.blocks[0].linear.weight.add_(1.0)
-    monkeypatch.setattr(train_medusa, "save_file", crash)
+    monkeypatch.setattr(checkpoint, "save_file", crash)
     with pytest.raises(OSError):
         save_checkpoint(tmp_path, 2, heads, optimizer, {})
     fresh = MedusaHeads(8, 12, 2)
@@ -193,6 +216,27 @@ def test_data_cache_from_another_config_is_refused(tiny_pair, tmp_path):
         train(cfg, model, tokenizer)
 
 
+def test_data_and_checkpoints_of_the_old_train_medusa_are_refused(tiny_pair, tmp_path):
+    from safetensors.torch import save_file
+
+    model, tokenizer = tiny_pair
+    old = tmp_path / "old"
+    old.mkdir()
+    save_file({"train.hidden": torch.zeros(2, 16), "train.labels": torch.zeros(2, 3, dtype=torch.long)},
+              str(old / "data.safetensors"), metadata={"fingerprint": "{}", "build_s": "1.0"})
+    with pytest.raises(ValueError, match="data.safetensors.*specdec.train_medusa.*move or delete"):
+        train(tiny_config(old), model, tokenizer)
+    cfg = tiny_config(tmp_path / "run")
+    cfg.stop_after_steps = 0
+    train(cfg, model, tokenizer)  # the data only
+    step = tmp_path / "run" / "checkpoints" / "step-2"
+    step.mkdir(parents=True)
+    (step / "state.json").write_text(json.dumps({"step": 2, "param_groups": [], "run": {}, "train_s": 1.0}))
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-2")
+    with pytest.raises(ValueError, match="step-2.*specdec.train_medusa.*delete"):
+        train(cfg, model, tokenizer)
+
+
 def test_resuming_with_another_training_config_is_refused(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "run")
@@ -201,17 +245,35 @@ def test_resuming_with_another_training_config_is_refused(tiny_pair, tmp_path):
     cfg.optim.lr = 0.5
     with pytest.raises(ValueError, match="another training configuration"):
         train(cfg, model, tokenizer)
+    cfg.optim.lr, cfg.method.head_decay = tiny_config(tmp_path).optim.lr, 0.5
+    with pytest.raises(ValueError, match="another training configuration"):
+        train(cfg, model, tokenizer)
 
 
 def test_config_composes_with_hydra():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from specdec.training.config import register_train_configs
+
+    register_train_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train_medusa", overrides=["data.mode=text", "optim.epochs=1", "logger=wandb"])
+        cfg = compose("train", overrides=["data.mode=text", "optim.epochs=1", "logger=wandb", "method.num_heads=2"])
     obj = OmegaConf.to_object(cfg)
-    assert isinstance(obj, TrainMedusaConfig) and obj.data.mode == "text" and obj.logger.mode == "offline"
-    assert obj.output_dir == "outputs/train_medusa/smollm2-135m"
+    assert isinstance(obj, TrainConfig) and obj.data.mode == "text" and obj.logger.mode == "offline"
+    assert isinstance(obj.method, MedusaMethodConfig) and obj.method.num_heads == 2
+    assert obj.output_dir == "outputs/train/medusa/smollm2-135m"
+
+
+@pytest.mark.parametrize("module", ["specdec.train", "specdec.train_medusa"])
+def test_entry_point_and_its_alias_compose_the_same_config(module):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", module, "--cfg", "job", "--resolve", "method.num_heads=2"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    assert "name: medusa" in out and "num_heads: 2" in out and "output_dir: outputs/train/medusa/smollm2-135m" in out
 
 
 def test_magpie_prompts_are_the_targets_own_user_turns(tiny_pair):
@@ -227,14 +289,12 @@ def test_magpie_prompts_are_the_targets_own_user_turns(tiny_pair):
 
 
 def test_magpie_prompts_drop_queries_overlapping_a_benchmark(tiny_pair, monkeypatch):
-    from specdec import medusa_prompts
-
     model, tokenizer = tiny_pair
     chat = copy.deepcopy(tokenizer)
     chat.chat_template = CHAT_TEMPLATE
     first = [r["text"] for r in magpie_prompts(model, chat, 3, seed=3, batch_size=16, max_tokens=32)]
-    monkeypatch.setattr(medusa_prompts, "_ngrams", lambda text, n=8: {text})  # a whole query as its "n-gram"
-    monkeypatch.setattr(medusa_prompts, "benchmark_ngrams", lambda n=8: {first[0]})  # ... found in a benchmark
+    monkeypatch.setattr(prompts, "_ngrams", lambda text, n=8: {text})  # a whole query as its "n-gram"
+    monkeypatch.setattr(prompts, "benchmark_ngrams", lambda n=8: {first[0]})  # ... found in a benchmark
     again = [r["text"] for r in magpie_prompts(model, chat, 3, seed=3, batch_size=16, max_tokens=32)]
     assert first[0] not in again and again[:2] == first[1:]
 
@@ -245,9 +305,8 @@ def test_magpie_prompts_need_a_chat_template(tiny_pair):
         magpie_prompts(model, tokenizer, 4, seed=0)
 
 
-def test_magpie_fraction_out_of_range_is_refused_and_old_caches_stay_valid(tiny_pair, tmp_path):
+def test_magpie_fraction_out_of_range_is_refused(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
-    assert "magpie_fraction" not in train_medusa._fingerprint(tiny_config(tmp_path))  # caches made before it
     cfg = tiny_config(tmp_path / "run")
     cfg.data.magpie_fraction = 1.5
     with pytest.raises(ValueError, match="magpie_fraction must be in"):
@@ -268,7 +327,7 @@ def test_soft_targets_are_the_targets_distribution_over_each_label():
     torch.manual_seed(0)
     hidden, weight = torch.randn(6, 8), torch.randn(5, 8)  # one sequence of 6 rows, 5-token vocabulary
     greedy = (hidden @ weight.t()).argmax(-1)  # row s predicted token s
-    _, labels = head_labels([(hidden, greedy)], num_heads=2)  # [5, 2]: head i at row r = token r + 1 + i
+    _, labels = head_labels(greedy, torch.tensor([6]), num_heads=2)  # [5, 2]: head i at row r = token r + 1 + i
     labels[2, 1] = (labels[2, 1] + 1) % 5  # a label the target did not predict: the one-hot stays
     targets = soft_targets(hidden[:5], torch.arange(5), labels, weight)
     probs = (hidden @ weight.t()).softmax(-1)
@@ -299,7 +358,7 @@ def test_training_with_soft_labels_learns_other_weights(tiny_pair, tmp_path):
 
 def test_generated_prompts_sharing_8_words_with_a_benchmark_prompt_are_caught():
     from specdec.data import load_prompts
-    from specdec.medusa_prompts import _ngrams, benchmark_ngrams
+    from specdec.training.distill.prompts import _ngrams, benchmark_ngrams
 
     forbidden = benchmark_ngrams()
     question = load_prompts("mtbench", limit=1)[0]["text"]
@@ -308,10 +367,8 @@ def test_generated_prompts_sharing_8_words_with_a_benchmark_prompt_are_caught():
 
 
 def test_with_previous_token_skips_each_answers_first_row():
-    hidden = torch.arange(7, dtype=torch.float32)[:, None]
-    _, a = head_labels([(hidden[:4], torch.tensor([10, 11, 12, 13]))], num_heads=2)  # rows 0-2
-    _, b = head_labels([(hidden[4:], torch.tensor([20, 21, 22, 23]))], num_heads=2)  # rows 3-5
-    h, tokens = with_previous_token(torch.arange(6, dtype=torch.float32)[:, None], torch.cat([a, b]))
+    _, labels = head_labels(torch.tensor([10, 11, 12, 13, 20, 21, 22, 23]), torch.tensor([4, 4]), num_heads=2)
+    h, tokens = with_previous_token(torch.arange(6, dtype=torch.float32)[:, None], labels)  # rows 0-2, 3-5
     assert h[:, 0].tolist() == [1, 2, 4, 5]  # rows 0 and 3 open an answer: their emitted token is not cached
     assert tokens.tolist() == [[11, 12, 13], [12, 13, IGNORE], [21, 22, 23], [22, 23, IGNORE]]
 
@@ -319,7 +376,7 @@ def test_with_previous_token_skips_each_answers_first_row():
 def test_token_aware_training_decodes_exactly(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "run")
-    cfg.token_aware = True
+    cfg.method.token_aware = True
     metrics = train(cfg, model, tokenizer)
     assert metrics["finished"] and metrics["eval"]["val"]["positions"] > 0
     heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))

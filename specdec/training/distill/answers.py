@@ -1,0 +1,116 @@
+"""The target's own answers and the hidden states behind them: what every learned drafter learns from.
+
+A :class:`Sequence` is one answer (or one chunk of a corpus) with, at each position s, the target's final
+hidden state that predicted ``tokens[s]``, and optionally the hidden states of other layers. The target
+runs once, without gradients: a Llama-family target through specdec's own batched decode loop (its plain
+greedy decoding, several times faster than ``generate`` here), any other causal LM through transformers'
+``generate``. The final hidden state comes free with the answer; other layers cost one teacher-forced
+forward of prompt + answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.data import left_pad
+from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.loading import stop_token_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sequence:
+    context: torch.Tensor  # [c] long: the tokens before the first position (the prompt, or a chunk's first token)
+    tokens: torch.Tensor  # [n] long: tokens[s] is what the target emitted (or the corpus holds) at position s
+    hidden: torch.Tensor  # [n, H] float32: the target's final hidden state that predicted tokens[s]
+    features: torch.Tensor | None = None  # [n, L, H] float32: the hidden states of the asked-for layers there
+
+
+class HiddenRecorder(Drafter):
+    """A drafter that proposes nothing and records, at each step, the hidden state that predicted each
+    row's newest token: plain decoding on the engine's fast path, with the hidden states for free."""
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
+
+    def start(self, state: DecodeState) -> None:
+        self.hidden = [state.last_hidden.float().cpu()]
+
+    def observe(self, state: DecodeState) -> None:
+        self.hidden.append(state.last_hidden.float().cpu())
+
+
+@torch.no_grad()
+def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, pad_id: int, eos: set[int],
+                  ) -> tuple[torch.Tensor, list[list[int]]]:  # ids, mask [B, T] -> hidden [B, steps, H], answers
+    from specdec import speculative_generate
+    from specdec.models import supports
+
+    if supports(target):
+        recorder = HiddenRecorder()
+        result = speculative_generate(target, recorder, ids, k=1, max_new_tokens=max_new_tokens,
+                                      attention_mask=mask, eos_token_id=sorted(eos) or None)
+        return torch.stack(recorder.hidden, 1), result.sequences
+    result = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad_id, output_hidden_states=True, return_dict_in_generate=True)
+    hidden = torch.stack([step[-1][:, -1] for step in result.hidden_states], 1).float().cpu()
+    return hidden, result.sequences[:, ids.shape[1]:].tolist()
+
+
+@torch.no_grad()
+def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
+                     layers: tuple[int, ...] = ()) -> list[Sequence]:
+    """The target's greedy answers to ``prompts``, one :class:`Sequence` per prompt (EOS included), in the
+    prompts' order; ``layers``: hidden-state indices (0 = embeddings, as transformers counts) to record too."""
+    device = target.device
+    eos = set(stop_token_ids(target))  # the model's own stop tokens (not the tokenizer's <|endoftext|>)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    out: dict[int, Sequence] = {}
+    started = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        chunk = order[start: start + batch_size]
+        ids, mask = left_pad([prompts[i] for i in chunk], pad_id, device)
+        hidden, answers = _answer_batch(target, ids, mask, max_new_tokens, pad_id, eos)
+        for row, i in enumerate(chunk):
+            answer = answers[row]
+            n = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
+            out[i] = Sequence(torch.tensor(prompts[i], dtype=torch.long), torch.tensor(answer[:n], dtype=torch.long),
+                              hidden[row, :n].clone())
+        done = min(start + batch_size, len(order))
+        tokens = sum(len(out[i].tokens) for i in order[:done])
+        log.info("answered %d/%d prompts (%d tokens, %.0f tokens/s)", done, len(order), tokens,
+                 tokens / (time.perf_counter() - started))
+    sequences = [out[i] for i in range(len(prompts))]
+    if layers:
+        for seq in sequences:
+            seq.features = layer_features(target, seq, layers)
+    return sequences
+
+
+@torch.no_grad()
+def layer_features(target, seq: Sequence, layers: tuple[int, ...]) -> torch.Tensor:  # -> [n, L, H]
+    """The hidden states of ``layers`` at every position of ``seq``: one teacher-forced forward of context +
+    tokens (the last token predicts nothing, so it is not fed)."""
+    ids = torch.cat([seq.context, seq.tokens[:-1]])[None].to(target.device)  # [1, c + n - 1]
+    states = target(ids, output_hidden_states=True).hidden_states  # (layers + 1) x [1, c + n - 1, H]
+    first = seq.context.numel() - 1  # the position that predicted tokens[0]
+    return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu()
+
+
+@torch.no_grad()
+def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = ()) -> list[Sequence]:
+    """Chunks of ``seq_len`` + 1 token ids through the target: position s of a chunk is its token s + 1,
+    predicted from the ones before (the chunk's first token is the context)."""
+    out = []
+    for ids in texts:
+        for start in range(0, max(len(ids) - 1, 0), seq_len):
+            chunk = torch.tensor(ids[start: start + seq_len + 1], device=target.device)[None]  # [1, n+1]
+            states = target(chunk[:, :-1], output_hidden_states=True).hidden_states  # [1, n, H] each
+            features = torch.stack([states[layer][0] for layer in layers], 1).float().cpu() if layers else None
+            out.append(Sequence(chunk[0, :1].cpu(), chunk[0, 1:].cpu(), states[-1][0].float().cpu(), features))
+    return out

@@ -1,0 +1,182 @@
+"""The self-distillation dataset: built once per configuration, stored as safetensors, reused after.
+
+Splits: ``train`` and ``val`` (the target's answers to generated prompts, or corpus chunks, split by
+``seed``), and held-out ones never trained on: ``answers_<source>`` (the target's answers to benchmark
+prompts: MT-Bench, HumanEval) and ``text_<source>`` (the first ``data.skip_first`` rows of a corpus).
+Each split stores its sequences back to back (:class:`Split`); what a method derives from them (labels,
+pairs, windows) is computed when it loads them, so one store serves every method with the same needs.
+
+The file carries a format tag and a fingerprint of everything it depends on; a file from another format
+or configuration is refused with what to do, never silently reused or overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from specdec.io import read_metadata, read_tensors, write_text
+from specdec.training.distill.answers import Sequence, answer_sequences, text_sequences
+from specdec.training.distill.prompts import instruction_prompts, magpie_prompts
+
+log = logging.getLogger(__name__)
+FORMAT = "specdec-distill-1"
+
+
+@dataclass(frozen=True)
+class DataNeeds:
+    """What a training method needs stored beside the answers' tokens and final hidden states."""
+
+    layers: tuple[int, ...] = ()  # hidden states of these layers too (0 = embeddings, as transformers counts)
+    topk: int = 0  # the target's top-k next-token log-probabilities at every position (soft labels); 0 = none
+
+
+@dataclass
+class Split:
+    """Sequences back to back: sequence j holds positions ``offsets[j] .. offsets[j] + lengths[j] - 1``."""
+
+    context: torch.Tensor  # [C] long: every sequence's context, back to back
+    context_lengths: torch.Tensor  # [S] long
+    tokens: torch.Tensor  # [N] long
+    lengths: torch.Tensor  # [S] long
+    hidden: torch.Tensor  # [N, H] float32: the final hidden state that predicted tokens[s]
+    features: torch.Tensor | None = None  # [N, L, H] float32: the needed layers' hidden states
+    topk_ids: torch.Tensor | None = None  # [N, k] long: the target's k likeliest tokens at s
+    topk_logprobs: torch.Tensor | None = None  # [N, k] float32: their log-probabilities
+
+    @classmethod
+    def of(cls, sequences: list[Sequence]) -> "Split":
+        def cat(name: str) -> torch.Tensor | None:
+            parts = [getattr(s, name) for s in sequences]
+            return None if parts[0] is None else torch.cat(parts)
+
+        return cls(cat("context"), torch.tensor([s.context.numel() for s in sequences]), cat("tokens"),
+                   torch.tensor([s.tokens.numel() for s in sequences]), cat("hidden"), cat("features"))
+
+
+def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
+    """What the stored data depends on: the target, the seed, the data and held-out settings, the needs."""
+    return json.dumps({"target": cfg.target, "seed": cfg.seed, "data": vars(cfg.data), "eval": vars(cfg.eval),
+                       "needs": asdict(needs)}, sort_keys=True, default=list)
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None) -> list[Sequence]:
+    """The sequences ``train`` and ``val`` are split from (``data.mode``: self_distill or text)."""
+    from specdec.data import encode_prompt, load_prompts
+
+    data = cfg.data
+    if data.mode == "text":
+        texts = [tokenizer(r["text"])["input_ids"] for s in data.text_sources
+                 for r in list(load_prompts(s, seed=0))[data.skip_first:]]
+        return text_sequences(target, texts, data.text_seq_len, needs.layers)
+    if data.mode != "self_distill":
+        raise ValueError(f"data.mode must be 'self_distill' or 'text', got {data.mode!r}")
+    num_magpie = round(data.num_prompts * data.magpie_fraction)
+    rows = instruction_prompts(data.num_prompts - num_magpie, data.skip_first, cfg.seed)
+    if num_magpie:
+        rows += magpie_prompts(target, tokenizer, num_magpie, cfg.seed, data.batch_size)
+        log.info("the target wrote %d prompts, e.g. %r", num_magpie, rows[-1]["text"][:200])
+    if prompts_path is not None:
+        _write_jsonl(prompts_path, rows)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
+                            data.batch_size, pad_id, needs.layers)
+
+
+def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None = None,
+                 ) -> dict[str, Split]:
+    """Every split (see the module docstring). ``prompts_path``: where to keep the generated prompts."""
+    from specdec.data import encode_prompt, load_prompts
+
+    data = cfg.data
+    seqs = training_sequences(cfg, target, tokenizer, needs, prompts_path)
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+    num_val = max(1, int(len(seqs) * data.val_fraction))
+    splits = {"train": [seqs[i] for i in order[num_val:]], "val": [seqs[i] for i in order[:num_val]]}
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for source in cfg.eval.answer_sources:
+        rows = load_prompts(source, limit=cfg.eval.limit_per_source)
+        splits[f"answers_{source}"] = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows],
+                                                       cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers)
+    for source in cfg.eval.text_sources:
+        texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
+        splits[f"text_{source}"] = text_sequences(target, texts, data.text_seq_len, needs.layers)
+    out = {name: Split.of(split) for name, split in splits.items()}
+    if needs.topk:
+        for split in out.values():
+            split.topk_ids, split.topk_logprobs = _topk(target, split.hidden, needs.topk)
+    return out
+
+
+@torch.no_grad()
+def _topk(target, hidden: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's k likeliest next tokens and their log-probabilities, from its final hidden states [N, H]."""
+    lm_head = target.get_output_embeddings()
+    ids, logprobs = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start: start + chunk].to(lm_head.weight)
+        top = lm_head(h).float().log_softmax(-1).topk(k, dim=-1)
+        ids.append(top.indices.cpu())
+        logprobs.append(top.values.cpu())
+    return torch.cat(ids), torch.cat(logprobs)
+
+
+_HINT = "move or delete that file to rebuild it, or use another run_name (or output_dir)"
+
+
+def _check_stored(path: Path, fingerprint: str | None) -> None:
+    """Raise ValueError unless ``path`` holds this format (and, given one, this ``fingerprint``)."""
+    meta = read_metadata(path, what="self-distillation data file", hint=_HINT)
+    if meta.get("format") != FORMAT:
+        written_by = (f"format {meta['format']!r}" if "format" in meta else
+                      "per-head Medusa labels, as `python -m specdec.train_medusa` wrote before the training package")
+        raise ValueError(f"{str(path)!r} holds self-distillation data in another layout ({written_by}); this "
+                         f"version reads {FORMAT!r} only: move or delete that file to rebuild it (the target "
+                         f"answers the prompts again), or use another run_name (or output_dir)")
+    if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+        raise ValueError(f"{str(path)!r} holds data built with another configuration; use another run_name "
+                         f"(or delete {str(path.parent)!r} to start over)")
+
+
+def load_splits(path: Path) -> dict[str, Split]:
+    """Every split stored at ``path`` (a file :func:`load_or_build` wrote)."""
+    _check_stored(path, None)
+    tensors = read_tensors(path, what="self-distillation data file", hint=_HINT)
+    names = sorted({key.split(".")[0] for key in tensors})
+    return {name: Split(**{f.name: tensors.get(f"{name}.{f.name}") for f in fields(Split)}) for name in names}
+
+
+def load_or_build(cfg: Any, target, tokenizer, needs: DataNeeds, path: Path) -> dict[str, Split]:
+    """The splits stored at ``path`` if they were built from this configuration; else built and stored
+    (atomically: a temporary file, then a rename). Raises ValueError for a file of another format or
+    configuration."""
+    fingerprint = _fingerprint(cfg, needs)
+    if path.is_file():
+        _check_stored(path, fingerprint)
+        return load_splits(path)
+    start = time.perf_counter()
+    splits = build_splits(cfg, target, tokenizer, needs, prompts_path=path.with_name("prompts.jsonl"))
+    tensors = {f"{name}.{f.name}": getattr(split, f.name).contiguous() for name, split in splits.items()
+               for f in fields(Split) if getattr(split, f.name) is not None}
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": FORMAT, "fingerprint": fingerprint,
+                                           "build_s": f"{time.perf_counter() - start:.1f}"})
+    tmp.replace(path)
+    return splits
+
+
+def build_seconds(path: Path) -> float | None:
+    """How long the stored data took to build."""
+    value = read_metadata(path, what="self-distillation data file", hint=_HINT).get("build_s")
+    return None if value is None else float(value)

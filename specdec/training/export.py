@@ -1,0 +1,80 @@
+"""Export a trained drafter with its provenance: the method's weight file + ``provenance.json`` (command,
+config, commit, machine, data size, wall time, metrics), both written atomically."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from specdec.io import write_json
+from specdec.jobs import machine_description
+from specdec.training.distill.store import Split
+from specdec.training.methods.base import TrainMethod
+
+
+def plain(cfg: Any) -> dict[str, Any]:
+    """A typed config as plain JSON-able containers."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def export_dtype(name: str | None) -> torch.dtype | None:
+    """The exported weights' dtype named by ``export_dtype`` (None: keep float32)."""
+    if not name:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"export_dtype={name!r} is not a torch floating dtype; use float16, bfloat16, float32 or null")
+    return dtype
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def data_description(cfg: Any) -> str:
+    data = cfg.data
+    if data.mode != "self_distill":
+        return f"chunks of {data.text_sources} (first {data.skip_first} rows excluded)"
+    return ("the target's greedy answers (self-distillation) to generated instruction prompts in MT-Bench's eight "
+            "categories (specdec/training/distill/prompts.py: templates filled from Wikipedia titles and sentences, "
+            "stdlib signatures and docstrings, the Lee news corpus, Shakespeare and word lists, each corpus minus "
+            f"its first {data.skip_first} rows), plus passages and code to continue; MT-Bench and HumanEval held out"
+            + (f"; {data.magpie_fraction:.0%} of the prompts written by the target itself (Magpie)"
+               if data.magpie_fraction else ""))
+
+
+def data_size(splits: dict[str, Split]) -> dict[str, dict[str, int]]:
+    return {name: {"sequences": int(s.lengths.numel()), "tokens": int(s.tokens.numel())} for name, s in splits.items()}
+
+
+def export(directory: Path, method: TrainMethod, model: torch.nn.Module, cfg: Any, metrics: dict[str, Any],
+           splits: dict[str, Split]) -> None:
+    """The method's weight file (with what its drafter needs, e.g. Medusa's tree) + provenance.json."""
+    method.save(model, directory / method.weights_file, cfg.target, metrics, dtype=export_dtype(cfg.export_dtype))
+    provenance = {
+        "command": " ".join(["python -m specdec.train", *sys.argv[1:]]),
+        "config": plain(cfg),
+        "method": {"name": method.name, "description": method.description},
+        "data": {"mode": cfg.data.mode, "size": data_size(splits), "description": data_description(cfg)},
+        "git_commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description("cuda" if torch.cuda.is_available() else "cpu"),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "wall_time_s": metrics["times_s"],
+        "metrics": metrics,
+        **({"reference": method.reference} if method.reference else {}),
+    }
+    write_json(directory / "provenance.json", provenance)

@@ -1,0 +1,9 @@
+"""Training methods: one small module per learned drafter, behind :class:`TrainMethod` (see :mod:`.base`).
+
+Importing this package registers every method in :data:`METHODS`.
+"""
+
+from specdec.training.methods.base import METHODS, MethodConfig, TrainMethod, build_method, register_method
+from specdec.training.methods.medusa import MedusaMethod
+
+__all__ = ["METHODS", "MedusaMethod", "MethodConfig", "TrainMethod", "build_method", "register_method"]

@@ -1,0 +1,85 @@
+"""Train a learned drafter end to end: data → model → loop → held-out evaluation → files.
+
+Every method runs through :func:`train`; what differs (model, loss, evaluation, weight file) comes from
+its :class:`~specdec.training.methods.TrainMethod`. In ``output_dir``: ``data.safetensors`` (the
+self-distillation store, reused), ``prompts.jsonl``, ``checkpoints/``, the method's weight file and
+``metrics.json``; with ``export``, the weight file and ``provenance.json`` there too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.io import write_json
+from specdec.training.distill.store import Split, build_seconds, load_or_build
+from specdec.training.export import export, export_dtype, plain
+from specdec.training.loop import fit
+from specdec.training.methods import TrainMethod, build_method
+
+
+def check_config(cfg: Any) -> None:
+    """Refuse bad values before any work (data, training) is done."""
+    export_dtype(cfg.export_dtype)
+    if not 0.0 <= cfg.data.magpie_fraction <= 1.0:
+        raise ValueError(f"data.magpie_fraction must be in [0, 1], got {cfg.data.magpie_fraction}")
+
+
+def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
+    """Build (or load) the data, train (or resume), evaluate, export. Returns the metrics.
+
+    ``cfg``: a :class:`~specdec.training.config.TrainConfig`. ``target``/``tokenizer``: an already loaded
+    model (tests); default: ``load_target(cfg.target)``."""
+    from accelerate import Accelerator
+
+    from specdec.loading import load_target
+
+    check_config(cfg)
+    method = build_method(cfg.method)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    accelerator = Accelerator(log_with="wandb" if cfg.logger.name == "wandb" else None)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    times: dict[str, Any] = {}
+    start = time.perf_counter()
+    if target is None:
+        target, tokenizer = load_target(cfg.target, device=accelerator.device)
+    target.requires_grad_(False)
+    with accelerator.main_process_first():  # the main process builds the data; the others read its store
+        splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors")
+    times["data_s"] = time.perf_counter() - start
+    times["data_build_s"] = build_seconds(out_dir / "data.safetensors")  # when it was built
+    model = method.setup(target, splits, accelerator.device)
+    if cfg.logger.name == "wandb":
+        accelerator.init_trackers(cfg.logger.project, config=plain(cfg),
+                                  init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
+    evaluate = (lambda m: method.evaluate(m, splits)) if cfg.eval_every_epoch else None
+    model, progress = fit(method, model, cfg, accelerator, out_dir, evaluate)
+    times["train_s"] = progress.train_s  # over every invocation of this run
+    if progress.first_step:
+        times["resumed_at_step"] = progress.first_step
+    metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
+                               "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
+                               **({"per_epoch": progress.history} if progress.history else {})}
+    if progress.step >= progress.total and accelerator.is_main_process:
+        _evaluate_and_save(method, accelerator.unwrap_model(model).eval(), cfg, splits, metrics)
+        accelerator.log(method.log_values(metrics), step=progress.total)
+    accelerator.end_training()
+    return metrics
+
+
+def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, splits: dict[str, Split],
+                       metrics: dict[str, Any]) -> None:
+    """Held-out evaluation into ``metrics``; the weight file and metrics.json in output_dir; the export."""
+    start = time.perf_counter()
+    metrics.update(method.evaluate(model, splits))
+    metrics["score"] = method.score(metrics)
+    metrics["times_s"]["eval_s"] = time.perf_counter() - start
+    method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target, metrics)
+    write_json(Path(cfg.output_dir) / "metrics.json", metrics)
+    if cfg.export:
+        export(Path(cfg.export), method, model, cfg, metrics, splits)

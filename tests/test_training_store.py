@@ -1,0 +1,32 @@
+"""The self-distillation store on a tiny model: what a method asks for beyond the final hidden states
+(other layers' hidden states, the target's top-k distribution) lines up with the answers."""
+
+from __future__ import annotations
+
+import torch
+from test_train_medusa import tiny_config, tiny_pair  # noqa: F401  (tiny_pair: a fixture)
+
+from specdec.training.distill.store import DataNeeds, load_or_build, load_splits
+
+
+def test_stored_layers_and_topk_line_up_with_the_answers(tiny_pair, tmp_path):
+    model, tokenizer = tiny_pair  # one decoder layer: hidden state 1 is the final (normed) one
+    cfg = tiny_config(tmp_path)
+    splits = load_or_build(cfg, model, tokenizer, DataNeeds(layers=(0, 1), topk=3), tmp_path / "data.safetensors")
+    assert splits.keys() == {"train", "val", "answers_mtbench", "answers_humaneval", "text_wikipedia"}
+    for name, split in splits.items():
+        n = split.tokens.numel()
+        assert split.hidden.shape == (n, 16) and split.features.shape == (n, 2, 16) and split.topk_ids.shape == (n, 3)
+        assert int(split.lengths.sum()) == n and int(split.context_lengths.sum()) == split.context.numel()
+        # a teacher-forced forward gives the decode loop's recorded hidden states, and the token the target
+        # emitted is a likeliest one (greedy answers; a corpus's next token need not be; ties in any order)
+        assert torch.allclose(split.features[:, 1], split.hidden, atol=1e-4), name
+        logprobs = model.lm_head(split.hidden).log_softmax(-1)  # [n, V]
+        assert torch.allclose(logprobs.gather(1, split.topk_ids), split.topk_logprobs, atol=1e-5)
+        if not name.startswith("text_"):
+            emitted = logprobs.gather(1, split.tokens[:, None])[:, 0]
+            assert torch.allclose(emitted, split.topk_logprobs[:, 0], atol=1e-5), name
+        assert (split.topk_logprobs[:, :-1] >= split.topk_logprobs[:, 1:]).all()
+    stored = load_splits(tmp_path / "data.safetensors")
+    assert all(torch.equal(stored[n].features, s.features) and torch.equal(stored[n].topk_ids, s.topk_ids)
+               for n, s in splits.items())
