@@ -8,7 +8,7 @@ cache commits what was kept (a pointer move). The loop syncs with the host once 
 what each row emitted (EOS, ``max_new_tokens``, host-side drafters and stats need it).
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
-[last token, N nodes] under the tree's attention mask, :func:`specdec.verify_tree.verify_tree` walks it,
+[last token, N nodes] under the tree's attention mask, :func:`specdec.verify.tree.verify_tree` walks it,
 and the cache gathers the accepted path into contiguous slots (:meth:`specdec.cache.KVCache.compact`).
 """
 
@@ -25,8 +25,7 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-from specdec.verify import rejection_sample
-from specdec.verify_tree import verify_tree
+from specdec.verify import rejection_sample, verify_tree
 
 
 # (draft_tokens [B, K], draft_probs [B, K, V] | None, target_probs [B, K+1, V], generator)

@@ -22,7 +22,7 @@ from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
 from specdec.sampling import logits_to_probs
 from specdec.stats import exactness_test
-from specdec.verify_tree import verify_tree
+from specdec.verify import verify_tree
 
 PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -19,7 +19,7 @@ from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.ngram import lookup
 from specdec.sampling import SamplingParams
 from specdec.stats import exactness_test
-from specdec.verify_tree import Tree, verify_tree
+from specdec.verify import Tree, verify_tree
 from test_medusa import (PATHS, VOCAB, markov_heads, markov_target, random_heads,  # noqa: F401 (a fixture)
                          sample_and_score, successor)
 

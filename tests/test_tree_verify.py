@@ -17,7 +17,7 @@ from specdec.cache import KVCache
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.sampling import logits_to_probs, sample
 from specdec.stats import chi2_goodness_of_fit, holm
-from specdec.verify_tree import Tree, residual_after_rejection, verify_tree
+from specdec.verify import Tree, residual_after_rejection, verify_tree
 from specdec.data import left_pad
 
 V, M, LENGTH = 8, 3, 6

@@ -18,8 +18,8 @@ import torch
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specdec.verify_tree import Tree
-    from specdec.verify_typical import TypicalAcceptance
+    from specdec.verify.lossy.typical import TypicalAcceptance
+    from specdec.verify.tree import Tree
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Drafter(ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type]  # the drafter's typed Hydra config (a specdec.config.DrafterConfig subclass)
     # None = exact verification (always, unless asked otherwise); else a LOSSY rule the verify step uses
-    # instead, e.g. Medusa's typical acceptance (specdec.verify_typical.TypicalAcceptance)
+    # instead, e.g. Medusa's typical acceptance (specdec.verify.lossy.typical.TypicalAcceptance)
     acceptance: TypicalAcceptance | None = None
     forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
 
