@@ -32,7 +32,7 @@ from specdec.drafters.medusa import MedusaHeads
 from specdec.engine import speculative_generate
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams
-from specdec.verify import rejection_sample
+from specdec.verify import ExactRule
 from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,19 +145,21 @@ def test_ragged_batches_and_a_single_position(models):
     assert not result.reject and result.report["num_tokens"] == 1000
 
 
-def bonus_skipped(draft_tokens, draft_probs, target_probs, generator=None):
-    """Not a bug: when all K drafts are accepted, emit the K-th draft as the last token and no bonus."""
-    num_accepted, next_tokens = rejection_sample(draft_tokens, draft_probs, target_probs, generator)
-    k = draft_tokens.shape[1]
-    full = num_accepted == k
-    if k == 0:
-        return num_accepted, next_tokens
-    return torch.where(full, k - 1, num_accepted), torch.where(full, draft_tokens[:, -1], next_tokens)
+class BonusSkipped(ExactRule):
+    """Not a bug: when all K drafts of a chain are accepted, emit the K-th draft as the last token and no bonus."""
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        num_accepted, next_tokens = super().chain(draft_tokens, draft_probs, target_probs, generator)
+        k = draft_tokens.shape[1]
+        full = num_accepted == k
+        if k == 0:
+            return num_accepted, next_tokens
+        return torch.where(full, k - 1, num_accepted), torch.where(full, draft_tokens[:, -1], next_tokens)
 
 
 def test_harmless_change_passes(models, monkeypatch):
     """Skipping the bonus token costs speed, not exactness: the test must not reject it."""
-    monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", bonus_skipped)
+    monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", BonusSkipped())
     result = check(models, "draft_model", bug="recovered_from_target", n=500, alpha=0.01)
     assert not result.reject, result.report["p_value"]
 

@@ -17,13 +17,17 @@ Vocabulary, used the same way across specdec:
 
 The exact rule (:mod:`specdec.verify.chain` for chains, :mod:`specdec.verify.tree` for trees) emits tokens
 distributed exactly as sampling from the target alone, whatever q is, provided p and q went through the
-same sampling processing (:func:`specdec.sampling.logits_to_probs`). The lossy rule (Medusa's typical
-acceptance) lives in :mod:`specdec.verify.lossy`.
+same sampling processing (:func:`specdec.sampling.logits_to_probs`). The decode loop calls one
+:class:`~specdec.verify.rules.AcceptanceRule` object, :data:`EXACT` unless told otherwise; the lossy rule
+(Medusa's typical acceptance) lives in :mod:`specdec.verify.lossy`, and planted bugs are rules too
+(:mod:`specdec.planted`).
 
 Everything here is a pure function of probabilities and a ``torch.Generator``; there is no host sync.
 """
 
 from specdec.verify.chain import accept_drafts, next_token_probs, rejection_sample
+from specdec.verify.rules import EXACT, AcceptanceRule, ExactRule
 from specdec.verify.tree import Tree, residual_after_rejection, verify_tree
 
-__all__ = ["Tree", "accept_drafts", "next_token_probs", "rejection_sample", "residual_after_rejection", "verify_tree"]
+__all__ = ["EXACT", "AcceptanceRule", "ExactRule", "Tree", "accept_drafts", "next_token_probs", "rejection_sample",
+           "residual_after_rejection", "verify_tree"]

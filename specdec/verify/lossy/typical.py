@@ -12,16 +12,18 @@ the same threshold; here it comes from p itself, which is the smaller departure.
 one-hot, the threshold is min(epsilon, alpha) and only the target's argmax passes, so greedy output stays
 identical to plain decoding.
 
-specdec's verifiers (:mod:`specdec.verify.chain`, :mod:`specdec.verify.tree`) are exact and remain the default.
-This rule runs only when a drafter is built with ``acceptance="typical"`` (``drafter.acceptance=typical``
-for Medusa); such a drafter reports ``lossy = True``, which results, reports and ``verify_dist`` carry,
-and ``python -m specdec.verify_dist drafter=medusa drafter.acceptance=typical sampling.temperature=1.0``
-shows the departure. The two methods take the exact rules' arguments (the draft distributions are unused).
+specdec's exact rule (:data:`specdec.verify.EXACT`) remains the default. This one implements the same
+:class:`~specdec.verify.rules.AcceptanceRule` protocol with ``lossy = True`` and runs only when a drafter is
+built with ``acceptance="typical"`` (``drafter.acceptance=typical`` for Medusa); such a drafter reports
+``lossy = True``, which results, reports and ``verify_dist`` carry, and
+``python -m specdec.verify_dist drafter=medusa drafter.acceptance=typical sampling.temperature=1.0``
+shows the departure. The two methods take the exact rule's arguments (the draft distributions are unused).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -31,6 +33,7 @@ from specdec.verify.tree import Tree
 
 @dataclass(frozen=True)
 class TypicalAcceptance:
+    lossy: ClassVar[bool] = True
     epsilon: float = 0.09  # the largest probability ever required of a draft token (a hard threshold)
     alpha: float = 0.3  # the entropy-scaled threshold's factor: alpha · exp(−H(p))
 
