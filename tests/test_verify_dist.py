@@ -168,7 +168,8 @@ def test_harmless_change_passes(models, monkeypatch):
 
 # (bug, drafter, K, temperature, top_k, top_p): settings under which the bug can bias (plant() refuses others).
 # recovered_from_target biases by ½ Σ |min(p, q) − β·p| (β = Σ min(p, q)), which vanishes as q → p: with the
-# close draft its power at this budget is only ~0.75, so it is shown with the far one.
+# close draft its power at this budget is only ~0.75, so it is shown with the far one. Every bug that can live
+# outside a draft model is also planted under the Medusa tree (the verifier bugs through the rule's tree method).
 BUG_CASES = [
     ("recovered_from_target", "draft_model_far", 4, 1.0, 0, 1.0),
     ("recovered_from_target", "ngram", 3, 0.7, 0, 1.0),
@@ -179,11 +180,17 @@ BUG_CASES = [
     ("temperature_ignored_by_draft", "draft_model", 4, 0.7, 0, 1.0),
     ("target_cache_not_rolled_back", "draft_model", 4, 1.0, 0, 1.0),
     ("target_cache_not_rolled_back", "ngram", 4, 1.0, 0, 1.0),
+    ("recovered_from_target", "medusa_tree", 8, 1.0, 0, 1.0),
+    ("bonus_from_wrong_position", "medusa_tree", 8, 0.7, 0, 1.0),
+    ("top_p_draft_only", "medusa_tree", 8, 1.0, 0, 0.8),
+    ("target_cache_not_rolled_back", "medusa_tree", 8, 1.0, 0, 1.0),
 ]
 
 
 def test_every_planted_bug_has_a_case():
     assert {case[0] for case in BUG_CASES} == set(planted.BUGS)
+    tree_bugs = {case[0] for case in BUG_CASES if case[1] == "medusa_tree"}
+    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"}  # lives in the draft model only
 
 
 @pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)
