@@ -58,10 +58,10 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.models.llama import CompactLlama, supports
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-from specdec.verify import AcceptanceRule, Tree, accept_drafts, next_token_probs
+from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
 from specdec.verify.tree import walk_tree
 
-# --- the verifier: acceptance rules (specdec.verify.AcceptanceRule) for chains and trees ------------------
+# --- the verifier: acceptance rules for chains and trees (arguments and results: specdec.verify.AcceptanceRule)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class BonusFromWrongPosition:
         num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
         return num_accepted, sample(next_token_probs(num_accepted, draft_tokens, draft_probs, shifted), generator)
 
-    def tree(self, tree: Tree, draft_tokens, draft_probs, target_probs, generator=None):
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
         nodes, num_accepted, end, next_probs = walk_tree(tree, draft_tokens, draft_probs, target_probs, generator)
         rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
         at_leaf = (end > 0) & (tree.children[end, 0] < 0)  # [B]: the walk accepted a path to a leaf
