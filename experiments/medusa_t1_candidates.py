@@ -21,7 +21,7 @@ from specdec.data import encode_prompt, load_prompt_mix
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.engine import autoregressive_generate
 from specdec.loading import load_target
-from specdec.verify_tree import residual_after_rejection
+from specdec.verify.tree import residual_after_rejection
 
 
 def head0_and_target(prompts: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,14 +2,15 @@
 
 Both run on the same static-cache path (:mod:`specdec.cache`, :mod:`specdec.models`); plain decoding is
 speculative decoding with a drafter that proposes nothing, so the two differ only in the drafts. One
-step: the drafter proposes up to K tokens, the target scores [last token, drafts] in one forward,
-:func:`specdec.verify.rejection_sample` keeps a prefix and draws the recovered/bonus token, and the
-cache commits what was kept (a pointer move). The loop syncs with the host once per step, to learn
-what each row emitted (EOS, ``max_new_tokens``, host-side drafters and stats need it).
+step: the drafter proposes up to K tokens, the target scores [last token, drafts] in one forward, the
+acceptance rule's ``chain`` (:class:`specdec.verify.AcceptanceRule`; the exact one unless told otherwise)
+keeps a prefix and draws the recovered/bonus token, and the cache commits what was kept (a pointer move).
+The loop syncs with the host once per step, to learn what each row emitted (EOS, ``max_new_tokens``,
+host-side drafters and stats need it).
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
-[last token, N nodes] under the tree's attention mask, :func:`specdec.verify_tree.verify_tree` walks it,
-and the cache gathers the accepted path into contiguous slots (:meth:`specdec.cache.KVCache.compact`).
+[last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
+gathers the accepted path into contiguous slots (:meth:`specdec.cache.KVCache.compact`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -25,13 +26,7 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-from specdec.verify import rejection_sample
-from specdec.verify_tree import verify_tree
-
-
-# (draft_tokens [B, K], draft_probs [B, K, V] | None, target_probs [B, K+1, V], generator)
-#   -> (num_accepted [B], next_tokens [B]); rejection_sample is the exact one.
-Verifier = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+from specdec.verify import EXACT, AcceptanceRule
 
 
 @dataclass
@@ -93,7 +88,7 @@ def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
 
 @torch.no_grad()
 def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, max_new_tokens: int,
-              params: SamplingParams, generator, eos_token_id, verifier: Verifier) -> GenerationOutput:
+              params: SamplingParams, generator, eos_token_id, rule: AcceptanceRule) -> GenerationOutput:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     decoder = as_decoder(target)
@@ -133,8 +128,6 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
         generator=generator,
     )
-    rule = drafter.acceptance  # None: the exact rules (always, unless the drafter was built with a lossy one)
-    chain_rule, tree_rule = (verifier, verify_tree) if rule is None else (rule.chain, rule.tree)
     drafter.reset()
     drafter.forwards = 0
     with _timer(stats, "drafter_time_s", device):
@@ -154,10 +147,10 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                                      depths=None if tree is None else tree.depths)
             target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
             if tree is None:
-                num_accepted, next_tokens = chain_rule(proposal.tokens, proposal.probs, target_probs, generator)
+                num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, generator)
                 drafted, path = proposal.tokens, None  # [B, K']
             else:
-                nodes, num_accepted, next_tokens = tree_rule(tree, proposal.tokens, proposal.probs, target_probs,
+                nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs,
                                                              generator)
                 drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
                 path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
@@ -203,6 +196,18 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     return GenerationOutput(sequences=out, stats=stats)
 
 
+def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRule:
+    """``rule``, else the drafter's own (a lossy one it was built with), else the exact rule."""
+    if rule is not None and not isinstance(rule, AcceptanceRule):
+        raise TypeError(f"rule must be an acceptance rule (chain, tree and lossy, as specdec.verify.ExactRule), "
+                        f"got {rule!r}; leave it None for the exact rule")
+    if rule is not None and drafter.acceptance is not None and rule != drafter.acceptance:
+        raise ValueError(f"{type(drafter).__name__} was built with the lossy acceptance rule "
+                         f"{drafter.acceptance!r}, which rule={rule!r} would silently replace; build the drafter "
+                         f"with the exact rule (e.g. drafter.acceptance=exact) to verify it with another")
+    return rule or drafter.acceptance or EXACT
+
+
 def _check_k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (lookahead: draft tokens per target forward) must be an integer >= 1, got {k!r}")
@@ -213,20 +218,22 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
                          eos_token_id: int | Sequence[int] | None = None,
-                         verifier: Verifier = rejection_sample) -> GenerationOutput:
+                         rule: AcceptanceRule | None = None) -> GenerationOutput:
     """Generate with ``drafter`` proposing up to ``k`` tokens per target forward, verified exactly.
 
     target: a transformers causal LM (as from ``load_target``/``from_pretrained``) or a decoder;
     input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
     generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
-    and distributed as it under sampling. ``verifier`` is replaceable for studies (e.g. planted bugs in
-    :mod:`specdec.verify_dist`); the default is the exact rule. A drafter built with a lossy acceptance rule
-    (``drafter.lossy``, e.g. Medusa's typical acceptance) is verified by that rule instead, and then only
-    greedy output keeps the promise.
+    and distributed as it under sampling. ``rule`` (an :class:`~specdec.verify.AcceptanceRule`, for chains
+    and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.planted`); None means
+    the drafter's own rule, which is the exact one unless the drafter was built with a lossy one
+    (``drafter.lossy``, e.g. Medusa's typical acceptance: then only greedy output keeps the promise). An
+    explicit ``rule`` for a drafter built with its own rule is refused (ValueError).
     """
     params = SamplingParams(temperature, top_k, top_p)
     return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k), max_new_tokens=max_new_tokens,
-                     params=params, generator=generator, eos_token_id=eos_token_id, verifier=verifier)
+                     params=params, generator=generator, eos_token_id=eos_token_id,
+                     rule=_resolve_rule(rule, drafter))
 
 
 def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
@@ -236,4 +243,4 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
     """Plain decoding, one target forward per token, on the same cache path: the reference."""
     params = SamplingParams(temperature, top_k, top_p)
     return _generate(target, _NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
-                     params=params, generator=generator, eos_token_id=eos_token_id, verifier=rejection_sample)
+                     params=params, generator=generator, eos_token_id=eos_token_id, rule=EXACT)

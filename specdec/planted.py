@@ -15,11 +15,17 @@ itself or one of the two premises:
 ================================  ============================================================  ===========
 name                              what is wrong                                                 breaks
 ================================  ============================================================  ===========
-``recovered_from_target``         the recovered token is drawn from p_n, not norm(max(0, p_n −   the rule
+``recovered_from_target``         the recovered token is drawn from p_n, not norm(max(0, p_n −  the rule
                                   q_n)): a rejected draft can come straight back. Its bias is
                                   ½ Σ |min(p, q) − β·p| ≤ β = Σ min(p, q), the acceptance
-                                  probability: small when drafts are nearly always rejected
-``bonus_from_wrong_position``     off by one: the bonus token is drawn from p_{K−1}, not p_K     the rule
+                                  probability: small when drafts are nearly always rejected.
+                                  In a tree: once every child of a node is rejected, the
+                                  recovered token is drawn from p at that node, not from the
+                                  residual left after all of them
+``bonus_from_wrong_position``     off by one: the bonus token is drawn from p_{K−1}, not p_K.   the rule
+                                  In a tree: the bonus token after a leaf is drawn from p at
+                                  the leaf's parent (as p_{K−1} is p at the parent of a
+                                  chain's leaf)
 ``top_p_draft_only``              the sampling settings reach the drafter, but the target's p    (2)
                                   is computed without top-p: the output follows the untruncated
                                   target
@@ -33,13 +39,16 @@ name                              what is wrong                                 
 
 :func:`plant` applies one of them to what the decode loop is called with (a :class:`Setup`) and refuses
 settings under which the bug cannot bias anything (e.g. ``top_p_draft_only`` without top-p), so a
-planted run that passes always means the test lacked power, never that nothing was planted.
+planted run that passes always means the test lacked power, never that nothing was planted. The two
+verifier bugs are acceptance rules (:class:`specdec.verify.AcceptanceRule`, :data:`VERIFIER_BUGS`)
+covering chains and trees, so they reach every drafter; each reuses the exact rule's accept/reject steps
+and changes only the distribution the next token is drawn from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -49,30 +58,58 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.models.llama import CompactLlama, supports
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-from specdec.verify import accept_drafts, next_token_probs
+from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
+from specdec.verify.tree import walk_tree
 
-# --- the verifier: signature of specdec.verify.rejection_sample ----------------------------------------
-
-
-def recovered_from_target(draft_tokens, draft_probs, target_probs, generator=None):
-    """Bug: the recovered token is drawn from p_n instead of the residual norm(max(0, p_n − q_n))."""
-    num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
-    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-    return num_accepted, sample(target_probs[rows, num_accepted], generator)
+# --- the verifier: acceptance rules for chains and trees (arguments and results: specdec.verify.AcceptanceRule)
 
 
-def bonus_from_wrong_position(draft_tokens, draft_probs, target_probs, generator=None):
-    """Bug (off by one): when all K drafts are accepted, the bonus token is drawn from p_{K-1}, not p_K."""
-    k = draft_tokens.shape[1]
-    shifted = target_probs.clone()
-    shifted[:, k] = target_probs[:, max(k - 1, 0)]
-    num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
-    return num_accepted, sample(next_token_probs(num_accepted, draft_tokens, draft_probs, shifted), generator)
+@dataclass(frozen=True)
+class RecoveredFromTarget:
+    """Bug: after a rejection the next token is drawn from the target's p where the rejection happened,
+    not from the residual: norm(max(0, p_n − q_n)) in a chain, what is left of p once every child of the
+    node was rejected in a tree."""
+
+    lossy: ClassVar[bool] = False  # it claims exactness, as a real bug would
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
+        rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+        return num_accepted, sample(target_probs[rows, num_accepted], generator)
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        nodes, num_accepted, end, _ = walk_tree(tree, draft_tokens, draft_probs, target_probs, generator)
+        rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+        return nodes, num_accepted, sample(target_probs[rows, end], generator)
 
 
-VERIFIER_BUGS = {
-    "recovered_from_target": recovered_from_target,
-    "bonus_from_wrong_position": bonus_from_wrong_position,
+@dataclass(frozen=True)
+class BonusFromWrongPosition:
+    """Bug (off by one): the bonus token is drawn from p one position too early: p_{K−1}, not p_K, when
+    all K drafts of a chain are accepted; p at the leaf's parent, not at the leaf, when a tree's walk
+    accepts a whole path to a leaf (a chain is the tree whose one leaf is draft K, with parent K−1)."""
+
+    lossy: ClassVar[bool] = False  # it claims exactness, as a real bug would
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        k = draft_tokens.shape[1]
+        shifted = target_probs.clone()
+        shifted[:, k] = target_probs[:, max(k - 1, 0)]
+        num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
+        return num_accepted, sample(next_token_probs(num_accepted, draft_tokens, draft_probs, shifted), generator)
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        nodes, num_accepted, end, next_probs = walk_tree(tree, draft_tokens, draft_probs, target_probs, generator)
+        rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+        at_leaf = (end > 0) & (tree.children[end, 0] < 0)  # [B]: the walk accepted a path to a leaf
+        parent = tree.parents[(end - 1).clamp(min=0)] + 1  # [B] block position of end's parent
+        next_probs = torch.where(at_leaf[:, None], target_probs[rows, parent], next_probs)
+        return nodes, num_accepted, sample(next_probs, generator)
+
+
+VERIFIER_BUGS: dict[str, AcceptanceRule] = {
+    "recovered_from_target": RecoveredFromTarget(),
+    "bonus_from_wrong_position": BonusFromWrongPosition(),
 }
 
 
@@ -168,7 +205,7 @@ class Setup:
 
     target: nn.Module  # a transformers causal LM or a decoder
     drafter: Drafter
-    verifier: Callable  # signature of specdec.verify.rejection_sample
+    rule: AcceptanceRule | None  # None: the drafter's own, else the exact rule (as speculative_generate)
     sampling: SamplingParams  # the settings the target side (prefill, target probs) runs with
 
 
@@ -180,7 +217,7 @@ def _needs_sampling(bug: str, s: Setup) -> None:
 def _plant_verifier(bug: str) -> Callable[[Setup], Setup]:
     def plant_it(s: Setup) -> Setup:
         _needs_sampling(bug, s)
-        return replace(s, verifier=VERIFIER_BUGS[bug])
+        return replace(s, rule=VERIFIER_BUGS[bug])
 
     return plant_it
 

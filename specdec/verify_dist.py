@@ -73,7 +73,6 @@ from specdec.jobs import config_fields, machine_description, run_task
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.stats import (TokenScores, Verdict, chi2_two_sample, detectable_tv, exactness_test_from_scores, holm,
                            pit_from_scores, token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
-from specdec.verify import rejection_sample
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +292,7 @@ def verify_distribution(
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
     started = time.perf_counter()
     decoder = fast_decoder(target)
-    setup = planted.plant(planted_bug, planted.Setup(target, drafter, rejection_sample, sampling))
+    setup = planted.plant(planted_bug, planted.Setup(target, drafter, None, sampling))
     if setup.target is target:  # not replaced by a planted bug: decode with the shared-prefill forward
         setup = replace(setup, target=decoder)
     if planted_bug is not None:
@@ -304,7 +303,7 @@ def verify_distribution(
     def speculative(ids, mask, generator):
         return speculative_generate(setup.target, setup.drafter, ids, attention_mask=mask, k=k,
                                     max_new_tokens=length, generator=generator, eos_token_id=[],
-                                    verifier=setup.verifier, **_sampling_kwargs(setup.sampling))
+                                    rule=setup.rule, **_sampling_kwargs(setup.sampling))
 
     def plain(ids, mask, generator):
         return autoregressive_generate(decoder, ids, attention_mask=mask, max_new_tokens=joint_tokens,

@@ -1,4 +1,5 @@
-"""Decode loop on tiny random models: greedy identity, EOS, max_new_tokens, determinism, stats."""
+"""Decode loop on tiny random models: greedy identity, EOS, max_new_tokens, determinism, stats, and the one
+acceptance rule it verifies chains and trees with."""
 
 import pytest
 import torch
@@ -7,7 +8,10 @@ from conftest import tiny_llama
 
 from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import VocabMismatchError
+from specdec.verify import EXACT, Tree, rejection_sample
+from specdec.verify.lossy.typical import TypicalAcceptance
 
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
 
@@ -131,3 +135,58 @@ def test_tree_levels_are_the_positions_of_per_position_acceptance():
     assert s.proposed_per_position == [2, 2, 1, 0, 0, 0, 0, 0]  # no level 4: never "reached", never a miss
     assert s.accepted_per_position[:3] == [2, 1, 1] and s.acceptance_per_position[:3] == [1.0, 0.5, 1.0]
     assert s.acceptance_rate == 4 / 16 and s.mean_accepted_length == 3.0
+
+
+# --- the acceptance rule ---------------------------------------------------------------------------------
+
+
+class FixedTreeDrafter(Drafter):
+    """Proposes the same tree every step: tokens 5 and 9 below the root, token 3 below the 5."""
+
+    tree = Tree.from_parents([-1, -1, 0])
+
+    def propose(self, state, k):
+        return Proposal(tokens=torch.tensor([[5, 9, 3]]).expand(len(state.active), 3), tree=self.tree)
+
+
+class LossyTreeDrafter(FixedTreeDrafter):
+    acceptance = TypicalAcceptance()
+
+
+class RecordingRule:
+    """The exact rule, recording which proposal shapes it was asked to verify."""
+
+    lossy = False
+
+    def __init__(self):
+        self.calls = []
+
+    def chain(self, *args):
+        self.calls.append("chain")
+        return EXACT.chain(*args)
+
+    def tree(self, *args):
+        self.calls.append("tree")
+        return EXACT.tree(*args)
+
+
+@pytest.mark.parametrize("drafter, shape", [(NgramDrafter(), "chain"), (FixedTreeDrafter(), "tree")],
+                         ids=["chain", "tree"])
+def test_the_rule_verifies_chains_and_trees(tiny_target, drafter, shape):
+    ids, mask = left_pad(PROMPTS)
+    ref = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
+    rule = RecordingRule()
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=3, max_new_tokens=12,
+                               eos_token_id=[], rule=rule)
+    assert rule.calls and set(rule.calls) == {shape}
+    assert out.sequences == ref.sequences
+
+
+def test_an_explicit_rule_cannot_replace_a_lossy_drafters_own(tiny_target):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="lossy acceptance rule TypicalAcceptance.*drafter.acceptance=exact"):
+        speculative_generate(tiny_target, LossyTreeDrafter(), ids, k=3, max_new_tokens=4, rule=EXACT)
+    out = speculative_generate(tiny_target, LossyTreeDrafter(), ids, k=3, max_new_tokens=4, eos_token_id=[])
+    assert len(out.sequences[0]) == 4  # with no rule given, the drafter's own verifies
+    with pytest.raises(TypeError, match="rule must be an acceptance rule.*function rejection_sample"):
+        speculative_generate(tiny_target, NgramDrafter(), ids, k=3, max_new_tokens=4, rule=rejection_sample)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import specdec.engine
 from conftest import tiny_llama
 
 from specdec.data import left_pad
@@ -22,7 +20,7 @@ from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
 from specdec.sampling import logits_to_probs
 from specdec.stats import exactness_test
-from specdec.verify_tree import verify_tree
+from specdec.verify import ExactRule, verify_tree
 
 PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -272,16 +270,17 @@ def random_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [r
     return torch.randint(0, VOCAB, (rows, 4), generator=generator)
 
 
-def sample_and_score(target, drafter, rows=400, new=8, seed=0, prompts=random_prompts, batch=None):
+def sample_and_score(target, drafter, rows=400, new=8, seed=0, prompts=random_prompts, batch=None, rule=None):
     """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats.
-    ``prompts(rows, generator)`` makes the prompts; ``batch`` rows are generated at a time (None = all)."""
+    ``prompts(rows, generator)`` makes the prompts; ``batch`` rows are generated at a time (None = all);
+    ``rule``: the acceptance rule (None = the drafter's own)."""
     g = torch.Generator().manual_seed(seed)
     ids = prompts(rows, g)  # [R, P]
     sequences, stats = [], None
     for start in range(0, rows, batch or rows):
         part = ids[start: start + (batch or rows)]
         out = speculative_generate(target, drafter, part, attention_mask=torch.ones_like(part), k=drafter_k(drafter),
-                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[])
+                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[], rule=rule)
         sequences += out.sequences
         stats = out.stats if stats is None else stats.merge(out.stats)
     seqs = torch.cat([ids, torch.tensor(sequences)], 1)  # [R, P + new]
@@ -309,12 +308,18 @@ def test_sampling_with_medusa_is_exact(markov_target, paths, min_confidence, tok
     assert not verdict.reject, verdict
 
 
-def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target, monkeypatch):
+class NoRenormalisation(ExactRule):
+    """Planted bug: a tree's next sibling is tested against max(0, p − q) without renormalising it."""
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        return verify_tree(tree, draft_tokens, draft_probs, target_probs, generator,
+                           residual=lambda p, q: (p - q).clamp(min=0))
+
+
+def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target):
     """No renormalisation after a rejected sibling: the same test rejects it."""
-    buggy = partial(verify_tree, residual=lambda p, q: (p - q).clamp(min=0))
-    monkeypatch.setattr(specdec.engine, "verify_tree", buggy)
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS)
-    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1, rule=NoRenormalisation())
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert verdict.reject, verdict
 

@@ -5,13 +5,10 @@ errors for settings that cannot work."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
 
-import specdec.engine
 from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
@@ -19,9 +16,9 @@ from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.ngram import lookup
 from specdec.sampling import SamplingParams
 from specdec.stats import exactness_test
-from specdec.verify_tree import Tree, verify_tree
-from test_medusa import (PATHS, VOCAB, markov_heads, markov_target, random_heads,  # noqa: F401 (a fixture)
-                         sample_and_score, successor)
+from specdec.verify import Tree
+from test_medusa import (PATHS, VOCAB, NoRenormalisation, markov_heads, markov_target,  # noqa: F401 (a fixture)
+                         random_heads, sample_and_score, successor)
 
 # Prompts that repeat themselves, so the lookup finds continuations from the first step on.
 REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]
@@ -150,11 +147,11 @@ def test_sampling_with_a_lookup_branch_is_exact(markov_target, batch):
     assert not verdict.reject, verdict
 
 
-def test_planted_tree_sampler_bug_is_caught_with_a_lookup_branch(markov_target, monkeypatch):
+def test_planted_tree_sampler_bug_is_caught_with_a_lookup_branch(markov_target):
     """No renormalisation after a rejected sibling: the test above rejects it with the branch in the tree."""
-    monkeypatch.setattr(specdec.engine, "verify_tree", partial(verify_tree, residual=lambda p, q: (p - q).clamp(min=0)))
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4)
-    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, prompts=markov_prompts)
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, prompts=markov_prompts,
+                                                   rule=NoRenormalisation())
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert verdict.reject, verdict
 

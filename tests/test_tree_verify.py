@@ -4,20 +4,23 @@ Statistical setup as in ``test_verify.py``: a context-free "model" whose target 
 depend only on the output position t (cycling through M tables), so token t ~ P[t mod M] independently.
 Many rows run the tree verifier in parallel over several steps; a chi-square goodness-of-fit test per
 output position and on adjacent pairs, Holm-corrected, must not reject the exact rule and must reject the
-planted bug (no renormalisation after a rejected sibling). Then: tree geometry, greedy paths, the cache's
+planted bugs (no renormalisation after a rejected sibling; the tree versions of :mod:`specdec.planted`'s
+verifier bugs). Then: tree geometry, greedy paths, the cache's
 compaction, and greedy equality of tree drafting with plain decoding through the engine.
 """
+
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate
+from specdec import autoregressive_generate, planted, speculative_generate
 from specdec.cache import KVCache
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.sampling import logits_to_probs, sample
 from specdec.stats import chi2_goodness_of_fit, holm
-from specdec.verify_tree import Tree, residual_after_rejection, verify_tree
+from specdec.verify import Tree, residual_after_rejection, verify_tree
 from specdec.data import left_pad
 
 V, M, LENGTH = 8, 3, 6
@@ -55,7 +58,8 @@ def draft_tree(tree: Tree, q: torch.Tensor, mode: str, g: torch.Generator):
     return tokens, None if mode == "topk" else probs
 
 
-def simulate(mode, temperature, residual=residual_after_rejection, rows=20000, seed=0, parents=PARENTS):
+def simulate(mode, temperature, verify=verify_tree, rows=20000, seed=0, parents=PARENTS):
+    """``verify``: a tree rule with :func:`verify_tree`'s signature."""
     g = torch.Generator().manual_seed(seed)
     target = logits_to_probs(torch.randn(M, V, generator=g) * 1.5, temperature)  # [M, V]
     draft = logits_to_probs(torch.randn(M, V, generator=g) * 1.5, temperature)  # [M, V]
@@ -69,7 +73,7 @@ def simulate(mode, temperature, residual=residual_after_rejection, rows=20000, s
         node_q = draft[(pos[:, None] + tree.depths[None, 1:] - 1) % M]  # [R, N, V]
         target_probs = target[(pos[:, None] + tree.depths[None, :]) % M]  # [R, N+1, V]
         tokens, probs = draft_tree(tree, node_q, mode, g)
-        nodes, n, nxt = verify_tree(tree, tokens, probs, target_probs, g, residual=residual)
+        nodes, n, nxt = verify(tree, tokens, probs, target_probs, g)
         emitted = torch.cat([tokens.gather(1, nodes.clamp(min=0)), nxt[:, None]], 1).scatter(1, n[:, None], nxt[:, None])
         for j in range(depth + 1):
             keep = j <= n
@@ -109,8 +113,15 @@ def test_chain_shaped_tree_reproduces_target():
 
 @pytest.mark.parametrize("mode", ["topk", "iid"])
 def test_planted_bug_no_renormalisation_is_caught(mode):
-    tokens, target = simulate(mode, 1.0, residual=no_renormalisation, seed=5)
+    tokens, target = simulate(mode, 1.0, verify=partial(verify_tree, residual=no_renormalisation), seed=5)
     assert rejects(tokens, target), f"missing renormalisation after a rejected sibling went undetected ({mode})"
+
+
+@pytest.mark.parametrize("bug", sorted(planted.VERIFIER_BUGS))
+@pytest.mark.parametrize("mode", ["topk", "iid"])
+def test_planted_verifier_bugs_are_caught_in_trees(bug, mode):
+    tokens, target = simulate(mode, 1.0, verify=planted.VERIFIER_BUGS[bug].tree, seed=6)
+    assert rejects(tokens, target), f"planted bug {bug} went undetected in a tree ({mode})"
 
 
 def test_false_positive_rate_is_nominal():

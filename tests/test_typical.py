@@ -1,4 +1,4 @@
-"""Medusa's typical acceptance (specdec.verify_typical): a LOSSY rule, offered only as an explicit option.
+"""Medusa's typical acceptance (specdec.verify.lossy.typical): a LOSSY rule, offered only as an explicit option.
 
 What must hold: it is never the default; a drafter using it says it is lossy (and results carry that);
 greedy output stays identical to plain decoding; and at temperature 1 the exactness test *rejects* it,
@@ -12,8 +12,8 @@ import torch
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.stats import exactness_test
-from specdec.verify_tree import Tree
-from specdec.verify_typical import TypicalAcceptance
+from specdec.verify import Tree
+from specdec.verify.lossy.typical import TypicalAcceptance
 from specdec.data import left_pad
 from test_medusa import PATHS, markov_heads, markov_target, random_heads, sample_and_score  # noqa: F401
 

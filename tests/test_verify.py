@@ -69,7 +69,7 @@ def test_exact_rule_with_deterministic_drafts(k):
 @pytest.mark.parametrize("bug", sorted(planted.VERIFIER_BUGS))
 @pytest.mark.parametrize("k", [1, 3])
 def test_planted_verifier_bugs_are_caught(bug, k):
-    tokens, target = simulate(planted.VERIFIER_BUGS[bug], k, 1.0, 0, 1.0, seed=k)
+    tokens, target = simulate(planted.VERIFIER_BUGS[bug].chain, k, 1.0, 0, 1.0, seed=k)
     assert rejects(tokens, target), f"planted bug {bug} at k={k} went undetected"
 
 

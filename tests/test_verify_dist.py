@@ -32,7 +32,7 @@ from specdec.drafters.medusa import MedusaHeads
 from specdec.engine import speculative_generate
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams
-from specdec.verify import rejection_sample
+from specdec.verify import ExactRule
 from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,19 +145,21 @@ def test_ragged_batches_and_a_single_position(models):
     assert not result.reject and result.report["num_tokens"] == 1000
 
 
-def bonus_skipped(draft_tokens, draft_probs, target_probs, generator=None):
-    """Not a bug: when all K drafts are accepted, emit the K-th draft as the last token and no bonus."""
-    num_accepted, next_tokens = rejection_sample(draft_tokens, draft_probs, target_probs, generator)
-    k = draft_tokens.shape[1]
-    full = num_accepted == k
-    if k == 0:
-        return num_accepted, next_tokens
-    return torch.where(full, k - 1, num_accepted), torch.where(full, draft_tokens[:, -1], next_tokens)
+class BonusSkipped(ExactRule):
+    """Not a bug: when all K drafts of a chain are accepted, emit the K-th draft as the last token and no bonus."""
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        num_accepted, next_tokens = super().chain(draft_tokens, draft_probs, target_probs, generator)
+        k = draft_tokens.shape[1]
+        full = num_accepted == k
+        if k == 0:
+            return num_accepted, next_tokens
+        return torch.where(full, k - 1, num_accepted), torch.where(full, draft_tokens[:, -1], next_tokens)
 
 
 def test_harmless_change_passes(models, monkeypatch):
     """Skipping the bonus token costs speed, not exactness: the test must not reject it."""
-    monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", bonus_skipped)
+    monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", BonusSkipped())
     result = check(models, "draft_model", bug="recovered_from_target", n=500, alpha=0.01)
     assert not result.reject, result.report["p_value"]
 
@@ -166,7 +168,8 @@ def test_harmless_change_passes(models, monkeypatch):
 
 # (bug, drafter, K, temperature, top_k, top_p): settings under which the bug can bias (plant() refuses others).
 # recovered_from_target biases by ½ Σ |min(p, q) − β·p| (β = Σ min(p, q)), which vanishes as q → p: with the
-# close draft its power at this budget is only ~0.75, so it is shown with the far one.
+# close draft its power at this budget is only ~0.75, so it is shown with the far one. Every bug that can live
+# outside a draft model is also planted under the Medusa tree (the verifier bugs through the rule's tree method).
 BUG_CASES = [
     ("recovered_from_target", "draft_model_far", 4, 1.0, 0, 1.0),
     ("recovered_from_target", "ngram", 3, 0.7, 0, 1.0),
@@ -177,11 +180,17 @@ BUG_CASES = [
     ("temperature_ignored_by_draft", "draft_model", 4, 0.7, 0, 1.0),
     ("target_cache_not_rolled_back", "draft_model", 4, 1.0, 0, 1.0),
     ("target_cache_not_rolled_back", "ngram", 4, 1.0, 0, 1.0),
+    ("recovered_from_target", "medusa_tree", 8, 1.0, 0, 1.0),
+    ("bonus_from_wrong_position", "medusa_tree", 8, 0.7, 0, 1.0),
+    ("top_p_draft_only", "medusa_tree", 8, 1.0, 0, 0.8),
+    ("target_cache_not_rolled_back", "medusa_tree", 8, 1.0, 0, 1.0),
 ]
 
 
 def test_every_planted_bug_has_a_case():
     assert {case[0] for case in BUG_CASES} == set(planted.BUGS)
+    tree_bugs = {case[0] for case in BUG_CASES if case[1] == "medusa_tree"}
+    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"}  # lives in the draft model only
 
 
 @pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)

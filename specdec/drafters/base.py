@@ -18,8 +18,7 @@ import torch
 from specdec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from specdec.verify_tree import Tree
-    from specdec.verify_typical import TypicalAcceptance
+    from specdec.verify import AcceptanceRule, Tree
 
 
 @dataclass
@@ -58,15 +57,15 @@ class Drafter(ABC):
 
     name: ClassVar[str] = ""
     Config: ClassVar[type]  # the drafter's typed Hydra config (a specdec.config.DrafterConfig subclass)
-    # None = exact verification (always, unless asked otherwise); else a LOSSY rule the verify step uses
-    # instead, e.g. Medusa's typical acceptance (specdec.verify_typical.TypicalAcceptance)
-    acceptance: TypicalAcceptance | None = None
+    # None = exact verification (always, unless asked otherwise); else a LOSSY rule the decode loop verifies
+    # with instead, e.g. Medusa's typical acceptance (specdec.verify.lossy.typical.TypicalAcceptance)
+    acceptance: AcceptanceRule | None = None
     forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
 
     @property
     def lossy(self) -> bool:
         """Whether this drafter's runs change the output distribution (a lossy acceptance rule)."""
-        return self.acceptance is not None
+        return self.acceptance is not None and self.acceptance.lossy
 
     def start(self, state: DecodeState) -> None:
         """A generation begins: the prompt is in the target's cache and its first token emitted."""

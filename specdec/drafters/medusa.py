@@ -82,8 +82,8 @@ from specdec.errors import CheckpointError
 from specdec.io import read_metadata, read_tensors
 from specdec.loading import resolve_dtype
 from specdec.sampling import logits_to_probs, sample
-from specdec.verify_tree import Tree
-from specdec.verify_typical import TypicalAcceptance
+from specdec.verify.lossy.typical import TypicalAcceptance
+from specdec.verify.tree import Tree
 
 log = logging.getLogger(__name__)
 

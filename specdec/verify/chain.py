@@ -1,19 +1,11 @@
-"""Exact verification of draft tokens: rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+"""Exact verification of a chain of draft tokens: rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
 
-Vocabulary, used the same way across specdec:
-
-- **draft** tokens: the K tokens a drafter proposes for one target forward, each drawn from the draft
-  distribution q_i (or chosen deterministically: then q_i is one-hot on that token);
-- **accepted**: the longest prefix of the draft kept by the rule below;
-- **recovered** token: drawn at the first rejection from norm(max(0, p_i − q_i));
-- **bonus** token: drawn from p_K when all K drafts are accepted;
-- acceptance rate **α** = accepted draft tokens / proposed draft tokens;
-- mean accepted length **τ** = tokens emitted per target forward, *bonus included* (so τ ≥ 1).
-
-Each draft token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)). Together with the
-recovered/bonus token this emits tokens distributed exactly as sampling from the target alone, whatever
-q is, provided p and q went through the same sampling processing (:func:`specdec.sampling.logits_to_probs`).
-Greedy decoding is the one-hot special case: a draft is accepted iff it is the target's argmax.
+Terms as in :mod:`specdec.verify`. Each draft token x_i is accepted with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection n the recovered token is drawn from
+norm(max(0, p_n − q_n)), and when all K drafts are accepted the bonus token is drawn from p_K. Together
+this emits tokens distributed exactly as sampling from the target alone, whatever q is, provided p and q
+went through the same sampling processing (:func:`specdec.sampling.logits_to_probs`). Greedy decoding is
+the one-hot special case: a draft is accepted iff it is the target's argmax.
 
 Everything here is a pure function of probabilities and a ``torch.Generator``; there is no host sync.
 """

@@ -12,25 +12,28 @@ the same threshold; here it comes from p itself, which is the smaller departure.
 one-hot, the threshold is min(epsilon, alpha) and only the target's argmax passes, so greedy output stays
 identical to plain decoding.
 
-specdec's verifiers (:mod:`specdec.verify`, :mod:`specdec.verify_tree`) are exact and remain the default.
-This rule runs only when a drafter is built with ``acceptance="typical"`` (``drafter.acceptance=typical``
-for Medusa); such a drafter reports ``lossy = True``, which results, reports and ``verify_dist`` carry,
-and ``python -m specdec.verify_dist drafter=medusa drafter.acceptance=typical sampling.temperature=1.0``
-shows the departure. The two methods take the exact rules' arguments (the draft distributions are unused).
+specdec's exact rule (:data:`specdec.verify.EXACT`) remains the default. This one implements the same
+:class:`~specdec.verify.rules.AcceptanceRule` protocol with ``lossy = True`` and runs only when a drafter is
+built with ``acceptance="typical"`` (``drafter.acceptance=typical`` for Medusa); such a drafter reports
+``lossy = True``, which results, reports and ``verify_dist`` carry, and
+``python -m specdec.verify_dist drafter=medusa drafter.acceptance=typical sampling.temperature=1.0``
+shows the departure. The two methods take the exact rule's arguments (the draft distributions are unused).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from specdec.sampling import sample
-from specdec.verify_tree import Tree
+from specdec.verify.tree import Tree
 
 
 @dataclass(frozen=True)
 class TypicalAcceptance:
+    lossy: ClassVar[bool] = True
     epsilon: float = 0.09  # the largest probability ever required of a draft token (a hard threshold)
     alpha: float = 0.3  # the entropy-scaled threshold's factor: alpha · exp(−H(p))
 
@@ -60,7 +63,7 @@ class TypicalAcceptance:
     def tree(self, tree: Tree, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
              target_probs: torch.Tensor, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As :func:`specdec.verify_tree.verify_tree` returns: accepted_nodes [B, D], num_accepted, next_tokens."""
+        """As :func:`specdec.verify.tree.verify_tree` returns: accepted_nodes [B, D], num_accepted, next_tokens."""
         batch, n = draft_tokens.shape
         p_parent = target_probs[:, tree.parents + 1]  # [B, N, V]: p where each node's token is judged
         ok = self.passes(p_parent, draft_tokens).to(target_probs.dtype)  # [B, N]

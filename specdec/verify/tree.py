@@ -83,16 +83,18 @@ def residual_after_rejection(
     return torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p)
 
 
-def verify_tree(
+def walk_tree(
     tree: Tree,
     draft_tokens: torch.Tensor,  # [B, N] long
     draft_probs: torch.Tensor | None,  # [B, N, V] q of each node, or None for deterministic nodes (one-hot q)
     target_probs: torch.Tensor,  # [B, N+1, V]: p at the root, then at each node
     generator: torch.Generator | None = None,
     residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_after_rejection,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
-    """Walk the tree from the root; see the module docstring. Row b emits the tokens of nodes
-    ``accepted_nodes[b, :num_accepted[b]]`` (node indices; -1 past them), then ``next_tokens[b]``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # accepted_nodes [B, D], num_accepted [B], end [B], next_probs [B, V]
+    """The accept/reject walk of :func:`verify_tree`, without the final draw. ``end`` is the block position
+    where each row's walk stopped (0 = the root); ``next_probs`` is the distribution the next token is drawn
+    from there: the final residual (recovered token), or p at ``end`` when it is a leaf (bonus token).
     ``residual`` is replaceable only to plant bugs in tests."""
     batch, n = draft_tokens.shape
     if target_probs.shape[:2] != (batch, n + 1) or tree.num_nodes != n:
@@ -128,4 +130,20 @@ def verify_tree(
         p = torch.where(moved[:, None], target_probs[rows, node], p)
         alive &= moved
     num_accepted = (accepted_nodes >= 0).sum(-1)
-    return accepted_nodes, num_accepted, sample(p, generator)
+    return accepted_nodes, num_accepted, node, p
+
+
+def verify_tree(
+    tree: Tree,
+    draft_tokens: torch.Tensor,  # [B, N] long
+    draft_probs: torch.Tensor | None,  # [B, N, V] q of each node, or None for deterministic nodes (one-hot q)
+    target_probs: torch.Tensor,  # [B, N+1, V]: p at the root, then at each node
+    generator: torch.Generator | None = None,
+    residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_after_rejection,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+    """Walk the tree from the root; see the module docstring. Row b emits the tokens of nodes
+    ``accepted_nodes[b, :num_accepted[b]]`` (node indices; -1 past them), then ``next_tokens[b]``.
+    ``residual`` is replaceable only to plant bugs in tests."""
+    accepted_nodes, num_accepted, _, next_probs = walk_tree(tree, draft_tokens, draft_probs, target_probs,
+                                                            generator, residual)
+    return accepted_nodes, num_accepted, sample(next_probs, generator)

@@ -1,0 +1,60 @@
+"""The acceptance rule as one object: what the decode loop calls to verify a chain or a tree.
+
+A rule has two methods, one per proposal shape, taking probabilities and a ``torch.Generator`` (terms as in
+:mod:`specdec.verify`), and says whether it is ``lossy`` (changes the output distribution by design).
+:data:`EXACT` is the default everywhere; Medusa's typical acceptance
+(:class:`specdec.verify.lossy.typical.TypicalAcceptance`) is the lossy one, and the planted verifier bugs
+(:mod:`specdec.planted`) are rules too, so whatever the loop verifies with reaches chains and trees alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from specdec.verify.chain import rejection_sample
+from specdec.verify.tree import Tree, verify_tree
+
+
+@runtime_checkable
+class AcceptanceRule(Protocol):
+    lossy: bool  # True: the emitted tokens are not distributed as the target's (only greedy output is kept)
+
+    def chain(
+        self,
+        draft_tokens: torch.Tensor,  # [B, K] long
+        draft_probs: torch.Tensor | None,  # [B, K, V], or None for deterministic drafts (one-hot q)
+        target_probs: torch.Tensor,  # [B, K+1, V]: K draft positions, then the bonus position
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] in [0, K], next_tokens [B]
+        """Row b emits ``draft_tokens[b, :num_accepted[b]]``, then ``next_tokens[b]``."""
+
+    def tree(
+        self,
+        tree: Tree,
+        draft_tokens: torch.Tensor,  # [B, N] long
+        draft_probs: torch.Tensor | None,  # [B, N, V], or None for deterministic nodes (one-hot q)
+        target_probs: torch.Tensor,  # [B, N+1, V]: p at the root, then at each node
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+        """Row b emits the tokens of nodes ``accepted_nodes[b, :num_accepted[b]]`` (-1 past them), then
+        ``next_tokens[b]``."""
+
+
+@dataclass(frozen=True)
+class ExactRule:
+    """Rejection sampling: :func:`~specdec.verify.chain.rejection_sample` for chains,
+    :func:`~specdec.verify.tree.verify_tree` for trees. Emits tokens distributed as the target's."""
+
+    lossy: ClassVar[bool] = False
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        return rejection_sample(draft_tokens, draft_probs, target_probs, generator)
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        return verify_tree(tree, draft_tokens, draft_probs, target_probs, generator)
+
+
+EXACT = ExactRule()
