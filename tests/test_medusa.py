@@ -476,16 +476,6 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     assert calls == expected, (calls, kept)
 
 
-def test_dynamic_tree_keeps_a_node_by_its_confidence_averaged_over_the_rows():
-    """Every kept node is verified in every row, so a node confident in one row of four is not worth it:
-    the rule is the mean confidence (the any-row rule made the batch-4 tree on the real target ~4x wider)."""
-    from specdec.drafters.trees.dynamic import confident
-
-    confidence = torch.tensor([[0.9, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3]])  # [B, N]
-    assert confident(confidence.log(), 0.25).tolist() == [False, True, True]  # node 0: mean 0.225
-    assert confident(confidence[:1].log(), 0.25).tolist() == [True, True, True]  # batch 1: its own
-
-
 def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:
     """Token-aware head i copies the last known token t (the one just before the token it predicts) into
     the hidden state, so the target's LM head puts it on σ(t) and τ(t): right given the path, and
