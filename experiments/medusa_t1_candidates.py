@@ -39,7 +39,7 @@ def head0_and_target(prompts: int, tokens: int, seed: int) -> tuple[torch.Tensor
             o = target(seq, output_hidden_states=True)
             hidden, p = o.hidden_states[-1][0], o.logits[0].float().softmax(-1)  # p[t]: token t + 1's
             t = torch.arange(ids.shape[1] - 1, seq.shape[1] - 2)  # hidden[t] predicted the emitted token t + 1
-            known = drafter._embed(seq[0, t + 1])[:, None]
+            known = drafter.embed_weight[seq[0, t + 1]].to(drafter.dtype)[:, None]  # [N, 1, H]
             logits = drafter.heads(hidden[t].to(drafter.dtype), drafter.lm_head_weight, num_heads=1, known=known)
             q = logits[:, 0].float().softmax(-1)
             if drafter.heads.token_ids is not None:  # back to the full vocabulary

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import specdec.drafters.medusa.drafter
 from conftest import tiny_llama
 
 from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
+from specdec.drafters.medusa.candidates import TokenAwareHeads
+from specdec.drafters.trees.plan import plan_tree
 from specdec.sampling import logits_to_probs
 from specdec.stats import exactness_test
 from specdec.verify import ExactRule, verify_tree
@@ -93,7 +97,7 @@ def test_heads_for_another_target_fail_with_both_shapes(tmp_path, hidden, vocab)
         load_heads(tmp_path / "heads.safetensors", hidden_size=hidden, vocab_size=vocab)
     message = str(err.value)
     assert "hidden size 32 and vocabulary 64" in message and f"hidden size {hidden} and vocabulary {vocab}" in message
-    assert "train_medusa" in message
+    assert "specdec.train method=medusa" in message
 
 
 def test_mismatched_heads_fail_when_the_drafter_is_built(tmp_path):
@@ -324,22 +328,22 @@ def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target):
     assert verdict.reject, verdict
 
 
-class ChainCutByOwnDraft(MedusaDrafter):
+def prefix_cut_by_own_draft(logits, index, min_confidence):
     """Planted bug: a dynamic chain keeps draft i only if *its own* probability (times the earlier ones')
     reaches the threshold, so an unlikely draft is replaced by an unverified sample from p."""
-
-    def _confident_prefix(self, logits, index):
-        drafted = logits.log_softmax(-1).gather(-1, index[..., None])[..., 0].cumsum(-1)  # [B, k]
-        keep = (drafted >= math.log(self.min_confidence)).long().cumprod(-1)
-        return int(keep.sum(-1).max())
+    drafted = logits.log_softmax(-1).gather(-1, index[..., None])[..., 0].cumsum(-1)  # [B, k]
+    keep = (drafted >= math.log(min_confidence)).long().cumprod(-1)
+    return int(keep.sum(-1).max())
 
 
-@pytest.mark.parametrize("cls, reject", [(MedusaDrafter, False), (ChainCutByOwnDraft, True)],
+@pytest.mark.parametrize("planted, reject", [(False, False), (True, True)],
                          ids=["exact-rule", "planted-own-draft-rule"])
-def test_dynamic_chain_rule_is_exact_and_the_value_based_cut_is_caught(markov_target, cls, reject):
+def test_dynamic_chain_rule_is_exact_and_the_value_based_cut_is_caught(markov_target, monkeypatch, planted, reject):
     """Batch 1, row by row: in a batch the cut is the longest over rows, which hides a per-row bias."""
+    if planted:
+        monkeypatch.setattr(specdec.drafters.medusa.drafter, "confident_prefix", prefix_cut_by_own_draft)
     heads = markov_heads(num_heads=2, strength=1.5)  # head 1's drafts: ~0.64 on the likeliest token, the rest spread
-    drafter = cls(heads, markov_target.lm_head.weight, None, min_confidence=0.4)
+    drafter = MedusaDrafter(heads, markov_target.lm_head.weight, None, min_confidence=0.4)
     g = torch.Generator().manual_seed(3)
     tokens, probs = [], []
     for prompt in torch.randint(0, VOCAB, (300, 1, 4), generator=g):
@@ -380,7 +384,7 @@ def test_planted_draft_vocabulary_bug_is_caught(markov_target):
 
 def test_shipped_heads_exist_with_provenance():
     path = default_heads_path()
-    assert path.is_file(), "shipped heads missing: run `python -m specdec.train_medusa export=...` (see provenance)"
+    assert path.is_file(), "shipped heads missing: run the command in their provenance.json"
     provenance = json.loads((path.parent / "provenance.json").read_text())
     for key in ("command", "data", "git_commit", "metrics", "date"):
         assert key in provenance
@@ -478,8 +482,7 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     state = type("S", (), {})()
     state.last_hidden, state.last_tokens = 20 * torch.randn(3, 32), torch.tensor([3, 17, 40])  # confident heads
     state.sampling = type("P", (), {"greedy": True})()
-    full_tokens, full_logp = drafter._tree_token_aware(state, state.last_hidden,
-                                                       drafter._tree_plan(tuple(range(len(paths))), "cpu"))
+    full_tokens, full_logp = drafter.drafting.candidates.tree(state, state.last_hidden, plan_tree(paths, "cpu"))
     keep = (full_logp.exp().mean(0) >= min_confidence).nonzero().flatten().tolist()  # mean over the 3 rows
     calls = []
     real_forward = heads.forward
@@ -488,22 +491,12 @@ def test_dynamic_token_aware_tree_drafts_only_what_it_keeps(tiny_target, min_con
     assert proposal.tokens.shape[1] == len(keep)
     if keep:
         assert torch.equal(proposal.tokens, full_tokens[:, keep])
-        assert proposal.tree.parents.tolist() == drafter._tree_plan(tuple(keep), "cpu").tree.parents.tolist()
+        assert proposal.tree.parents.tolist() == plan_tree([paths[i] for i in keep], "cpu").tree.parents.tolist()
     # parents drafted from, level by level: only the kept nodes at the level above (the root first)
     kept = [paths[i] for i in keep]
     expected = [1] + [n for n in (sum(len(p) == d and any(q[:d] == p for q in paths if len(q) == d + 1) for p in kept)
                                   for d in (1, 2)) if n]
     assert calls == expected, (calls, kept)
-
-
-def test_dynamic_tree_keeps_a_node_by_its_confidence_averaged_over_the_rows():
-    """Every kept node is verified in every row, so a node confident in one row of four is not worth it:
-    the rule is the mean confidence (the any-row rule made the batch-4 tree on the real target ~4x wider)."""
-    from specdec.drafters.medusa import _confident
-
-    confidence = torch.tensor([[0.9, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3], [1e-6, 0.5, 0.3]])  # [B, N]
-    assert _confident(confidence.log(), 0.25).tolist() == [False, True, True]  # node 0: mean 0.225
-    assert _confident(confidence[:1].log(), 0.25).tolist() == [True, True, True]  # batch 1: its own
 
 
 def markov_token_aware_heads(num_heads: int = 3, strength: float = 20.0) -> MedusaHeads:
@@ -530,20 +523,20 @@ def test_sampling_with_token_aware_medusa_is_exact(markov_target, paths, min_con
     assert not verdict.reject, verdict
 
 
-class ChainReportsPathlessQ(MedusaDrafter):
+def chain_reporting_pathless_q(self, state, hidden, k):
     """Planted bug: each chain draft is drawn given the drafts before it, but the q reported for it is the
     head's distribution with the path left out (the emitted token in every slot) — not the q it was drawn
     from."""
-
-    def _chain_token_aware(self, state, hidden, k):
-        logits, q, index = super()._chain_token_aware(state, hidden, k)
-        pathless = self.embed_weight[state.last_tokens][:, None].expand(-1, k, -1)
-        wrong = self.heads(hidden, self.lm_head_weight, num_heads=k, known=pathless)
-        return logits, logits_to_probs(wrong, state.sampling.temperature), index
+    logits, q, index = TokenAwareHeads.chain(self, state, hidden, k)
+    pathless = self.embed_weight[state.last_tokens][:, None].expand(-1, k, -1)
+    wrong = self.heads(hidden, self.lm_head_weight, num_heads=k, known=pathless)
+    return logits, logits_to_probs(wrong, state.sampling.temperature), index
 
 
-def test_planted_token_aware_chain_q_bug_is_caught(markov_target):
-    drafter = ChainReportsPathlessQ(markov_token_aware_heads(), markov_target.lm_head.weight, None,
-                                   embed_weight=markov_target.get_input_embeddings().weight)
+def test_planted_token_aware_chain_q_bug_is_caught(markov_target, monkeypatch):
+    drafter = MedusaDrafter(markov_token_aware_heads(), markov_target.lm_head.weight, None,
+                            embed_weight=markov_target.get_input_embeddings().weight)
+    candidates = drafter.drafting.candidates
+    monkeypatch.setattr(candidates, "chain", partial(chain_reporting_pathless_q, candidates))
     tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=3)
     assert exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions).reject

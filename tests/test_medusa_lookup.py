@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+import specdec.drafters.medusa.drafter
 from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.ngram import lookup
 from specdec.sampling import SamplingParams
 from specdec.stats import exactness_test
 from specdec.verify import Tree
@@ -26,14 +26,14 @@ REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]
 
 def with_lookup_spy(drafter: MedusaDrafter) -> list[int]:
     """Record how many nodes the lookup adds at each step."""
-    added, real = [], drafter._add_lookup
+    added, real = [], drafter.drafting.add_lookup
 
     def spy(state, tokens, tree):
         new_tokens, new_tree, filler = real(state, tokens, tree)
         added.append(new_tokens.shape[1] - tokens.shape[1])
         return new_tokens, new_tree, filler
 
-    drafter._add_lookup = spy
+    drafter.drafting.add_lookup = spy
     return added
 
 
@@ -75,20 +75,18 @@ def path_of(tokens: list[int], tree: Tree, chain: list[int]) -> list[int]:
     return nodes
 
 
-class AppendsWithoutMerging(MedusaDrafter):
+def append_without_merging(tokens, parents, found, fill):
     """Planted bug: at batch 1 the continuation is appended as a separate chain below the root, even where
     Medusa nodes already hold its first tokens."""
-
-    def _add_lookup(self, state, tokens, tree):
-        chain = lookup(np.asarray(state.tokens[0], dtype=np.int64), self.lookup, 3, 2).tolist()
-        n = tokens.shape[1]
-        parents = tree.parents.tolist() + [-1] + [n + j for j in range(len(chain) - 1)]
-        return torch.cat([tokens, torch.tensor([chain])], 1), Tree.from_parents(parents), [0]
+    n, chain = tokens.shape[1], found[0]
+    parents = tuple(parents) + (-1,) + tuple(n + j for j in range(len(chain) - 1))
+    return torch.cat([tokens, torch.tensor([chain])], 1), parents, [0]
 
 
-@pytest.mark.parametrize("cls, merged", [(MedusaDrafter, True), (AppendsWithoutMerging, False)],
-                         ids=["merge", "planted-append"])
-def test_lookup_continuation_is_merged_like_a_trie(tiny_target, cls, merged):
+@pytest.mark.parametrize("planted, merged", [(False, True), (True, False)], ids=["merge", "planted-append"])
+def test_lookup_continuation_is_merged_like_a_trie(tiny_target, monkeypatch, planted, merged):
+    if planted:
+        monkeypatch.setattr(specdec.drafters.medusa.drafter, "add_branch", append_without_merging)
     heads = random_heads(scale=1.0)
     hidden = torch.randn(1, 32)
     state = type("S", (), {})()  # the fields propose() reads
@@ -99,7 +97,7 @@ def test_lookup_continuation_is_merged_like_a_trie(tiny_target, cls, merged):
     m0, m00 = medusa.tokens[0, 0].item(), medusa.tokens[0, 2].item()  # the nodes of paths [0] and [0, 0]
     # the text so far ends in 7 8 9, which earlier went on with m0 m00 50 51: that is the continuation
     state.tokens = [[7, 8, 9, m0, m00, 50, 51, 1, 7, 8, 9]]
-    drafter = cls(heads, tiny_target.lm_head.weight, PATHS, lookup=4)
+    drafter = MedusaDrafter(heads, tiny_target.lm_head.weight, PATHS, lookup=4)
     proposal = drafter.propose(state, len(PATHS) + 4)
     tokens = proposal.tokens[0].tolist()
     assert tokens[: len(PATHS)] == medusa.tokens[0].tolist()  # the Medusa tree is kept as it was

@@ -1,0 +1,135 @@
+"""How Medusa heads are called to draft: all at once on the hidden state, or one level at a time given the path.
+
+Both kinds give the same two things, so chain and tree drafting (:mod:`specdec.drafters.medusa.drafter`)
+need not know which heads they run:
+
+- ``chain(state, hidden, k)``: one draft per head for the first k heads, each drawn from the q it reports
+  (argmax when greedy): the logits, q and draws over the draft vocabulary;
+- ``tree(state, hidden, plan, min_confidence)``: the token of every node of a tree plan
+  (:mod:`specdec.drafters.trees.plan`) and the nodes' path log-probabilities, which a dynamic tree prunes by
+  (:mod:`specdec.drafters.trees.dynamic`).
+
+:class:`IndependentHeads` (Medusa-1) read the hidden state only: one call of all heads drafts everything,
+and node i is rank ``plan.rank[i]`` of head ``plan.level[i]``. :class:`TokenAwareHeads` (Hydra's
+sequentially dependent heads) also read the embeddings of the emitted token and of the drafts before their
+own, so a chain is drafted head by head and a tree level by level: a node's candidates are the top tokens
+of its depth's head given the node's path, one small head call per level.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdec.drafters.base import DecodeState
+from specdec.drafters.medusa.heads import MedusaHeads
+from specdec.drafters.trees.dynamic import open_part, path_logprobs
+from specdec.drafters.trees.plan import TreePlan
+from specdec.sampling import logits_to_probs, sample
+
+
+class IndependentHeads:
+    """Heads on the hidden state alone; ``lm_head_weight`` [V', H] are the draft vocabulary's LM-head rows."""
+
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor):
+        self.heads = heads
+        self.lm_head_weight = lm_head_weight
+
+    def chain(
+        self,
+        state: DecodeState,
+        hidden: torch.Tensor,  # [B, H] in the heads' dtype
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # logits [B, k, V'], q [B, k, V'], draws [B, k]
+        """Draft i drawn from head i's q; the drafts are independent of each other, which the rejection
+        rule allows: it only needs each draft to come from the q it reports."""
+        params = state.sampling
+        logits = self.heads(hidden, self.lm_head_weight, num_heads=k).float()  # [B, k, V']
+        q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
+        return logits, q, sample(q, state.generator)
+
+    def tree(
+        self,
+        state: DecodeState,
+        hidden: torch.Tensor,  # [B, H] in the heads' dtype
+        plan: TreePlan,  # of N nodes
+        min_confidence: float | None = None,  # a dynamic tree's: the path log-probabilities are wanted
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [B, N], path log-probabilities [B, N] or None
+        """Every node's token from one call of the heads (the path log-probabilities only when asked for)."""
+        logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
+        top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
+        tokens = self.heads.to_token_ids(top.indices)[:, plan.level, plan.rank]  # [B, N]
+        if min_confidence is None:
+            return tokens, None
+        node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.level, plan.rank]  # [B, N]
+        return tokens, path_logprobs(node_logp, plan.tree)
+
+
+class TokenAwareHeads:
+    """Token-aware heads; ``embed_weight`` [V, H] are the target's input embeddings (any dtype: each lookup
+    is cast to the heads')."""
+
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, embed_weight: torch.Tensor):
+        self.heads = heads
+        self.lm_head_weight = lm_head_weight  # [V', H]
+        self.embed_weight = embed_weight
+        self.dtype = next(heads.parameters()).dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [...] long -> [..., H] in the heads' dtype
+        return self.embed_weight[tokens].to(self.dtype)
+
+    def chain(
+        self,
+        state: DecodeState,
+        hidden: torch.Tensor,  # [B, H] in the heads' dtype
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # logits [B, k, V'], q [B, k, V'], draws [B, k]
+        """Drafts one head at a time, each head reading the drafts before it: draft i is drawn from
+        q_i( · | the emitted token, drafts 0..i-1), the q_i that is reported — what rejection sampling needs."""
+        params = state.sampling
+        known = self.embed(state.last_tokens)[:, None]  # [B, 1, H]
+        logits, qs, index = [], [], []
+        for i in range(k):
+            logit = self.heads(hidden, self.lm_head_weight, num_heads=i + 1, known=known, first=i)[:, 0].float()
+            q = logits_to_probs(logit, params.temperature, params.top_k, params.top_p)  # [B, V']
+            draw = sample(q, state.generator)  # [B]
+            logits.append(logit), qs.append(q), index.append(draw)
+            known = torch.cat([known, self.embed(self.heads.to_token_ids(draw))[:, None]], 1)
+        return torch.stack(logits, 1), torch.stack(qs, 1), torch.stack(index, 1)
+
+    def tree(
+        self,
+        state: DecodeState,
+        hidden: torch.Tensor,  # [B, H] in the heads' dtype
+        plan: TreePlan,  # of N nodes
+        min_confidence: float | None = None,  # a dynamic tree's: draft only below parents it keeps
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, N], path log-probabilities [B, N]
+        """Drafts level by level: a node's candidates are the top tokens of its depth's head given the emitted
+        token and the tokens on the node's path. With ``min_confidence`` only the nodes below parents that
+        pass :func:`~specdec.drafters.trees.dynamic.confident` are drafted (the others: token 0, path
+        log-probability -inf); exactly the nodes that could pass themselves, as a path is never likelier
+        than its parent, so an unpromising step costs one head call."""
+        batch, n = state.last_tokens.shape[0], plan.level.numel()
+        tokens = state.last_tokens.new_zeros(batch, n)
+        path_logp = hidden.new_full((batch, n), -math.inf, dtype=torch.float32)
+        known = self.embed(state.last_tokens)[:, None, None]  # [B, 1, 1, H]: the root's path
+        above_logp = path_logp.new_zeros(batch, 1)  # [B, 1]: the root's
+        for depth, level in enumerate(plan.levels):
+            part = level if min_confidence is None or not depth else open_part(
+                level, above_logp[:, level.above], min_confidence)
+            if part is None:
+                break
+            parents = known[:, part.above]  # [B, P, depth+1, H]: the paths of the parents drafted from
+            expanded = hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
+            logits = self.heads(expanded, self.lm_head_weight, num_heads=depth + 1, known=parents,
+                                first=depth)[:, :, 0].float()  # [B, P, V']
+            top = logits.topk(part.top, dim=-1)  # [B, P, r]
+            drafted = self.heads.to_token_ids(top.indices[:, part.slot, part.rank])  # [B, n']
+            own = (top.values - logits.logsumexp(-1, keepdim=True))[:, part.slot, part.rank].clamp(max=0)
+            above_logp = above_logp[:, part.above][:, part.slot] + own  # [B, n']
+            tokens[:, part.nodes], path_logp[:, part.nodes] = drafted, above_logp
+            known = torch.cat([parents[:, part.slot], self.embed(drafted)[:, :, None]], 2)  # [B, n', depth+2, H]
+            if part is not level:  # the next level finds its parents by position in the whole level
+                known, above_logp = level.spread(known, part, 0.0), level.spread(above_logp, part, -math.inf)
+        return tokens, path_logp

@@ -1,0 +1,266 @@
+"""The Medusa drafter: heads (:mod:`specdec.drafters.medusa.heads`) drafting a chain or a tree each step.
+
+Two shapes of proposal, each a small strategy class, both verified exactly:
+
+- **chain** (``tree: null``, :class:`ChainDrafting`): the first k heads each propose one token, drawn from
+  their draft distribution q_i (argmax when greedy) and verified by :func:`specdec.verify.rejection_sample`.
+- **tree** (the default, :class:`TreeDrafting`): candidates are the top-r tokens of each head, combined
+  along *paths*: the path [r_0, r_1, ..] is rank r_0 of head 0, then rank r_1 of head 1, and so on
+  (:mod:`specdec.drafters.trees.plan`). Paths are listed in priority order (parents first) and k takes the
+  first k of them, so one number sizes the tree. Candidates are deterministic (one-hot q) and verified by
+  :func:`specdec.verify.tree.verify_tree`.
+- **dynamic** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence (the
+  product of the heads' probabilities along the path), averaged over the batch's rows, reaches
+  ``min_confidence``; a chain is cut before the first position not confident enough. None kept = a plain
+  decode step. EAGLE-2's rule; :mod:`specdec.drafters.trees.dynamic` says why it stays exact.
+
+Token-aware heads draft a chain head by head and a tree level by level
+(:mod:`specdec.drafters.medusa.candidates`); the target's input embeddings come with the drafter
+(``embed_weight``).
+
+**Prompt-lookup branch** (``lookup`` L > 0, trees only): each step also looks up the n-gram drafter's
+continuation of the text so far (up to L tokens) and adds it to the tree
+(:mod:`specdec.drafters.trees.lookup_branch`); the Medusa tree gets the first k − L paths, so a proposal
+never exceeds k nodes.
+
+``dtype`` (e.g. bfloat16; ``"auto"``, the config's default, picks bfloat16 for a float32 target where it
+is fast: a GPU, or a CPU with avx512_bf16 or AMX) runs the heads, the draft LM-head rows and the embeddings
+they read in that dtype; the target, and so verification, keeps its own. Drafts may change, exactness
+does not: the q a chain draft is drawn from is computed in float32 from the heads' logits and reported as
+drawn.
+
+``acceptance="typical"`` (``drafter.acceptance=typical``) swaps the exact rule for Medusa's own default,
+typical acceptance (:mod:`specdec.verify.lossy.typical`): LOSSY at temperature > 0, never the default, offered to
+measure what it costs; the drafter then reports ``lossy`` and results carry it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from specdec.config import DrafterConfig
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.medusa.candidates import IndependentHeads, TokenAwareHeads
+from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_heads_path, load_heads
+from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
+from specdec.drafters.trees.lookup_branch import add_branch, continuations
+from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
+from specdec.loading import resolve_dtype
+from specdec.verify.tree import Tree
+from specdec.verify.lossy.typical import TypicalAcceptance
+
+log = logging.getLogger(__name__)
+
+MAX_TREES = 1024  # tree shapes cached per drafter (a lookup branch merged in makes many)
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products are fast here: a GPU, or a CPU with avx512_bf16 or AMX."""
+    if device.type != "cpu":
+        return True
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private in torch.cpu; absent = unknown
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def drafting_dtype(dtype: torch.dtype | str | None, lm_head_weight: torch.Tensor) -> torch.dtype:
+    """The heads' dtype for ``dtype``: None = the target's (its LM head's); "auto" = bfloat16 for a float32
+    target where :func:`fast_bf16`, else the target's; otherwise the dtype named."""
+    if dtype is None:
+        return lm_head_weight.dtype
+    if dtype == "auto":
+        fast = lm_head_weight.dtype == torch.float32 and fast_bf16(lm_head_weight.device)
+        return torch.bfloat16 if fast else lm_head_weight.dtype
+    return resolve_dtype(dtype)
+
+
+Candidates = IndependentHeads | TokenAwareHeads
+
+
+class ChainDrafting:
+    """One draft per head, from the first k heads (dynamic: cut where confidence falls short)."""
+
+    def __init__(self, candidates: Candidates, heads: MedusaHeads, min_confidence: float):
+        self.candidates, self.heads, self.min_confidence = candidates, heads, min_confidence
+
+    def propose(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:  # hidden [B, H]
+        if k > self.heads.num_heads:
+            raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
+                             f"{self.heads.num_heads} heads; lower k")
+        logits, q, index = self.candidates.chain(state, hidden, k)  # [B, k, V'], [B, k, V'], [B, k]
+        if self.min_confidence > 0:
+            k = confident_prefix(logits, index, self.min_confidence)
+            if k == 0:
+                return Proposal(tokens=index[:, :0], num_proposed=[0] * index.shape[0])
+            index, q = index[:, :k], q[:, :k]
+        tokens = self.heads.to_token_ids(index)  # [B, k]
+        token_ids = self.heads.token_ids
+        if not state.sampling.greedy and token_ids is not None:  # q over the full vocabulary, 0 elsewhere
+            q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, token_ids, q)
+        return Proposal(tokens=tokens, probs=None if state.sampling.greedy else q, num_proposed=[k] * tokens.shape[0])
+
+
+class TreeDrafting:
+    """The first k − ``lookup`` paths' tree (dynamic: the confident part of it), plus the lookup branch."""
+
+    def __init__(self, candidates: Candidates, paths: list[list[int]], min_confidence: float, lookup: int):
+        self.candidates, self.paths, self.lookup = candidates, paths, lookup
+        self.min_confidence = min_confidence if min_confidence > 0 else None
+        self.plans = PlanCache(paths)
+        self.trees = TreeCache(MAX_TREES)
+
+    def propose(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:  # hidden [B, H]
+        if k <= self.lookup:
+            raise ValueError(f"k={k} tree nodes, {self.lookup} of them for the prompt-lookup branch, leave none for "
+                             f"the Medusa tree; raise k or lower lookup")
+        if k - self.lookup > len(self.paths):
+            raise ValueError(f"k={k} tree nodes requested ({self.lookup} for the prompt-lookup branch), but the tree "
+                             f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
+        tokens, tree = self.heads_tree(state, hidden, k - self.lookup)
+        filler = [0] * tokens.shape[0]
+        if self.lookup:
+            tokens, tree, filler = self.add_lookup(state, tokens, tree)
+        if tree is None:  # no path is worth its verification, no continuation found: a plain step
+            return Proposal(tokens=tokens[:, :0], num_proposed=[0] * tokens.shape[0])
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler], tree=tree)
+
+    def heads_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, Tree | None]:
+        """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
+        (None when no path is kept)."""
+        device = state.last_tokens.device
+        plan = self.plans.get(tuple(range(k)), device)
+        tokens, path_logp = self.candidates.tree(state, hidden, plan, self.min_confidence)  # [B, k], [B, k]
+        if self.min_confidence is None:
+            return tokens, plan.tree
+        nodes = kept_nodes(path_logp, self.min_confidence)
+        if not nodes:
+            return tokens[:, :0], None
+        return tokens[:, list(nodes)], self.plans.get(nodes, device).tree
+
+    def add_lookup(self, state: DecodeState, tokens: torch.Tensor,
+                   tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:
+        """Each row's lookup continuation added to the heads' tree (tokens [B, N]): the new tokens [B, N'],
+        tree, and each row's filler nodes."""
+        found = continuations(state.tokens, state.active, self.lookup)
+        parents = () if tree is None else tree.parent_list
+        tokens, merged, filler = add_branch(tokens, parents, found, [row[-1] for row in state.tokens])
+        return tokens, tree if merged == parents else self.trees.get(merged, tokens.device), filler
+
+
+@register("medusa")
+class MedusaDrafter(Drafter):
+    """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
+    None = chain drafting with the first k heads."""
+
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "medusa"
+        k: int = 23  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
+        heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
+        tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
+        # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
+        # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
+        # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed
+        # tree of k paths. 0.05 drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on
+        # a GPU use 0 and a larger k.
+        min_confidence: float = 0.05
+        # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
+        # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
+        # paths. 0 = none (needed for a chain, tree: null).
+        lookup: int = 8
+        # The heads' dtype: "auto" = bfloat16 where it is fast (a GPU, a CPU with avx512_bf16 or AMX) for a
+        # float32 target, else the target's; null = the target's; or a dtype name. Verification keeps the
+        # target's dtype, so it stays exact.
+        dtype: Optional[str] = "auto"
+        # How drafts are verified: "exact" (rejection sampling, the default) or "typical" — Medusa's typical
+        # acceptance, LOSSY at temperature > 0 (specdec.verify.lossy.typical; results are marked lossy): a draft
+        # token passes where the target gives it more than min(typical_epsilon, typical_alpha · exp(−H(p))).
+        acceptance: str = "exact"
+        typical_epsilon: float = 0.09
+        typical_alpha: float = 0.3
+
+    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
+                 min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
+                 dtype: torch.dtype | str | None = None, acceptance: str | TypicalAcceptance = "exact"):
+        if acceptance == "typical":
+            acceptance = TypicalAcceptance()
+        elif acceptance == "exact":
+            acceptance = None
+        elif not isinstance(acceptance, TypicalAcceptance):
+            raise ValueError(f"acceptance must be 'exact' or 'typical' (Medusa's typical acceptance, lossy), "
+                             f"got {acceptance!r}; set drafter.acceptance")
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
+        if heads.token_aware and embed_weight is None:
+            raise ValueError("token-aware Medusa heads need the target's input embeddings (embed_weight=...)")
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise ValueError(f"lookup (prompt-lookup nodes per tree) must be an integer >= 0, got {lookup!r}")
+        if lookup and paths is None:
+            raise ValueError(f"lookup={lookup}: the prompt-lookup branch joins a tree, and chain drafting "
+                             f"(tree: null) has none; give a tree or set lookup=0 (drafter.lookup=0)")
+        self.dtype = drafting_dtype(dtype, lm_head_weight)
+        if next(heads.parameters()).dtype != self.dtype:
+            heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
+        self.heads = heads
+        self.embed_weight = embed_weight  # [V, H] the target's input embeddings (token-aware heads only)
+        self.lm_head_weight = heads.draft_lm_head(lm_head_weight).to(self.dtype)  # [V', H]: the draft vocabulary's rows
+        self.paths = None if paths is None else check_paths(paths, heads.num_heads)
+        self.min_confidence = min_confidence
+        self.lookup = lookup
+        self.acceptance = acceptance
+        candidates = (TokenAwareHeads(heads, self.lm_head_weight, embed_weight) if heads.token_aware
+                      else IndependentHeads(heads, self.lm_head_weight))
+        self.drafting = (ChainDrafting(candidates, heads, min_confidence) if self.paths is None
+                         else TreeDrafting(candidates, self.paths, min_confidence, lookup))
+        self.forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None) -> "MedusaDrafter":
+        from specdec.models import as_decoder
+
+        if cfg.lookup and cfg.lookup >= cfg.k:
+            raise ValueError(f"drafter.lookup={cfg.lookup} prompt-lookup nodes leave none of drafter.k={cfg.k} for "
+                             f"the Medusa tree; raise drafter.k or lower drafter.lookup")
+        decoder = as_decoder(target)
+        lm_head = decoder.lm_head if hasattr(decoder, "lm_head") else decoder.model.get_output_embeddings()
+        path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
+        vocab_size, hidden_size = lm_head.weight.shape
+        heads, meta = load_heads(path, hidden_size=hidden_size, vocab_size=vocab_size)
+        heads.to(device=lm_head.weight.device)  # the drafter casts them to its dtype
+        if cfg.tree == "default":
+            paths = meta.get("tree")
+            if not paths:
+                raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (chain)")
+        else:
+            paths = cfg.tree
+        embed = None
+        if heads.token_aware:
+            model = getattr(decoder, "model", target)
+            embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
+        acceptance = (TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha) if cfg.acceptance == "typical"
+                      else cfg.acceptance)  # "exact", or a wrong name the drafter reports
+        drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
+                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance)
+        if drafter.lossy:
+            log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
+                        "(output not distributed as the target's); results are marked lossy")
+        log.info("Medusa heads %s drafting in %s (drafter.dtype=%s)", path, drafter.dtype, cfg.dtype)
+        return drafter
+
+    def start(self, state: DecodeState) -> None:
+        if (state.last_hidden.shape[-1], state.vocab_size) != (self.heads.hidden_size, self.heads.vocab_size):
+            raise ValueError(
+                f"Medusa heads expect hidden size {self.heads.hidden_size} and vocabulary {self.heads.vocab_size}, "
+                f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
+            )
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        hidden = state.last_hidden.to(self.dtype)  # [B, H]
+        self.forwards += 1
+        return self.drafting.propose(state, hidden, k)
