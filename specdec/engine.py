@@ -86,53 +86,139 @@ def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
     return input_ids, pad
 
 
-@torch.no_grad()
-def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, max_new_tokens: int,
-              params: SamplingParams, generator, eos_token_id, rule: AcceptanceRule) -> GenerationOutput:
+@dataclass
+class StepResult:
+    """One verify step's outcome, still on the device (the loop reads it back once)."""
+
+    num_accepted: torch.Tensor  # [B] long: accepted drafts per row
+    next_tokens: torch.Tensor  # [B] long: the recovered or bonus token
+    emitted: torch.Tensor  # [B, E] long: the accepted drafts, then next_tokens (E = K'+1 chain, D+1 tree)
+    path: torch.Tensor | None  # [B, D+1] long: block positions of the accepted path (trees); None: a chain
+    hidden: torch.Tensor  # [B, H]: the target's hidden state where next_tokens was predicted
+
+
+def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> int:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    decoder = as_decoder(target)
-    device = decoder.device
-    input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
-    batch, prompt_len = input_ids.shape
     capacity = prompt_len + max_new_tokens + k + 1
     if capacity > decoder.max_positions:
         raise ValueError(
             f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + lookahead ({k + 1}) = {capacity} "
             f"exceeds the model's context of {decoder.max_positions} positions; shorten the prompt or max_new_tokens"
         )
-    eos = _eos_ids(target, eos_token_id)
-    stats = DecodeStats(k=k)
-    rows = torch.arange(batch, device=device)
-    wall_start = time.perf_counter()
+    return capacity
 
-    # Prefill: the whole prompt goes into the cache; its last position gives the first new token (the LM
-    # head runs on that position only).
+
+def _prefill(decoder, input_ids: torch.Tensor, pad: torch.Tensor, capacity: int, params: SamplingParams,
+             generator: torch.Generator | None):  # input_ids [B, S], pad [B] -> cache, first [B], hidden [B, H]
+    """The whole prompt goes into the cache; its last position gives the first new token (the LM head runs
+    on that position only)."""
+    batch, prompt_len = input_ids.shape
     cache = decoder.new_cache(batch, capacity, pad)
-    with _timer(stats, "prefill_time_s", device):
-        logits, hidden = decoder(input_ids, cache, kv_len=prompt_len, last_only=True)
-        cache.commit(torch.full((batch,), prompt_len, device=device))
-        first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
-    seq = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+    logits, hidden = decoder(input_ids, cache, kv_len=prompt_len, last_only=True)
+    cache.commit(torch.full((batch,), prompt_len, device=input_ids.device))
+    first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
+    return cache, first, hidden[:, -1]
+
+
+def _initial_state(decoder, input_ids: torch.Tensor, pad: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor,
+                   capacity: int, params: SamplingParams, generator, eos: set[int], max_new_tokens: int) -> DecodeState:
+    batch, prompt_len = input_ids.shape
+    seq = torch.zeros(batch, capacity, dtype=torch.long, device=input_ids.device)
     seq[:, :prompt_len] = input_ids
     seq[:, prompt_len] = first
-    host_prompt = input_ids.tolist()
-    host_pad = pad.tolist()
     first_host = first.tolist()
-    out = [[t] for t in first_host]
-    state = DecodeState(
-        seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=device), pad=pad, last_tokens=first,
-        last_hidden=hidden[:, -1], num_accepted=None,
-        tokens=[p[n:] + [t] for p, n, t in zip(host_prompt, host_pad, first_host)],
+    return DecodeState(
+        seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=input_ids.device), pad=pad, last_tokens=first,
+        last_hidden=hidden, num_accepted=None,
+        tokens=[p[n:] + [t] for p, n, t in zip(input_ids.tolist(), pad.tolist(), first_host)],
         active=[t not in eos and max_new_tokens > 1 for t in first_host],
         max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
         generator=generator,
     )
+
+
+def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: AcceptanceRule) -> StepResult:
+    """The target scores [last token, drafts] in one forward (under the tree's mask for a tree) and the rule
+    keeps what it accepts. Device work only: nothing is read back to the host here."""
+    params, tree = state.sampling, proposal.tree
+    block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
+    logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + proposal.tokens.shape[1],
+                             tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths)
+    target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
+    if tree is None:
+        num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator)
+        drafted, path, at = proposal.tokens, None, num_accepted  # [B, K']
+    else:
+        nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs,
+                                                     state.generator)
+        drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
+        path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
+        at = path.gather(1, num_accepted[:, None])[:, 0]  # [B] block position of the path's end
+    emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
+    emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    rows = torch.arange(block.shape[0], device=block.device)
+    return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at])
+
+
+def _emit(state: DecodeState, out: list[list[int]], accepted: list[int], emitted: list[list[int]], eos: set[int],
+          max_new_tokens: int) -> list[int]:
+    """Host bookkeeping: append each active row's kept tokens (cut at EOS and at ``max_new_tokens``) to its
+    output and to ``state.tokens``, retire finished rows; return how many tokens each row kept."""
+    counts = []
+    for b, row in enumerate(emitted):
+        kept = row[: accepted[b] + 1] if state.active[b] else []
+        kept = kept[: max_new_tokens - len(out[b])]
+        for i, token in enumerate(kept):
+            if token in eos:  # stop at EOS even in the middle of accepted drafts
+                kept = kept[: i + 1]
+                break
+        out[b].extend(kept)
+        state.tokens[b].extend(kept)
+        counts.append(len(kept))
+        if kept and (kept[-1] in eos or len(out[b]) >= max_new_tokens):
+            state.active[b] = False
+    return counts
+
+
+def _commit(cache, state: DecodeState, step: StepResult, counts: list[int], host_pad: list[int]) -> None:
+    """Keep what each row emitted: the target's cache commits it (a pointer move for a chain, the accepted
+    path gathered into contiguous slots for a tree), and the state moves past it."""
+    count = torch.tensor(counts, device=state.seq.device)
+    slots = (state.seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)
+             ).clamp_(max=state.capacity - 1)
+    state.seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
+    if step.path is None:
+        cache.commit(count)  # keeps last token + accepted drafts; finished rows stop moving
+    else:
+        cache.compact(step.path, count)
+    state.seq_lens += count
+    state.max_seq_len = max(n + len(row) for n, row in zip(host_pad, state.tokens))
+    state.last_tokens = step.next_tokens
+    state.last_hidden = step.hidden
+    state.num_accepted = step.num_accepted
+
+
+@torch.no_grad()
+def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, max_new_tokens: int,
+              params: SamplingParams, generator, eos_token_id, rule: AcceptanceRule) -> GenerationOutput:
+    # 1) Validate, and size the caches: prompt + new tokens + one step's lookahead.
+    decoder = as_decoder(target)
+    device = decoder.device
+    input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
+    capacity = _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k)
+    eos, stats, host_pad = _eos_ids(target, eos_token_id), DecodeStats(k=k), pad.tolist()
+    wall_start = time.perf_counter()
+    # 2) Prefill the prompt; the first token comes from its last position.
+    with _timer(stats, "prefill_time_s", device):
+        cache, first, hidden = _prefill(decoder, input_ids, pad, capacity, params, generator)
+    state = _initial_state(decoder, input_ids, pad, first, hidden, capacity, params, generator, eos, max_new_tokens)
+    out = [[t] for t in first.tolist()]
     drafter.reset()
     drafter.forwards = 0
     with _timer(stats, "drafter_time_s", device):
         drafter.start(state)
-
+    # 3) Steps: propose -> verify (device) -> one sync -> emit (host) -> commit -> the drafter observes.
     while any(state.active):
         with _timer(stats, "drafter_time_s", device):
             proposal = drafter.propose(state, k)
@@ -140,58 +226,19 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         if width > k:
             raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
         with _timer(stats, "target_time_s", device):
-            block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
-            tree = proposal.tree
-            logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + width,
-                                     tree_mask=None if tree is None else tree.mask,
-                                     depths=None if tree is None else tree.depths)
-            target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
-            if tree is None:
-                num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, generator)
-                drafted, path = proposal.tokens, None  # [B, K']
-            else:
-                nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs,
-                                                             generator)
-                drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
-                path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
-            emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
-            emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
-            host_accepted, host_emitted = num_accepted.tolist(), emitted.tolist()  # the one sync per step
+            step = verify_step(decoder, cache, state, proposal, rule)
+            accepted, emitted = step.num_accepted.tolist(), step.emitted.tolist()  # the one sync per step
         stats.target_forwards += 1
-        num_proposed = proposal.num_proposed or [width] * batch
-        stats.record_step(num_proposed, host_accepted, state.active, None if tree is None else tree.max_depth)
-
-        counts = []
-        for b in range(batch):
-            kept = host_emitted[b][: host_accepted[b] + 1] if state.active[b] else []
-            kept = kept[: max_new_tokens - len(out[b])]
-            for i, token in enumerate(kept):
-                if token in eos:  # stop at EOS even in the middle of accepted drafts
-                    kept = kept[: i + 1]
-                    break
-            out[b].extend(kept)
-            state.tokens[b].extend(kept)
-            counts.append(len(kept))
-            if kept and (kept[-1] in eos or len(out[b]) >= max_new_tokens):
-                state.active[b] = False
+        stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
+                          None if proposal.tree is None else proposal.tree.max_depth)
+        counts = _emit(state, out, accepted, emitted, eos, max_new_tokens)
         stats.new_tokens += sum(counts)
-        count_t = torch.tensor(counts, device=device)
-        slots = (state.seq_lens[:, None] + torch.arange(emitted.shape[1], device=device)).clamp_(max=capacity - 1)
-        state.seq.scatter_(1, slots, emitted)  # slots past count are rewritten before they are read
-        if path is None:
-            cache.commit(count_t)  # keeps last token + accepted drafts; finished rows stop moving
-        else:
-            cache.compact(path, count_t)  # gathers the accepted path's keys/values into contiguous slots
-        state.seq_lens += count_t
-        state.max_seq_len = max(n + len(row) for n, row in zip(host_pad, state.tokens))
-        state.last_tokens = next_tokens
-        state.last_hidden = hidden[rows, num_accepted if path is None else path[rows, num_accepted]]
-        state.num_accepted = num_accepted
+        _commit(cache, state, step, counts, host_pad)
         with _timer(stats, "drafter_time_s", device):
             drafter.observe(state)
-
+    # 4) Totals.
     stats.drafter_forwards = drafter.forwards
-    stats.new_tokens += batch  # the prefill's token
+    stats.new_tokens += len(out)  # the prefill's token
     stats.wall_time_s = time.perf_counter() - wall_start
     return GenerationOutput(sequences=out, stats=stats)
 

@@ -11,7 +11,7 @@ from specdec.drafters.ngram import lookup
 from specdec.drafters.trees.dynamic import confident, confident_prefix, kept_nodes, open_part, path_logprobs
 from specdec.drafters.trees.lookup_branch import add_branch, branch_first, continuations, merge_trie
 from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths, plan_tree
-from specdec.verify_tree import Tree
+from specdec.verify.tree import Tree
 
 # rank 1 before rank 0 at the top, so node order and rank order differ
 PATHS = [[1], [0], [2], [1, 0], [0, 0], [0, 1], [2, 0], [1, 0, 0], [0, 0, 0], [0, 0, 1]]
