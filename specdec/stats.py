@@ -33,6 +33,9 @@ Tests and their error rates (α = the level you pass; every test returns a :clas
   coverage is guaranteed ≥ the stated confidence for every distribution (conservative; finite sample).
 - :func:`samples_needed` / :func:`detectable_tv`: power of the chi-square goodness-of-fit test against a
   worst-case alternative at a given TV distance ("the smallest bias this run could have detected").
+- :func:`hit_rate_test`: two-sided z-test that indicators (e.g. "the emitted token is the draft token")
+  occur at the rate their known conditional probabilities predict (martingale CLT); with
+  :func:`hit_rate_detectable_shift` / :func:`hit_rate_samples_needed`, its power against a shift of that rate.
 - :func:`holm` / :func:`bonferroni`: family-wise error control over a list of p-values.
 
 Which PIT ordering, and why
@@ -69,6 +72,7 @@ __all__ = [
     "uniformity_chi2",
     "pit_test",
     "surprisal_test",
+    "surprisal_test_from_scores",
     "exactness_test",
     "TokenScores",
     "token_scores",
@@ -82,6 +86,9 @@ __all__ = [
     "tv_two_sample",
     "samples_needed",
     "detectable_tv",
+    "hit_rate_test",
+    "hit_rate_detectable_shift",
+    "hit_rate_samples_needed",
     "holm",
     "bonferroni",
 ]
@@ -281,7 +288,9 @@ def uniformity_chi2(
     return Verdict.from_p(name, res.statistic, res.pvalue, alpha, dof=bins - 1, n=u.size)
 
 
-def _surprisal_from_scores(scores: TokenScores, alpha: float, name: str) -> Verdict:
+def surprisal_test_from_scores(scores: TokenScores, *, alpha: float = 0.05, name: str = "surprisal") -> Verdict:
+    """:func:`surprisal_test` on precomputed :class:`TokenScores` (e.g. one stratum's rows)."""
+    _check_alpha(alpha)
     n = len(scores)
     if (scores.p_token == 0).any():
         return Verdict.from_p(name, math.inf, 0.0, alpha, n=n)
@@ -302,7 +311,7 @@ def surprisal_test(
     """Two-sided z-test of Σ_i (−log p_i(x_i) − H(p_i)) = 0 with variance Σ_i Var_i, where
     Var_i = Σ_x p_i(x) log² p_i(x) − H(p_i)². The statistic is z; p-value 0 if any token had p = 0."""
     _check_alpha(alpha)
-    return _surprisal_from_scores(token_scores(probs, tokens), alpha, name)
+    return surprisal_test_from_scores(token_scores(probs, tokens), alpha=alpha, name=name)
 
 
 def pit_test(
@@ -365,7 +374,7 @@ def exactness_test_from_scores(
     parts = []
     for label, idx in groups:
         parts.append(uniformity_ks(u[idx], alpha=alpha / m, name=f"pit_ks[{label}]"))
-        parts.append(_surprisal_from_scores(scores.subset(idx), alpha / m, f"surprisal[{label}]"))
+        parts.append(surprisal_test_from_scores(scores.subset(idx), alpha=alpha / m, name=f"surprisal[{label}]"))
     p_min = min(p.p_value for p in parts)
     return Verdict.from_p("exactness", m, m * p_min, alpha, n=n, parts=tuple(parts))
 
@@ -612,6 +621,67 @@ def detectable_tv(n: int, alpha: float = 0.05, power: float = 0.8, *, num_catego
         raise ValueError(f"n must be a positive integer, got {n!r}")
     _check_power_args(alpha, power, num_categories)
     return 0.5 * math.sqrt(_noncentrality(alpha, power, num_categories - 1) / n)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A rate with known conditional probabilities: z-test and its power
+# ---------------------------------------------------------------------------------------------------
+
+
+def hit_rate_test(
+    hits: Any,  # [n] bool: whether each event happened
+    probs: Any,  # [n] its probability under H0, given everything before it
+    *,
+    alpha: float = 0.05,
+    name: str = "hit_rate",
+) -> Verdict:
+    """Two-sided z-test of Σ hits = Σ probs. Under H0 each hit_i is Bernoulli(probs_i) given everything
+    before it (probs_i known before hit_i is drawn), so Σ (hit_i − probs_i) is a martingale with predictable
+    variance Σ probs_i (1 − probs_i), and z = that sum / its standard deviation is asymptotically N(0, 1)
+    (martingale CLT), however the events depend on each other. The statistic is z: positive when events
+    happen more often than H0 says. With zero variance (every prob 0 or 1) any mismatch gives p = 0."""
+    _check_alpha(alpha)
+    hits, probs = _to_numpy(hits).astype(np.float64).ravel(), _to_numpy(probs, np.float64).ravel()
+    if hits.shape != probs.shape:
+        raise ValueError(f"hits and probs must both be [n], got {hits.shape} and {probs.shape}")
+    if ((probs < 0) | (probs > 1) | np.isnan(probs)).any():
+        raise ValueError("probs must be probabilities in [0, 1]")
+    excess = float((hits - probs).sum())
+    variance = float((probs * (1.0 - probs)).sum())
+    if variance == 0.0:
+        mismatch = abs(excess) > 1e-9
+        return Verdict.from_p(name, math.inf if mismatch else 0.0, 0.0 if mismatch else 1.0, alpha, n=hits.size)
+    z = excess / math.sqrt(variance)
+    return Verdict.from_p(name, z, 2.0 * stats.norm.sf(abs(z)), alpha, n=hits.size)
+
+
+def _z_sum(alpha: float, power: float) -> float:
+    _check_alpha(alpha)
+    if not alpha / 2 < power < 1.0:
+        raise ValueError(f"power must lie in (alpha/2, 1), got power={power!r}, alpha={alpha!r}")
+    return float(stats.norm.isf(alpha / 2) + stats.norm.isf(1.0 - power))
+
+
+def hit_rate_detectable_shift(n: int, mean_variance: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest shift δ of every event's probability (probs_i → probs_i + δ) that :func:`hit_rate_test` on n
+    events detects with ``power`` at level ``alpha``: (z_{1−α/2} + z_power) · sqrt(v / n), v = the mean of
+    probs_i (1 − probs_i) (normal approximation, the other tail ignored). A bias that moves TV δ of mass
+    toward (or away from) the events' outcomes shifts their probability by δ: the same figure bounds it."""
+    if int(n) != n or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if not 0.0 < mean_variance <= 0.25:
+        raise ValueError(f"mean_variance (mean of p(1 − p)) must lie in (0, 0.25], got {mean_variance!r}")
+    return _z_sum(alpha, power) * math.sqrt(mean_variance / n)
+
+
+def hit_rate_samples_needed(delta: float, mean_variance: float, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Events n for :func:`hit_rate_test` to detect a shift ``delta`` with ``power`` (inverse of
+    :func:`hit_rate_detectable_shift`)."""
+    if not 0.0 < delta <= 1.0:
+        raise ValueError(f"delta (a shift of a probability) must lie in (0, 1], got {delta!r}")
+    if not 0.0 < mean_variance <= 0.25:
+        raise ValueError(f"mean_variance (mean of p(1 − p)) must lie in (0, 0.25], got {mean_variance!r}")
+    return max(1, math.ceil((_z_sum(alpha, power) / delta) ** 2 * mean_variance * (1.0 - 1e-12)))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -23,12 +23,17 @@ Method
    ``PIT_BINS`` equal cells (chi-square), which the detectable-bias figure is computed for; and a
    two-sample chi-square test of the joint of the first ``joint_tokens`` tokens (with the prompt) between
    speculative and plain (:func:`~specdec.engine.autoregressive_generate`) sampling, stratified by prompt,
-   small cells pooled. Holm's step-down over the whole family keeps the probability of rejecting an exact
-   decoder ≤ α, however the tests depend on each other.
+   small cells pooled. The same PIT and surprisal tests per *stratum* of tokens by what the drafter did
+   before the token was drawn (drafted, per draft depth, undrafted, bonus), and the directional draft-match
+   test at drafted positions (:mod:`specdec.strata`: a verifier bug acts only where drafts were verified).
+   Holm's step-down over the whole family keeps the probability of rejecting an exact decoder ≤ α, however
+   the tests depend on each other.
 4. **Report.** The verdict, every p-value (raw and Holm-adjusted), total-variation intervals of the PIT
    law per position, and the *detectable bias*: the smallest TV shift the run detects with power 0.8
    (:func:`specdec.stats.detectable_tv`, worst-case alternative, at the level one test of the family is
-   held to). A pass means "no bias of at least that size", never "no bias at all".
+   held to), per position, pooled and per stratum; and a budget: the continuations this drafter needs to
+   detect a given bias at drafted positions with power 0.9 (``detect_tv`` plans N that way from a pilot).
+   A pass means "no bias of at least that size", never "no bias at all".
 
 Why the TV figures are about the PIT: the randomised PIT maps token x to a uniform draw on its own
 interval of width p(x), so for one conditional p it preserves total variation exactly: a token law q with
@@ -58,7 +63,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 from scipy import stats as sps
 
-from specdec import planted
+from specdec import planted, strata
 from specdec.cache import KVCache
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
@@ -73,13 +78,15 @@ from specdec.jobs import config_fields, machine_description, run_task
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.stats import (TokenScores, Verdict, chi2_two_sample, detectable_tv, exactness_test_from_scores, holm,
                            pit_from_scores, token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
+from specdec.strata import DraftRecord, DraftRecorder
 
 log = logging.getLogger(__name__)
 
 EXIT_REJECTED = 3
 PIT_BINS = 10  # cells of the PIT law for TV intervals and the detectable-bias figure
 POWER = 0.8
-_STREAMS = {"speculative": 0, "plain": 1, "pit": 2}  # independent random streams per seed
+_STREAMS = {"speculative": 0, "plain": 1, "pit": 2, "pilot": 3}  # independent random streams per seed
+_PILOT_CONTINUATIONS = 64  # sampled (then discarded) to measure the drafter's proposal rate for detect_tv
 _SCORE_ROWS = 256  # probabilities handed to token_scores at a time (bounds the float64 copy)
 
 
@@ -91,6 +98,10 @@ class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M 
     joint_tokens: int = 2  # the two-sample test compares the first j tokens; 0 = skip it (and plain sampling)
     min_rows_per_position: int = 100  # per-position tests need at least this many rows (pooled test always)
     planted_bug: Optional[str] = None  # a name in specdec.planted.BUGS: a deliberately wrong run (test of the test)
+    # pick samples_per_prompt so that a TV bias this large at drafted positions is detected with power 0.9
+    # (a pilot measures how often the drafter drafts); null: use samples_per_prompt
+    detect_tv: Optional[float] = None
+    max_samples_per_prompt: int = 4096  # detect_tv refuses to plan more than this
     plot: bool = True
     results_file: str = "verify.json"
 
@@ -174,15 +185,17 @@ class Continuations:
     tokens: np.ndarray  # [R, L] int64
     stats: DecodeStats  # merged over batches
     wall_time_s: float
+    record: DraftRecord | None = None  # what the drafter did before each token (speculative sampling)
 
 
 def sample_continuations(generate: Callable[..., GenerationOutput], prompts: Sequence[Sequence[int]],
                          prompt_index: np.ndarray, *, length: int, batch_size: int, seed: int, stream: str,
-                         pad_id: int, device: torch.device) -> Continuations:
+                         pad_id: int, device: torch.device, recorder: DraftRecorder | None = None) -> Continuations:
     """Continue ``prompts[prompt_index[r]]`` by ``length`` tokens for every row r, ``batch_size`` rows at a
-    time, with ``generate(ids, mask, generator)`` (EOS disabled, so every row gets ``length`` tokens)."""
+    time, with ``generate(ids, mask, generator)`` (EOS disabled, so every row gets ``length`` tokens); with
+    ``recorder`` (the drafter ``generate`` runs), what the drafter did before each token too."""
     start_time = time.perf_counter()
-    out, stats = [], None
+    out, stats, records = [], None, []
     for b, start in enumerate(range(0, len(prompt_index), batch_size)):
         ids, mask = left_pad([list(prompts[i]) for i in prompt_index[start:start + batch_size]], pad_id, device)
         generator = torch.Generator(device=device).manual_seed(_seed(seed, stream, b))
@@ -191,16 +204,23 @@ def sample_continuations(generate: Callable[..., GenerationOutput], prompts: Seq
             raise RuntimeError(f"a row ended before {length} tokens although EOS was disabled")
         out.append(np.asarray(gen.sequences, dtype=np.int64))
         stats = gen.stats if stats is None else stats.merge(gen.stats)
-    return Continuations(prompt_index, np.concatenate(out), stats, time.perf_counter() - start_time)
+        if recorder is not None:
+            records.append(recorder.take(length))
+    return Continuations(prompt_index, np.concatenate(out), stats, time.perf_counter() - start_time,
+                         DraftRecord.concat(records) if records else None)
 
 
 @torch.no_grad()
 def score_continuations(scorer: torch.nn.Module, prompts: Sequence[Sequence[int]], cont: Continuations,
-                        params: SamplingParams, *, batch_size: int, pad_id: int) -> TokenScores:
+                        params: SamplingParams, *, batch_size: int,
+                        pad_id: int) -> tuple[TokenScores, np.ndarray]:  # scores, [R·L, W] p at the drafts
     """Every emitted token against the target's exact conditional (teacher forcing on a fresh cache, the
-    logits processed like in decoding). ``scorer``: the correct target's decoder. Rows in [R, L] order."""
+    logits processed like in decoding), and that conditional's probability of each draft token recorded at
+    the position (``cont.record.candidates``; W = 0 without a record). ``scorer``: the correct target's
+    decoder. Rows in [R, L] order."""
     device, length = scorer.device, cont.tokens.shape[1]
-    parts = []
+    candidates = np.zeros((*cont.tokens.shape, 0), np.int64) if cont.record is None else cont.record.candidates
+    parts, at_drafts = [], []
     for start in range(0, len(cont.prompt_index), batch_size):
         ids, mask = left_pad([list(prompts[i]) for i in cont.prompt_index[start:start + batch_size]], pad_id, device)
         tokens = torch.from_numpy(cont.tokens[start:start + batch_size]).to(device)  # [B, L]
@@ -213,10 +233,12 @@ def score_continuations(scorer: torch.nn.Module, prompts: Sequence[Sequence[int]
             rest, _ = scorer(tokens[:, :-1], cache, kv_len=width + length - 1)  # [B, L-1, V]
             logits = torch.cat([logits, rest], 1)
         probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, L, V]
+        drafts = torch.from_numpy(candidates[start:start + batch_size]).to(device)  # [B, L, W]
+        at_drafts.append(probs.gather(-1, drafts.clamp(min=0)).masked_fill(drafts < 0, 0.0).double().cpu().numpy())
         probs, tokens = probs.reshape(-1, probs.shape[-1]), tokens.reshape(-1)
         parts += [token_scores(probs[r:r + _SCORE_ROWS], tokens[r:r + _SCORE_ROWS])
                   for r in range(0, len(tokens), _SCORE_ROWS)]
-    return TokenScores.concat(parts)
+    return TokenScores.concat(parts), np.concatenate(at_drafts).reshape(cont.tokens.size, candidates.shape[2])
 
 
 # --- the tests --------------------------------------------------------------------------------------------
@@ -278,8 +300,12 @@ def verify_distribution(
     min_rows_per_position: int = 100,
     planted_bug: str | None = None,
     pad_id: int = 0,
+    detect_tv: float | None = None,
+    max_samples_per_prompt: int = 4096,
 ) -> VerifyResult:
-    """Sample N·M continuations speculatively, test them against the exact target (see module docstring)."""
+    """Sample N·M continuations speculatively, test them against the exact target (see module docstring).
+    With ``detect_tv``, N is planned instead (:func:`specdec.strata.plan_samples_per_prompt`) and
+    ``samples_per_prompt`` is not used."""
     if not prompts:
         raise ValueError("verify_distribution needs at least one prompt")
     for name, value, low in (("length", length, 1), ("samples_per_prompt", samples_per_prompt, 1),
@@ -290,6 +316,9 @@ def verify_distribution(
         raise ValueError(f"joint_tokens ({joint_tokens}) cannot exceed the continuation length ({length})")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if detect_tv is not None and not 0.0 < detect_tv <= 1.0:
+        raise ValueError(f"detect_tv (a TV distance) must lie in (0, 1], or be null to use samples_per_prompt; "
+                         f"got {detect_tv!r}")
     started = time.perf_counter()
     decoder = fast_decoder(target)
     setup = planted.plant(planted_bug, planted.Setup(target, drafter, None, sampling))
@@ -297,11 +326,11 @@ def verify_distribution(
         setup = replace(setup, target=decoder)
     if planted_bug is not None:
         log.warning(_banner(planted_bug))
-    prompt_index = np.tile(np.arange(len(prompts)), samples_per_prompt)  # batches mix prompts
+    recorder = DraftRecorder(setup.drafter)
     common = dict(batch_size=batch_size, seed=seed, pad_id=pad_id, device=decoder.device)
 
     def speculative(ids, mask, generator):
-        return speculative_generate(setup.target, setup.drafter, ids, attention_mask=mask, k=k,
+        return speculative_generate(setup.target, recorder, ids, attention_mask=mask, k=k,
                                     max_new_tokens=length, generator=generator, eos_token_id=[],
                                     rule=setup.rule, **_sampling_kwargs(setup.sampling))
 
@@ -309,14 +338,26 @@ def verify_distribution(
         return autoregressive_generate(decoder, ids, attention_mask=mask, max_new_tokens=joint_tokens,
                                        generator=generator, eos_token_id=[], **_sampling_kwargs(sampling))
 
-    spec = sample_continuations(speculative, prompts, prompt_index, length=length, stream="speculative", **common)
+    plan = None
+    if detect_tv is not None:
+        pilot_index = np.tile(np.arange(len(prompts)), math.ceil(_PILOT_CONTINUATIONS / len(prompts)))
+        pilot = sample_continuations(speculative, prompts, pilot_index, length=length, stream="pilot",
+                                     recorder=recorder, **common)
+        samples_per_prompt, plan = strata.plan_samples_per_prompt(
+            pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=alpha, bins=PIT_BINS,
+            max_samples_per_prompt=max_samples_per_prompt)
+        log.info("detect_tv %s: %s", detect_tv, plan)
+    prompt_index = np.tile(np.arange(len(prompts)), samples_per_prompt)  # batches mix prompts
+    spec = sample_continuations(speculative, prompts, prompt_index, length=length, stream="speculative",
+                                recorder=recorder, **common)
     ref = sample_continuations(plain, prompts, prompt_index, length=joint_tokens, stream="plain", **common) \
         if joint_tokens else None
     t0 = time.perf_counter()
-    scores = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
+    scores, p_drafts = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
     scoring_s = time.perf_counter() - t0
 
-    reject, report, pit = judge(scores, spec, ref, alpha=alpha, seed=seed, min_rows_per_position=min_rows_per_position)
+    reject, report, pit = judge(scores, spec, ref, alpha=alpha, seed=seed, min_rows_per_position=min_rows_per_position,
+                                p_drafts=p_drafts)
     report = {
         "status": "ok",
         "verdict": "reject" if reject else "pass",
@@ -328,6 +369,7 @@ def verify_distribution(
         **report,
         "num_prompts": len(prompts),
         "samples_per_prompt": samples_per_prompt,
+        "plan": plan,
         "acceptance_rate": spec.stats.acceptance_rate,
         "mean_accepted_length": spec.stats.mean_accepted_length,
         "timings_s": {"speculative_sampling": spec.wall_time_s, "plain_sampling": ref.wall_time_s if ref else 0.0,
@@ -337,8 +379,11 @@ def verify_distribution(
 
 
 def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *, alpha: float, seed: int,
-          min_rows_per_position: int) -> tuple[bool, dict[str, Any], np.ndarray]:  # reject, report, PIT [R, L]
-    """The family of tests on scored continuations (and the plain sample, if any), Holm at ``alpha``."""
+          min_rows_per_position: int,
+          p_drafts: np.ndarray) -> tuple[bool, dict[str, Any], np.ndarray]:  # reject, report, PIT [R, L]
+    """The family of tests on scored continuations (and the plain sample, if any), Holm at ``alpha``;
+    with ``spec.record``, the stratified tests too (:mod:`specdec.strata`; ``p_drafts`` [R·L, W]: the target's
+    probability of each recorded draft token)."""
     rows, length = spec.tokens.shape
     exact = exactness_test_from_scores(scores, rng=_seed(seed, "pit"), alpha=alpha,
                                        positions=np.tile(np.arange(length), rows),  # rows in [R, L] order
@@ -350,6 +395,10 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
         binned += [uniformity_chi2(pit[:, t], alpha=alpha, bins=PIT_BINS, name=f"pit_chi2[position={t}]")
                    for t in range(length)]
     family = list(exact.parts) + binned
+    groups = [] if spec.record is None else strata.strata(spec.record, min_rows_per_position)
+    if spec.record is not None:
+        family += strata.stratified_tests(pit, scores, spec.record, p_drafts, spec.tokens, alpha=alpha, bins=PIT_BINS,
+                                          min_rows=min_rows_per_position)
     two_sample = tv_joint = None
     if ref is not None:
         joint_tokens = ref.tokens.shape[1]
@@ -365,6 +414,15 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
         est, lo, hi = tv_to_distribution(_pit_bins(u), np.full(PIT_BINS, 1.0 / PIT_BINS), confidence=0.95)
         return {**{name: tests.get(f"{name}[{label}]") for name in ("pit_ks", "pit_chi2", "surprisal")},
                 "tv_pit": {"estimate": est, "lower": lo, "upper": hi}}
+
+    level = alpha / len(family)
+
+    def stratum(label: str, mask: np.ndarray) -> dict[str, Any]:
+        n = int(mask.sum())
+        match = strata.match_summary(spec.record, p_drafts, spec.tokens, mask, level=level, power=POWER)
+        return {"stratum": label, "n": n, "share": n / (rows * length), **pit_group(f"stratum={label}", pit.ravel()[mask]),
+                "detectable_tv": detectable_tv(n, level, POWER, num_categories=PIT_BINS),
+                "draft_match": None if match is None else {**match, "test": tests.get(f"draft_match[stratum={label}]")}}
 
     report = {
         "p_value": float(adjusted.min()),  # Holm-adjusted minimum: the family's p-value
@@ -382,7 +440,10 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
             "outcome": f"prompt + first {ref.tokens.shape[1]} tokens",
             "tv": {"estimate": tv_joint[0], "lower": tv_joint[1], "upper": tv_joint[2]},
         },
-        "detectable_tv": _detectable(rows, length, alpha / len(family), two_sample, len(ref.tokens) if ref else 0),
+        "detectable_tv": _detectable(rows, length, level, two_sample, len(ref.tokens) if ref else 0),
+        "drafted_share": None if spec.record is None else float((spec.record.depth > 0).mean()),
+        "strata": [stratum(label, mask) for label, mask in groups],
+        "budget": None if spec.record is None else strata.budget(spec.record, p_drafts, level=level, bins=PIT_BINS),
     }
     return bool(rejected.any()), report, pit
 
@@ -496,7 +557,8 @@ def run(cfg: DictConfig) -> VerifyResult:
     result = verify_distribution(
         target, drafter, prompts, k=k, length=length, samples_per_prompt=cfg.samples_per_prompt, sampling=sampling,
         batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, alpha=cfg.alpha, joint_tokens=cfg.joint_tokens,
-        min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug,
+        min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv,
+        max_samples_per_prompt=cfg.max_samples_per_prompt,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
     )
     result.report = {**result.report, **config_fields(cfg), "prompt_ids": list(rows["id"]),
@@ -517,6 +579,7 @@ def summary_text(report: dict[str, Any]) -> str:
         f"PIT TV (95%) pooled: [{report['pooled']['tv_pit']['lower']:.4f}, {report['pooled']['tv_pit']['upper']:.4f}]"
         f"; time {report['timings_s']['total']:.0f} s",
     ]
+    lines += strata.summary_lines(report)
     if report["impossible_tokens"]:
         lines.append(f"{report['impossible_tokens']} emitted tokens have probability 0 under the target")
     if report["lossy_drafter"]:

@@ -352,6 +352,43 @@ def test_power_arguments_are_validated():
 
 
 # ---------------------------------------------------------------------------------------------------
+# A rate with known conditional probabilities (the draft-match test)
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_hit_rate_test_is_calibrated_and_has_the_claimed_power():
+    """Under H0 (each hit Bernoulli(π_i)), 400 repetitions at α = 0.05 reject inside Binomial's 99.9%
+    interval; shifted by the detectable shift at power 0.8, about 80% reject."""
+    rng = np.random.default_rng(31)
+    reps, n, alpha = 400, 500, 0.05
+    probs = rng.beta(0.5, 1.5, size=(reps, n))  # skewed toward small probabilities, like p(draft)
+    null = sum(stats.hit_rate_test(rng.random(n) < p, p, alpha=alpha).reject for p in probs)
+    lo, hi = binomial_999(reps, alpha)
+    assert lo <= null <= hi, null
+    variance = float((probs * (1 - probs)).mean())
+    delta = stats.hit_rate_detectable_shift(n, variance, alpha, 0.8)
+    shifted = sum(stats.hit_rate_test(rng.random(n) < np.minimum(p + delta, 1), p, alpha=alpha).reject for p in probs)
+    lo, hi = binomial_999(reps, 0.8)
+    assert lo - 20 <= shifted <= hi + 20, (delta, shifted)  # ±5 points: clipping at 1 and the normal approximation
+
+
+def test_hit_rate_power_figures_are_inverse_and_validated():
+    for delta in (0.01, 0.05, 0.2):
+        n = stats.hit_rate_samples_needed(delta, 0.2, 0.001, 0.9)
+        assert stats.hit_rate_detectable_shift(n, 0.2, 0.001, 0.9) <= delta
+        assert n == 1 or stats.hit_rate_detectable_shift(n - 1, 0.2, 0.001, 0.9) > delta
+    assert stats.hit_rate_test([True, False], [1.0, 0.0]).p_value == 1.0  # degenerate: every outcome certain
+    assert stats.hit_rate_test([False, False], [1.0, 0.0]).p_value == 0.0
+    assert stats.hit_rate_test([1, 1, 1, 1], [0.2] * 4).statistic > 0  # more hits than expected: z > 0
+    with pytest.raises(ValueError, match="both be"):
+        stats.hit_rate_test([True], [0.5, 0.5])
+    with pytest.raises(ValueError, match="mean_variance"):
+        stats.hit_rate_samples_needed(0.1, 0.3)
+    with pytest.raises(ValueError, match="power"):
+        stats.hit_rate_detectable_shift(100, 0.2, 0.05, 0.01)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Multiple testing and the Verdict record
 # ---------------------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import torch
 from scipy import stats as sps
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec import planted, stats
+from specdec import planted, stats, strata
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
 from specdec.drafters.medusa import MedusaHeads
 from specdec.engine import speculative_generate
@@ -34,6 +34,7 @@ from specdec.models import as_decoder
 from specdec.sampling import SamplingParams
 from specdec.verify import ExactRule
 from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
+from specdec.verify_tree import Tree, verify_tree
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 64
@@ -124,6 +125,7 @@ def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
     assert not result.reject, (report["p_value"], [t for t in report["tests"] if t["reject"]])
     assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
     assert report["mean_accepted_length"] > 1.0  # drafts really were accepted (and so verified)
+    assert report["strata"][0]["stratum"] == "drafted" and report["strata"][0]["draft_match"]["test"]
 
 
 SLOW_CASES = [(d, k, t, tk, tp) for d in ("draft_model", "draft_model_far", "ngram") for k in range(1, 9)
@@ -251,6 +253,102 @@ def test_false_rejection_rate_is_at_most_nominal(models):
                           alpha=alpha).reject
     assert sps.binom.sf(9, reps, alpha) < 0.002
     assert rejected <= 9, f"{rejected}/{reps} rejections at α = {alpha}"
+
+
+# --- strata: what the drafter did before each token ---------------------------------------------------------
+
+
+def record_of(models, drafter, *, k=4, n=8, length=12, temperature=1.0):
+    recorder = strata.DraftRecorder(FACTORIES[drafter](models))
+    ids, mask = left_pad_prompts(PROMPTS * n)
+    out = speculative_generate(models["target"], recorder, ids, attention_mask=mask, k=k, max_new_tokens=length,
+                               temperature=temperature, generator=torch.Generator().manual_seed(3), eos_token_id=[])
+    return recorder.take(length), np.array(out.sequences)
+
+
+def left_pad_prompts(rows):
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    return ids, (torch.arange(width)[None] >= torch.tensor([[width - len(r)] for r in rows])).long()
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram", "medusa_tree"])
+def test_draft_record_follows_the_verify_steps(models, drafter):
+    """Token t+1 continues token t's verify step only when token t was an accepted draft, which then sits
+    among t's draft candidates; a draft at depth d follows d - 1 accepted drafts of its step."""
+    record, tokens = record_of(models, drafter)
+    depth, before, cands = record.depth, record.accepted_before, record.candidates
+    assert (depth[:, 0] == 0).all() and (before[:, 0] == 0).all()  # the prefill's token
+    drafted = depth > 0
+    assert ((depth == before + 1) | ~drafted).all() and (cands[..., 0] >= 0)[drafted].all()
+    assert (cands[~drafted] == -1).all()
+    continued = before[:, 1:] > 0
+    assert (before[:, 1:][continued] == before[:, :-1][continued] + 1).all()
+    accepted = (cands[:, :-1] == tokens[:, :-1, None]).any(-1)
+    assert (accepted | ~drafted[:, :-1])[continued].all()  # undrafted and accepted: a batch's filler draft
+    assert drafted.mean() > 0.05 and continued.any()
+    if drafter == "draft_model":  # K drafts every step: undrafted only for the prefill's and the bonus tokens
+        assert ((depth == 0) == ((before == 4) | (np.arange(tokens.shape[1]) == 0))).all()
+        assert (record.draft_q[drafted] > 0).all() and (record.draft_q[drafted] <= 1).all()
+    else:  # deterministic drafts
+        assert (record.draft_q[drafted] == 1.0).all()
+
+
+def test_a_sampled_draft_is_emitted_with_probability_min_1_p_over_q():
+    """What the draft-match test expects: given the draft x ~ q, the exact rule emits x with probability
+    min(1, p(x)/q(x)); p(x) alone would under-predict it (an exact verifier would be rejected)."""
+    g = torch.Generator().manual_seed(11)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    n = 40_000
+    draft = torch.multinomial(q, n, replacement=True, generator=g)
+    num_accepted, recovered = rejection_sample(draft[:, None], q.expand(n, 1, 4), p.expand(n, 2, 4), g)
+    hit = ((num_accepted == 1) | (recovered == draft)).numpy()  # the token emitted where the draft stood
+    expected = torch.minimum(torch.ones(4), p / q)[draft].double().numpy()
+    assert not stats.hit_rate_test(hit, expected, alpha=0.001).reject
+    assert stats.hit_rate_test(hit, p[draft].double().numpy(), alpha=0.001).reject  # the tempting wrong law
+
+
+def test_tree_path_is_read_from_the_emitted_tokens():
+    """Siblings with the same token: only the first can be accepted (rejecting it empties the residual at
+    its token), so the record follows the first child holding each emitted token."""
+    parents = (-1, -1, 0, 1, 1)  # nodes 0 and 1 both hold token 7; node 1 has two children
+    entries = strata._tree_entries(parents, [7, 7, 3, 4, 5], [7, 3, 9], sampled=False)
+    assert [e[:3] for e in entries] == [(1, 0, (7,)), (2, 1, (3,)), (0, 2, ())]
+    g = torch.Generator().manual_seed(0)
+    tree = Tree.from_parents(list(parents))
+    p = torch.full((2000, 6, 4), 0.25)
+    nodes, _, _ = verify_tree(tree, torch.tensor([[0, 0, 1, 2, 3]]).expand(2000, 5), None, p, g)
+    assert (nodes[:, 0] != 1).all()  # the duplicate sibling is never accepted
+
+
+def test_draft_match_catches_the_recovered_token_bug_at_a_small_budget(models):
+    """n-gram drafts at T=1 stand at ~8% of positions: the draft-match test still sees the bug clearly."""
+    result = check(models, "ngram", bug="recovered_from_target", n=100)
+    report = result.report
+    drafted = report["strata"][0]
+    assert drafted["stratum"] == "drafted" and drafted["share"] < 0.15
+    match = drafted["draft_match"]
+    assert match["observed_rate"] > match["expected_rate"] and match["test"]["reject"], match
+    assert result.reject
+
+
+def test_detect_tv_plans_the_budget(models):
+    """detect_tv picks N from a pilot's proposal rate: the run then detects that TV at drafted positions."""
+    result = verify_distribution(models["target"], FACTORIES["draft_model"](models), PROMPTS, k=4, length=8,
+                                 samples_per_prompt=1, sampling=SamplingParams(1.0, 0, 1.0), batch_size=256,
+                                 detect_tv=0.15)
+    report = result.report
+    plan = report["plan"]
+    assert plan["samples_per_prompt"] == report["samples_per_prompt"] > 1 and not result.reject
+    assert report["strata"][0]["detectable_tv"] <= 0.15  # planned at power 0.9, reported at 0.8
+    assert report["budget"]["pit_chi2"]["0.1"] > 0
+    with pytest.raises(ValueError, match="max_samples_per_prompt=10"):
+        verify_distribution(models["target"], FACTORIES["ngram"](models), PROMPTS, k=4, length=8, samples_per_prompt=1,
+                            sampling=SamplingParams(1.0, 0, 1.0), detect_tv=0.01, max_samples_per_prompt=10)
+    with pytest.raises(ValueError, match="detect_tv"):
+        verify_distribution(models["target"], FACTORIES["ngram"](models), PROMPTS, k=4, length=8, samples_per_prompt=1,
+                            sampling=SamplingParams(1.0, 0, 1.0), detect_tv=1.5)
 
 
 # --- building blocks ---------------------------------------------------------------------------------------

@@ -1,0 +1,333 @@
+"""What the drafter did before each emitted token, and the exactness tests that condition on it
+(:mod:`specdec.verify_dist`).
+
+Why: a mistake in the verify rule acts only where a draft was verified. With a drafter that proposes at
+a minority of positions (prompt lookup at T=1), a bias there is diluted by the undrafted majority when
+tokens are pooled, and split L ways per position. So the tests also run on **strata** of tokens by what
+the drafter had done *before* the token was drawn:
+
+- ``drafted``: a draft was proposed at this position (chain position / tree depth d ≥ 1); with ``depth=d``
+  for each depth, when several depths have enough tokens;
+- ``undrafted``: none was (a plain step, the prefill's token, the bonus position);
+- ``bonus``: none was, after at least one accepted draft in the same verify step (the bonus token; in a
+  batch, also where a row's own proposals ran out and only filler followed).
+
+Why that conditioning is valid: the stratum of token t is fixed before token t is drawn (the drafts of
+its verify step and the accepted drafts before it), so under exactness u_t is Uniform(0, 1) given it,
+and the tokens of one stratum are a predictably selected subsequence: still i.i.d. uniform (optional
+skipping). Conditioning on anything the token itself decides (e.g. "was rejected", "is a recovered token")
+would bias the PIT even for an exact verifier, and is never done.
+
+**The draft-match test** is directional: rules of the recovered-token family push mass toward (or away
+from) the draft token. At a drafted position with draft x drawn from q, an exact verifier emits x with
+probability min(1, p(x) / q(x)) given x (accept, or recover from a residual that has no mass at x); for
+a deterministic draft (q one-hot) that is p(x), and at a tree node with deterministic children the
+emitted token is one of them with probability Σ p(child). So the number of matches is tested against the
+sum of those probabilities (:func:`specdec.stats.hit_rate_test`), with p from the teacher-forced target.
+Note that for a *sampled* draft P(emit x | x) is not p(x): Σ p(x) would under-predict the matches of an
+exact verifier (E_q p(x) ≤ Σ min(p, q)). Sampled tree nodes are left out of it (their law is not one
+probability).
+
+Recording needs no change to the decode loop: :class:`DraftRecorder` wraps the drafter and reads each
+proposal and, after each verify step, the tokens the step appended (host-side); it reads the proposal's
+tokens after the loop's own sync of that step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from specdec import stats
+from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.stats import TokenScores, Verdict
+
+PLAN_POWER = 0.9  # the power the budget planner plans for
+_Entry = tuple[int, int, tuple[int, ...], float]  # (depth, accepted before it in the step, candidates, q)
+_UNDRAFTED: _Entry = (0, 0, (), math.nan)
+
+
+# --- recording ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DraftRecord:
+    """Per emitted token [R, L], what the drafter had done before it was drawn."""
+
+    depth: np.ndarray  # [R, L] int64: chain position / tree depth of a draft at this position; 0 = none
+    accepted_before: np.ndarray  # [R, L] int64: drafts accepted earlier in the same verify step
+    candidates: np.ndarray  # [R, L, W] int64: the draft token(s) at this position (tree: the node's children); -1 pads
+    draft_q: np.ndarray  # [R, L] float64: q(x) of a chain's sampled draft, 1 for deterministic drafts, nan: no match law
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[_Entry]], length: int) -> DraftRecord:
+        if any(len(row) != length for row in rows):
+            raise RuntimeError(f"the draft record has {sorted({len(r) for r in rows})} entries per row, not {length}: "
+                               "it lost track of the emitted tokens")
+        width = max((len(e[2]) for row in rows for e in row), default=0)
+        candidates = np.full((len(rows), length, width), -1, dtype=np.int64)
+        for r, row in enumerate(rows):
+            for t, entry in enumerate(row):
+                candidates[r, t, :len(entry[2])] = entry[2]
+        field = lambda i, dtype: np.array([[e[i] for e in row] for row in rows], dtype=dtype).reshape(len(rows), length)  # noqa: E731
+        return cls(field(0, np.int64), field(1, np.int64), candidates, field(3, np.float64))
+
+    @staticmethod
+    def concat(parts: Sequence[DraftRecord]) -> DraftRecord:
+        width = max(p.candidates.shape[2] for p in parts)
+        pad = lambda c: np.pad(c, ((0, 0), (0, 0), (0, width - c.shape[2])), constant_values=-1)  # noqa: E731
+        return DraftRecord(np.concatenate([p.depth for p in parts]), np.concatenate([p.accepted_before for p in parts]),
+                           np.concatenate([pad(p.candidates) for p in parts]), np.concatenate([p.draft_q for p in parts]))
+
+
+@functools.lru_cache(maxsize=64)
+def _children(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:  # per block position (root 0): child nodes
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        kids[parent + 1].append(node)
+    return tuple(tuple(k) for k in kids)
+
+
+def _chain_entries(tokens: list[int], q: list[float] | None, proposed: int, count: int) -> list[_Entry]:
+    """The j-th token a chain step appended was drawn where draft j stood, if the drafter proposed it."""
+    return [(j + 1, j, (tokens[j],), 1.0 if q is None else q[j]) if j < proposed else (0, j, (), math.nan)
+            for j in range(count)]
+
+
+def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], sampled: bool) -> list[_Entry]:
+    """Follow the step's tokens down the tree: token j was drawn at the node its first j tokens reached, with
+    that node's children as drafts. The accepted child is the *first* child holding the emitted token: once
+    a child is rejected, the residual has no mass at its token, so no later sibling with it can be accepted."""
+    kids, node, out = _children(parents), -1, []
+    for j, token in enumerate(new):
+        below = kids[node + 1]
+        if below:
+            out.append((j + 1, j, tuple(dict.fromkeys(tokens[i] for i in below)), math.nan if sampled else 1.0))
+        else:
+            out.append((0, j, (), math.nan))
+        if j < len(new) - 1:  # token j was accepted: move to its node
+            node = next((i for i in below if tokens[i] == token), None)
+            if node is None:
+                raise RuntimeError(f"emitted token {token} is no child of the tree node reached: the verify step and "
+                                   "the tree disagree")
+    return out
+
+
+class DraftRecorder(Drafter):
+    """Wraps ``inner`` and records, for every token a generation emits, its :class:`DraftRecord` entry:
+    :meth:`take` returns them per row after the generation. Drafts and the verdicts are ``inner``'s."""
+
+    name = "recorder"
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+        self.rows: list[list[_Entry]] = []
+        self._seen: list[int] = []  # per row, host tokens already recorded
+        self._proposal: Proposal | None = None
+        self._q: torch.Tensor | None = None  # [B, K'] q at each draft token (sampled drafts)
+
+    @property
+    def acceptance(self):  # the decode loop verifies with the inner drafter's rule
+        return self.inner.acceptance
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    @forwards.setter
+    def forwards(self, value: int) -> None:
+        self.inner.forwards = value
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def start(self, state: DecodeState) -> None:
+        self.inner.start(state)
+        self.rows = [[_UNDRAFTED] for _ in state.tokens]  # the prefill's token: drawn before any draft
+        self._seen = [len(row) for row in state.tokens]
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        proposal = self.inner.propose(state, k)
+        self._proposal = proposal
+        self._q = None if proposal.probs is None else proposal.probs.gather(-1, proposal.tokens[..., None])[..., 0]
+        return proposal
+
+    def observe(self, state: DecodeState) -> None:
+        proposal = self._proposal
+        tokens = proposal.tokens.tolist()
+        q = None if self._q is None else self._q.tolist()
+        proposed = proposal.num_proposed or [proposal.tokens.shape[1]] * len(tokens)
+        for b, row in enumerate(state.tokens):
+            new, self._seen[b] = row[self._seen[b]:], len(row)
+            if proposal.tree is None:
+                self.rows[b] += _chain_entries(tokens[b], None if q is None else q[b], proposed[b], len(new))
+            else:
+                self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, q is not None)
+        self.inner.observe(state)
+
+    def take(self, length: int) -> DraftRecord:
+        """The record of the generation that just ended (rows of ``length`` tokens)."""
+        return DraftRecord.from_rows(self.rows, length)
+
+
+# --- the tests ----------------------------------------------------------------------------------------------
+
+
+def strata(record: DraftRecord, min_rows: int) -> list[tuple[str, np.ndarray]]:  # (label, [R·L] bool mask)
+    """The strata (module docstring) with at least ``min_rows`` tokens, rows in [R, L] order."""
+    depth, before = record.depth.ravel(), record.accepted_before.ravel()
+    depths = [d for d in np.unique(depth[depth > 0]) if (depth == d).sum() >= min_rows]
+    groups = [("drafted", depth > 0)]
+    if len(depths) > 1:
+        groups += [(f"depth={d}", depth == d) for d in depths]
+    groups += [("undrafted", depth == 0), ("bonus", (depth == 0) & (before > 0))]
+    return [(label, mask) for label, mask in groups if mask.sum() >= min_rows]
+
+
+def match_probabilities(record: DraftRecord, p_candidates: np.ndarray) -> np.ndarray:  # [R·L, W] -> [R·L]
+    """P(the emitted token is one of the drafts | what was drafted) under exactness (module docstring):
+    min(1, p(x) / q(x)) for one draft, Σ p over deterministic tree children; nan where no draft or no law."""
+    p = np.where(record.candidates.reshape(p_candidates.shape) >= 0, p_candidates, 0.0).sum(1)
+    q = record.draft_q.ravel()
+    return np.where(np.isfinite(q), np.minimum(1.0, p / np.where(np.isfinite(q), q, 1.0)), np.nan)
+
+
+def matches(record: DraftRecord, tokens: np.ndarray) -> np.ndarray:  # tokens [R, L] -> [R·L] bool
+    return (record.candidates == tokens[..., None]).any(-1).ravel()
+
+
+def stratified_tests(pit: np.ndarray, scores: TokenScores, record: DraftRecord, p_candidates: np.ndarray,
+                     tokens: np.ndarray, *, alpha: float, bins: int,
+                     min_rows: int) -> list[Verdict]:  # pit, tokens [R, L]; p_candidates [R·L, W]
+    """Per stratum: PIT KS, PIT chi-square on ``bins`` cells, surprisal; and in drafted strata the
+    draft-match test over the positions whose match law is known. Each at ``alpha`` (the caller corrects)."""
+    u, pi, hit = pit.ravel(), match_probabilities(record, p_candidates), matches(record, tokens)
+    out = []
+    for label, mask in strata(record, min_rows):
+        name = f"stratum={label}"
+        out += [stats.uniformity_ks(u[mask], alpha=alpha, name=f"pit_ks[{name}]"),
+                stats.uniformity_chi2(u[mask], alpha=alpha, bins=bins, name=f"pit_chi2[{name}]"),
+                stats.surprisal_test_from_scores(scores.subset(mask), alpha=alpha, name=f"surprisal[{name}]")]
+        known = mask & np.isfinite(pi)
+        if label not in ("undrafted", "bonus") and known.sum() >= min_rows:
+            out.append(stats.hit_rate_test(hit[known], pi[known], alpha=alpha, name=f"draft_match[{name}]"))
+    return out
+
+
+def match_summary(record: DraftRecord, p_candidates: np.ndarray, tokens: np.ndarray, mask: np.ndarray, *,
+                  level: float, power: float) -> dict[str, Any] | None:
+    """Observed and expected match rates of a stratum, and the smallest shift of the rate its test detects."""
+    pi = match_probabilities(record, p_candidates)
+    known = mask & np.isfinite(pi)
+    n = int(known.sum())
+    if n == 0:
+        return None
+    variance = float((pi[known] * (1 - pi[known])).mean())
+    return {"n": n, "observed_rate": float(matches(record, tokens)[known].mean()),
+            "expected_rate": float(pi[known].mean()), "mean_variance": variance,
+            "detectable_tv": stats.hit_rate_detectable_shift(n, variance, level, power) if variance > 0 else None}
+
+
+# --- the budget planner -------------------------------------------------------------------------------------
+
+
+def continuations_needed(delta: float, *, drafted_share: float, length: int, level: float, bins: int,
+                         power: float = PLAN_POWER) -> int:
+    """Continuations (all prompts together) for the ``drafted`` stratum's PIT chi-square to detect a TV bias
+    ``delta`` at drafted positions with ``power`` at ``level``, whatever its shape: the drafted tokens
+    :func:`specdec.stats.samples_needed` asks for, of which a continuation of ``length`` tokens gives
+    ``drafted_share`` · ``length`` on average (``drafted_share``: the drafter's measured proposal rate, the
+    share of emitted tokens drawn at a drafted position)."""
+    if not 0.0 < drafted_share <= 1.0:
+        raise ValueError(f"drafted_share must lie in (0, 1], got {drafted_share!r}: a drafter that never drafts "
+                         "leaves no drafted positions to test")
+    return math.ceil(stats.samples_needed(delta, level, power, num_categories=bins) / (drafted_share * length))
+
+
+def match_continuations_needed(delta: float, *, drafted_share: float, length: int, level: float,
+                               mean_variance: float, power: float = PLAN_POWER) -> int:
+    """The same for the draft-match test, against a bias that moves TV ``delta`` toward (or away from) the
+    drafts at every drafted position; ``mean_variance``: the measured mean of π(1 − π) of its positions."""
+    if not 0.0 < drafted_share <= 1.0:
+        raise ValueError(f"drafted_share must lie in (0, 1], got {drafted_share!r}")
+    return math.ceil(stats.hit_rate_samples_needed(delta, mean_variance, level, power) / (drafted_share * length))
+
+
+def budget(record: DraftRecord, p_candidates: np.ndarray, *, level: float, bins: int, power: float = PLAN_POWER,
+           tvs: Sequence[float] = (0.02, 0.05, 0.1)) -> dict[str, Any] | None:
+    """Continuations (all prompts together) a run with this drafter needs to detect a TV bias of each size in
+    ``tvs`` at drafted positions with ``power`` at ``level``, from the proposal rate and match probabilities
+    measured in ``record``: with the ``drafted`` stratum's PIT chi-square (any shape of bias) and with the
+    draft-match test (a bias toward or away from the drafts). None when nothing was drafted."""
+    length = record.depth.shape[1]
+    share = float((record.depth > 0).mean())
+    if share == 0.0:
+        return None
+    pi = match_probabilities(record, p_candidates)
+    pi = pi[np.isfinite(pi)]
+    variance = float((pi * (1 - pi)).mean()) if pi.size else 0.0
+    match_share = share * pi.size / max(1, int((record.depth > 0).sum()))  # drafted positions with a match law
+    return {
+        "power": power, "level": level, "drafted_share": share,
+        "pit_chi2": {str(d): continuations_needed(d, drafted_share=share, length=length, level=level, bins=bins,
+                                                  power=power) for d in tvs},
+        "draft_match": None if variance == 0.0 else {
+            str(d): match_continuations_needed(d, drafted_share=match_share, length=length, level=level,
+                                               mean_variance=variance, power=power) for d in tvs},
+    }
+
+
+def plan_samples_per_prompt(pilot: DraftRecord, pilot_time_s: float, detect_tv: float, *, num_prompts: int,
+                            alpha: float, bins: int, max_samples_per_prompt: int) -> tuple[int, dict[str, Any]]:
+    """Continuations per prompt for the ``drafted`` stratum's PIT chi-square to detect a TV bias ``detect_tv``
+    at drafted positions with power 0.9 (:func:`continuations_needed`), from the proposal rate measured on
+    a pilot sample (``pilot``, then discarded: N must not depend on the sample it is tested on). The level
+    counts every test the family could hold (each per-position and stratum test qualifying), so the plan
+    errs on the safe side. Returns N and the plan, for the report."""
+    rows, length = pilot.depth.shape
+    share = float((pilot.depth > 0).mean())
+    num_tests = 3 * length + 4 + 4 * len(strata(pilot, 1))
+    level = alpha / num_tests
+    n = max(1, math.ceil(continuations_needed(detect_tv, drafted_share=share, length=length, level=level,
+                                              bins=bins) / num_prompts))
+    minutes = pilot_time_s * n * num_prompts / rows / 60
+    if n > max_samples_per_prompt:
+        raise ValueError(f"detecting TV {detect_tv} at drafted positions ({share:.1%} of tokens in the pilot) needs "
+                         f"samples_per_prompt={n} (~{minutes:.0f} min of sampling at the pilot's pace), more than "
+                         f"max_samples_per_prompt={max_samples_per_prompt}; ask for a larger detect_tv or raise the cap")
+    return n, {"detect_tv": detect_tv, "power": PLAN_POWER, "level": level, "pilot_continuations": rows,
+               "drafted_share": share, "samples_per_prompt": n, "estimated_sampling_min": minutes}
+
+
+# --- the summary ------------------------------------------------------------------------------------------
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The strata, the draft-match tests, the plan and the budget of a verify.json, for the console."""
+    lines = []
+    plan = report["plan"]
+    if plan:
+        lines.append(f"samples_per_prompt {plan['samples_per_prompt']} planned for detect_tv {plan['detect_tv']} "
+                     f"(power {plan['power']}, drafted share {plan['drafted_share']:.1%} in a pilot of "
+                     f"{plan['pilot_continuations']})")
+    for s in report["strata"]:
+        line = (f"stratum {s['stratum']}: {s['n']} tokens ({s['share']:.1%}), detectable TV {s['detectable_tv']:.3f}, "
+                f"min Holm p {min(s[k]['p_holm'] for k in ('pit_ks', 'pit_chi2', 'surprisal')):.3g}")
+        match = s["draft_match"]
+        if match and match["test"]:
+            line += (f"; draft match {match['observed_rate']:.3f} vs {match['expected_rate']:.3f} expected "
+                     f"(z {match['test']['statistic']:.2f}, Holm p {match['test']['p_holm']:.3g}, detectable shift "
+                     f"{match['detectable_tv']:.3f})")
+        lines.append(line)
+    budget = report["budget"]
+    if budget:
+        need = lambda test: ", ".join(f"{n} for TV {d}" for d, n in budget[test].items())  # noqa: E731
+        lines.append(f"continuations needed for power {budget['power']} at drafted positions "
+                     f"({budget['drafted_share']:.1%} of tokens): PIT chi-square {need('pit_chi2')}"
+                     + (f"; draft match {need('draft_match')}" if budget["draft_match"] else ""))
+    return lines
