@@ -294,6 +294,14 @@ def test_draft_record_follows_the_verify_steps(models, drafter):
         assert (record.draft_q[drafted] == 1.0).all()
 
 
+def test_recorder_verifies_with_the_drafters_rule(models):
+    """The decode loop reads the acceptance rule (a lossy one, if chosen) through the recorder."""
+    drafter = FACTORIES["medusa"](models)
+    drafter.acceptance = object()
+    recorder = strata.DraftRecorder(drafter)
+    assert recorder.acceptance is drafter.acceptance and recorder.lossy
+
+
 def test_a_sampled_draft_is_emitted_with_probability_min_1_p_over_q():
     """What the draft-match test expects: given the draft x ~ q, the exact rule emits x with probability
     min(1, p(x)/q(x)); p(x) alone would under-predict it (an exact verifier would be rejected)."""
