@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,9 +33,8 @@ from specdec.drafters.medusa import MedusaHeads
 from specdec.engine import speculative_generate
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams
-from specdec.verify import ExactRule
+from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
 from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
-from specdec.verify_tree import Tree, verify_tree
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 64
@@ -297,7 +297,7 @@ def test_draft_record_follows_the_verify_steps(models, drafter):
 def test_recorder_verifies_with_the_drafters_rule(models):
     """The decode loop reads the acceptance rule (a lossy one, if chosen) through the recorder."""
     drafter = FACTORIES["medusa"](models)
-    drafter.acceptance = object()
+    drafter.acceptance = SimpleNamespace(lossy=True)  # stands in for a lossy rule
     recorder = strata.DraftRecorder(drafter)
     assert recorder.acceptance is drafter.acceptance and recorder.lossy
 
