@@ -64,15 +64,13 @@ from omegaconf import DictConfig
 from scipy import stats as sps
 
 from specdec import planted, strata
-from specdec.cache import KVCache
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
 from specdec.drafters import Drafter, build_drafter
 from specdec.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.loading import load_target, resolve_device
 from specdec.metrics import DecodeStats
-from specdec.models import as_decoder
-from specdec.models.llama import CompactLlama, supports
+from specdec.models.shared_prefill import fast_decoder
 from specdec.io import save_figure, write_json
 from specdec.jobs import config_fields, machine_description, run_task
 from specdec.sampling import SamplingParams, logits_to_probs
@@ -111,63 +109,6 @@ ConfigStore.instance().store(name="verify_dist_schema", node=VerifyDistConfig)
 
 
 # --- sampling and scoring ----------------------------------------------------------------------------------
-
-
-class SharedPrefillLlama(CompactLlama):
-    """The target's compact forward, with one shortcut for this job, which continues each prompt many
-    times: a prefill (a forward of T > 1 tokens on an empty cache) is computed once per distinct prompt
-    for the lifetime of this object — across batches, and across speculative sampling, plain sampling
-    and scoring — and its keys/values are copied into every row that repeats it. Rotary positions count
-    from each row's first real token, so the copy is the same whatever the row's left padding.
-
-    A prefill returns the logits and hidden state of the *last* position only ([B, 1, V], [B, 1, H]):
-    that is all the decode loop reads from it, and it spares [B, T, V] logits for long prompts. Every
-    other forward is the plain :class:`CompactLlama` one."""
-
-    def __init__(self, hf_model: torch.nn.Module):
-        super().__init__(hf_model)
-        self._prefills: dict[tuple[int, ...], _Prefill] = {}  # by the prompt's tokens
-
-    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None, last_only=False):
-        if input_ids.shape[1] == 1 or tree_mask is not None or depths is not None or bool(cache.lengths.any()):
-            return super().forward(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
-                                   last_only=last_only)
-        pads = cache.pad.tolist()
-        prompts = [tuple(row[p:]) for row, p in zip(input_ids.tolist(), pads)]
-        for prompt in dict.fromkeys(prompts):  # distinct, in order
-            if prompt not in self._prefills:
-                self._prefills[prompt] = self._prefill(prompt)
-        for b, (prompt, pad) in enumerate(zip(prompts, pads)):
-            done = self._prefills[prompt]
-            for layer in range(len(self.layers)):
-                cache.keys[layer][b, :, pad:pad + len(prompt)] = done.keys[layer]
-                cache.values[layer][b, :, pad:pad + len(prompt)] = done.values[layer]
-        logits = torch.stack([self._prefills[p].logits for p in prompts])[:, None]  # [B, 1, V]
-        hidden = torch.stack([self._prefills[p].hidden for p in prompts])[:, None]  # [B, 1, H]
-        return logits, hidden
-
-    def _prefill(self, prompt: tuple[int, ...]) -> _Prefill:
-        ids = torch.tensor([prompt], device=self.device)  # [1, S]: no padding
-        cache = KVCache.allocate(len(self.layers), 1, self.num_kv_heads, len(prompt), self.head_dim,
-                                 torch.zeros(1, dtype=torch.long, device=self.device), dtype=self.dtype,
-                                 device=self.device)
-        logits, hidden = super().forward(ids, cache, kv_len=len(prompt))
-        return _Prefill([k[0].clone() for k in cache.keys], [v[0].clone() for v in cache.values],
-                        logits[0, -1].clone(), hidden[0, -1].clone())
-
-
-@dataclass
-class _Prefill:
-    keys: list[torch.Tensor]  # per layer [H_kv, S, D]
-    values: list[torch.Tensor]  # per layer [H_kv, S, D]
-    logits: torch.Tensor  # [V] at the prompt's last token
-    hidden: torch.Tensor  # [H] at the prompt's last token
-
-
-def fast_decoder(target: torch.nn.Module) -> torch.nn.Module:
-    """The decoder this job runs ``target`` with: :class:`SharedPrefillLlama` for a Llama-family
-    transformers model, else the usual adapter."""
-    return SharedPrefillLlama(target) if supports(target) else as_decoder(target)
 
 
 def _seed(seed: int, stream: str, batch: int = 0) -> int:
@@ -479,67 +420,6 @@ def _banner(bug: str) -> str:
 # --- plot -------------------------------------------------------------------------------------------------
 
 
-def plot_result(result: VerifyResult):
-    """Three panels: the pooled PIT histogram; each position's PIT ECDF minus the uniform CDF, within the
-    KS band of the level one test is held to; −log10 p per position. Returns a matplotlib Figure."""
-    from matplotlib.figure import Figure
-
-    report, pit = result.report, result.pit
-    rows, length = pit.shape
-    level = report["detectable_tv"]["level"]
-    fig = Figure(figsize=(15, 4.2))
-    ax_hist, ax_ecdf, ax_p = fig.subplots(1, 3)
-
-    bins = 20
-    counts = np.bincount(np.minimum((pit.ravel() * bins).astype(int), bins - 1), minlength=bins)
-    expected, sd = pit.size / bins, math.sqrt(pit.size / bins * (1 - 1 / bins))
-    ax_hist.bar((np.arange(bins) + 0.5) / bins, counts, width=1 / bins, color="tab:blue", alpha=0.7)
-    ax_hist.axhspan(expected - 3 * sd, expected + 3 * sd, color="grey", alpha=0.25, label="expected ± 3σ")
-    ax_hist.set(title=f"PIT, all {pit.size} tokens", xlabel="u", ylabel="tokens")
-    ax_hist.legend(loc="lower center")
-
-    grid = np.linspace(0, 1, 201)
-    for t in range(length):
-        ecdf = np.searchsorted(np.sort(pit[:, t]), grid, side="right") / rows
-        ax_ecdf.plot(grid, ecdf - grid, color=_colour(t, length), lw=1)
-    band = sps.kstwo.ppf(1 - level, rows)
-    ax_ecdf.axhspan(-band, band, color="grey", alpha=0.25, label=f"KS band at level {level:.1e}")
-    ax_ecdf.set(title="PIT ECDF − uniform, per position (light → dark)", xlabel="u", ylabel="deviation")
-    ax_ecdf.legend(loc="lower center")
-
-    positions = [p["position"] for p in report["per_position"] if p["pit_ks"]]
-    for key, marker, colour in (("pit_ks", "o", "tab:blue"), ("pit_chi2", "^", "tab:purple"),
-                                ("surprisal", "s", "tab:orange")):
-        ps = [p[key]["p_value"] for p in report["per_position"] if p[key]] + [report["pooled"][key]["p_value"]]
-        ax_p.plot(positions + [length + 1], -np.log10(np.maximum(ps, 1e-300)), marker, color=colour, label=key)
-    if report["two_sample"]:
-        ax_p.plot([length + 3], [-math.log10(max(report["two_sample"]["p_value"], 1e-300))], "D", color="tab:green",
-                  label=report["two_sample"]["outcome"])
-    ax_p.axhline(-math.log10(level), color="red", ls="--", label="Bonferroni level")
-    ax_p.set_xticks(list(range(0, length, max(1, length // 8))) + [length + 1, length + 3],
-                    [str(t) for t in range(0, length, max(1, length // 8))] + ["all", "joint"])
-    ax_p.set(title="tests per position, pooled (all), two-sample (joint)", xlabel="position t", ylabel="−log10 p")
-    ax_p.legend()
-
-    title = (f"{report.get('drafter', 'drafter')} K={report.get('k', '?')}: "
-             f"{report['verdict'].upper()} at α={report['alpha']} (p = {report['p_value']:.2g}); "
-             f"detectable TV per position {report['detectable_tv']['per_position']:.3f}")
-    if report["planted_bug"]:
-        title = f"PLANTED BUG {report['planted_bug']} — " + title
-    fig.suptitle(title, color="red" if report["planted_bug"] else "black")
-    fig.tight_layout()
-    return fig
-
-
-def _colour(t: int, length: int):
-    from matplotlib import colormaps
-
-    return colormaps["viridis_r"](0.15 + 0.85 * t / max(1, length - 1))
-
-
-# --- the job ----------------------------------------------------------------------------------------------
-
-
 def run(cfg: DictConfig) -> VerifyResult:
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
@@ -596,6 +476,8 @@ def _main(cfg: DictConfig, results_path: Path) -> bool:
     result = run(cfg)
     write_json(results_path, result.report)
     if cfg.plot:
+        from specdec.report.exactness import plot_result
+
         save_figure(plot_result(result), results_path.with_suffix(".png"))
     print(summary_text(result.report))
     print(f"results: {results_path}")

@@ -34,7 +34,8 @@ from specdec.engine import speculative_generate
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams
 from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
-from specdec.verify_dist import EXIT_REJECTED, SharedPrefillLlama, verify_distribution
+from specdec.models.shared_prefill import SharedPrefillLlama
+from specdec.verify_dist import EXIT_REJECTED, verify_distribution
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 64
