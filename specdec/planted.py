@@ -125,6 +125,7 @@ class DraftOnlySampling(Drafter):
     def __init__(self, inner: Drafter, sampling: SamplingParams):
         self.inner = inner
         self.sampling = sampling
+        self.acceptance = inner.acceptance  # the inner drafter's rule (a lossy one stays lossy)
 
     @property
     def forwards(self) -> int:  # the decode loop resets and reads the inner drafter's count
