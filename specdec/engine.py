@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 import torch
 
 from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.loading import stop_token_ids
 from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
@@ -57,10 +58,7 @@ def _timer(stats: DecodeStats, attr: str, device: torch.device) -> Iterator[None
 
 def _eos_ids(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) -> set[int]:
     if eos_token_id is None:
-        config = getattr(target, "generation_config", None) or getattr(target, "config", None)
-        eos_token_id = getattr(config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
+        return set(stop_token_ids(target))  # the model's own (generation config, else config)
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
 
 
@@ -122,16 +120,16 @@ def _prefill(decoder, input_ids: torch.Tensor, pad: torch.Tensor, capacity: int,
 
 
 def _initial_state(decoder, input_ids: torch.Tensor, pad: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor,
-                   capacity: int, params: SamplingParams, generator, eos: set[int], max_new_tokens: int) -> DecodeState:
+                   first_host: list[int], host_pad: list[int], capacity: int, params: SamplingParams, generator,
+                   eos: set[int], max_new_tokens: int) -> DecodeState:
     batch, prompt_len = input_ids.shape
     seq = torch.zeros(batch, capacity, dtype=torch.long, device=input_ids.device)
     seq[:, :prompt_len] = input_ids
     seq[:, prompt_len] = first
-    first_host = first.tolist()
     return DecodeState(
         seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=input_ids.device), pad=pad, last_tokens=first,
         last_hidden=hidden, num_accepted=None,
-        tokens=[p[n:] + [t] for p, n, t in zip(input_ids.tolist(), pad.tolist(), first_host)],
+        tokens=[p[n:] + [t] for p, n, t in zip(input_ids.tolist(), host_pad, first_host)],
         active=[t not in eos and max_new_tokens > 1 for t in first_host],
         max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
         generator=generator,
@@ -212,8 +210,10 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     # 2) Prefill the prompt; the first token comes from its last position.
     with _timer(stats, "prefill_time_s", device):
         cache, first, hidden = _prefill(decoder, input_ids, pad, capacity, params, generator)
-    state = _initial_state(decoder, input_ids, pad, first, hidden, capacity, params, generator, eos, max_new_tokens)
-    out = [[t] for t in first.tolist()]
+    first_host = first.tolist()
+    state = _initial_state(decoder, input_ids, pad, first, hidden, first_host, host_pad, capacity, params, generator,
+                           eos, max_new_tokens)
+    out = [[t] for t in first_host]
     drafter.reset()
     drafter.forwards = 0
     with _timer(stats, "drafter_time_s", device):
