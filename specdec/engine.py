@@ -93,6 +93,7 @@ class StepResult:
     emitted: torch.Tensor  # [B, E] long: the accepted drafts, then next_tokens (E = K'+1 chain, D+1 tree)
     path: torch.Tensor | None  # [B, D+1] long: block positions of the accepted path (trees); None: a chain
     hidden: torch.Tensor  # [B, H]: the target's hidden state where next_tokens was predicted
+    features: torch.Tensor | None = None  # [B, E, F]: the drafter's feature layers along the kept positions
 
 
 def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> int:
@@ -108,15 +109,16 @@ def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> in
 
 
 def _prefill(decoder, input_ids: torch.Tensor, pad: torch.Tensor, capacity: int, params: SamplingParams,
-             generator: torch.Generator | None):  # input_ids [B, S], pad [B] -> cache, first [B], hidden [B, H]
+             generator: torch.Generator | None, capture: tuple[int, ...]):
+    # input_ids [B, S], pad [B] -> cache, first [B], hidden [B, H], features [B, S, F] or None
     """The whole prompt goes into the cache; its last position gives the first new token (the LM head runs
-    on that position only)."""
+    on that position only). ``capture``: the drafter's feature layers, returned at every prompt position."""
     batch, prompt_len = input_ids.shape
     cache = decoder.new_cache(batch, capacity, pad)
-    logits, hidden = decoder(input_ids, cache, kv_len=prompt_len, last_only=True)
+    logits, hidden, *features = decoder(input_ids, cache, kv_len=prompt_len, last_only=True, capture=capture)
     cache.commit(torch.full((batch,), prompt_len, device=input_ids.device))
     first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
-    return cache, first, hidden[:, -1]
+    return cache, first, hidden[:, -1], features[0] if features else None
 
 
 def _initial_state(decoder, input_ids: torch.Tensor, pad: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor,
@@ -136,13 +138,16 @@ def _initial_state(decoder, input_ids: torch.Tensor, pad: torch.Tensor, first: t
     )
 
 
-def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: AcceptanceRule) -> StepResult:
+def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: AcceptanceRule,
+                capture: tuple[int, ...] = ()) -> StepResult:
     """The target scores [last token, drafts] in one forward (under the tree's mask for a tree) and the rule
-    keeps what it accepts. Device work only: nothing is read back to the host here."""
+    keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
+    drafter's feature layers, returned along the kept positions."""
     params, tree = state.sampling, proposal.tree
     block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
-    logits, hidden = decoder(block, cache, kv_len=state.max_seq_len + proposal.tokens.shape[1],
-                             tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths)
+    logits, hidden, *features = decoder(block, cache, kv_len=state.max_seq_len + proposal.tokens.shape[1],
+                                        tree_mask=None if tree is None else tree.mask,
+                                        depths=None if tree is None else tree.depths, capture=capture)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     if tree is None:
         num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator)
@@ -156,7 +161,11 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
     emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
     rows = torch.arange(block.shape[0], device=block.device)
-    return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at])
+    kept = None
+    if features:  # [B, K'+1, F] -> the kept positions' [B, E, F]
+        kept = features[0] if path is None else features[0].gather(
+            1, path[..., None].expand(-1, -1, features[0].shape[-1]))
+    return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at], kept)
 
 
 def _emit(state: DecodeState, out: list[list[int]], accepted: list[int], emitted: list[list[int]], eos: set[int],
@@ -195,6 +204,7 @@ def _commit(cache, state: DecodeState, step: StepResult, counts: list[int], host
     state.last_tokens = step.next_tokens
     state.last_hidden = step.hidden
     state.num_accepted = step.num_accepted
+    state.features = step.features
 
 
 @torch.no_grad()
@@ -206,13 +216,15 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
     capacity = _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k)
     eos, stats, host_pad = _eos_ids(target, eos_token_id), DecodeStats(k=k), pad.tolist()
+    capture = tuple(drafter.feature_layers)
     wall_start = time.perf_counter()
     # 2) Prefill the prompt; the first token comes from its last position.
     with _timer(stats, "prefill_time_s", device):
-        cache, first, hidden = _prefill(decoder, input_ids, pad, capacity, params, generator)
+        cache, first, hidden, features = _prefill(decoder, input_ids, pad, capacity, params, generator, capture)
     first_host = first.tolist()
     state = _initial_state(decoder, input_ids, pad, first, hidden, first_host, host_pad, capacity, params, generator,
                            eos, max_new_tokens)
+    state.features = features
     out = [[t] for t in first_host]
     drafter.reset()
     drafter.forwards = 0
@@ -226,7 +238,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         if width > k:
             raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
         with _timer(stats, "target_time_s", device):
-            step = verify_step(decoder, cache, state, proposal, rule)
+            step = verify_step(decoder, cache, state, proposal, rule, capture)
             accepted, emitted = step.num_accepted.tolist(), step.emitted.tolist()  # the one sync per step
         stats.target_forwards += 1
         stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,

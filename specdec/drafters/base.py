@@ -50,6 +50,11 @@ class DecodeState:
     vocab_size: int  # the target's
     sampling: SamplingParams
     generator: torch.Generator | None
+    # The target's hidden states at the layers the drafter asked for (``Drafter.feature_layers``, concatenated:
+    # [B, T, len(layers) * H]) at every position committed since the drafter last saw them: after the prefill
+    # the prompt's slots 0 .. S-1 (padding included), after a verify step the slots ``seq_lens - count - 1 + j``
+    # (the old last token, then the accepted drafts). Entries past a row's count are stale. None = not asked.
+    features: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -61,6 +66,10 @@ class Drafter(ABC):
     # with instead, e.g. Medusa's typical acceptance (specdec.verify.lossy.typical.TypicalAcceptance)
     acceptance: AcceptanceRule | None = None
     forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
+    # Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``;
+    # ids as :meth:`specdec.models.llama.CompactLlama.forward`'s ``capture``), e.g. EAGLE-3's low, middle and
+    # high layer. () = none: the target's final hidden state (``DecodeState.last_hidden``) is always there.
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def lossy(self) -> bool:

@@ -68,7 +68,8 @@ class HFDecoder(nn.Module):
         return CroppedCache(DynamicCache(), zero, zero.clone(), capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: CroppedCache, *, kv_len: int | None = None,
-                tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False):
+                tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
+                capture: tuple[int, ...] = ()):
         if tree_mask is not None:
             raise NotImplementedError("token trees need the compact Llama-family path")
         t = input_ids.shape[1]
@@ -77,6 +78,7 @@ class HFDecoder(nn.Module):
         out = self.model(input_ids=input_ids, past_key_values=cache.inner, position_ids=positions,
                          use_cache=True, output_hidden_states=True)
         # The forward appended T entries; the loop commits what it keeps (commit crops the rest).
+        extra = (torch.cat([out.hidden_states[k] for k in capture], -1),) if capture else ()
         if last_only:
-            return out.logits[:, -1:].float(), out.hidden_states[-1][:, -1:]
-        return out.logits.float(), out.hidden_states[-1]
+            return out.logits[:, -1:].float(), out.hidden_states[-1][:, -1:], *extra
+        return out.logits.float(), out.hidden_states[-1], *extra

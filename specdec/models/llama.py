@@ -173,8 +173,15 @@ class CompactLlama(nn.Module):
         tree_mask: torch.Tensor | None = None,  # [T, T] bool; None = causal chain
         depths: torch.Tensor | None = None,  # [T] long: position offset of each new token; None = 0..T-1
         last_only: bool = False,  # logits and hidden state of the last position only ([B, 1, ...]): a prefill
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, T, V] float32, last hidden state [B, T, H]
-        """Run T new tokens per row, writing their keys/values uncommitted (see :class:`KVCache`)."""
+        capture: tuple[int, ...] = (),  # also return these layers' hidden states (see below)
+    ) -> tuple[torch.Tensor, ...]:  # logits [B, T, V] float32, last hidden state [B, T, H] (+ features)
+        """Run T new tokens per row, writing their keys/values uncommitted (see :class:`KVCache`).
+
+        ``capture``: layer ids whose residual stream is returned too, as a third output [B, T, len(capture) * H]
+        (concatenated in the order given, every position even with ``last_only``): id k is the stream after k
+        decoder layers (0 = the embeddings), as transformers' ``hidden_states[k]`` for k below the layer
+        count, and the stream *before* the final norm for k = the layer count. EAGLE-style drafters read them.
+        """
         b, t = input_ids.shape
         offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
@@ -182,6 +189,7 @@ class CompactLlama(nn.Module):
         x = self.embed_tokens(input_ids)  # [B, T, H]
         cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        captured = {0: x} if 0 in capture else {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -196,5 +204,13 @@ class CompactLlama(nn.Module):
             h = layer.post_attention_layernorm(x)
             mlp = layer.mlp
             x = x + _linear(mlp.act_fn(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+            if i + 1 in capture:
+                captured[i + 1] = x
         hidden = self.norm(x[:, -1:] if last_only else x)
-        return _linear(hidden, self.lm_head).float(), hidden
+        logits = _linear(hidden, self.lm_head).float()
+        if not capture:
+            return logits, hidden
+        missing = sorted(set(capture) - set(captured))
+        if missing:
+            raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
+        return logits, hidden, torch.cat([captured[k] for k in capture], -1)

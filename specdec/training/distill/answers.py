@@ -29,6 +29,8 @@ class Sequence:
     tokens: torch.Tensor  # [n] long: tokens[s] is what the target emitted (or the corpus holds) at position s
     hidden: torch.Tensor  # [n, H] float32: the target's final hidden state that predicted tokens[s]
     features: torch.Tensor | None = None  # [n, L, H] float32: the hidden states of the asked-for layers there
+    context_hidden: torch.Tensor | None = None  # [c - 1, H]: the final hidden state at the context's positions
+    context_features: torch.Tensor | None = None  # [c - 1, L, H]: the layers' there (before the one predicting tokens[0])
 
 
 class HiddenRecorder(Drafter):
@@ -64,9 +66,10 @@ def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens:
 
 @torch.no_grad()
 def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
-                     layers: tuple[int, ...] = ()) -> list[Sequence]:
+                     layers: tuple[int, ...] = (), context: bool = False) -> list[Sequence]:
     """The target's greedy answers to ``prompts``, one :class:`Sequence` per prompt (EOS included), in the
-    prompts' order; ``layers``: hidden-state indices (0 = embeddings, as transformers counts) to record too."""
+    prompts' order; ``layers``: hidden-state indices (0 = embeddings, as transformers counts) to record too;
+    ``context``: record them (and the final hidden state) at the prompt's positions as well."""
     device = target.device
     eos = set(stop_token_ids(target))  # the model's own stop tokens (not the tokenizer's <|endoftext|>)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
@@ -88,22 +91,27 @@ def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batc
     sequences = [out[i] for i in range(len(prompts))]
     if layers:
         for seq in sequences:
-            seq.features = layer_features(target, seq, layers)
+            seq.features = layer_features(target, seq, layers, context)
     return sequences
 
 
 @torch.no_grad()
-def layer_features(target, seq: Sequence, layers: tuple[int, ...]) -> torch.Tensor:  # -> [n, L, H]
-    """The hidden states of ``layers`` at every position of ``seq``: one teacher-forced forward of context +
-    tokens (the last token predicts nothing, so it is not fed)."""
+def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool = False) -> torch.Tensor:
+    """The hidden states of ``layers`` at every position of ``seq`` ([n, L, H]): one teacher-forced forward of
+    context + tokens (the last token predicts nothing, so it is not fed). ``context``: also fill the
+    sequence's ``context_features`` and ``context_hidden`` (the positions before)."""
     ids = torch.cat([seq.context, seq.tokens[:-1]])[None].to(target.device)  # [1, c + n - 1]
     states = target(ids, output_hidden_states=True).hidden_states  # (layers + 1) x [1, c + n - 1, H]
     first = seq.context.numel() - 1  # the position that predicted tokens[0]
+    if context:
+        seq.context_features = torch.stack([states[layer][0, :first] for layer in layers], 1).float().cpu()
+        seq.context_hidden = states[-1][0, :first].float().cpu()
     return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu()
 
 
 @torch.no_grad()
-def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = ()) -> list[Sequence]:
+def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = (),
+                   context: bool = False) -> list[Sequence]:
     """Chunks of ``seq_len`` + 1 token ids through the target: position s of a chunk is its token s + 1,
     predicted from the ones before (the chunk's first token is the context)."""
     out = []
@@ -112,5 +120,9 @@ def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[i
             chunk = torch.tensor(ids[start: start + seq_len + 1], device=target.device)[None]  # [1, n+1]
             states = target(chunk[:, :-1], output_hidden_states=True).hidden_states  # [1, n, H] each
             features = torch.stack([states[layer][0] for layer in layers], 1).float().cpu() if layers else None
-            out.append(Sequence(chunk[0, :1].cpu(), chunk[0, 1:].cpu(), states[-1][0].float().cpu(), features))
+            seq = Sequence(chunk[0, :1].cpu(), chunk[0, 1:].cpu(), states[-1][0].float().cpu(), features)
+            if context:  # a one-token context has no position before the first prediction
+                seq.context_hidden = seq.hidden[:0]
+                seq.context_features = None if features is None else features[:0]
+            out.append(seq)
     return out

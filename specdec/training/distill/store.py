@@ -36,6 +36,7 @@ class DataNeeds:
 
     layers: tuple[int, ...] = ()  # hidden states of these layers too (0 = embeddings, as transformers counts)
     topk: int = 0  # the target's top-k next-token log-probabilities at every position (soft labels); 0 = none
+    context: bool = False  # the final and the layers' hidden states at the context's positions too (EAGLE)
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Split:
     features: torch.Tensor | None = None  # [N, L, H] float32: the needed layers' hidden states
     topk_ids: torch.Tensor | None = None  # [N, k] long: the target's k likeliest tokens at s
     topk_logprobs: torch.Tensor | None = None  # [N, k] float32: their log-probabilities
+    # with DataNeeds.context: at the context positions before the one that predicted tokens[0] (c - 1 per
+    # sequence), the final hidden state and the layers' hidden states, back to back like ``context``
+    context_hidden: torch.Tensor | None = None  # [C - S, H]
+    context_features: torch.Tensor | None = None  # [C - S, L, H]
 
     @classmethod
     def of(cls, sequences: list[Sequence]) -> "Split":
@@ -58,7 +63,8 @@ class Split:
             return None if parts[0] is None else torch.cat(parts)
 
         return cls(cat("context"), torch.tensor([s.context.numel() for s in sequences]), cat("tokens"),
-                   torch.tensor([s.tokens.numel() for s in sequences]), cat("hidden"), cat("features"))
+                   torch.tensor([s.tokens.numel() for s in sequences]), cat("hidden"), cat("features"),
+                   context_hidden=cat("context_hidden"), context_features=cat("context_features"))
 
 
 def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
@@ -79,7 +85,7 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
     if data.mode == "text":
         texts = [tokenizer(r["text"])["input_ids"] for s in data.text_sources
                  for r in list(load_prompts(s, seed=0))[data.skip_first:]]
-        return text_sequences(target, texts, data.text_seq_len, needs.layers)
+        return text_sequences(target, texts, data.text_seq_len, needs.layers, needs.context)
     if data.mode != "self_distill":
         raise ValueError(f"data.mode must be 'self_distill' or 'text', got {data.mode!r}")
     num_magpie = round(data.num_prompts * data.magpie_fraction)
@@ -91,7 +97,7 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
         _write_jsonl(prompts_path, rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
-                            data.batch_size, pad_id, needs.layers)
+                            data.batch_size, pad_id, needs.layers, needs.context)
 
 
 def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None = None,
@@ -108,10 +114,10 @@ def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Pa
     for source in cfg.eval.answer_sources:
         rows = load_prompts(source, limit=cfg.eval.limit_per_source)
         splits[f"answers_{source}"] = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows],
-                                                       cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers)
+                                                       cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers, needs.context)
     for source in cfg.eval.text_sources:
         texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
-        splits[f"text_{source}"] = text_sequences(target, texts, data.text_seq_len, needs.layers)
+        splits[f"text_{source}"] = text_sequences(target, texts, data.text_seq_len, needs.layers, needs.context)
     out = {name: Split.of(split) for name, split in splits.items()}
     if needs.topk:
         for split in out.values():

@@ -1,0 +1,327 @@
+"""The EAGLE drafter: the draft layer (:mod:`specdec.drafters.eagle.model`) drafting a chain or an EAGLE-2 tree.
+
+Each step first *catches up*: the positions the target committed since the last step (``DecodeState.features``,
+the target's feature layers there) enter the draft cache, each with the token that followed it, in one
+forward; the output at the newest position gives the first draft distribution. Then:
+
+- **chain** (``tree: false``): one draft per forward of the draft layer on its own output, k drafts in all;
+  each drawn from its draft distribution q (argmax when greedy) and verified by the exact rule with that q.
+- **tree** (``tree: true``, the default; EAGLE-2, Li et al. 2024): depth by depth, the ``expand`` most
+  confident nodes of the depth (confidence: the product of the draft probabilities along the path) are run
+  through the draft layer together, each giving ``top_k`` children; after ``depth`` levels the ``k`` most
+  confident nodes form the tree the target verifies. In a batch the rows share one tree shape (nodes are
+  named by their candidate ranks, as :mod:`specdec.drafters.trees.plan`'s paths, and ranked by confidence
+  averaged over the rows, as :mod:`specdec.drafters.trees.dynamic` does); each row has its own tokens.
+
+Exactness at temperature > 0. The draft probabilities go through the target's temperature/top-k/top-p. A
+chain draws each draft from q and reports q. A tree's children are either the ``top_k`` likeliest tokens
+(``sampled: false``: fixed tokens, one-hot q, exact for any choice made from the drafter's own numbers, so
+the final rerank is allowed) or ``top_k`` draws *without replacement* from q (``sampled: true``, the default
+at temperature > 0), each reported with q renormalised over the tokens not drawn before it. A sampled node
+must not be dropped because of its own value, so a sampled tree keeps every drawn node of the first depths
+that fit in k (whole depths; which nodes get children may depend on their values: that only decides the
+shape below them). Verification is multi-candidate recursive rejection sampling
+(:mod:`specdec.verify.tree`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from specdec.config import DrafterConfig
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
+from specdec.drafters.trees.lookup_branch import add_branch, continuations
+from specdec.drafters.trees.plan import TreeCache
+from specdec.errors import VocabMismatchError
+from specdec.sampling import logits_to_probs, sample
+
+log = logging.getLogger(__name__)
+
+
+def _without(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:  # q [..., V], drawn [..., n] -> [..., V]
+    """q with the ``drawn`` tokens' mass removed, renormalised (the law of the next draw without replacement)."""
+    left = q.scatter(-1, drawn, 0.0)
+    total = left.sum(-1, keepdim=True)
+    return torch.where(total > 0, left / total.clamp(min=torch.finfo(q.dtype).tiny), q)
+
+
+@register("eagle")
+class EagleDrafter(Drafter):
+    """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree."""
+
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "eagle"
+        k: int = 16  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
+        path: str = DEFAULT_EAGLE  # "default" (shipped for SmolLM2-135M-Instruct) or an EAGLE-3 drafter directory
+        tree: bool = True  # an EAGLE-2 tree of k nodes; false = a chain of k drafts
+        depth: int = 6  # tree levels drafted
+        top_k: int = 4  # children drafted per expanded node
+        expand: int = 4  # nodes expanded per level (the most confident)
+        # tree children at temperature > 0: null = draws without replacement there (fixed top-k when greedy);
+        # false = always the fixed top-k tokens (one-hot q)
+        sampled: Optional[bool] = None
+        lookup: int = 0  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
+
+    def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
+                 sampled: bool | None = None, lookup: int = 0):
+        for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
+        if model.embed_weight is None:
+            raise ValueError("the EAGLE model needs the target's input embeddings: call model.attach(embed_weight)")
+        self.model = model.eval()
+        self.tree, self.depth, self.top_k, self.expand = k_tree, depth, top_k, min(expand, top_k)
+        self.sampled, self.lookup = sampled, lookup
+        self.feature_layers = tuple(model.cfg.aux_layers)
+        self.token_ids = model.token_ids  # [Dv]
+        self.trees = TreeCache(1024)
+        self.cache = None
+        self._drafted = 0
+        self.forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None) -> "EagleDrafter":
+        from specdec.models import as_decoder
+
+        decoder = as_decoder(target)
+        path = default_eagle_path() if cfg.path in (None, "", DEFAULT_EAGLE) else Path(cfg.path).expanduser()
+        model = load_eagle(path, target_config=decoder.config)
+        embed = decoder.embed_tokens.weight if hasattr(decoder, "embed_tokens") else target.get_input_embeddings().weight
+        model.to(device=embed.device, dtype=embed.dtype).attach(embed)
+        log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
+                 model.cfg.draft_vocab_size)
+        return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
+                   lookup=cfg.lookup)
+
+    # ---- one generation -------------------------------------------------------------------------------
+
+    def start(self, state: DecodeState) -> None:
+        cfg = self.model.cfg
+        if state.vocab_size != cfg.vocab_size:
+            raise VocabMismatchError(f"the EAGLE drafter was trained for a vocabulary of {cfg.vocab_size} tokens, the "
+                                     f"target has {state.vocab_size}; train one for this target")
+        width = len(cfg.aux_layers) * cfg.target_hidden_size
+        if state.features is None or state.features.shape[-1] != width:
+            got = None if state.features is None else state.features.shape[-1]
+            raise ValueError(f"the EAGLE drafter reads {width} target features per position (layers "
+                             f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
+        margin = 2 * (self.depth * self.expand + state.features.shape[1] + 8)
+        self.cache = self.model.new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+
+    def reset(self) -> None:
+        self.cache = None
+
+    @torch.no_grad()
+    def catch_up(self, state: DecodeState) -> torch.Tensor:  # -> [B, H]: the draft layer at the newest position
+        """Feed the positions committed since the last step (their features and the tokens that followed
+        them) into the draft cache and commit them."""
+        cache, feats = self.cache, state.features
+        t = feats.shape[1]
+        base = cache.lengths.clone()
+        slots = (base[:, None] + 1 + torch.arange(t, device=base.device)).clamp_(max=state.capacity - 1)
+        tokens = state.seq.gather(1, slots)  # [B, T]: the token after each position
+        kv_len = state.max_seq_len + t
+        positions = cache.positions(torch.arange(t, device=base.device)).clamp_(min=0)
+        out = self.model.step(self.model.fuse(feats), tokens, cache, cache.attention_mask(t, kv_len), positions, kv_len)
+        count = (state.seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
+        cache.commit(count)
+        self.forwards += 1
+        rows = torch.arange(out.shape[0], device=out.device)
+        return out[rows, (count - 1).clamp(min=0)]
+
+    def draft_probs(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:  # [B, n, Dv] -> [B, n, Dv]
+        """The draft distribution q after the target's temperature/top-k/top-p (over the draft vocabulary:
+        tokens outside it have q = 0, as the full-vocabulary q reported to the verifier says)."""
+        p = state.sampling
+        if self.token_ids.numel() == state.vocab_size or (p.top_k == 0 and p.top_p >= 1.0):
+            return logits_to_probs(logits, p.temperature, p.top_k, p.top_p)
+        full = logits.new_full((*logits.shape[:-1], state.vocab_size), float("-inf"))
+        full[..., self.token_ids] = logits
+        return logits_to_probs(full, p.temperature, p.top_k, p.top_p)[..., self.token_ids]
+
+    def full_vocab(self, q: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [B, n, Dv] -> [B, n, V]
+        return q.new_zeros(*q.shape[:-1], vocab_size).index_copy_(-1, self.token_ids, q)
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        hidden = self.catch_up(state)  # [B, H]
+        committed = self.cache.lengths.clone()
+        self._drafted = 0  # draft entries written past ``committed`` this step
+        try:
+            if self.tree:
+                return self.propose_tree(state, hidden, k)
+            return self.propose_chain(state, hidden, k)
+        finally:
+            self.cache.rollback_to(committed)  # the drafts' entries are forgotten; catch_up rewrites them
+
+    def _one(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft entries for tokens at ``level`` past the newest committed position: hidden [B, n, H], tokens
+        [B, n] -> [B, n, H]. Written after the cache's (temporarily) committed entries and committed too
+        (``propose`` rolls them back); ``mask`` [B, 1, n, S] (None: causal, for a chain)."""
+        n = tokens.shape[1]
+        cache = self.cache
+        kv_len = min(state.max_seq_len + self._drafted + n + 1, cache.capacity)
+        first = cache.lengths - self._drafted - cache.pad  # [B] position of the first draft entry
+        positions = (first + level)[:, None].expand(-1, n)
+        out = self.model.step(hidden, tokens, cache, cache.attention_mask(n, kv_len) if mask is None else mask,
+                              positions, kv_len)
+        cache.commit(torch.full_like(cache.lengths, n))
+        self._drafted += n
+        self.forwards += 1
+        return out
+
+    def propose_chain(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
+        greedy = state.sampling.greedy
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.model.logits(hidden)  # [B, Dv]
+            if greedy:
+                index = logits.argmax(-1)
+            else:
+                q = self.draft_probs(logits[:, None], state)[:, 0]  # [B, Dv]
+                index = sample(q, state.generator)
+                probs.append(q)
+            tokens.append(self.token_ids[index])
+            if i + 1 < k:
+                hidden = self._one(hidden[:, None], tokens[-1][:, None], state, i)[:, 0]
+        drafts = torch.stack(tokens, 1)
+        return Proposal(tokens=drafts, num_proposed=[k] * drafts.shape[0],
+                        probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
+
+    def propose_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
+        sampled = (not state.sampling.greedy) if self.sampled is None else (self.sampled and not state.sampling.greedy)
+        if sampled and self.lookup:
+            raise ValueError("drafter.lookup adds fixed candidates to a tree of sampled ones; set drafter.sampled=false "
+                             "or drafter.lookup=0")
+        tree = _Growth(self, state, sampled)
+        tree.grow(hidden, k - self.lookup)
+        tokens, parents, probs = tree.select(k - self.lookup)
+        filler = [0] * tokens.shape[0]
+        if self.lookup:
+            found = continuations(state.tokens, state.active, self.lookup)
+            tokens, merged, filler = add_branch(tokens, parents, found, [row[-1] for row in state.tokens])
+            parents = merged
+        if not parents:
+            return Proposal(tokens=tokens[:, :0], num_proposed=[0] * tokens.shape[0])
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler],
+                        probs=None if probs is None else self.full_vocab(probs, state.vocab_size),
+                        tree=self.trees.get(tuple(parents), tokens.device))
+
+
+class _Growth:
+    """One step's EAGLE-2 tree, grown level by level (see the module docstring). Candidates are kept in
+    draw order: for each, its draft-vocabulary index [B], path log-confidence [B], parent candidate (-1 =
+    the root), level (0 = the root's children) and, in a sampled tree, the q [B, Dv] it was drawn from."""
+
+    def __init__(self, drafter: EagleDrafter, state: DecodeState, sampled: bool):
+        self.d, self.state, self.sampled = drafter, state, sampled
+        self.index: list[torch.Tensor] = []
+        self.logp: list[torch.Tensor] = []
+        self.parent: list[int] = []
+        self.level: list[int] = []
+        self.q: list[torch.Tensor] = []
+        self.entry: dict[int, int] = {}  # expanded candidate -> its entry's offset past the committed cache
+        self.output: dict[int, torch.Tensor] = {}  # expanded candidate -> the draft layer's output there [B, H]
+
+    def children(self, hidden: torch.Tensor, parents: list[int], level: int) -> None:
+        """Draft ``top_k`` children of each of ``parents`` (candidates; -1 = the root) from the draft layer's
+        outputs ``hidden`` [B, P, H] at those parents."""
+        d = self.d
+        logits = d.model.logits(hidden)  # [B, P, Dv]
+        base = [torch.zeros_like(logits[:, 0, 0]) if p < 0 else self.logp[p] for p in parents]
+        if self.sampled:
+            q = d.draft_probs(logits, self.state)  # [B, P, Dv]
+            logq = q.clamp(min=1e-30).log()
+            for j, p in enumerate(parents):
+                law, drawn = q[:, j], []
+                for _ in range(d.top_k):
+                    x = sample(law, self.state.generator)  # [B]
+                    self._add(x, base[j] + logq[:, j].gather(1, x[:, None])[:, 0], p, level, law)
+                    drawn.append(x)
+                    law = _without(q[:, j], torch.stack(drawn, 1))
+            return
+        top = logits.log_softmax(-1).topk(d.top_k, dim=-1)  # [B, P, top_k]
+        for j, p in enumerate(parents):
+            for r in range(d.top_k):
+                self._add(top.indices[:, j, r], base[j] + top.values[:, j, r], p, level, None)
+
+    def _add(self, index: torch.Tensor, logp: torch.Tensor, parent: int, level: int, q: torch.Tensor | None) -> None:
+        self.index.append(index)
+        self.logp.append(logp)
+        self.parent.append(parent)
+        self.level.append(level)
+        if q is not None:
+            self.q.append(q)
+
+    def grow(self, hidden: torch.Tensor, k: int) -> None:  # hidden [B, H] at the newest committed position
+        d = self.d
+        self.children(hidden[:, None], [-1], 0)
+        levels = self.levels_fitting(k) if self.sampled else d.depth
+        for level in range(1, min(d.depth, levels)):
+            frontier = [i for i, lv in enumerate(self.level) if lv == level - 1]
+            confidence = torch.stack([self.logp[i] for i in frontier], 1).exp().mean(0)  # [n]: over the rows
+            chosen = sorted(frontier[i] for i in confidence.topk(min(d.expand, len(frontier))).indices.tolist())
+            tokens = d.token_ids[torch.stack([self.index[i] for i in chosen], 1)]  # [B, E]
+            inputs = torch.stack([hidden if self.parent[i] < 0 else self.output[self.parent[i]] for i in chosen], 1)
+            mask = self.mask(chosen)
+            for j, i in enumerate(chosen):
+                self.entry[i] = d._drafted + j
+            out = d._one(inputs, tokens, self.state, level - 1, mask=mask)  # [B, E, H]
+            for j, i in enumerate(chosen):
+                self.output[i] = out[:, j]
+            self.children(out, chosen, level)
+
+    def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [B, 1, E, S]
+        """Expanded candidates attend to the committed entries, their ancestors' entries and themselves."""
+        d, cache = self.d, self.d.cache
+        n, device = len(chosen), cache.lengths.device
+        kv_len = min(self.state.max_seq_len + d._drafted + n + 1, cache.capacity)
+        start = cache.lengths - d._drafted  # [B]: the first draft entry's slot
+        slot = torch.arange(kv_len, device=device)
+        allowed = ((slot[None] >= cache.pad[:, None]) & (slot[None] < start[:, None]))[:, None, :].repeat(1, n, 1)
+        for j, i in enumerate(chosen):
+            offsets, a = [d._drafted + j], self.parent[i]  # itself, then its ancestors
+            while a >= 0:
+                offsets.append(self.entry[a])
+                a = self.parent[a]
+            allowed[:, j].scatter_(1, start[:, None] + torch.tensor(offsets, device=device)[None], True)
+        return allowed[:, None]
+
+    def levels_fitting(self, k: int) -> int:
+        """Sampled trees: how many whole levels fit in k nodes (at least one)."""
+        d, count, levels = self.d, 0, 0
+        for size in [d.top_k] + [d.top_k * d.expand] * (d.depth - 1):
+            if count + size > k and levels:
+                break
+            count += size
+            levels += 1
+        return levels
+
+    def select(self, k: int) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor | None]:
+        """The tree verified: tokens [B, N] (target ids), parents (node indices, -1 = the root), q [B, N, Dv]
+        (sampled trees) or None. Fixed candidates: the k most confident (EAGLE-2's rerank; a child is never
+        more confident than its parent, so parents come along). Sampled: every candidate drawn."""
+        n = len(self.index)
+        if self.sampled:
+            keep = [i for i in range(n) if self.level[i] < self.levels_fitting(k)]
+        else:
+            confidence = torch.stack(self.logp, 1).exp().mean(0).tolist()  # [n]
+            best = sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
+            keep, kept = [], {-1}
+            for i in sorted(best, key=lambda i: (self.level[i], i)):
+                if self.parent[i] in kept:  # always, but for float ties between a parent and its child
+                    keep.append(i)
+                    kept.add(i)
+        position = {i: j for j, i in enumerate(keep)}
+        parents = tuple(position[self.parent[i]] if self.parent[i] >= 0 else -1 for i in keep)
+        tokens = self.d.token_ids[torch.stack([self.index[i] for i in keep], 1)]
+        probs = torch.stack([self.q[i] for i in keep], 1) if self.sampled else None
+        return tokens, parents, probs

@@ -1,0 +1,351 @@
+"""The EAGLE-3 draft model (Li et al. 2025) and its checkpoint formats.
+
+One decoder layer over the target's features. At position t its input is the token x_{t+1}'s embedding
+(the target's, shared and frozen) beside a hidden state: the target's hidden states at a low, a middle and
+a high layer, concatenated and fused by ``fc`` (positions the target has processed), or the draft layer's
+own output at t-1 (positions it drafted itself). The two are normed separately and concatenated (2H) into
+q/k/v; the residual is the hidden state. Then the usual Llama MLP, a final norm, and an LM head over a
+*draft vocabulary* (the Dv tokens most frequent in the training data; ``d2t`` maps them to target ids).
+
+Parameter names are those of the ``speculators`` format that vLLM and SGLang serve
+(``../shared/VLLM_INTEROP.md``): a trained drafter is written as ``config.json`` + ``model.safetensors``
+(:func:`save_eagle`) and loads there as is; :func:`load_eagle` reads that format and the original EAGLE
+repository's (``midlayer.*`` weights, a flat Llama config).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from specdec.cache import KVCache
+from specdec.errors import CheckpointError
+from specdec.io import read_tensors, write_json
+from specdec.models.llama import _linear, _rotate_half
+
+DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
+SPECULATORS_VERSION = "0.9.0"
+
+
+def default_eagle_path() -> Path:
+    """The EAGLE drafter shipped inside the package for the default target (``drafter.path=default``)."""
+    return Path(str(resources.files("specdec") / "assets" / "eagle" / "smollm2-135m"))
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's (and vLLM's) default feature layers for a target of ``num_layers``: low, middle, high."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int  # the draft layer's (= the target's: the embeddings are shared)
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int  # rows of the draft LM head
+    aux_layers: tuple[int, ...]  # target layers read (ids as CompactLlama's ``capture``)
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int = 8192
+    target: str = ""  # what it was trained for (informational)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the target's layer count, for checks
+
+    @classmethod
+    def for_target(cls, config: Any, draft_vocab_size: int | None = None,
+                   aux_layers: tuple[int, ...] | None = None, target: str = "") -> "EagleConfig":
+        """A draft layer shaped like one of ``config``'s (a transformers Llama-family config)."""
+        heads = config.num_attention_heads
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
+        return cls(config.hidden_size, config.intermediate_size, heads, config.num_key_value_heads,
+                   getattr(config, "head_dim", None) or config.hidden_size // heads, config.vocab_size,
+                   draft_vocab_size or config.vocab_size,
+                   tuple(aux_layers or default_aux_layers(config.num_hidden_layers)), config.hidden_size,
+                   float(config.rms_norm_eps), float(theta), int(config.max_position_embeddings), target,
+                   {"target_num_layers": int(config.num_hidden_layers)})
+
+
+class EagleLayer(nn.Module):
+    """The draft decoder layer: q/k/v read [norm(embedding); norm(hidden)] (2H), the residual is the hidden."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, cfg.num_heads * cfg.head_dim, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.self_attn.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, h, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.input_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.hidden_norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+    def project(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [B, T, H] x2 -> q [B, Hq, T, D], k, v
+        b, t, _ = hidden.shape
+        heads, kv_heads, dim = self.shape
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)  # [B, T, 2H]
+        attn = self.self_attn
+        q = _linear(x, attn.q_proj).view(b, t, heads, dim).transpose(1, 2)
+        k = _linear(x, attn.k_proj).view(b, t, kv_heads, dim).transpose(1, 2)
+        v = _linear(x, attn.v_proj).view(b, t, kv_heads, dim).transpose(1, 2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:  # [B, T, H], [B, Hq, T, D]
+        b, _, t, _ = attended.shape
+        x = hidden + _linear(attended.transpose(1, 2).reshape(b, t, -1), self.self_attn.o_proj)
+        h = self.post_attention_layernorm(x)
+        mlp = self.mlp
+        return x + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+
+
+class EagleModel(nn.Module):
+    """``fc`` + one :class:`EagleLayer` + ``norm`` + the draft ``lm_head``; the target's input embeddings
+    are attached (:meth:`attach`), not owned. See the module docstring."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([EagleLayer(cfg)])
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        # target id of draft index i is i + d2t[i] (the speculators offset table); all zero = the full vocabulary
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
+
+    def attach(self, embed_weight: torch.Tensor) -> "EagleModel":
+        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here)."""
+        if tuple(embed_weight.shape) != (self.cfg.vocab_size, self.cfg.hidden_size):
+            raise ValueError(f"the target's embeddings are {list(embed_weight.shape)}, the EAGLE drafter expects "
+                             f"[{self.cfg.vocab_size}, {self.cfg.hidden_size}]")
+        self.embed_weight = embed_weight.detach()
+        return self
+
+    def set_token_ids(self, token_ids: torch.Tensor | None) -> None:
+        """The draft vocabulary: target ids [Dv] ascending (None = the full vocabulary)."""
+        if token_ids is None:
+            self.d2t.zero_()
+        else:
+            self.d2t.copy_(token_ids.to(self.d2t) - torch.arange(token_ids.numel(), device=self.d2t.device))
+
+    @property
+    def token_ids(self) -> torch.Tensor:  # [Dv] long: the target id of each draft index
+        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+
+    @property
+    def layer(self) -> EagleLayer:
+        return self.layers[0]
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding)."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat([freqs, freqs], -1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
+        return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
+        return _linear(features.to(self.fc.weight.dtype), self.fc)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
+        return _linear(self.norm(hidden), self.lm_head).float()
+
+    def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, mask: torch.Tensor,
+             positions: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+        """T new entries per row on the draft cache (written uncommitted): hidden [B, T, H] (fused features
+        or the layer's own outputs), tokens [B, T], mask [B, 1, T, S], positions [B, T] -> outputs [B, T, H]."""
+        cos, sin = self.rope(positions, hidden.dtype)
+        q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin)
+        keys, values = cache.write(0, k, v, kv_len)
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[..., : keys.shape[2]],
+                                                  enable_gqa=True)
+        return self.layer.finish(hidden, attended)
+
+    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
+        cfg = self.cfg
+        return KVCache.allocate(1, batch_size, cfg.num_kv_heads, capacity, cfg.head_dim, pad,
+                                dtype=self.fc.weight.dtype, device=self.fc.weight.device)
+
+
+# ---- checkpoint formats ---------------------------------------------------------------------------------
+
+def speculators_config(cfg: EagleConfig, verifier: str = "", speculative_tokens: int = 3) -> dict[str, Any]:
+    """``config.json`` of the speculators format (keys vLLM reads; ``norm_before_residual`` written out)."""
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layers),
+        "transformer_layer_config": {
+            "model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": 1, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_positions,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}, "rope_theta": cfg.rope_theta,
+            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        },
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "specdec": {"target": cfg.target, **cfg.extra},
+    }
+
+
+def save_eagle(directory: str | Path, model: EagleModel, *, verifier: str = "", dtype: torch.dtype | None = None,
+               extra: dict[str, Any] | None = None) -> None:
+    """Write ``model`` in the speculators format: ``config.json`` + ``model.safetensors`` (atomically each).
+    ``dtype`` (e.g. torch.float16) stores the weights in it; ``d2t`` (and ``t2d``) only for a draft vocabulary."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().cpu().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
+               for name, t in model.state_dict().items() if name != "d2t"}
+    cfg = model.cfg
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        tensors["d2t"] = model.d2t.detach().cpu().contiguous()
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[model.token_ids.cpu()] = True
+        tensors["t2d"] = t2d
+    tmp = directory / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(directory / "model.safetensors")
+    config = speculators_config(cfg, verifier)
+    config["specdec"].update(extra or {})
+    write_json(directory / "config.json", config)
+
+
+_HINT = ("point drafter.path at a directory holding config.json + model.safetensors of an EAGLE-3 drafter "
+         "(speculators or EAGLE format), e.g. one written by `python -m specdec.train method=eagle`, or use "
+         f"drafter.path={DEFAULT_EAGLE} for the default target's")
+
+
+def _config_from_json(raw: dict[str, Any], path: Path) -> tuple[EagleConfig, str]:
+    """(config, weight-name prefix of the draft layer) of a speculators or EAGLE-repository config.json."""
+    if raw.get("speculators_model_type") is not None:
+        if raw["speculators_model_type"] != "eagle3":
+            raise CheckpointError(f"{str(path)!r} holds a {raw['speculators_model_type']!r} speculator; specdec reads "
+                                  f"eagle3 only; {_HINT}")
+        layer, prefix = raw.get("transformer_layer_config") or {}, "layers.0."
+        aux = raw.get("eagle_aux_hidden_state_layer_ids")
+        if raw.get("norm_before_residual", True) or raw.get("norm_before_fc") or raw.get("fc_norm"):
+            raise CheckpointError(f"{str(path)!r} uses norm_before_residual/norm_before_fc/fc_norm (or leaves "
+                                  f"norm_before_residual unset, which means true); specdec implements the plain "
+                                  f"EAGLE-3 layer only; {_HINT}")
+    elif any("Eagle3" in a for a in raw.get("architectures", [])):
+        layer, prefix = raw, "midlayer."
+        aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or raw.get(
+            "eagle_aux_hidden_state_layer_ids")
+        if raw.get("norm_before_residual", False):
+            raise CheckpointError(f"{str(path)!r} sets norm_before_residual; specdec implements the plain EAGLE-3 "
+                                  f"layer only; {_HINT}")
+    else:
+        raise CheckpointError(f"{str(path)!r} is not an EAGLE-3 drafter config (no speculators_model_type, no "
+                              f"Eagle3 architecture); {_HINT}")
+    if int(layer.get("num_hidden_layers", 1)) != 1:
+        raise CheckpointError(f"{str(path)!r} has {layer['num_hidden_layers']} draft layers; specdec runs one; {_HINT}")
+    try:
+        heads = int(layer["num_attention_heads"])
+        hidden = int(layer["hidden_size"])
+        rope = layer.get("rope_parameters") or {}
+        extra = dict(raw.get("specdec") or {})
+        target = str(extra.pop("target", ""))
+        cfg = EagleConfig(hidden, int(layer["intermediate_size"]), heads, int(layer.get("num_key_value_heads", heads)),
+                          int(layer.get("head_dim") or hidden // heads), int(layer["vocab_size"]),
+                          int(raw.get("draft_vocab_size") or layer["vocab_size"]), (),
+                          int(raw.get("target_hidden_size") or hidden), float(layer.get("rms_norm_eps", 1e-5)),
+                          float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),
+                          int(layer.get("max_position_embeddings", 8192)), target, extra)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{str(path)!r}: a field of the draft layer's config is missing or malformed "
+                              f"({err!r}); {_HINT}") from None
+    cfg.aux_layers = tuple(int(a) for a in aux) if aux else ()
+    return cfg, prefix
+
+
+def load_eagle(path: str | Path, *, target_config: Any | None = None) -> EagleModel:
+    """An EAGLE-3 drafter from a directory (speculators or EAGLE-repository format), in float32.
+
+    ``target_config`` (the target's transformers config) fills the feature layers when the file leaves them
+    to the default, and is checked against: a drafter trained for another target (hidden size, vocabulary,
+    layer count) raises :class:`~specdec.errors.CheckpointError` naming both."""
+    path = Path(path).expanduser()
+    directory = path.parent if path.is_file() else path
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"no EAGLE drafter at {str(path)!r} (no config.json there); {_HINT}")
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{str(directory / 'config.json')!r} is not readable JSON ({err}); {_HINT}") from None
+    cfg, prefix = _config_from_json(raw, directory)
+    if target_config is not None:
+        _check_target(cfg, target_config, directory)
+    weights = directory / "model.safetensors"
+    tensors = read_tensors(weights, what="EAGLE drafter weights", hint=_HINT)
+    tensors = {("layers.0." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    model = EagleModel(cfg)
+    state = model.state_dict()
+    if "lm_head.weight" not in tensors:
+        raise CheckpointError(f"{str(weights)!r} has no lm_head.weight (a drafter sharing the target's LM head); "
+                              f"specdec needs the drafter's own; {_HINT}")
+    d2t = tensors.pop("d2t", None)
+    tensors.pop("t2d", None)
+    tensors.pop("embed_tokens.weight", None)  # the target's embeddings are used (same hidden size)
+    missing = sorted(set(state) - set(tensors) - {"d2t"})
+    unexpected = sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise CheckpointError(f"{str(weights)!r} does not match an EAGLE-3 layer of its config: missing "
+                              f"{missing[:6]}, unexpected {unexpected[:6]}; {_HINT}")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise CheckpointError(f"{str(weights)!r}: {name} has shape {list(tensor.shape)}, its config implies "
+                                  f"{list(state[name].shape)}; {_HINT}")
+        state[name] = tensor.float()
+    if d2t is not None:
+        state["d2t"] = d2t.long()
+    model.load_state_dict(state)
+    return model
+
+
+def _check_target(cfg: EagleConfig, target_config: Any, directory: Path) -> None:
+    layers = int(target_config.num_hidden_layers)
+    if not cfg.aux_layers:
+        cfg.aux_layers = default_aux_layers(layers)
+    mine = (cfg.target_hidden_size, cfg.vocab_size, cfg.extra.get("target_num_layers", layers))
+    theirs = (int(target_config.hidden_size), int(target_config.vocab_size), layers)
+    if mine != theirs or max(cfg.aux_layers) > layers or cfg.hidden_size != theirs[0]:
+        raise CheckpointError(
+            f"the EAGLE drafter at {str(directory)!r} was trained for a target with hidden size {mine[0]}, vocabulary "
+            f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
+            f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
+            f"{theirs[2]} layers; train one for it with `python -m specdec.train method=eagle target=<this target>`")
+
+
+def config_dict(cfg: EagleConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,120 @@
+"""EAGLE-3 (Li et al. 2025) as a training method: one draft layer over the frozen target's features.
+
+The data are the target's own answers (self-distillation, the chat template applied as at decode time)
+with the target's feature layers and final hidden states at every position, prompt included
+(:class:`~specdec.training.distill.store.DataNeeds` ``context``). Examples are chunks of packed sequences;
+the loss is the training-time test against the target's distribution (:mod:`.objective`). Held-out
+figures: the greedy chain's expected τ and per-depth acceptance replayed on the target's answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from specdec.drafters.eagle.model import EagleConfig, EagleModel, save_eagle
+from specdec.training.distill.store import DataNeeds, Split
+from specdec.training.distill.vocab import draft_vocabulary
+from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
+from specdec.training.methods.eagle.objective import chain_matches, chain_tau, eagle_loss, pack, sequence_pairs
+
+
+@dataclass
+class EagleMethodConfig(MethodConfig):
+    name: str = "eagle"
+    # target layers read (ids: residual stream after k layers); EAGLE-3's (2, L/2, L-3) for the 30-layer default
+    aux_layers: list[int] = field(default_factory=lambda: [2, 15, 27])
+    draft_vocab: Optional[int] = 8192  # the N most frequent training tokens (FR-Spec); null = all
+    ttt_steps: int = 4  # training-time test: steps the draft layer is unrolled on its own outputs
+    step_decay: float = 0.8  # loss weight of step i
+    chunk_len: int = 256  # positions per example (sequences packed)
+    init_from_target: bool = True  # the draft LM head and final norm start as the target's
+    eval_depth: int = 6  # chain length replayed on held-out answers
+
+
+@register_method("eagle")
+class EagleMethod(TrainMethod):
+    Config = EagleMethodConfig
+    weights_file = "model.safetensors"  # beside it config.json: a speculators-format directory
+    description = "EAGLE-3 draft layer over the target's low/middle/high features, trained with the training-time test"
+    reference = ("EAGLE-3 (Li et al. 2025): τ 6.1-6.7 on 7-13B targets (chat, T=0); published EAGLE-3 drafters for "
+                 "Qwen3-1.7B/4B: τ ~2.1-2.2")
+
+    def __init__(self, cfg: EagleMethodConfig):
+        super().__init__(cfg)
+        for name in ("ttt_steps", "chunk_len", "eval_depth"):
+            if getattr(cfg, name) < 1:
+                raise ValueError(f"method.{name} must be >= 1, got {getattr(cfg, name)}")
+
+    def needs(self) -> DataNeeds:
+        return DataNeeds(layers=tuple(self.cfg.aux_layers), context=True)
+
+    def run_config(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self.cfg).items() if k != "eval_depth"}
+
+    def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> EagleModel:
+        cfg, train = self.cfg, splits["train"]
+        layers = target.config.num_hidden_layers
+        if max(cfg.aux_layers) >= layers or min(cfg.aux_layers) < 0:
+            raise ValueError(f"method.aux_layers={list(cfg.aux_layers)} must lie in [0, {layers - 1}] for this "
+                             f"{layers}-layer target")
+        full_lm_head = target.get_output_embeddings().weight.detach().to(device)  # [V, H], frozen
+        vocab = full_lm_head.shape[0]
+        self.token_ids = draft_vocabulary(torch.cat([train.context, train.tokens]), vocab, cfg.draft_vocab)
+        ids = torch.arange(vocab) if self.token_ids is None else self.token_ids
+        config = EagleConfig.for_target(target.config, ids.numel(), tuple(cfg.aux_layers), target=str(
+            getattr(target.config, "_name_or_path", "")))
+        model = EagleModel(config)
+        model.set_token_ids(self.token_ids)
+        self.lm_head_rows = full_lm_head[ids.to(device)]  # [Dv, H]: the target's, for its distribution
+        if cfg.init_from_target:
+            with torch.no_grad():
+                model.lm_head.weight.copy_(self.lm_head_rows)
+                model.norm.weight.copy_(target.model.norm.weight)
+        model.to(device).attach(target.get_input_embeddings().weight.detach().to(device))
+        self.examples = pack(sequence_pairs(train), cfg.chunk_len)
+        self.device = device
+        return model
+
+    def num_examples(self) -> int:
+        return len(self.examples)
+
+    def summary(self) -> dict[str, Any]:
+        return {"train_chunks": len(self.examples), "train_positions": int((self.examples.segment >= 0).sum()),
+                "draft_vocab_size": int(self.lm_head_rows.shape[0])}
+
+    def loss(self, model: torch.nn.Module, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = self.examples.rows(idx, self.device)
+        eagle = model.module if hasattr(model, "module") else model
+        loss, per_step, agree = eagle_loss(eagle, batch, self.lm_head_rows, self.cfg.ttt_steps, self.cfg.step_decay)
+        return loss, {**{f"ce{i}": x for i, x in enumerate(per_step)}, **{f"top1_{i}": x for i, x in enumerate(agree)}}
+
+    @torch.no_grad()
+    def evaluate(self, model: EagleModel, splits: dict[str, Split]) -> dict[str, Any]:
+        evals = {}
+        for name in sorted(set(splits) - {"train"}):
+            packed = pack(sequence_pairs(splits[name]), self.cfg.chunk_len)
+            matches, counted = [], []
+            for start in range(0, len(packed), 16):
+                batch = packed.rows(torch.arange(start, min(start + 16, len(packed))), self.device)
+                m, c = chain_matches(model, batch, self.cfg.eval_depth)
+                matches.append(m.cpu())
+                counted.append(c.cpu())
+            evals[name] = chain_tau(torch.cat(matches), torch.cat(counted))
+        return {"eval": evals}
+
+    def score(self, metrics: dict[str, Any]) -> float:
+        return metrics["eval"]["val"]["tau_chain"][-1]
+
+    def log_values(self, metrics: dict[str, Any]) -> dict[str, float]:
+        return {f"{n}/tau_chain{len(e['tau_chain'])}": e["tau_chain"][-1] for n, e in metrics["eval"].items()} | {
+            f"{n}/alpha{j + 1}": a for n, e in metrics["eval"].items() for j, a in enumerate(e["alpha"])}
+
+    def save(self, model: EagleModel, path: Path, target_name: str, metrics: dict[str, Any],
+             dtype: torch.dtype | None = None) -> None:
+        eagle = model.module if hasattr(model, "module") else model
+        save_eagle(Path(path).parent, eagle, verifier=target_name, dtype=dtype,
+                   extra={"held_out": metrics.get("eval", {})})

@@ -1,0 +1,181 @@
+"""The EAGLE drafter: the draft layer at decode time is the one trained (training-time test == decode),
+greedy output equals plain decoding (chain and tree, batch > 1), checkpoints round-trip in the speculators
+and EAGLE formats, a drafter for another target is refused, and training runs end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import tiny_llama
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
+from specdec.drafters.eagle.drafter import _without
+from specdec.errors import CheckpointError
+from specdec.training.methods.eagle.objective import Packed, chain_matches, pack, ttt_mask, unroll
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(layers=4, seed=0)
+
+
+def random_eagle(target, draft_vocab=None, seed=0, aux=(1, 2, 3)) -> EagleModel:
+    model = EagleModel(EagleConfig.for_target(target.config, draft_vocab, aux))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    if draft_vocab:
+        model.set_token_ids(torch.randperm(target.config.vocab_size, generator=gen)[:draft_vocab].sort().values)
+    return model.attach(target.get_input_embeddings().weight)
+
+
+PROMPTS = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
+MASK = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+
+
+@pytest.mark.parametrize("options", [dict(k_tree=False), dict(k_tree=True), dict(k_tree=True, depth=3, top_k=2, expand=1),
+                                     dict(k_tree=True, lookup=3)])
+def test_greedy_output_equals_plain_decoding(target, options):
+    ref = autoregressive_generate(target, PROMPTS, max_new_tokens=24, attention_mask=MASK, eos_token_id=[])
+    drafter = EagleDrafter(random_eagle(target, draft_vocab=40), **options)
+    out = speculative_generate(target, drafter, PROMPTS, k=7, max_new_tokens=24, attention_mask=MASK, eos_token_id=[])
+    assert out.sequences == ref.sequences
+    one = speculative_generate(target, drafter, PROMPTS[:1], k=7, max_new_tokens=24, eos_token_id=[])
+    assert one.sequences == ref.sequences[:1]
+
+
+def test_decode_drafts_are_the_training_time_test(target):
+    """A greedy chain at decode time drafts what the training-time test's unroll predicts on the same text:
+    same features, positions and attention (entries of earlier drafts included)."""
+    torch.manual_seed(0)
+    model = random_eagle(target, seed=3)
+    prompt = torch.tensor([[3, 9, 4, 12, 7, 5, 2, 11, 6]])
+    depth = 4
+    drafter = EagleDrafter(model, k_tree=False)
+    captured = []
+
+    class Spy(EagleDrafter):
+        def propose(self, state, k):
+            proposal = super().propose(state, k)
+            captured.append((state.tokens[0][:], proposal.tokens[0].tolist()))
+            return proposal
+
+    spy = Spy(model, k_tree=False)
+    out = speculative_generate(target, spy, prompt, k=depth, max_new_tokens=12, eos_token_id=[])
+    assert captured and drafter is not None
+    text = captured[-1][0]  # the committed text at the last step; replay drafting from its end
+    ids = torch.tensor([text])
+    with torch.no_grad():
+        _, _, feats = __import__("specdec.models", fromlist=["as_decoder"]).as_decoder(target)(
+            ids, target_cache(target, ids.shape[1]), capture=model.cfg.aux_layers)
+    n = len(text) - 1  # pairs (F_t, x_{t+1}) for t < n; the chain starts from the last one, then its own drafts
+    drafts = captured[-1][1]
+    tokens = torch.tensor(text[1:] + drafts[:-1])[None]  # x_{t+1}, then the drafts fed back
+    m = tokens.shape[1]
+    batch = Packed(torch.cat([feats[:, :n], torch.zeros(1, m - n, feats.shape[-1])], 1), tokens,
+                   torch.full((1, m), -1), torch.zeros(1, m, 1), torch.arange(m)[None], torch.zeros(1, m, dtype=torch.long),
+                   torch.zeros(1, m, dtype=torch.bool))
+    outs = unroll(model, batch, depth)
+    replay = [int(model.token_ids[model.logits(outs[j][0, n - 1 + j]).argmax()]) for j in range(depth)]
+    assert replay == drafts
+    assert len(out.sequences[0]) == 12
+
+
+def target_cache(target, n):
+    from specdec.models import as_decoder
+
+    return as_decoder(target).new_cache(1, n + 1, torch.zeros(1, dtype=torch.long))
+
+
+def test_ttt_mask_sees_committed_then_own_drafts():
+    seg = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    m = ttt_mask(seg, 2)[0, 0]  # [6, 18]
+    # query at position 3, step 2: committed step-0 entries at positions <= 1, step-1 entry at 2, itself
+    assert m[3, :6].tolist() == [True, True, False, False, False, False]
+    assert m[3, 6:12].tolist() == [False, False, True, False, False, False]
+    assert m[3, 12:].tolist() == [False, False, False, True, False, False]
+    assert not m[4, :6].any() and m[4, 12 + 4]  # a new sequence: nothing committed before it, itself only
+
+
+def test_without_replacement_law():
+    q = torch.tensor([[0.5, 0.3, 0.2]])
+    assert torch.allclose(_without(q, torch.tensor([[0]])), torch.tensor([[0.0, 0.6, 0.4]]))
+
+
+def test_speculators_round_trip_and_eagle_format(target, tmp_path):
+    model = random_eagle(target, draft_vocab=40)
+    save_eagle(tmp_path / "spec", model, verifier="tiny")
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    tensors = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * target.config.hidden_size
+    back = load_eagle(tmp_path / "spec", target_config=target.config).attach(target.get_input_embeddings().weight)
+    assert torch.equal(back.token_ids, model.token_ids)
+    for (name, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert torch.equal(a, b), name
+    # the EAGLE repository's layout: a flat Llama config, midlayer.* weights
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    layer = config["transformer_layer_config"]
+    (legacy / "config.json").write_text(json.dumps({**layer, "architectures": ["LlamaForCausalLMEagle3"],
+                                                    "draft_vocab_size": 40, "eagle_config": {
+                                                        "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}))
+    save_file({k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}, str(legacy / "model.safetensors"))
+    old = load_eagle(legacy, target_config=target.config)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), old.state_dict().values()))
+
+
+def test_drafter_for_another_target_is_refused(target, tmp_path):
+    save_eagle(tmp_path, random_eagle(target))
+    other = tiny_llama(vocab_size=80, layers=4, seed=1)
+    with pytest.raises(CheckpointError, match=r"vocabulary 64 .* vocabulary 80"):
+        load_eagle(tmp_path, target_config=other.config)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_eagle(tmp_path, target_config=target.config)
+
+
+def test_pack_keeps_sequences_whole_and_labels_shifted():
+    pairs = [(torch.randn(5, 6), torch.arange(10, 15), torch.randn(5, 2), torch.tensor([0, 0, 1, 1, 1], dtype=torch.bool)),
+             (torch.randn(3, 6), torch.arange(20, 23), torch.randn(3, 2), torch.ones(3, dtype=torch.bool))]
+    packed = pack(pairs, 8)
+    assert packed.segment.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1]]
+    assert packed.next_token.tolist() == [[11, 12, 13, 14, -1, 21, 22, -1]]
+    assert packed.positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert packed.answer[0, :4].tolist() == [False, True, True, True]
+
+
+def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, monkeypatch):
+    """python -m specdec.train method=eagle on a tiny target: data with context features, the training-time
+    test, held-out τ per epoch, a speculators-format export that the drafter loads and decodes exactly with."""
+    from test_train_medusa import CHAT_TEMPLATE, tiny_config, tiny_pair  # noqa: F401  (fixture reused)
+    from specdec.training.methods.eagle import EagleMethodConfig
+    from specdec.training.trainer import train
+
+    pair = tiny_pair.__wrapped__() if hasattr(tiny_pair, "__wrapped__") else None
+    if pair is None:
+        pytest.skip("fixture not callable directly")
+    model, tokenizer = pair
+    tokenizer.chat_template = CHAT_TEMPLATE
+    cfg = tiny_config(tmp_path / "run")
+    cfg.method = EagleMethodConfig(aux_layers=[0, 0, 0], draft_vocab=20, ttt_steps=2, chunk_len=32, eval_depth=3)
+    cfg.eval_every_epoch = True
+    cfg.optim.lr = 3e-3
+    cfg.export = str(tmp_path / "export")
+    metrics = train(cfg, target=model, tokenizer=tokenizer)
+    assert metrics["finished"] and len(metrics["per_epoch"]) == cfg.optim.epochs
+    assert set(metrics["eval"]) >= {"val", "answers_mtbench"}
+    assert len(metrics["eval"]["val"]["tau_chain"]) == 3
+    provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
+    assert provenance["method"]["name"] == "eagle" and provenance["data"]["size"]["train"]["tokens"] > 0
+    drafter = EagleDrafter(load_eagle(tmp_path / "export", target_config=model.config).attach(
+        model.get_input_embeddings().weight))
+    ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
+    ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    assert speculative_generate(model, drafter, ids, k=5, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
