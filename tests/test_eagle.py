@@ -15,7 +15,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _without
 from specdec.errors import CheckpointError
-from specdec.training.methods.eagle.objective import Packed, chain_matches, pack, ttt_mask, unroll
+from specdec.training.methods.eagle.objective import Packed, pack, ttt_mask, unroll
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,86 @@ def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, monkeypatch):
     ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
     ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
     assert speculative_generate(model, drafter, ids, k=5, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
+
+
+# --- exactness at temperature 1 on the bigram ("Markov") target ------------------------------------------
+
+class MarkovEagle(EagleModel):
+    """A draft layer whose output is the fed token's embedding (the cache is written as usual), over an LM
+    head that is the target's with σ and τ's logits closer together: good but imperfect drafts of the
+    bigram target (its final hidden state of token a is e_a), so both acceptance and rejection happen."""
+
+    def step(self, hidden, tokens, cache, mask, positions, kv_len=None):
+        super().step(hidden, tokens, cache, mask, positions, kv_len)
+        return self.embed(tokens)
+
+
+def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
+    from test_medusa import VOCAB
+
+    model = MarkovEagle(EagleConfig.for_target(target.config, None if draft_vocab is None else len(draft_vocab), (0,)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+        model.norm.weight.fill_(VOCAB ** -0.5)
+        rows = target.lm_head.weight * 0.6  # flatter than the target: q differs from p
+        ids = torch.arange(VOCAB) if draft_vocab is None else draft_vocab
+        model.lm_head.weight.copy_(rows[ids])
+    if draft_vocab is not None:
+        model.set_token_ids(draft_vocab)
+    return model.attach(target.get_input_embeddings().weight)
+
+
+def sample_and_score(target, drafter, k, rows=400, new=8, seed=0, rule=None):
+    from test_medusa import random_prompts
+    from specdec.sampling import logits_to_probs
+
+    g = torch.Generator().manual_seed(seed)
+    ids = random_prompts(rows, g)
+    out = speculative_generate(target, drafter, ids, attention_mask=torch.ones_like(ids), k=k, max_new_tokens=new,
+                               temperature=1.0, generator=g, eos_token_id=[], rule=rule)
+    seqs = torch.cat([ids, torch.tensor(out.sequences)], 1)
+    with torch.no_grad():
+        probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1], 1.0)
+    import numpy as np
+
+    return (seqs[:, ids.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(),
+            np.tile(np.arange(new), rows), out.stats)
+
+
+def exact_verdict(target, drafter, k, seed=1, rule=None):
+    import numpy as np
+    from specdec.stats import exactness_test
+
+    tokens, probs, positions, stats = sample_and_score(target, drafter, k, seed=seed, rule=rule)
+    return exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions), stats
+
+
+@pytest.fixture(scope="module")
+def markov_target():
+    from test_medusa import make_markov_target
+
+    return make_markov_target()
+
+
+@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, depth=3, top_k=2, expand=2), 12),
+                                        (dict(k_tree=True, depth=3, top_k=3, expand=2, sampled=False), 8)],
+                         ids=["chain", "sampled-tree", "fixed-tree"])
+@pytest.mark.parametrize("draft_vocab", [None, torch.arange(48)], ids=["full-vocab", "draft-vocab"])
+def test_sampling_with_eagle_is_exact(markov_target, options, k, draft_vocab):
+    drafter = EagleDrafter(markov_eagle(markov_target, draft_vocab), **options)
+    verdict, stats = exact_verdict(markov_target, drafter, k)
+    assert stats.mean_accepted_length > 1.3  # drafts are accepted often: the rule is really exercised
+    assert not verdict.reject, verdict
+
+
+@pytest.mark.parametrize("bug", ["recovered_from_target", "bonus_from_wrong_position"])
+@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, depth=3, top_k=2, expand=2), 12)],
+                         ids=["chain", "sampled-tree"])
+def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
+    """The suite's planted verifier bugs (acceptance rules covering chains and trees) under EAGLE drafting."""
+    from specdec.planted import VERIFIER_BUGS
+
+    drafter = EagleDrafter(markov_eagle(markov_target), **options)
+    verdict, _ = exact_verdict(markov_target, drafter, k, rule=VERIFIER_BUGS[bug])
+    assert verdict.reject, verdict

@@ -1,0 +1,123 @@
+"""EAGLE side by side (not a test): plain decoding vs the EAGLE drafter vs the shipped Medusa default vs n-gram.
+
+In one process, on the same prompts, batch 1, each prompt runs every method in turn after an untimed
+warm-up (``medusa_benchmark.side_by_side``), so machine drifts hit all alike. Medusa and EAGLE run with
+their configs' defaults (configs/drafter/*.yaml) unless told otherwise. For each method: τ, α per draft
+position (the share of steps whose i-th draft was accepted, given it was proposed and every one before it
+accepted — :meth:`DecodeStats.acceptance_per_position`), tokens/s, speedup over plain decoding, and the
+speedup predicted from costs measured in this run (τ × plain step / (verify step + drafter step)); under
+greedy decoding, how many outputs differ from plain decoding's (must be 0). At temperature > 0 each method
+draws from its own generator seeded per prompt; outputs differ by design, exactness is verify_dist's job.
+
+    python experiments/eagle_benchmark.py --source mtbench --prompts 80 --new 128
+    python experiments/eagle_benchmark.py --eagle k=16 k=24,depth=7 tree=false,k=4 --prompts 16
+    python experiments/eagle_benchmark.py --temperature 1.0 --prompts 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from medusa_benchmark import side_by_side  # experiments/ is on sys.path when this runs as a script
+
+from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec.data import encode_prompt, load_prompts
+from specdec.drafters import EagleDrafter, MedusaDrafter
+from specdec.jobs import machine_description
+
+
+def parse_overrides(spec: str) -> dict:
+    """"k=16,depth=7,tree=false" -> {"k": 16, "depth": 7, "tree": False}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        out[key] = {"true": True, "false": False, "null": None}.get(value.lower(), value)
+        if isinstance(out[key], str):
+            try:
+                out[key] = int(value)
+            except ValueError:
+                try:
+                    out[key] = float(value)
+                except ValueError:
+                    pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--eagle", nargs="*", default=[""], metavar="KEY=VALUE,...",
+                    help="EAGLE drafter configs, each as overrides of configs/drafter/eagle.yaml ('' = the defaults)")
+    ap.add_argument("--medusa", nargs="*", default=[""], metavar="KEY=VALUE,...", help="Medusa configs, likewise")
+    ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
+    ap.add_argument("--source", default="mtbench")
+    ap.add_argument("--prompts", type=int, default=80)
+    ap.add_argument("--new", type=int, default=128, help="max new tokens")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args()
+
+    model, tokenizer = load_target()
+    rows = load_prompts(args.source, limit=args.prompts)
+    prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
+    eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
+    methods: dict = {"plain": (None, 0)}
+    for spec in args.medusa:
+        cfg = MedusaDrafter.Config(**parse_overrides(spec))
+        methods[f"medusa {spec or 'default'}"] = (MedusaDrafter.from_config(cfg, target=model), cfg.k)
+    for spec in args.eagle:
+        cfg = EagleDrafter.Config(**parse_overrides(spec))
+        methods[f"eagle {spec or 'default'}"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
+    if args.ngram_k:
+        methods[f"ngram K={args.ngram_k}"] = (NgramDrafter(), args.ngram_k)
+    seeds = iter(range(10**9))
+
+    def run(drafter, k, ids):
+        generator = torch.Generator().manual_seed(next(seeds)) if args.temperature > 0 else None
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, temperature=args.temperature, generator=generator)
+        if drafter is None:
+            return autoregressive_generate(model, ids, **kwargs)
+        return speculative_generate(model, drafter, ids, k=k, **kwargs)
+
+    seconds, tokens, stats, mismatches = side_by_side(methods, prompts, run)
+    plain_step = stats["plain"].target_time_s / stats["plain"].target_forwards
+    results = {}
+    for name, (drafter, k) in methods.items():
+        s = stats[name]
+        step = (s.target_time_s + s.drafter_time_s) / s.target_forwards
+        results[name] = {
+            "k": k, "tau": s.mean_accepted_length, "alpha_per_position": [round(a, 4) for a in
+                                                                          s.acceptance_per_position[:8]],
+            "tokens_per_second": tokens[name] / seconds[name], "verify_step_ms": 1000 * s.target_time_s / s.target_forwards,
+            "drafter_step_ms": 1000 * s.drafter_time_s / s.target_forwards,
+            "predicted_measured_tau": s.mean_accepted_length * plain_step / step,
+            "mismatching_outputs": mismatches[name] if args.temperature == 0 else None,
+        }
+    base = results["plain"]["tokens_per_second"]
+    for r in results.values():
+        r["speedup"] = r["tokens_per_second"] / base
+    machine = machine_description()
+    summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new,
+               "temperature": args.temperature, "machine": machine, "methods": results}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"eagle_{args.source}_T{args.temperature:g}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## EAGLE vs Medusa vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, "
+             f"T={args.temperature:g}, batch 1)", f"machine: {machine}", "",
+             "| method | τ | α per position | tok/s | speedup | predicted (measured costs) | step ms (verify + draft) "
+             "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        alpha = " ".join(f"{a:.2f}" for a in r["alpha_per_position"]) or "—"
+        differ = "—" if r["mismatching_outputs"] is None else r["mismatching_outputs"]
+        lines.append(f"| {name} | {r['tau']:.2f} | {alpha} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['predicted_measured_tau']:.2f}x | {r['verify_step_ms']:.1f} + {r['drafter_step_ms']:.1f} | "
+                     f"{differ} |")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
