@@ -128,6 +128,10 @@ class DraftOnlySampling(Drafter):
         self.acceptance = inner.acceptance  # the inner drafter's rule (a lossy one stays lossy)
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:  # the target layers the inner drafter reads
+        return self.inner.feature_layers
+
+    @property
     def forwards(self) -> int:  # the decode loop resets and reads the inner drafter's count
         return self.inner.forwards
 

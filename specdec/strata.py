@@ -136,6 +136,10 @@ class DraftRecorder(Drafter):
         return self.inner.acceptance
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:  # the target layers the inner drafter reads
+        return self.inner.feature_layers
+
+    @property
     def forwards(self) -> int:
         return self.inner.forwards
 

@@ -262,3 +262,18 @@ def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
     drafter = EagleDrafter(markov_eagle(markov_target), **options)
     verdict, _ = exact_verdict(markov_target, drafter, k, rule=VERIFIER_BUGS[bug])
     assert verdict.reject, verdict
+
+
+def test_wrapping_drafters_pass_the_feature_layers_through(target):
+    """verify_dist's recorder and the planted draft-only-sampling wrapper run an EAGLE drafter inside."""
+    from specdec.planted import DraftOnlySampling
+    from specdec.sampling import SamplingParams
+    from specdec.strata import DraftRecorder
+
+    ref = autoregressive_generate(target, PROMPTS, max_new_tokens=10, attention_mask=MASK, eos_token_id=[])
+    for wrap in (DraftRecorder, lambda d: DraftOnlySampling(d, SamplingParams(0.0, 0, 1.0))):
+        drafter = wrap(EagleDrafter(random_eagle(target)))
+        assert drafter.feature_layers == (1, 2, 3)
+        out = speculative_generate(target, drafter, PROMPTS, k=5, max_new_tokens=10, attention_mask=MASK,
+                                   eos_token_id=[])
+        assert out.sequences == ref.sequences
