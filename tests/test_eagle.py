@@ -39,7 +39,8 @@ MASK = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
 
 
 @pytest.mark.parametrize("options", [dict(k_tree=False), dict(k_tree=True), dict(k_tree=True, depth=3, top_k=2, expand=1),
-                                     dict(k_tree=True, lookup=3)])
+                                     dict(k_tree=True, lookup=3), dict(k_tree=True, min_confidence=0.05),
+                                     dict(k_tree=True, min_confidence=0.9, lookup=2)])
 def test_greedy_output_equals_plain_decoding(target, options):
     ref = autoregressive_generate(target, PROMPTS, max_new_tokens=24, attention_mask=MASK, eos_token_id=[])
     drafter = EagleDrafter(random_eagle(target, draft_vocab=40), **options)
@@ -277,3 +278,47 @@ def test_wrapping_drafters_pass_the_feature_layers_through(target):
         out = speculative_generate(target, drafter, PROMPTS, k=5, max_new_tokens=10, attention_mask=MASK,
                                    eos_token_id=[])
         assert out.sequences == ref.sequences
+
+
+# --- the shipped drafter on the real default target ---------------------------------------------------------
+
+def test_shipped_drafter_exists_lean_with_provenance():
+    from specdec.drafters.eagle import default_eagle_path
+
+    path = default_eagle_path()
+    assert (path / "model.safetensors").is_file(), "shipped EAGLE drafter missing: run the command in provenance.json"
+    provenance = json.loads((path / "provenance.json").read_text())
+    for key in ("command", "data", "git_commit", "metrics", "date", "wall_time_s"):
+        assert key in provenance
+    assert provenance["metrics"]["per_epoch"], "held-out τ per epoch"
+    assert (path / "model.safetensors").stat().st_size < 25_000_000
+    config = json.loads((path / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["target_hidden_size"] == 576
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("cfg", [EagleDrafter.Config(k=5, tree=False), EagleDrafter.Config(),
+                                 EagleDrafter.Config(lookup=4)], ids=["chain", "default-tree", "tree-with-lookup"])
+def test_shipped_drafter_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
+    from specdec.data import left_pad
+    from specdec.drafters import build_drafter
+
+    model, tokenizer = real_target
+    drafter = build_drafter(cfg, model, tokenizer)
+    tau = []
+    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):  # batch 1, then batch 2 (left-padded)
+        ids, mask = left_pad(batch, tokenizer.pad_token_id)
+        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
+        assert out.sequences == reference.sequences
+        tau.append(out.stats.mean_accepted_length)
+    assert min(tau) > 1.3, tau  # a trained drafter is accepted (a random one gives ~1.0)
+
+
+def test_another_targets_drafter_is_refused_by_name():
+    """Loading the default target's drafter for a tiny target names both shapes."""
+    from specdec.drafters.eagle import default_eagle_path
+
+    other = tiny_llama(layers=4, seed=0)
+    with pytest.raises(CheckpointError, match=r"hidden size 576, vocabulary 49152 and 30 layers.*hidden size 32"):
+        load_eagle(default_eagle_path(), target_config=other.config)

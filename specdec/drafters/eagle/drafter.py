@@ -68,17 +68,22 @@ class EagleDrafter(Drafter):
         # false = always the fixed top-k tokens (one-hot q)
         sampled: Optional[bool] = None
         lookup: int = 0  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
+        # fixed-candidate trees: of the k most confident nodes keep those whose confidence (averaged over the
+        # rows) reaches this (specdec.drafters.trees.dynamic); none = a plain step. 0 = always k nodes
+        min_confidence: float = 0.0
 
     def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
-                 sampled: bool | None = None, lookup: int = 0):
+                 sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
         for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"drafter.min_confidence must be in [0, 1) (0 = always k nodes), got {min_confidence}")
         if model.embed_weight is None:
             raise ValueError("the EAGLE model needs the target's input embeddings: call model.attach(embed_weight)")
         self.model = model.eval()
         self.tree, self.depth, self.top_k, self.expand = k_tree, depth, top_k, min(expand, top_k)
-        self.sampled, self.lookup = sampled, lookup
+        self.sampled, self.lookup, self.min_confidence = sampled, lookup, min_confidence
         self.feature_layers = tuple(model.cfg.aux_layers)
         self.token_ids = model.token_ids  # [Dv]
         self.trees = TreeCache(1024)
@@ -98,7 +103,7 @@ class EagleDrafter(Drafter):
         log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
                  model.cfg.draft_vocab_size)
         return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
-                   lookup=cfg.lookup)
+                   lookup=cfg.lookup, min_confidence=cfg.min_confidence)
 
     # ---- one generation -------------------------------------------------------------------------------
 
@@ -308,18 +313,22 @@ class _Growth:
     def select(self, k: int) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor | None]:
         """The tree verified: tokens [B, N] (target ids), parents (node indices, -1 = the root), q [B, N, Dv]
         (sampled trees) or None. Fixed candidates: the k most confident (EAGLE-2's rerank; a child is never
-        more confident than its parent, so parents come along). Sampled: every candidate drawn."""
+        more confident than its parent, so parents come along), those reaching ``min_confidence`` only.
+        Sampled: every candidate drawn. N may be 0 (a plain step)."""
         n = len(self.index)
         if self.sampled:
             keep = [i for i in range(n) if self.level[i] < self.levels_fitting(k)]
         else:
             confidence = torch.stack(self.logp, 1).exp().mean(0).tolist()  # [n]
-            best = sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
+            best = [i for i in sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
+                    if confidence[i] >= self.d.min_confidence]
             keep, kept = [], {-1}
             for i in sorted(best, key=lambda i: (self.level[i], i)):
                 if self.parent[i] in kept:  # always, but for float ties between a parent and its child
                     keep.append(i)
                     kept.add(i)
+        if not keep:
+            return self.index[0][:, None][:, :0], (), None
         position = {i: j for j, i in enumerate(keep)}
         parents = tuple(position[self.parent[i]] if self.parent[i] >= 0 else -1 for i in keep)
         tokens = self.d.token_ids[torch.stack([self.index[i] for i in keep], 1)]
