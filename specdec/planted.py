@@ -195,10 +195,11 @@ class TargetCacheNotRolledBack(CompactLlama):
         cache = super().new_cache(batch_size, capacity, pad)
         return CacheKeepingRejected(keys=cache.keys, values=cache.values, lengths=cache.lengths, pad=cache.pad)
 
-    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None, last_only=False):
+    def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None, last_only=False, capture=()):
         cache.reserve(input_ids.shape[1])
         # The loop's kv_len bound assumes its own (correct) lengths; the grown cache lies beyond it.
-        return super().forward(input_ids, cache, kv_len=None, tree_mask=tree_mask, depths=depths, last_only=last_only)
+        return super().forward(input_ids, cache, kv_len=None, tree_mask=tree_mask, depths=depths, last_only=last_only,
+                               capture=capture)
 
 
 # --- planting ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec import planted, stats, strata
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
+from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel
 from specdec.drafters.medusa import MedusaHeads
 from specdec.engine import speculative_generate
 from specdec.models import as_decoder
@@ -87,7 +88,20 @@ FACTORIES = {
     "medusa_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE),
     "medusa_dynamic_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE,
                                                    min_confidence=0.02),
+    "eagle": lambda m: EagleDrafter(random_eagle(m["target"]), k_tree=False),  # chain
+    "eagle_tree": lambda m: EagleDrafter(random_eagle(m["target"]), depth=3, top_k=2, expand=2),  # sampled at T > 0
 }
+
+
+def random_eagle(target, seed=2) -> EagleModel:
+    """A random EAGLE draft layer over the target's layers (0, 1, 1), drafting through the target's LM head."""
+    model = EagleModel(EagleConfig.for_target(target.config, None, (0, 1, 1)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        model.lm_head.weight.copy_(target.lm_head.weight)
+    return model.attach(target.get_input_embeddings().weight)
 
 
 def check(models, drafter, *, k=4, temperature=1.0, top_k=0, top_p=1.0, n=250, length=8, seed=0, alpha=0.01,
@@ -115,6 +129,8 @@ FAST_CASES = [
     ("medusa", 3, 1.0, 0, 0.9),
     ("medusa_tree", 8, 0.7, 0, 1.0),
     ("medusa_dynamic_tree", 8, 1.0, 0, 1.0),
+    ("eagle", 4, 1.0, 0, 1.0),
+    ("eagle_tree", 8, 0.7, 10, 0.9),
 ]
 
 
@@ -126,7 +142,9 @@ def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
     assert not result.reject, (report["p_value"], [t for t in report["tests"] if t["reject"]])
     assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
     assert report["mean_accepted_length"] > 1.0  # drafts really were accepted (and so verified)
-    assert report["strata"][0]["stratum"] == "drafted" and report["strata"][0]["draft_match"]["test"]
+    assert report["strata"][0]["stratum"] == "drafted"
+    # the draft-match test has no law for sampled tree nodes (specdec/strata.py), so none for EAGLE's T > 0 tree
+    assert report["strata"][0]["draft_match"]["test"] if drafter != "eagle_tree" else True
 
 
 SLOW_CASES = [(d, k, t, tk, tp) for d in ("draft_model", "draft_model_far", "ngram") for k in range(1, 9)

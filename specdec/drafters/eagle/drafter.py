@@ -58,19 +58,19 @@ class EagleDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "eagle"
-        k: int = 16  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
+        k: int = 20  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
         path: str = DEFAULT_EAGLE  # "default" (shipped for SmolLM2-135M-Instruct) or an EAGLE-3 drafter directory
         tree: bool = True  # an EAGLE-2 tree of k nodes; false = a chain of k drafts
         depth: int = 6  # tree levels drafted
         top_k: int = 4  # children drafted per expanded node
         expand: int = 4  # nodes expanded per level (the most confident)
-        # tree children at temperature > 0: null = draws without replacement there (fixed top-k when greedy);
-        # false = always the fixed top-k tokens (one-hot q)
+        # tree children at temperature > 0: null = draws without replacement there, unless lookup > 0 (fixed
+        # top-k when greedy); false = always the fixed top-k tokens (one-hot q)
         sampled: Optional[bool] = None
-        lookup: int = 0  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
+        lookup: int = 8  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
         # fixed-candidate trees: of the k most confident nodes keep those whose confidence (averaged over the
         # rows) reaches this (specdec.drafters.trees.dynamic); none = a plain step. 0 = always k nodes
-        min_confidence: float = 0.0
+        min_confidence: float = 0.1
 
     def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
@@ -202,10 +202,12 @@ class EagleDrafter(Drafter):
                         probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
 
     def propose_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
-        sampled = (not state.sampling.greedy) if self.sampled is None else (self.sampled and not state.sampling.greedy)
-        if sampled and self.lookup:
+        if self.sampled and self.lookup:
             raise ValueError("drafter.lookup adds fixed candidates to a tree of sampled ones; set drafter.sampled=false "
-                             "or drafter.lookup=0")
+                             "(or null) or drafter.lookup=0")
+        # null: sampled children at temperature > 0 unless a lookup branch asks for fixed candidates
+        wanted = (not self.lookup) if self.sampled is None else self.sampled
+        sampled = wanted and not state.sampling.greedy
         tree = _Growth(self, state, sampled)
         tree.grow(hidden, k - self.lookup)
         tokens, parents, probs = tree.select(k - self.lookup)
