@@ -15,6 +15,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _without
 from specdec.errors import CheckpointError
+from specdec.models import as_decoder
 from specdec.training.methods.eagle.objective import Packed, pack, ttt_mask, unroll
 
 
@@ -57,7 +58,6 @@ def test_decode_drafts_are_the_training_time_test(target):
     model = random_eagle(target, seed=3)
     prompt = torch.tensor([[3, 9, 4, 12, 7, 5, 2, 11, 6]])
     depth = 4
-    drafter = EagleDrafter(model, k_tree=False)
     captured = []
 
     class Spy(EagleDrafter):
@@ -68,12 +68,11 @@ def test_decode_drafts_are_the_training_time_test(target):
 
     spy = Spy(model, k_tree=False)
     out = speculative_generate(target, spy, prompt, k=depth, max_new_tokens=12, eos_token_id=[])
-    assert captured and drafter is not None
+    assert captured
     text = captured[-1][0]  # the committed text at the last step; replay drafting from its end
     ids = torch.tensor([text])
     with torch.no_grad():
-        _, _, feats = __import__("specdec.models", fromlist=["as_decoder"]).as_decoder(target)(
-            ids, target_cache(target, ids.shape[1]), capture=model.cfg.aux_layers)
+        _, _, feats = as_decoder(target)(ids, target_cache(target, ids.shape[1]), capture=model.cfg.aux_layers)
     n = len(text) - 1  # pairs (F_t, x_{t+1}) for t < n; the chain starts from the last one, then its own drafts
     drafts = captured[-1][1]
     tokens = torch.tensor(text[1:] + drafts[:-1])[None]  # x_{t+1}, then the drafts fed back
@@ -88,8 +87,6 @@ def test_decode_drafts_are_the_training_time_test(target):
 
 
 def target_cache(target, n):
-    from specdec.models import as_decoder
-
     return as_decoder(target).new_cache(1, n + 1, torch.zeros(1, dtype=torch.long))
 
 

@@ -16,7 +16,7 @@ repository's (``midlayer.*`` weights, a flat Llama config).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -345,7 +345,3 @@ def _check_target(cfg: EagleConfig, target_config: Any, directory: Path) -> None
             f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
             f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
             f"{theirs[2]} layers; train one for it with `python -m specdec.train method=eagle target=<this target>`")
-
-
-def config_dict(cfg: EagleConfig) -> dict[str, Any]:
-    return asdict(cfg)
