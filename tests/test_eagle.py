@@ -16,6 +16,7 @@ from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_e
 from specdec.drafters.eagle.drafter import _without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder
+from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
 from specdec.training.methods.eagle.objective import Packed, pack, ttt_mask, unroll
 
 
@@ -149,17 +150,14 @@ def test_pack_keeps_sequences_whole_and_labels_shifted():
     assert packed.answer[0, :4].tolist() == [False, True, True, True]
 
 
-def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, monkeypatch):
+def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, tiny_pair):
     """python -m specdec.train method=eagle on a tiny target: data with context features, the training-time
     test, held-out τ per epoch, a speculators-format export that the drafter loads and decodes exactly with."""
-    from test_train_medusa import CHAT_TEMPLATE, tiny_config, tiny_pair  # noqa: F401  (fixture reused)
+    from test_train_medusa import CHAT_TEMPLATE, tiny_config
     from specdec.training.methods.eagle import EagleMethodConfig
     from specdec.training.trainer import train
 
-    pair = tiny_pair.__wrapped__() if hasattr(tiny_pair, "__wrapped__") else None
-    if pair is None:
-        pytest.skip("fixture not callable directly")
-    model, tokenizer = pair
+    model, tokenizer = tiny_pair
     tokenizer.chat_template = CHAT_TEMPLATE
     cfg = tiny_config(tmp_path / "run")
     cfg.method = EagleMethodConfig(aux_layers=[0, 0, 0], draft_vocab=20, ttt_steps=2, chunk_len=32, eval_depth=3)
