@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from conftest import tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
-from specdec.drafters.eagle.drafter import _without
+from specdec.drafters.eagle.drafter import _Growth, _without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder
 from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
@@ -50,6 +50,31 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert out.sequences == ref.sequences
     one = speculative_generate(target, drafter, PROMPTS[:1], k=7, max_new_tokens=24, eos_token_id=[])
     assert one.sequences == ref.sequences[:1]
+
+
+class _Recording(EagleDrafter):
+    def propose(self, state, k):
+        proposal = super().propose(state, k)
+        self.seen.append((proposal.tokens.tolist(), None if proposal.tree is None else proposal.tree.parent_list))
+        return proposal
+
+
+@pytest.mark.parametrize("options", [dict(min_confidence=0.0, depth=6, top_k=3, expand=3),
+                                     dict(min_confidence=0.02, depth=6), dict(min_confidence=0.2, lookup=2)])
+def test_pruned_growth_selects_the_same_trees(target, options, monkeypatch):
+    """Leaving unexpanded the nodes no selected node can descend from (and stopping early) drafts the very
+    trees full growth selects, in fewer draft-layer forwards."""
+    runs = []
+    for prune in (False, True):
+        monkeypatch.setattr(_Growth, "prune", prune)
+        drafter = _Recording(random_eagle(target, draft_vocab=40, seed=5), **options)
+        drafter.seen = []
+        speculative_generate(target, drafter, PROMPTS, k=6 + options.get("lookup", 0), max_new_tokens=24,
+                             attention_mask=MASK, eos_token_id=[])
+        runs.append((drafter.seen, drafter.forwards))
+    (full, full_forwards), (pruned, pruned_forwards) = runs
+    assert pruned == full
+    assert pruned_forwards < full_forwards
 
 
 def test_decode_drafts_are_the_training_time_test(target):

@@ -228,6 +228,8 @@ class _Growth:
     draw order: for each, its draft-vocabulary index [B], path log-confidence [B], parent candidate (-1 =
     the root), level (0 = the root's children) and, in a sampled tree, the q [B, Dv] it was drawn from."""
 
+    prune = True  # leave unexpanded the nodes with no selectable descendant (:meth:`open`)
+
     def __init__(self, drafter: EagleDrafter, state: DecodeState, sampled: bool):
         self.d, self.state, self.sampled = drafter, state, sampled
         self.index: list[torch.Tensor] = []
@@ -274,6 +276,10 @@ class _Growth:
         levels = self.levels_fitting(k) if self.sampled else d.depth
         for level in range(1, min(d.depth, levels)):
             frontier = [i for i, lv in enumerate(self.level) if lv == level - 1]
+            if not self.sampled:
+                frontier = self.open(frontier, k)
+                if not frontier:
+                    break  # nothing below can be selected: the levels left are not drafted
             confidence = torch.stack([self.logp[i] for i in frontier], 1).exp().mean(0)  # [n]: over the rows
             chosen = sorted(frontier[i] for i in confidence.topk(min(d.expand, len(frontier))).indices.tolist())
             tokens = d.token_ids[torch.stack([self.index[i] for i in chosen], 1)]  # [B, E]
@@ -285,6 +291,20 @@ class _Growth:
             for j, i in enumerate(chosen):
                 self.output[i] = out[:, j]
             self.children(out, chosen, level)
+
+    def open(self, frontier: list[int], k: int) -> list[int]:
+        """Fixed-candidate trees: the ``frontier`` candidates whose children could still be selected. A child
+        is never more confident than its parent (in every row, so on average too), and :meth:`select` keeps
+        the k most confident candidates (ties to the shallower) reaching ``min_confidence``: a node below
+        ``min_confidence``, or not above the k-th best confidence drafted so far, has no selectable
+        descendant. Leaving them unexpanded (and stopping when none is left) changes no selected tree."""
+        if not self.prune:
+            return frontier
+        confidence = torch.stack(self.logp, 1).exp().mean(0)  # [n]
+        if k < 1:
+            return []
+        bar = confidence.topk(k).values[-1].item() if confidence.numel() >= k else float("-inf")
+        return [i for i in frontier if confidence[i] >= self.d.min_confidence and confidence[i] > bar]
 
     def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [B, 1, E, S]
         """Expanded candidates attend to the committed entries, their ancestors' entries and themselves."""
