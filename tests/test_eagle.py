@@ -17,7 +17,8 @@ from specdec.drafters.eagle.drafter import _Growth, _without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder
 from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
-from specdec.training.methods.eagle.objective import Packed, pack, ttt_mask, unroll
+from specdec.training.distill.packing import Packed, pack
+from specdec.training.methods.eagle.objective import ttt_mask, unroll
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from specdec.drafters.eagle.model import EagleConfig, EagleModel, save_eagle
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import draft_vocabulary
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
-from specdec.training.methods.eagle.objective import chain_matches, chain_tau, eagle_loss, pack, sequence_pairs
+from specdec.training.distill.packing import chain_tau, pack, sequence_pairs
+from specdec.training.methods.eagle.objective import chain_matches, eagle_loss
 
 
 @dataclass
