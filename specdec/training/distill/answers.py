@@ -89,24 +89,26 @@ def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batc
         log.info("answered %d/%d prompts (%d tokens, %.0f tokens/s)", done, len(order), tokens,
                  tokens / (time.perf_counter() - started))
     sequences = [out[i] for i in range(len(prompts))]
-    if layers:
+    if layers or context:
         for seq in sequences:
             seq.features = layer_features(target, seq, layers, context)
     return sequences
 
 
 @torch.no_grad()
-def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool = False) -> torch.Tensor:
-    """The hidden states of ``layers`` at every position of ``seq`` ([n, L, H]): one teacher-forced forward of
-    context + tokens (the last token predicts nothing, so it is not fed). ``context``: also fill the
-    sequence's ``context_features`` and ``context_hidden`` (the positions before)."""
+def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool = False) -> torch.Tensor | None:
+    """The hidden states of ``layers`` at every position of ``seq`` ([n, L, H]; None without layers): one
+    teacher-forced forward of context + tokens (the last token predicts nothing, so it is not fed).
+    ``context``: also fill the sequence's ``context_hidden`` (and ``context_features`` with layers) at the
+    positions before."""
     ids = torch.cat([seq.context, seq.tokens[:-1]])[None].to(target.device)  # [1, c + n - 1]
     states = target(ids, output_hidden_states=True).hidden_states  # (layers + 1) x [1, c + n - 1, H]
     first = seq.context.numel() - 1  # the position that predicted tokens[0]
     if context:
-        seq.context_features = torch.stack([states[layer][0, :first] for layer in layers], 1).float().cpu()
         seq.context_hidden = states[-1][0, :first].float().cpu()
-    return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu()
+        if layers:
+            seq.context_features = torch.stack([states[layer][0, :first] for layer in layers], 1).float().cpu()
+    return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu() if layers else None
 
 
 @torch.no_grad()
