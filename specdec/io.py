@@ -1,6 +1,7 @@
 """Files in and out: reading the safetensors files a user can point specdec at (drafter weights, training
 checkpoints, cached training data) with errors that name the file and say what to do, and the one atomic
-writer (temp file beside the target, then a rename) every results file, summary, plot and export uses.
+writer (temp file beside the target, then a rename) every results file, summary, plot and export uses,
+and its directory form (:func:`atomic_dir`) for exports written by other libraries' ``save_pretrained``.
 
 safetensors' own errors ("Error while deserializing header: header too large") name neither the file nor
 the remedy; every reader of a user-supplied file goes through :func:`read_metadata` and :func:`read_tensors`.
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -64,6 +67,27 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], binary: bool = 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Fill the yielded temporary directory beside ``path``; on success it replaces ``path`` (a directory
+    already there is moved aside, then removed), on failure it is removed and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_text(path: str | Path, text: str) -> Path:
