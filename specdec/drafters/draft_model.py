@@ -4,6 +4,10 @@ The draft cache holds every committed token but the last two. Each proposal firs
 forward of 2 tokens), then one token per further draft. After verification the draft cache is rolled
 back to ``seq_lens - 2`` — a pointer move — which is correct whether the verifier kept 0 or all K drafts:
 every slot below that bound holds a committed token (the drafts it kept were the ones fed).
+
+A distilled student (``python -m specdec.train method=draft_model``) is a lean directory holding its own
+layers only; ``model=<that directory>`` loads it with the target's embeddings and LM head stitched in
+(:mod:`specdec.drafters.student`).
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ class DraftModelDrafter(Drafter):
     """``model``: any transformers causal LM (or decoder) with the target's vocabulary.
 
     ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
-    this is a self-speculative early-exit drafter that needs no extra weights.
+    this is a self-speculative early-exit drafter that needs no extra weights. A distilled student (a
+    directory :func:`~specdec.drafters.student.save_student` wrote) runs all its layers.
     """
 
     @dataclass
     class Config(DrafterConfig):
         name: str = "draft_model"
-        model: str = "target"  # "target" (the target itself), an alias, a local path or a hub id; same vocabulary
-        num_layers: Optional[int] = 8  # keep only the first N decoder layers (early exit); null = all
+        # "target" (the target itself), a distilled student's directory, an alias, a local path or a hub id;
+        # same vocabulary. "default" is reserved for the student shipped for the default target (none yet).
+        model: str = "target"
+        num_layers: Optional[int] = 8  # keep only the first N decoder layers (early exit); null = all; not for students
 
     def __init__(self, model: torch.nn.Module, num_layers: int | None = None):
         self.decoder = as_decoder(model, num_layers=num_layers)
@@ -41,8 +48,18 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
+        from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, is_student_dir, load_student
         from specdec.loading import check_same_vocab, load_target
 
+        if cfg.model == DEFAULT_DRAFT:
+            path = default_student_path()
+            if not is_student_dir(path):
+                raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: no distilled draft model is shipped yet (in "
+                                        f"{str(path)!r}); train one with `python -m specdec.train method=draft_model` "
+                                        f"and point drafter.model at its directory")
+            return cls(load_student(path, target))
+        if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
+            return cls(load_student(cfg.model, target))
         if cfg.model in (None, "", "target"):
             model, draft_tokenizer = target, tokenizer
         else:
