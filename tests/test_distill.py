@@ -1,0 +1,242 @@
+"""The distilled draft model: its losses on hand-made distributions, the student's initialisation and packed
+forward, the store's hidden states (the target's logits come from them), the lean file and the HF export
+round trips, exact greedy decoding with the loaded student, a student for another target refused, and a
+tiny training run through the trainer (on-policy samples included)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import DraftModelDrafter
+from specdec.drafters.student import export_hf, init_student, load_student, save_student
+from specdec.errors import CheckpointError, VocabMismatchError
+from specdec.training.distill.packing import pack
+from specdec.training.distill.store import Split
+from specdec.training.methods.draft_model.objective import (acceptance, chain_matches, divergence, packed_hidden,
+                                                            student_pairs)
+from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(layers=4, seed=0)
+
+
+def trained_like(student, seed=1):
+    """The student with its trainable weights moved off the target's (as training would)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in student.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return student.eval()
+
+
+def test_losses_on_hand_made_distributions():
+    p = torch.tensor([[0.7, 0.2, 0.1], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.2, 0.3, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    logp, logq = p.log(), q.log()
+    fkl = 0.7 * math.log(0.7 / 0.2) + 0.2 * math.log(0.2 / 0.3) + 0.1 * math.log(0.1 / 0.5)
+    rkl = 0.2 * math.log(0.2 / 0.7) + 0.3 * math.log(0.3 / 0.2) + 0.5 * math.log(0.5 / 0.1)
+    assert torch.allclose(divergence(logp, logq, "fkl"), torch.tensor([fkl, math.log(3)]))
+    assert torch.allclose(divergence(logp[:1], logq[:1], "rkl"), torch.tensor([rkl]))
+    assert torch.isinf(divergence(logp[1:], logq[1:], "rkl")).all()  # q puts mass where p has none
+    assert torch.allclose(divergence(logp, logq, "tv"), torch.tensor([0.5, 2 / 3]))
+    assert torch.allclose(acceptance(p, q), torch.tensor([0.5, 1 / 3]))
+    assert torch.allclose(divergence(logp, logq, "tv"), 1 - acceptance(p, q))  # TV = 1 - acceptance at T=1
+    assert torch.allclose(divergence(logp, logp, "fkl"), torch.zeros(2))
+    with pytest.raises(ValueError, match="fkl"):
+        divergence(logp, logq, "js")
+
+
+def test_student_init_copies_the_chosen_layers_and_shares_embeddings(target):
+    student = init_student(target, [0, 3])
+    assert student.config.num_hidden_layers == 2 and target.config.num_hidden_layers == 4
+    for mine, i in zip(student.model.layers, [0, 3]):
+        for (name, a), b in zip(mine.state_dict().items(), target.model.layers[i].state_dict().values()):
+            assert torch.equal(a, b), name
+    assert torch.equal(student.model.norm.weight, target.model.norm.weight)
+    assert student.model.embed_tokens.weight is target.model.embed_tokens.weight  # shared, not copied
+    assert not student.model.embed_tokens.weight.requires_grad and not student.lm_head.weight.requires_grad
+    assert init_student(target, [1], dtype=torch.float64).model.embed_tokens.weight.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"\[0, 3\]"):
+        init_student(target, [0, 4])
+
+
+def test_packed_forward_equals_the_model_on_each_sequence(target):
+    student = trained_like(init_student(target, [1, 2]))
+    a, b = torch.tensor([3, 9, 4, 12, 7]), torch.tensor([5, 2, 11])
+    pairs = [(torch.zeros(x.numel(), 0), x, torch.zeros(x.numel(), 32), torch.ones(x.numel(), dtype=torch.bool))
+             for x in (a, b)]
+    batch = pack(pairs, 10)
+    with torch.no_grad():
+        hidden = packed_hidden(student, batch.tokens, batch.positions, batch.segment)
+        for span, x in ((slice(0, 5), a), (slice(5, 8), b)):
+            ref = student.model(x[None]).last_hidden_state[0]
+            assert torch.allclose(hidden[0, span], ref, atol=1e-5)
+
+
+def test_student_pairs_read_as_a_language_model_batch():
+    """x_t in, x_{t+1} and the target's H_t out; the prompt's positions trained on only when asked."""
+    h = torch.arange(10.0)[:, None].repeat(1, 2)  # hidden state k = [k, k]
+    split = Split(context=torch.tensor([1, 2, 3]), context_lengths=torch.tensor([3]), tokens=torch.tensor([4, 5]),
+                  lengths=torch.tensor([2]), hidden=h[2:4], context_hidden=h[0:2])
+    batch = pack(student_pairs(split), 8)
+    assert batch.tokens[0, :5].tolist() == [1, 2, 3, 4, 5]
+    assert batch.next_token[0, :5].tolist() == [2, 3, 4, 5, -1]
+    assert batch.answer[0, :5].tolist() == [False, False, True, True, False]
+    assert batch.target_hidden[0, 2:4, 0].tolist() == [2.0, 3.0]  # H_2 predicted x_3 = 4
+    with_prompt = pack(student_pairs(split, with_prompt=True), 8)
+    assert with_prompt.answer[0, :5].tolist() == [True, True, True, True, False]
+    assert with_prompt.target_hidden[0, :4, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_the_stored_hidden_states_give_the_targets_logits(target):
+    """The store's hidden states are final-normed: the LM head alone gives the target's logits, at the answer
+    and (with context=True, no feature layers) at the prompt's positions."""
+    from specdec.training.distill.answers import answer_sequences
+
+    seq = answer_sequences(target, [[3, 9, 4, 12, 7]], max_new_tokens=5, batch_size=1, pad_id=0, context=True)[0]
+    assert seq.features is None and seq.context_hidden.shape == (4, 32)
+    ids = torch.cat([seq.context, seq.tokens[:-1]])[None]
+    with torch.no_grad():
+        logits = target(ids).logits[0]
+        mine = target.lm_head(torch.cat([seq.context_hidden, seq.hidden]))
+    assert torch.allclose(mine, logits, atol=1e-4)
+
+
+def test_chain_matches_replay_greedy_chains():
+    """A student that is the target (p = q) drafts every answer token: τ = 1 + depth, α = 1, acceptance 1."""
+    from specdec.training.distill.packing import chain_tau
+
+    model = tiny_llama(layers=2, seed=3)
+    from specdec.training.distill.answers import answer_sequences
+
+    seqs = answer_sequences(model, [[3, 9, 4], [5, 6, 7, 8]], max_new_tokens=6, batch_size=2, pad_id=0)
+    batch = pack(student_pairs(Split.of(seqs)), 16)
+    match, counted, accept = chain_matches(model, batch, 3)
+    result = chain_tau(match, counted)
+    assert counted.sum() == 12 and result["alpha"][0] == 1.0
+    assert result["tau_chain"][0] == 2.0  # a chain of one draft: always accepted (and the bonus)
+    assert result["tau_chain"][2] < 4.0  # depth 3 runs past the answers' ends near them: a miss there
+    assert torch.allclose(accept[counted], torch.ones(12))
+
+
+def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    student = trained_like(init_student(target, [0, 2]))
+    save_student(tmp_path / "lean", student, target_name="tiny", layers=[0, 2])
+    stored = load_file(str(tmp_path / "lean" / "model.safetensors"))
+    assert not any("embed_tokens" in k or "lm_head" in k for k in stored) and "model.norm.weight" in stored
+    config = json.loads((tmp_path / "lean" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["specdec"]["target_layers"] == [0, 2]
+    ids = torch.tensor([[3, 9, 4, 12, 7, 5]])
+    with torch.no_grad():
+        ref = student(ids).logits
+        back = load_student(tmp_path / "lean", target)
+        assert torch.equal(back(ids).logits, ref)
+        assert back.model.embed_tokens.weight is target.model.embed_tokens.weight
+        export_hf(tmp_path / "hf", back)
+        export_hf(tmp_path / "hf", back)  # over an earlier export
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        assert torch.equal(hf(ids).logits, ref)
+    assert not list(tmp_path.glob(".hf.*"))  # no temporary directories left
+
+
+def test_greedy_decoding_with_the_loaded_student_equals_plain_decoding(target, tmp_path):
+    save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
+    prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
+    mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+    ref = autoregressive_generate(target, prompts, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
+    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path)), target=target)
+    assert len(drafter.decoder.layers) == 2  # the student's own layers, num_layers not applied
+    out = speculative_generate(target, drafter, prompts, k=4, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
+    assert out.sequences == ref.sequences
+
+
+def test_a_student_for_another_target_is_refused(target, tmp_path):
+    save_student(tmp_path, init_student(target, [0]), layers=[0])
+    with pytest.raises(VocabMismatchError, match=r"hidden size 32 and vocabulary 64.*hidden size 32 and vocabulary 80"):
+        load_student(tmp_path, tiny_llama(vocab_size=80, layers=2, seed=1))
+    with pytest.raises(CheckpointError, match=r"hidden size 32 .*hidden size 16"):
+        load_student(tmp_path, tiny_llama(hidden=16, heads=2, kv_heads=1, layers=2, seed=1))
+    with pytest.raises(CheckpointError, match="no distilled draft model"):
+        load_student(tmp_path / "nowhere", target)
+    with pytest.raises(FileNotFoundError, match="no distilled draft model is shipped yet"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
+
+
+def test_the_method_config_composes_with_hydra():
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from specdec.training.config import register_train_configs
+
+    register_train_configs()
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("train", overrides=["method=draft_model", "method.loss=tv"]))
+    assert cfg.method.name == "draft_model" and cfg.method.layers == [0, 10, 20, 29] and cfg.method.loss == "tv"
+
+
+def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
+    """python -m specdec.train method=draft_model on a tiny target: prompt positions and on-policy samples in
+    the loss, held-out τ and acceptance per epoch, a lean student the drafter decodes exactly with."""
+    from test_train_medusa import CHAT_TEMPLATE, tiny_config
+    from specdec.training.methods.draft_model import DraftModelMethodConfig
+    from specdec.training.trainer import train
+
+    model, tokenizer = tiny_pair
+    tokenizer.chat_template = CHAT_TEMPLATE
+    cfg = tiny_config(tmp_path / "run")
+    cfg.method = DraftModelMethodConfig(layers=[0], loss="tv", prompt_loss=True, chunk_len=32, on_policy_fraction=0.5,
+                                        on_policy_tokens=4, eval_depth=3)
+    cfg.eval_every_epoch = True
+    cfg.optim.lr = 3e-3
+    cfg.optim.epochs = 2
+    cfg.export = str(tmp_path / "export")
+    metrics = train(cfg, target=model, tokenizer=tokenizer)
+    assert metrics["finished"] and len(metrics["per_epoch"]) == cfg.optim.epochs
+    assert set(metrics["eval"]) >= {"val", "answers_mtbench"}
+    assert len(metrics["eval"]["val"]["tau_chain"]) == 3 and 0 <= metrics["eval"]["val"]["accept_t1"] <= 1
+    provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
+    assert provenance["method"]["name"] == "draft_model"
+    drafter = DraftModelDrafter(load_student(tmp_path / "export", model))
+    ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
+    ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    assert speculative_generate(model, drafter, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
+
+
+def test_on_policy_examples_are_the_students_samples_scored_by_the_target(target):
+    """on_policy_fraction=1: the whole batch is the student's continuations of training prompts, and its loss
+    (against the target's distributions there, from one target forward) trains the student's layers."""
+    from specdec.training.distill.answers import answer_sequences
+    from specdec.training.methods.draft_model import DraftModelMethod, DraftModelMethodConfig
+    from specdec.training.methods.draft_model.objective import sample_continuations, scored_pairs
+
+    seqs = answer_sequences(target, [[3, 9, 4], [5, 6, 7, 8], [2, 2]], max_new_tokens=4, batch_size=3, pad_id=0)
+    method = DraftModelMethod(DraftModelMethodConfig(layers=[0, 3], on_policy_fraction=1.0, on_policy_tokens=3,
+                                                     chunk_len=16))
+    student = method.setup(target, {"train": Split.of(seqs)}, torch.device("cpu"))
+    loss, logged = method.loss(student, torch.tensor([0, 1]))
+    assert set(logged) == {"on_policy_accept_t1", "on_policy_top1", "on_policy_positions"}
+    assert logged["on_policy_positions"] == 2 * 3  # every sampled token is trained on (H_2 predicts the first)
+    loss.backward()
+    assert student.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
+    # the samples: the prompt then new tokens; the target's hidden state at each position, shifted by one
+    sample = sample_continuations(student, [torch.tensor([3, 9, 4])], 3, torch.Generator().manual_seed(0))[0]
+    assert sample[:3].tolist() == [3, 9, 4] and sample.numel() == 6
+    _, x, hid, trained = scored_pairs(target, [sample], [3])[0]
+    with torch.no_grad():
+        assert torch.allclose(target.lm_head(hid[1:]), target(x[None, :-1]).logits[0], atol=1e-4)
+    assert trained.tolist() == [False, False, False, True, True, True]
