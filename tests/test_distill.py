@@ -128,11 +128,22 @@ def test_chain_matches_replay_greedy_chains():
     assert torch.allclose(accept[counted], torch.ones(12))
 
 
-def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path):
+def tied_llama():
+    """A tiny target whose LM head is its embeddings (as SmolLM2's)."""
+    model = tiny_llama(layers=4, seed=2)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path, tied):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    target = tied_llama() if tied else target
     student = trained_like(init_student(target, [0, 2]))
+    assert (student.lm_head.weight is student.model.embed_tokens.weight) == tied
     save_student(tmp_path / "lean", student, target_name="tiny", layers=[0, 2])
     stored = load_file(str(tmp_path / "lean" / "model.safetensors"))
     assert not any("embed_tokens" in k or "lm_head" in k for k in stored) and "model.norm.weight" in stored
@@ -149,6 +160,21 @@ def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path):
         hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
         assert torch.equal(hf(ids).logits, ref)
     assert not list(tmp_path.glob(".hf.*"))  # no temporary directories left
+
+
+def test_a_checkpoint_of_a_tied_student_round_trips(tmp_path):
+    """Training checkpoints store a tensor under two names (tied embeddings and LM head) once."""
+    from specdec.training.checkpoint import load_checkpoint, save_checkpoint
+
+    target = tied_llama()
+    student = trained_like(init_student(target, [1, 3]))
+    optimizer = torch.optim.AdamW(student.parameters())
+    save_checkpoint(tmp_path, 3, student, optimizer, {})
+    fresh = init_student(target, [1, 3])
+    assert load_checkpoint(tmp_path, fresh, torch.optim.AdamW(fresh.parameters())) == 3
+    for (name, a), b in zip(student.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight is target.model.embed_tokens.weight
 
 
 def test_greedy_decoding_with_the_loaded_student_equals_plain_decoding(target, tmp_path):

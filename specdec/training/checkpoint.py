@@ -32,7 +32,7 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
     final, tmp = root / f"step-{step}", root / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_file(_unaliased(model.state_dict()), str(tmp / "model.safetensors"))
     state = optimizer.state_dict()
     tensors = {f"{pid}.{key}": v.detach().cpu().contiguous() for pid, st in state["state"].items()
                for key, v in st.items() if torch.is_tensor(v)}
@@ -47,6 +47,22 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
     for old in root.glob("step-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _unaliased_names(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of ``state`` with each tensor once: of a tensor under two names (tied embeddings and LM
+    head) the first, as safetensors refuses shared memory; :func:`load_checkpoint` restores it under both."""
+    seen, names = set(), []
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            names.append(name)
+    return names
+
+
+def _unaliased(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: state[name].detach().cpu().contiguous() for name in _unaliased_names(state)}
 
 
 def _latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -80,7 +96,12 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
                          f"({meta.get('run')} vs {expect}); use another run_name, or delete the directory to "
                          f"start over")
     hint = f"delete the checkpoint directory {str(ckpt)!r} to resume from the one before it, or start over"
-    model.load_state_dict(read_tensors(ckpt / "model.safetensors", what="training checkpoint", hint=hint))
+    tensors = read_tensors(ckpt / "model.safetensors", what="training checkpoint", hint=hint)
+    expected = set(_unaliased_names(model.state_dict()))
+    if set(tensors) != expected:
+        raise ValueError(f"the checkpoint in {str(ckpt)!r} holds other weights than this model "
+                         f"({sorted(set(tensors) ^ expected)[:6]} differ); {hint}")
+    model.load_state_dict(tensors, strict=False)  # aliases of a loaded tensor are loaded with it
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in read_tensors(ckpt / "optimizer.safetensors", what="training checkpoint", hint=hint).items():
         pid, key = name.split(".", 1)
