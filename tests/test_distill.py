@@ -237,10 +237,21 @@ def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
     assert len(metrics["eval"]["val"]["tau_chain"]) == 3 and 0 <= metrics["eval"]["val"]["accept_t1"] <= 1
     provenance = json.loads((tmp_path / "export" / "provenance.json").read_text())
     assert provenance["method"]["name"] == "draft_model"
-    drafter = DraftModelDrafter(load_student(tmp_path / "export", model))
+    student = load_student(tmp_path / "export", model)
+    drafter = DraftModelDrafter(student)
     ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
     ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
     assert speculative_generate(model, drafter, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
+    # the same student as a standalone transformers model: transformers' assisted generation takes it
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export_hf(tmp_path / "hf", student, tokenizer)
+    assistant = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").get_vocab() == tokenizer.get_vocab()
+    plain = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0)
+    assisted = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0,
+                              assistant_model=assistant)
+    assert torch.equal(assisted, plain) and plain[0, 7:].tolist() == ref.sequences[0]
 
 
 def test_on_policy_examples_are_the_students_samples_scored_by_the_target(target):
