@@ -28,13 +28,13 @@ def target():
     return tiny_llama(layers=4, seed=0)
 
 
-def trained_like(student, seed=1):
+def trained_like(student, seed=1, scale=0.05):
     """The student with its trainable weights moved off the target's (as training would)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in student.parameters():
             if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
     return student.eval()
 
 
@@ -134,6 +134,26 @@ def tied_llama():
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.model.embed_tokens.weight
     return model
+
+
+def test_chain_replay_counts_what_greedy_drafting_would_accept(target):
+    """From every committed answer position, the drafts accepted in a row by the replay are those the student
+    accepted drafting greedily from that prefix (a draft past the answer's end is a miss)."""
+    from specdec.training.distill.answers import answer_sequences
+
+    student = trained_like(init_student(target, [0, 1, 2, 3]), seed=5, scale=0.003)
+    seq = answer_sequences(target, [[3, 9, 4, 12]], max_new_tokens=10, batch_size=1, pad_id=0)[0]
+    batch = pack(student_pairs(Split.of([seq])), 16)
+    match, counted, _ = chain_matches(student, batch, 3)
+    x = torch.cat([seq.context, seq.tokens])
+    replayed, drafted = [], []
+    for t in range(seq.context.numel() - 1, x.numel() - 1):  # committed x_0 .. x_t, the next token an answer's
+        replayed.append(int(match[0, t].long().cumprod(0).sum()))
+        drafts = autoregressive_generate(student, x[None, : t + 1], max_new_tokens=3, eos_token_id=[]).sequences[0]
+        truth = x[t + 1: t + 4].tolist()
+        drafted.append(next((j for j in range(3) if j >= len(truth) or drafts[j] != truth[j]), 3))
+        assert counted[0, t]
+    assert replayed == drafted and set(drafted) == {0, 1, 2, 3}  # chains stopped at every depth
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -16,7 +16,9 @@ store; it predicted x_{t+1}), q_t the student's after reading x_0 .. x_t. Temper
 is accepted up to depth j exactly when the student's argmax at t, t+1, .., t+j-1 (given the true prefix)
 matches x_{t+1} .., x_{t+j}: every accepted draft *is* the true token, so teacher forcing replays the chain
 exactly. :func:`chain_matches` gives those matches; :func:`~specdec.training.distill.packing.chain_tau` the
-expected τ and α per depth. At T=1 the expected acceptance of one draft is Σ min(p, q) (:func:`acceptance`).
+expected τ and α per depth. On corpus text (the ``text_*`` splits) the prefix is not the target's, so only
+depth 1 is exact there (deeper drafts are scored on the corpus's prefix). At T=1 the expected acceptance of
+one draft is Σ min(p, q) (:func:`acceptance`).
 """
 
 from __future__ import annotations
@@ -121,14 +123,15 @@ def distill_loss(student, batch: Packed, kind: str) -> tuple[torch.Tensor, dict[
 @torch.no_grad()
 def chain_matches(student, batch: Packed, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy chains replayed on the target's answers (see the module docstring): ``match`` [b, T, depth] —
-    whether draft j+1 from committed position t is x_{t+j+1} — ``counted`` [b, T]: positions whose first
+    whether draft j+1 from committed position t is the target's greedy token there (the answer's x_{t+j+1})
+    — ``counted`` [b, T]: positions whose first
     draft lands in an answer, and ``accept`` [b, T]: Σ min(p, q) at each position (T=1)."""
     hidden = packed_hidden(student, batch.tokens, batch.positions, batch.segment)
     lm_head = student.lm_head.weight
     logq = (hidden @ lm_head.t()).float().log_softmax(-1)  # [b, T, V]
     logp = (batch.target_hidden.to(lm_head) @ lm_head.t()).float().log_softmax(-1)
     counted = batch.answer & (batch.next_token >= 0)
-    hit = (logq.argmax(-1) == batch.next_token) & counted  # [b, T]
+    hit = (logq.argmax(-1) == logp.argmax(-1)) & counted  # [b, T]: the target's greedy choice (its answer's token)
     b, t = hit.shape
     match = torch.zeros(b, t, depth, dtype=torch.bool, device=hit.device)
     for j in range(depth):
