@@ -220,19 +220,36 @@ def test_a_student_for_another_target_is_refused(target, tmp_path):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
 
 
-def test_the_method_config_composes_with_hydra():
+def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, tiny_pair):
+    """What ``python -m specdec.train method=draft_model ...`` runs: the composed config (the method's YAML
+    over its schema), the target loaded from a model directory, a few steps, the lean student."""
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from test_train_medusa import CHAT_TEMPLATE
+    from specdec.drafters.student import is_student_dir
     from specdec.training.config import register_train_configs
+    from specdec.training.trainer import train
 
+    model, tokenizer = tiny_pair
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
     register_train_configs()
     configs = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("train", overrides=["method=draft_model", "method.loss=tv"]))
-    assert cfg.method.name == "draft_model" and cfg.method.layers == [0, 10, 20, 29] and cfg.method.loss == "tv"
+        cfg = OmegaConf.to_object(compose("train", overrides=[
+            "method=draft_model", "method.layers=[0]", "method.loss=rkl", "method.chunk_len=32",
+            f"output_dir={tmp_path / 'run'}", "data.num_prompts=4",
+            "data.max_new_tokens=6", "data.batch_size=4", "eval.limit_per_source=1", "eval.max_new_tokens=4",
+            "eval.text_sources=[]", "optim.epochs=1", "optim.batch_size=4", "optim.warmup_steps=1", "optim.lr=1e-3"]))
+    assert cfg.method.name == "draft_model" and cfg.method.loss == "rkl" and cfg.method.eval_depth == 6
+    cfg.target = str(tmp_path / "target")  # `target=<dir>` on the command line collides with the configs/target group
+    metrics = train(cfg)
+    assert metrics["finished"] and metrics["score"] == metrics["eval"]["val"]["tau_chain"][-1]
+    assert is_student_dir(tmp_path / "run") and (tmp_path / "run" / "metrics.json").is_file()
 
 
 def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
