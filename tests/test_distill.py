@@ -182,6 +182,18 @@ def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path, ti
     assert not list(tmp_path.glob(".hf.*"))  # no temporary directories left
 
 
+def test_a_failed_export_leaves_the_earlier_one(tmp_path):
+    from specdec.io import atomic_dir
+
+    with atomic_dir(tmp_path / "out") as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "a.txt").write_text("second")
+            raise RuntimeError("interrupted")
+    assert (tmp_path / "out" / "a.txt").read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
 def test_a_checkpoint_of_a_tied_student_round_trips(tmp_path):
     """Training checkpoints store a tensor under two names (tied embeddings and LM head) once."""
     from specdec.training.checkpoint import load_checkpoint, save_checkpoint
