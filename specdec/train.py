@@ -3,7 +3,7 @@
     python -m specdec.train                                          # Medusa-1 heads (~36 min on a 2-core CPU)
     python -m specdec.train method=medusa method.token_aware=true    # token-aware heads, as shipped
     python -m specdec.train data.mode=text                           # on a text corpus instead of the target's answers
-    python -m specdec.train target=/path/to/model run_name=mine export=heads/mine
+    python -m specdec.train target.name=/path/to/model run_name=mine export=heads/mine
     accelerate launch -m specdec.train ...                           # several GPUs, no code change
 
 Rerunning the same command resumes from the latest checkpoint in ``outputs/train/<method>/<run_name>``.

@@ -281,11 +281,11 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("train", overrides=[
             "method=draft_model", "method.layers=[0]", "method.loss=rkl", "method.chunk_len=32",
-            f"output_dir={tmp_path / 'run'}", "data.num_prompts=4",
+            f"target.name={tmp_path / 'target'}", f"output_dir={tmp_path / 'run'}", "data.num_prompts=4",
             "data.max_new_tokens=6", "data.batch_size=4", "eval.limit_per_source=1", "eval.max_new_tokens=4",
             "eval.text_sources=[]", "optim.epochs=1", "optim.batch_size=4", "optim.warmup_steps=1", "optim.lr=1e-3"]))
     assert cfg.method.name == "draft_model" and cfg.method.loss == "rkl" and cfg.method.eval_depth == 6
-    cfg.target = str(tmp_path / "target")  # `target=<dir>` on the command line collides with the configs/target group
+    assert cfg.target.name == str(tmp_path / "target")
     metrics = train(cfg)
     assert metrics["finished"] and metrics["score"] == metrics["eval"]["val"]["tau_chain"][-1]
     assert is_student_dir(tmp_path / "run") and (tmp_path / "run" / "metrics.json").is_file()

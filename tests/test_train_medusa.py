@@ -19,6 +19,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_heads
 from specdec.training import checkpoint
 from specdec.training.checkpoint import load_checkpoint, save_checkpoint
+from specdec.config import TargetConfig
 from specdec.training.config import TrainConfig
 from specdec.training.distill import prompts, store
 from specdec.training.distill.prompts import magpie_prompts
@@ -48,7 +49,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['cont
 
 
 def tiny_config(out: Path, **method) -> TrainConfig:
-    cfg = TrainConfig(method=MedusaMethodConfig(num_heads=3, tree_nodes=5, **method), target="tiny",
+    cfg = TrainConfig(method=MedusaMethodConfig(num_heads=3, tree_nodes=5, **method), target=TargetConfig(name="tiny"),
                       output_dir=str(out), save_every=2, log_every=1)
     cfg.data.num_prompts, cfg.data.max_new_tokens, cfg.data.batch_size, cfg.data.text_seq_len = 6, 10, 4, 64
     cfg.eval.limit_per_source, cfg.eval.max_new_tokens = 2, 6

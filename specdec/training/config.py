@@ -12,7 +12,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from specdec.config import LoggerConfig, register_configs
+from specdec.config import LoggerConfig, TargetConfig, register_configs
 from specdec.training.methods import METHODS, MethodConfig
 
 
@@ -49,7 +49,8 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     method: MethodConfig = MISSING  # what is trained: configs/method/<name>.yaml
-    target: str = "smollm2-135m"  # alias, local directory or hub id
+    # the frozen target: configs/target/ (target.name: alias, local directory or hub id; target.dtype)
+    target: TargetConfig = MISSING
     seed: int = 0
     threads: Optional[int] = None  # torch CPU threads; null = torch's default
     run_name: str = "smollm2-135m"

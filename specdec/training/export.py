@@ -63,7 +63,7 @@ def data_size(splits: dict[str, Split]) -> dict[str, dict[str, int]]:
 def export(directory: Path, method: TrainMethod, model: torch.nn.Module, cfg: Any, metrics: dict[str, Any],
            splits: dict[str, Split]) -> None:
     """The method's weight file (with what its drafter needs, e.g. Medusa's tree) + provenance.json."""
-    method.save(model, directory / method.weights_file, cfg.target, metrics, dtype=export_dtype(cfg.export_dtype))
+    method.save(model, directory / method.weights_file, cfg.target.name, metrics, dtype=export_dtype(cfg.export_dtype))
     provenance = {
         "command": " ".join(["python -m specdec.train", *sys.argv[1:]]),
         "config": plain(cfg),

@@ -32,7 +32,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     """Build (or load) the data, train (or resume), evaluate, export. Returns the metrics.
 
     ``cfg``: a :class:`~specdec.training.config.TrainConfig`. ``target``/``tokenizer``: an already loaded
-    model (tests); default: ``load_target(cfg.target)``."""
+    model (tests); default: ``load_target(cfg.target.name)``."""
     from accelerate import Accelerator
 
     from specdec.loading import load_target
@@ -47,7 +47,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     times: dict[str, Any] = {}
     start = time.perf_counter()
     if target is None:
-        target, tokenizer = load_target(cfg.target, device=accelerator.device)
+        target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=accelerator.device)
     target.requires_grad_(False)
     with accelerator.main_process_first():  # the main process builds the data; the others read its store
         splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors")
@@ -79,7 +79,7 @@ def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, sp
     metrics.update(method.evaluate(model, splits))
     metrics["score"] = method.score(metrics)
     metrics["times_s"]["eval_s"] = time.perf_counter() - start
-    method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target, metrics)
+    method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target.name, metrics)
     write_json(Path(cfg.output_dir) / "metrics.json", metrics)
     if cfg.export:
         export(Path(cfg.export), method, model, cfg, metrics, splits)

@@ -69,7 +69,7 @@ class Split:
 
 def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
     """What the stored data depends on: the target, the seed, the data and held-out settings, the needs."""
-    return json.dumps({"target": cfg.target, "seed": cfg.seed, "data": vars(cfg.data), "eval": vars(cfg.eval),
+    return json.dumps({"target": cfg.target.name, "seed": cfg.seed, "data": vars(cfg.data), "eval": vars(cfg.eval),
                        "needs": asdict(needs)}, sort_keys=True, default=list)
 
 
