@@ -58,7 +58,7 @@ class EagleDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "eagle"
-        k: int = 20  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
+        k: int = 24  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
         path: str = DEFAULT_EAGLE  # "default" (shipped for SmolLM2-135M-Instruct) or an EAGLE-3 drafter directory
         tree: bool = True  # an EAGLE-2 tree of k nodes; false = a chain of k drafts
         depth: int = 6  # tree levels drafted
@@ -70,7 +70,7 @@ class EagleDrafter(Drafter):
         lookup: int = 8  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
         # fixed-candidate trees: of the k most confident nodes keep those whose confidence (averaged over the
         # rows) reaches this (specdec.drafters.trees.dynamic); none = a plain step. 0 = always k nodes
-        min_confidence: float = 0.1
+        min_confidence: float = 0.05
 
     def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
