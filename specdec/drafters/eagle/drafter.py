@@ -300,11 +300,12 @@ class _Growth:
         descendant. Leaving them unexpanded (and stopping when none is left) changes no selected tree."""
         if not self.prune:
             return frontier
-        confidence = torch.stack(self.logp, 1).exp().mean(0)  # [n]
         if k < 1:
             return []
-        bar = confidence.topk(k).values[-1].item() if confidence.numel() >= k else float("-inf")
-        return [i for i in frontier if confidence[i] >= self.d.min_confidence and confidence[i] > bar]
+        confidence = torch.stack(self.logp, 1).exp().mean(0)  # [n]
+        bar = confidence.topk(k).values[-1] if confidence.numel() >= k else float("-inf")
+        selectable = ((confidence >= self.d.min_confidence) & (confidence > bar)).tolist()  # one read of the device
+        return [i for i in frontier if selectable[i]]
 
     def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [B, 1, E, S]
         """Expanded candidates attend to the committed entries, their ancestors' entries and themselves."""
