@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from specdec.models.graphs import GraphedDecoder
 from specdec.models.hf import HFDecoder
 from specdec.models.llama import CompactLlama, supports
 
@@ -11,9 +12,10 @@ from specdec.models.llama import CompactLlama, supports
 def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
     """Wrap a transformers causal LM: the compact Llama-family path when possible, else the HF fallback.
 
-    A model that already is a decoder is returned as is. ``num_layers`` (early exit) needs the compact path.
+    A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is. ``num_layers``
+    (early exit) needs the compact path.
     """
-    if isinstance(model, (CompactLlama, HFDecoder)):
+    if isinstance(model, (CompactLlama, GraphedDecoder, HFDecoder)):
         return model
     if supports(model):
         return CompactLlama(model, num_layers=num_layers)
@@ -23,4 +25,4 @@ def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
     return HFDecoder(model)
 
 
-__all__ = ["CompactLlama", "HFDecoder", "as_decoder", "supports"]
+__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "supports"]

@@ -27,13 +27,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
-    """``layer(x)``: on CPU through oneDNN with a prepacked weight where it can (see :func:`_onednn_weight`),
-    else computed as W·xᵀ with at least two rows.
+    """``layer(x)``: ``F.linear`` on an accelerator; on CPU through oneDNN with a prepacked weight where it
+    can (see :func:`_onednn_weight`), else computed as W·xᵀ with at least two rows.
 
     For the few rows of a decode step, MKL's x·Wᵀ path is 3-7x slower on CPU than W·xᵀ, and a single
     row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
     Same arithmetic, another kernel.
     """
+    if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
+        return F.linear(x, layer.weight, layer.bias)
     packed = _onednn_weight(layer, x)
     if packed is not None:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, layer.bias, "none", [], "")
@@ -183,6 +185,9 @@ class CompactLlama(nn.Module):
         count, and the stream *before* the final norm for k = the layer count. EAGLE-style drafters read them.
         """
         b, t = input_ids.shape
+        if input_ids.device.type != "cpu":
+            kv_len = None  # attend over the whole cache: one key length per generation, not one per step (on a
+            # GPU the masked slots cost little, and each new length makes SDPA pick and plan its kernel anew)
         offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
         mask = cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]

@@ -1,0 +1,136 @@
+"""CUDA-graph replay of the target's decode and verify forwards.
+
+A small model's decode step on a GPU is launch-bound: SmolLM2-135M's forward is ~600 small kernels, each
+costing a launch from Python. :class:`GraphedDecoder` captures the forward of a
+:class:`~specdec.models.llama.CompactLlama` once per input shape (batch, width, chain or tree, captured
+feature layers) and replays it: one launch per step. What makes that possible is already in the cache's
+design (:mod:`specdec.cache`): every piece of bookkeeping is an on-device tensor of fixed shape, updated in
+place. A graphed forward attends over the cache's whole capacity (the slots past each row's block are
+masked out) instead of a host-side ``kv_len``.
+
+The wrapper owns one cache, reused by every generation whose batch size and length fit it (the graphs read
+its tensors by address): one generation at a time per wrapper. Prefill (a once-per-generation, variable-
+length forward) and every forward on CPU run eagerly, unchanged. Widths are captured on first use and kept
+(at most ``k + 1`` per drafter setting); ``capture_time_s`` says what that cost, apart from decoding.
+
+Use: ``speculative_generate(GraphedDecoder(as_decoder(model)), drafter, ...)``, the wrapper built once and
+reused across prompts so captures amortise; drafters that read the target's weights see through it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.cache import KVCache
+from specdec.models.llama import CompactLlama
+
+CAPACITY_STEP = 256  # the reused cache grows in steps of this many slots
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    input_ids: torch.Tensor  # [B, T] the static inputs the graph reads
+    tree_mask: torch.Tensor | None  # [T, T]
+    depths: torch.Tensor | None  # [T]
+    outputs: tuple[torch.Tensor, ...]  # the static outputs the graph writes
+
+
+class GraphedDecoder:
+    """A :class:`CompactLlama` whose fixed-shape forwards replay CUDA graphs (eager on CPU: a no-op there).
+
+    ``compile=True`` also runs each captured forward through ``torch.compile`` first (fused kernels, one
+    compilation per captured shape), which costs compile time up front; ``captures``, ``replays`` and
+    ``capture_time_s`` count what happened.
+    """
+
+    def __init__(self, decoder: CompactLlama, *, compile: bool = False):
+        if not isinstance(decoder, CompactLlama):
+            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a Llama-family "
+                            f"model), got {type(decoder).__name__}")
+        self.decoder = decoder
+        self.enabled = decoder.device.type == "cuda"
+        self.compile = compile
+        self._forward = torch.compile(decoder.forward, fullgraph=True, dynamic=False) if compile else decoder.forward
+        self._cache: KVCache | None = None
+        self._graphs: dict[tuple, _Captured] = {}
+        self._pool = None
+        self.captures = 0
+        self.replays = 0
+        self.capture_time_s = 0.0
+
+    def __getattr__(self, name: str):  # device, dtype, vocab_size, config, layers, lm_head, ...: the decoder's
+        try:
+            decoder = self.__dict__["decoder"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(decoder, name)
+
+    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
+        """The wrapper's cache, emptied and given this batch's padding; reallocated (and the graphs dropped)
+        only when the batch size changes or the generation needs more slots than it has."""
+        if not self.enabled:
+            return self.decoder.new_cache(batch_size, capacity, pad)
+        cache = self._cache
+        if cache is None or cache.keys[0].shape[0] != batch_size or cache.capacity < capacity:
+            rounded = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+            size = rounded if rounded <= self.decoder.max_positions else capacity
+            self._graphs.clear()
+            self._pool = None  # the dropped graphs' memory pool goes with them
+            self._cache = cache = self.decoder.new_cache(batch_size, size, pad)
+        else:
+            cache.lengths.zero_()
+            cache.pad.copy_(pad)
+        return cache
+
+    def __call__(self, input_ids: torch.Tensor, cache: KVCache, *, kv_len: int | None = None,
+                 tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        """As :meth:`CompactLlama.forward`; the outputs are fresh tensors (safe to keep across steps)."""
+        if not self.enabled or cache is not self._cache or last_only:
+            return self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
+                                last_only=last_only, capture=capture)
+        key = (tuple(input_ids.shape), tree_mask is not None, depths is not None, tuple(capture))
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._graphs[key] = self._capture(input_ids, tree_mask, depths, tuple(capture))
+        entry.input_ids.copy_(input_ids)
+        if tree_mask is not None:
+            entry.tree_mask.copy_(tree_mask)
+        if depths is not None:
+            entry.depths.copy_(depths)
+        entry.graph.replay()
+        self.replays += 1
+        return tuple(out.clone() for out in entry.outputs)
+
+    def _capture(self, input_ids, tree_mask, depths, capture) -> _Captured:
+        """Warm the forward up on a side stream (lazy library initialisation must not happen inside a capture),
+        then record it. Warm-up and capture write only uncommitted cache slots, which the replay that follows
+        overwrites."""
+        start = time.perf_counter()
+        device = input_ids.device
+        ids = input_ids.clone()
+        mask = None if tree_mask is None else tree_mask.clone()
+        offsets = None if depths is None else depths.clone()
+
+        def run():
+            return self._forward(ids, self._cache, tree_mask=mask, depths=offsets, capture=capture)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3 if self.compile else 2):
+                run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = run()
+        torch.cuda.synchronize(device)
+        self.captures += 1
+        self.capture_time_s += time.perf_counter() - start
+        return _Captured(graph, ids, mask, offsets, tuple(outputs))

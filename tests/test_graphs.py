@@ -1,0 +1,26 @@
+"""The CUDA-graph wrapper of the target's decoder (specdec.models.graphs) where it runs in CI: on CPU it is the
+eager decoder. Its CUDA behaviour is tested in test_gpu.py."""
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+
+from specdec import NgramDrafter, speculative_generate
+from specdec.models import GraphedDecoder, as_decoder
+
+
+def test_graphed_decoder_is_the_eager_decoder_on_cpu():
+    """On CPU the wrapper runs the decoder eagerly: same outputs, nothing captured."""
+    model = tiny_llama(layers=2, seed=0)
+    graphed = GraphedDecoder(as_decoder(model))
+    assert as_decoder(graphed) is graphed and graphed.vocab_size == model.config.vocab_size
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
+    ref = speculative_generate(model, NgramDrafter(), ids, k=3, max_new_tokens=16, eos_token_id=[])
+    out = speculative_generate(graphed, NgramDrafter(), ids, k=3, max_new_tokens=16, eos_token_id=[])
+    assert out.sequences == ref.sequences and graphed.captures == 0
+
+
+def test_graphed_decoder_wraps_the_compact_decoder_only():
+    with pytest.raises(TypeError, match="CompactLlama"):
+        GraphedDecoder(tiny_llama(layers=1))
