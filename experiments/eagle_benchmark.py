@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from medusa_benchmark import side_by_side  # experiments/ is on sys.path when this runs as a script
+from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts

@@ -29,39 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
+
+from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
 from specdec.jobs import machine_description
 from specdec.models.llama import use_onednn
-
-
-def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
-    """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
-    ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
-    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference."""
-    for drafter, k in methods.values():  # warm-up, untimed
-        run(drafter, k, prompts[0][:, :32])
-    seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
-    mismatches = dict.fromkeys(methods, 0)
-    with torch.no_grad():
-        for ids in prompts:
-            reference = None
-            for name, (drafter, k) in methods.items():
-                start = time.perf_counter()
-                out = run(drafter, k, ids)
-                seconds[name] += time.perf_counter() - start
-                tokens[name] += len(out.sequences[0])
-                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
-                reference = reference or out.sequences
-                mismatches[name] += out.sequences != reference
-    return seconds, tokens, stats, mismatches
 
 
 def main() -> None:

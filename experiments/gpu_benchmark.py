@@ -1,0 +1,199 @@
+"""The decode step on a GPU (not a test): eager vs CUDA graphs, plain and speculative, batch 1 and 8.
+
+One process, the same prompts for every method; batch 1 runs each prompt through every method in turn after
+an untimed warm-up (``side_by_side``), batch 8 runs groups of 8 prompts (left-padded) through each method in
+turn. The target runs in bf16 on the GPU; "graphs" replays CUDA graphs of its forwards
+(:class:`specdec.models.GraphedDecoder`, one wrapper per setting, reused across prompts; capture time is
+reported apart), "compiled" also runs each captured forward through ``torch.compile`` first.
+
+Speed of light: a plain decode step must read the target's weights once and the KV cache it attends; the
+floor is those bytes over the GPU's read bandwidth, measured here by a short probe (a sum over 2 GiB).
+``bandwidth_fraction`` = floor / measured target step (plain step, or verify step: it reads the same bytes). Writes ``gpu_<source>.json`` / ``.md`` to --out.
+
+    python experiments/gpu_benchmark.py --prompts 24 --new 128
+    python experiments/gpu_benchmark.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
+    python experiments/gpu_benchmark.py --prompt-file prompts.json                  # on a GPU machine without datasets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+
+from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec.data import left_pad
+from specdec.drafters import EagleDrafter, MedusaDrafter
+from specdec.jobs import machine_description
+from specdec.models import GraphedDecoder, as_decoder
+
+
+def read_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 10) -> float:
+    """Bytes per second a reduction reads from device memory (the best of ``repeats``)."""
+    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32, device=device)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * x.element_size() / best
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_bytes(model, context: float, batch: int = 1) -> float:
+    """What one plain decode step reads: every weight once (tied embeddings counted once) and the KV cache
+    of ``context`` positions per row."""
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
+    return weights + batch * context * per_position
+
+
+def prompt_ids(args, tokenizer) -> list[list[int]]:
+    if args.prompt_file:
+        return json.loads(Path(args.prompt_file).read_text())[: args.prompts]
+    from specdec.data import encode_prompt, load_prompt_mix, load_prompts
+
+    if args.source == "mix":  # half MT-Bench, half HumanEval
+        rows = load_prompt_mix(["mtbench", "humaneval"], limit_per_source=args.prompts // 2)
+    else:
+        rows = load_prompts(args.source, limit=args.prompts)
+    return [encode_prompt(tokenizer, row) for row in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", default="mtbench", help="mtbench, humaneval, ... or mix (half each)")
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompt-file", default=None, help="JSON list of token-id lists (from --dump-prompts)")
+    ap.add_argument("--dump-prompts", default=None, help="write the prompts' token ids to this file and stop")
+    ap.add_argument("--new", type=int, default=128, help="max new tokens")
+    ap.add_argument("--batch", type=int, default=8, help="the batched comparison's batch size (0: skip it)")
+    ap.add_argument("--compile", action="store_true", help="also run plain decoding with torch.compile + graphs")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_target(dtype=args.dtype if device.type == "cuda" else "float32", device=device)
+    prompts = prompt_ids(args, tokenizer)
+    if args.dump_prompts:
+        Path(args.dump_prompts).write_text(json.dumps(prompts) + "\n")
+        print(f"wrote {len(prompts)} prompts to {args.dump_prompts}")
+        return
+    eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
+    eager = as_decoder(model)
+    graphed = {}  # one wrapper (one cache, its graphs) per method
+
+    def target(name: str, compiled: bool = False):
+        if name not in graphed:
+            graphed[name] = GraphedDecoder(eager, compile=compiled)
+        return graphed[name]
+
+    eagle = EagleDrafter.from_config(EagleDrafter.Config(), target=model)
+    medusa = MedusaDrafter.from_config(MedusaDrafter.Config(), target=model)
+    methods = {  # name -> (target, drafter or None, k)
+        "plain eager": (eager, None, 0),
+        "plain graphs": (target("plain graphs"), None, 0),
+        "ngram K=4 eager": (eager, NgramDrafter(), 4),
+        "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
+        "eagle default graphs": (target("eagle graphs"), eagle, EagleDrafter.Config().k),
+        "medusa default graphs": (target("medusa graphs"), medusa, MedusaDrafter.Config().k),
+    }
+    if args.compile:
+        methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)
+    by_name = {}
+
+    def run(spec, k, ids, mask=None):
+        tgt, drafter = spec
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask)
+        start = time.perf_counter()
+        if drafter is None:
+            out = autoregressive_generate(tgt, ids, **kwargs)
+        else:
+            out = speculative_generate(tgt, drafter, ids, k=k, **kwargs)
+        if args.verbose:
+            print(f"{type(drafter).__name__} {type(tgt).__name__} {list(ids.shape)}: {time.perf_counter() - start:.2f} s",
+                  flush=True)
+        return out
+
+    table = {name: ((tgt, drafter), k) for name, (tgt, drafter, k) in methods.items()}
+    batch1 = [torch.tensor([p], device=device) for p in prompts]
+    seconds, tokens, stats, mismatches = side_by_side(table, batch1, lambda spec, k, ids: run(spec, k, ids))
+    bandwidth = read_bandwidth(device, gib=2.0 if device.type == "cuda" else 0.5)
+    results = {}
+    for name in methods:
+        s = stats[name]
+        context = sum(len(p) for p in prompts) / len(prompts) + args.new / 2
+        step_ms = 1000 * (s.target_time_s + s.drafter_time_s) / s.target_forwards
+        results[name] = {
+            "batch": 1, "tau": s.mean_accepted_length, "tokens_per_second": tokens[name] / seconds[name],
+            "step_ms": step_ms, "verify_step_ms": 1000 * s.target_time_s / s.target_forwards,
+            "drafter_step_ms": 1000 * s.drafter_time_s / s.target_forwards, "mismatching_outputs": mismatches[name],
+            "bandwidth_floor_ms": 1000 * step_bytes(model, context) / bandwidth,
+        }
+        tgt = methods[name][0]
+        if isinstance(tgt, GraphedDecoder):
+            results[name].update(captures=tgt.captures, capture_time_s=tgt.capture_time_s)
+    for r in results.values():
+        r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]
+        r["bandwidth_fraction"] = r["bandwidth_floor_ms"] / r["verify_step_ms"]
+    by_name.update(results)
+    if args.batch > 1:
+        groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
+        padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
+        batched = {f"{name} batch {args.batch}": methods[name] for name in
+                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs")}
+        for name, (tgt, drafter, k) in batched.items():
+            run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)
+        totals = dict.fromkeys(batched, 0.0)
+        counts = dict.fromkeys(batched, 0)
+        outputs = {}
+        for ids, mask in padded:
+            for name, (tgt, drafter, k) in batched.items():
+                start = time.perf_counter()
+                out = run((tgt, drafter), k, ids, mask)
+                totals[name] += time.perf_counter() - start
+                counts[name] += sum(len(s) for s in out.sequences)
+                outputs.setdefault(name, []).append(out.sequences)
+        reference = outputs[f"plain eager batch {args.batch}"]
+        for name in batched:
+            by_name[name] = {"batch": args.batch, "tokens_per_second": counts[name] / totals[name],
+                             "mismatching_outputs": sum(a != b for a, b in zip(outputs[name], reference))}
+    summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": len(prompts),
+               "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
+               "torch": torch.__version__, "methods": by_name}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## Decode on {summary['device']}, {args.dtype}, {len(prompts)} prompts, {args.new} new tokens, greedy",
+             f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
+             "| method | batch | τ | tok/s | x plain eager | step ms (verify + draft) | bandwidth fraction | captures "
+             "(s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in by_name.items():
+        tau = f"{r['tau']:.2f}" if "tau" in r else "—"
+        step = f"{r['verify_step_ms']:.2f} + {r['drafter_step_ms']:.2f}" if "step_ms" in r else "—"
+        frac = f"{r['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in r else "—"
+        cap = f"{r['captures']} ({r['capture_time_s']:.1f})" if "captures" in r else "—"
+        speed = f"{r['speedup_vs_plain_eager']:.2f}x" if "speedup_vs_plain_eager" in r else "—"
+        lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {step} | {frac} | "
+                     f"{cap} | {r['mismatching_outputs']} |")
+    (out_dir / f"gpu_{args.source}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The benchmarks' shared loop: each prompt runs every method in turn (not a test; imports no dataset code,
+so it runs where only torch and specdec are installed)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
+    """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
+    ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
+    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference."""
+    for drafter, k in methods.values():  # warm-up, untimed
+        run(drafter, k, prompts[0][:, :32])
+    seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
+    mismatches = dict.fromkeys(methods, 0)
+    with torch.no_grad():
+        for ids in prompts:
+            reference = None
+            for name, (drafter, k) in methods.items():
+                start = time.perf_counter()
+                out = run(drafter, k, ids)
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += len(out.sequences[0])
+                stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
+                reference = reference or out.sequences
+                mismatches[name] += out.sequences != reference
+    return seconds, tokens, stats, mismatches
