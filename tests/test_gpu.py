@@ -7,6 +7,7 @@ from conftest import tiny_llama
 
 from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.models import GraphedDecoder, as_decoder
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
@@ -52,8 +53,6 @@ def test_greedy_medusa_with_lookup_and_auto_dtype_equals_plain_on_cuda(min_confi
 
 
 def _graphed(model):
-    from specdec.models import GraphedDecoder, as_decoder
-
     return GraphedDecoder(as_decoder(model))
 
 
@@ -95,3 +94,11 @@ def test_cuda_graphs_sample_as_eager_does():
                                  temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
                                  eos_token_id=[]).sequences for target in (model, graphed)]
     assert runs[0] == runs[1]
+
+
+def test_target_compile_auto_replays_graphs_on_cuda():
+    from specdec.models import target_decoder
+
+    model = tiny_llama(layers=1).cuda()
+    assert isinstance(target_decoder(model, "auto"), GraphedDecoder)
+    assert not isinstance(target_decoder(model, "none"), GraphedDecoder)

@@ -24,3 +24,17 @@ def test_graphed_decoder_is_the_eager_decoder_on_cpu():
 def test_graphed_decoder_wraps_the_compact_decoder_only():
     with pytest.raises(TypeError, match="CompactLlama"):
         GraphedDecoder(tiny_llama(layers=1))
+
+
+def test_target_compile_modes():
+    """target.compile: auto and none run eagerly on CPU; cuda_graphs without a GPU, or a mode that does not
+    exist, fail naming the value and what to set."""
+    from specdec.models import CompactLlama, target_decoder
+
+    model = tiny_llama(layers=1)
+    assert type(target_decoder(model, "auto")) is CompactLlama
+    assert type(target_decoder(model, "none")) is CompactLlama
+    with pytest.raises(ValueError, match="target.compile=cuda_graphs needs .* CUDA device.*target.device=cuda"):
+        target_decoder(model, "cuda_graphs")
+    with pytest.raises(ValueError, match="target.compile='graphs' is not a mode.*auto"):
+        target_decoder(model, "graphs")

@@ -71,6 +71,7 @@ def test_a_lossy_acceptance_rule_is_marked_in_results_and_output(tmp_path):
         ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
         ("data.max_new_tokens=100000", "exceeds the model's context of 2048 positions"),
         ("drafter=medusa drafter.heads=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
+        ("target.compile=graphs", "target.compile='graphs' is not a mode"),
     ],
 )
 def test_bad_input_fails_clearly_and_leaves_a_failed_results_file(tmp_path, override, message):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from specdec.models.graphs import GraphedDecoder
+from specdec.models.graphs import GraphedDecoder, target_decoder
 from specdec.models.hf import HFDecoder
 from specdec.models.llama import CompactLlama, supports
 
@@ -25,4 +25,4 @@ def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
     return HFDecoder(model)
 
 
-__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "supports"]
+__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "supports", "target_decoder"]

@@ -134,3 +134,27 @@ class GraphedDecoder:
         self.captures += 1
         self.capture_time_s += time.perf_counter() - start
         return _Captured(graph, ids, mask, offsets, tuple(outputs))
+
+
+COMPILE_MODES = ("auto", "none", "cuda_graphs")
+
+
+def check_compile_mode(mode: str) -> str:
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"target.compile={mode!r} is not a mode; use one of {list(COMPILE_MODES)} (auto: CUDA graphs "
+                         f"on a GPU, eager on CPU)")
+    return mode
+
+
+def target_decoder(model, mode: str = "auto"):
+    """The decoder a job runs the target through (``target.compile``): a :class:`GraphedDecoder` on a GPU unless
+    ``mode`` is ``"none"``, else the eager decoder. ``"cuda_graphs"`` where graphs cannot run is an error."""
+    from specdec.models import as_decoder
+
+    decoder = as_decoder(model)
+    graphable = isinstance(decoder, CompactLlama) and decoder.device.type == "cuda"
+    if check_compile_mode(mode) == "cuda_graphs" and not graphable:
+        where = decoder.device if isinstance(decoder, CompactLlama) else f"the generic path ({type(decoder).__name__})"
+        raise ValueError(f"target.compile=cuda_graphs needs a Llama-family target on a CUDA device, got {where}; "
+                         f"set target.device=cuda on a GPU machine, or target.compile=auto")
+    return GraphedDecoder(decoder) if graphable and mode != "none" else decoder
