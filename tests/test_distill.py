@@ -242,9 +242,24 @@ def test_greedy_decoding_with_the_loaded_student_equals_plain_decoding(target, t
     mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
     ref = autoregressive_generate(target, prompts, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
     drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path)), target=target)
-    assert len(drafter.decoder.layers) == 2  # the student's own layers, num_layers not applied
+    assert len(drafter.decoder.layers) == 2  # the student's own layers
     out = speculative_generate(target, drafter, prompts, k=4, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
     assert out.sequences == ref.sequences
+    with pytest.raises(ValueError, match="drafter.num_layers=1 does not apply to a distilled student"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), num_layers=1), target=target)
+
+
+def test_num_layers_cuts_the_target_only_by_default(target, monkeypatch):
+    """model=target drafts with the target's first 8 layers (all 4 of this one) unless told otherwise; another
+    model runs all of its layers unless num_layers is given."""
+    def layers(**cfg):
+        return len(DraftModelDrafter.from_config(DraftModelDrafter.Config(**cfg), target=target).decoder.layers)
+
+    big = tiny_llama(layers=10, seed=1)
+    assert layers() == 4 and layers(num_layers=1) == 1
+    assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(), target=big).decoder.layers) == 8
+    monkeypatch.setattr("specdec.loading.load_target", lambda name, **kwargs: (big, None))
+    assert layers(model="another/model") == 10 and layers(model="another/model", num_layers=3) == 3
 
 
 def test_a_student_for_another_target_is_refused(target, tmp_path):

@@ -24,6 +24,9 @@ from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 
 
+EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
+
+
 @register("draft_model")
 class DraftModelDrafter(Drafter):
     """``model``: any transformers causal LM (or decoder) with the target's vocabulary.
@@ -39,7 +42,9 @@ class DraftModelDrafter(Drafter):
         # "target" (the target itself), a distilled student's directory, an alias, a local path or a hub id;
         # same vocabulary. "default" is reserved for the student shipped for the default target (none yet).
         model: str = "target"
-        num_layers: Optional[int] = 8  # keep only the first N decoder layers (early exit); null = all; not for students
+        # Keep only the first N decoder layers (early exit). null: 8 of the target's (model=target), all of
+        # another model's. A distilled student always runs all its layers.
+        num_layers: Optional[int] = None
 
     def __init__(self, model: torch.nn.Module, num_layers: int | None = None):
         self.decoder = as_decoder(model, num_layers=num_layers)
@@ -51,6 +56,10 @@ class DraftModelDrafter(Drafter):
         from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, is_student_dir, load_student
         from specdec.loading import check_same_vocab, load_target
 
+        student = cfg.model == DEFAULT_DRAFT or (cfg.model not in (None, "", "target") and is_student_dir(cfg.model))
+        if student and cfg.num_layers is not None:
+            raise ValueError(f"drafter.num_layers={cfg.num_layers} does not apply to a distilled student "
+                             f"({cfg.model!r}: all its layers run); leave drafter.num_layers null")
         if cfg.model == DEFAULT_DRAFT:
             path = default_student_path()
             if not is_student_dir(path):
@@ -60,13 +69,16 @@ class DraftModelDrafter(Drafter):
             return cls(load_student(path, target))
         if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
             return cls(load_student(cfg.model, target))
+        num_layers = cfg.num_layers
         if cfg.model in (None, "", "target"):
             model, draft_tokenizer = target, tokenizer
+            if num_layers is None:
+                num_layers = min(EARLY_EXIT_LAYERS, target.config.num_hidden_layers)
         else:
             model, draft_tokenizer = load_target(cfg.model, dtype=target.dtype, device=target.device)
         if tokenizer is not None and draft_tokenizer is not None:
             check_same_vocab(tokenizer, draft_tokenizer)
-        return cls(model, num_layers=cfg.num_layers)
+        return cls(model, num_layers=num_layers)
 
     def start(self, state: DecodeState) -> None:
         if self.decoder.vocab_size != state.vocab_size:
