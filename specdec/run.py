@@ -28,6 +28,8 @@ from specdec.io import write_json
 from specdec.jobs import config_fields, machine_description, run_task
 from specdec.loading import load_target, resolve_device, stop_token_ids
 from specdec.metrics import DecodeStats, predicted_speedup
+from specdec.models import target_decoder
+from specdec.models.graphs import check_compile_mode
 from specdec.sampling import SamplingParams
 
 register_configs()
@@ -78,11 +80,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     SamplingParams(**sampling)  # bad settings fail before the model loads
+    check_compile_mode(cfg.target.compile)
     prompt_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafter = build_drafter(cfg.drafter, target, tokenizer)
+    decoder = target_decoder(target, cfg.target.compile)  # what the target's forwards run through
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
     limit = prompt_room(cfg.data.max_new_tokens, k, context,
@@ -97,8 +101,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
         ids, mask = left_pad(prompts[:1], tokenizer.pad_token_id, device)
-        speculative_generate(target, drafter, ids, attention_mask=mask, k=k, **{**gen_args, "max_new_tokens": 8})
-        autoregressive_generate(target, ids, attention_mask=mask, **{**gen_args, "max_new_tokens": 8})
+        speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **{**gen_args, "max_new_tokens": 8})
+        autoregressive_generate(decoder, ids, attention_mask=mask, **{**gen_args, "max_new_tokens": 8})
 
     by_category: dict[str, list[DecodeStats]] = defaultdict(list)
     base_by_category: dict[str, list[DecodeStats]] = defaultdict(list)
@@ -108,12 +112,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         batch_rows = rows.select(range(start, min(start + bs, len(prompts))))
         ids, mask = left_pad(prompts[start:start + bs], tokenizer.pad_token_id, device)
         generator.manual_seed(cfg.sampling.seed + start)
-        spec = speculative_generate(target, drafter, ids, attention_mask=mask, k=k, **gen_args)
+        spec = speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **gen_args)
         category = batch_rows[0]["category"] if bs == 1 else "mixed"
         by_category[category].append(spec.stats)
         if cfg.baseline:
             generator.manual_seed(cfg.sampling.seed + start)
-            base = autoregressive_generate(target, ids, attention_mask=mask, **gen_args)
+            base = autoregressive_generate(decoder, ids, attention_mask=mask, **gen_args)
             base_by_category[category].append(base.stats)
             if cfg.sampling.temperature == 0:
                 mismatches += sum(a != b for a, b in zip(spec.sequences, base.sequences))
@@ -143,6 +147,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         },
         "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
         "lossy": bool(getattr(drafter, "lossy", False)),
+        "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
+        "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # inside the timings above
         "device": machine_description(device),
     }
     return results
@@ -158,7 +164,10 @@ def format_table(results: dict[str, Any]) -> str:
             f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>12.1f}{r['speedup']:>8.2f}x"
             f"{r['predicted_speedup']:>10.2f}x"
         )
-    pos = ", ".join(f"{a:.2f}" for a in results["acceptance_per_position"])
+    measured = list(results["acceptance_per_position"])
+    while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
+        measured.pop()
+    pos = ", ".join(f"{a:.2f}" for a in measured)
     lines.append(f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}")
     if "verify_step_time_s" in results:
         lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "

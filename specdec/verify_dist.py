@@ -90,7 +90,7 @@ _SCORE_ROWS = 256  # probabilities handed to token_scores at a time (bounds the 
 
 @dataclass
 class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M prompts; max_new_tokens = L
-    defaults: list[Any] = field(default_factory=lambda: job_defaults("sample"))
+    defaults: list[Any] = field(default_factory=lambda: job_defaults("sample", "ngram"))
     samples_per_prompt: int = 32  # N continuations per prompt
     alpha: float = 0.01  # family-wise level: P(reject | exact) ≤ alpha
     joint_tokens: int = 2  # the two-sample test compares the first j tokens; 0 = skip it (and plain sampling)
