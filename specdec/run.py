@@ -31,6 +31,7 @@ from specdec.metrics import DecodeStats, predicted_speedup
 from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
 from specdec.sampling import SamplingParams
+from specdec.speed_of_light import speed_of_light
 
 register_configs()
 
@@ -150,6 +151,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
         "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # inside the timings above
         "device": machine_description(device),
+        **(speed_of_light(target, sum(map(len, prompts)) / len(prompts) + spec_all.new_tokens / len(prompts) / 2,
+                          bs, base_all.target_time_s / base_all.target_forwards, spec_all.target_time_per_forward,
+                          device) if base_all and base_all.target_forwards else {}),
     }
     return results
 
@@ -173,6 +177,11 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms; predicted from measured costs "
                      f"{results['predicted_speedup_measured_costs']:.2f}x (Leviathan's formula assumes equal costs)")
+    if "bandwidth_fraction" in results:
+        lines.append(f"speed of light: a step reads {results['step_bytes'] / 1e6:.0f} MB (weights + KV cache); at "
+                     f"{results['read_bandwidth_GBps']:.1f} GB/s (probe) the floor is "
+                     f"{1000 * results['bandwidth_floor_s']:.1f} ms: plain steps at {results['bandwidth_fraction']:.0%} "
+                     f"of it, verify steps at {results['bandwidth_fraction_verify']:.0%}")
     if results.get("lossy"):
         lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
                      "> 0 the output is not distributed as the target's")

@@ -47,6 +47,8 @@ def test_main_job_writes_results(tmp_path):
     assert results["num_prompts"] == 2 and results["greedy_mismatches"] == 0
     assert results["mean_accepted_length"] >= 1 and len(results["acceptance_per_position"]) == results["k"]
     assert "speedup" in proc.stdout and "predicted" in proc.stdout
+    assert 0 < results["bandwidth_fraction"] and results["step_bytes"] > 500e6  # fp32 SmolLM2: 538 MB of weights
+    assert "speed of light: a step reads" in proc.stdout
 
 
 @pytest.mark.real_model
