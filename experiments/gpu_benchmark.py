@@ -7,7 +7,7 @@ turn. The target runs in bf16 on the GPU; "graphs" replays CUDA graphs of its fo
 reported apart), "compiled" also runs each captured forward through ``torch.compile`` first.
 
 Speed of light: a plain decode step must read the target's weights once and the KV cache it attends; the
-floor is those bytes over the GPU's read bandwidth, measured here by a short probe (a sum over 2 GiB).
+floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.speed_of_light``).
 ``bandwidth_fraction`` = floor / measured target step (plain step, or verify step: it reads the same bytes). Writes ``gpu_<source>.json`` / ``.md`` to --out.
 
     python experiments/gpu_benchmark.py --prompts 24 --new 128
@@ -30,35 +30,7 @@ from specdec.data import left_pad
 from specdec.drafters import EagleDrafter, MedusaDrafter
 from specdec.jobs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
-
-
-def read_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 10) -> float:
-    """Bytes per second a reduction reads from device memory (the best of ``repeats``)."""
-    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32, device=device)
-    x.sum()
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        x.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * x.element_size() / best
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def step_bytes(model, context: float, batch: int = 1) -> float:
-    """What one plain decode step reads: every weight once (tied embeddings counted once) and the KV cache
-    of ``context`` positions per row."""
-    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
-    return weights + batch * context * per_position
+from specdec.speed_of_light import probe_read_bandwidth, step_bytes
 
 
 def prompt_ids(args, tokenizer) -> list[list[int]]:
@@ -133,7 +105,7 @@ def main() -> None:
     table = {name: ((tgt, drafter), k) for name, (tgt, drafter, k) in methods.items()}
     batch1 = [torch.tensor([p], device=device) for p in prompts]
     seconds, tokens, stats, mismatches = side_by_side(table, batch1, lambda spec, k, ids: run(spec, k, ids))
-    bandwidth = read_bandwidth(device, gib=2.0 if device.type == "cuda" else 0.5)
+    bandwidth = probe_read_bandwidth(device)
     results = {}
     for name in methods:
         s = stats[name]
