@@ -151,10 +151,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
         "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # inside the timings above
         "device": machine_description(device),
-        **(speed_of_light(target, sum(map(len, prompts)) / len(prompts) + spec_all.new_tokens / len(prompts) / 2,
-                          bs, base_all.target_time_s / base_all.target_forwards, spec_all.target_time_per_forward,
-                          device) if base_all and base_all.target_forwards else {}),
     }
+    if "target_step_time_s" in results:  # plain decoding ran: the steps' times against the bandwidth floor
+        context = (sum(map(len, prompts)) + spec_all.new_tokens / 2) / len(prompts)  # mean tokens attended
+        results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
+                                      results["verify_step_time_s"], device))
     return results
 
 
