@@ -333,6 +333,9 @@ def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
     ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
     ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
     assert speculative_generate(model, drafter, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
+    narrow = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path / "export"), draft_vocab=16),
+                                           target=model)  # the run wrote its token counts beside the student
+    assert speculative_generate(model, narrow, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
     # the same student as a standalone transformers model: transformers' assisted generation takes it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -368,3 +371,145 @@ def test_on_policy_examples_are_the_students_samples_scored_by_the_target(target
     with torch.no_grad():
         assert torch.allclose(target.lm_head(hid[1:]), target(x[None, :-1]).logits[0], atol=1e-4)
     assert trained.tolist() == [False, False, False, True, True, True]
+
+
+# --- draft length (confidence stop, heuristic schedule) and the restricted draft vocabulary -------------------
+
+
+def markov_draft(markov_target):
+    """The bigram target with a flatter LM head: q differs from p, so sampled drafts are really verified."""
+    import copy
+
+    draft = copy.deepcopy(markov_target)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.6)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def markov_target():
+    from test_medusa import make_markov_target
+
+    return make_markov_target()
+
+
+@pytest.mark.parametrize("options", [dict(confidence=0.9), dict(schedule="heuristic"),
+                                     dict(vocab_ids=torch.arange(48)),
+                                     dict(confidence=0.3, schedule="heuristic", vocab_ids=torch.arange(40, 64))],
+                         ids=["confidence", "heuristic", "draft-vocab", "all"])
+def test_adaptive_and_restricted_drafting_keep_greedy_output(target, options):
+    student = trained_like(init_student(target, [0, 3]))
+    prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
+    mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+    ref = autoregressive_generate(target, prompts, max_new_tokens=24, attention_mask=mask, eos_token_id=[])
+    drafter = DraftModelDrafter(student, **options)
+    out = speculative_generate(target, drafter, prompts, k=5, max_new_tokens=24, attention_mask=mask, eos_token_id=[])
+    assert out.sequences == ref.sequences
+
+
+@pytest.mark.parametrize("options", [dict(confidence=0.6), dict(schedule="heuristic"),
+                                     dict(vocab_ids=torch.arange(48)),
+                                     dict(confidence=0.5, schedule="heuristic", vocab_ids=torch.arange(16, 64))],
+                         ids=["confidence", "heuristic", "draft-vocab", "all"])
+def test_sampling_with_adaptive_and_restricted_drafting_is_exact(markov_target, options):
+    from test_eagle import exact_verdict
+
+    drafter = DraftModelDrafter(markov_draft(markov_target), **options)
+    verdict, stats = exact_verdict(markov_target, drafter, 4)
+    assert stats.mean_accepted_length > 1.3  # drafts are accepted often: the rule is really exercised
+    assert not verdict.reject, verdict
+
+
+def test_a_restricted_draft_that_misreports_q_is_caught(markov_target):
+    """Power for the restricted head: a draft that samples from its N tokens but tells the verifier the whole
+    vocabulary's softmax (the zeros off the N tokens forgotten) is rejected by the same test."""
+    from test_eagle import exact_verdict
+    from specdec.sampling import logits_to_probs, sample
+
+    class Misreported(DraftModelDrafter):
+        def draw(self, logits, params, generator):
+            q = logits_to_probs(logits, params.temperature)
+            full = logits_to_probs(self.full_head(self.last_hidden), params.temperature)
+            return self.vocab_ids[sample(q, generator)], full
+
+    draft = markov_draft(markov_target)
+    drafter = Misreported(draft, vocab_ids=torch.arange(32))
+    drafter.full_head = draft.lm_head
+    decoder_forward = drafter.decoder.forward
+
+    def forward(*args, **kwargs):  # keep the last hidden state for the misreported q
+        logits, hidden = decoder_forward(*args, **kwargs)
+        drafter.last_hidden = hidden[:, -1]
+        return logits, hidden
+
+    drafter.decoder.forward = forward
+    verdict, _ = exact_verdict(markov_target, drafter, 4)
+    assert verdict.reject, verdict
+
+
+def test_confidence_stops_drafting_and_the_heuristic_moves_k(target):
+    from types import SimpleNamespace
+
+    student = trained_like(init_student(target, [0]), scale=0.3)
+    ids = torch.tensor([[1, 5, 7, 9, 3, 2, 8]])
+    eager = speculative_generate(target, DraftModelDrafter(student), ids, k=6, max_new_tokens=30, eos_token_id=[])
+    sure = speculative_generate(target, DraftModelDrafter(student, confidence=0.99), ids, k=6, max_new_tokens=30,
+                                eos_token_id=[])
+    assert sure.sequences == eager.sequences
+    assert sure.stats.proposed_tokens < eager.stats.proposed_tokens  # low-confidence drafts were not made
+    drafter = DraftModelDrafter(student, schedule="heuristic")
+    drafter.length, drafter.proposed = 4, 4
+    drafter.observe(SimpleNamespace(num_accepted=torch.tensor([4, 1]), active=[True, False]))
+    assert drafter.length == 6  # every active row kept every draft: +2 (capped at k when proposing)
+    drafter.proposed = 6
+    drafter.observe(SimpleNamespace(num_accepted=torch.tensor([5, 6]), active=[True, True]))
+    assert drafter.length == 5
+    for bad, match in [(dict(confidence=1.0), "drafter.confidence"), (dict(schedule="dynamic"), "drafter.schedule")]:
+        with pytest.raises(ValueError, match=match):
+            DraftModelDrafter(student, **bad)
+
+
+def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
+    from specdec.drafters.student import frequent_tokens, save_token_counts
+
+    save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
+    cfg = DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=8)
+    with pytest.raises(CheckpointError, match="token counts"):
+        DraftModelDrafter.from_config(cfg, target=target)
+    counts = torch.zeros(64, dtype=torch.long)
+    counts[[5, 9, 2, 40]] = torch.tensor([10, 30, 10, 1])
+    save_token_counts(tmp_path, counts)
+    assert frequent_tokens(tmp_path, 4).tolist() == [9, 2, 5, 40]  # by count, ties by id
+    drafter = DraftModelDrafter.from_config(cfg, target=target)
+    assert drafter.decoder.lm_head.out_features == 8 and drafter.vocab_ids[:4].tolist() == [9, 2, 5, 40]
+    assert target.lm_head.out_features == 64  # the target's own head is untouched
+    with pytest.raises(ValueError, match=r"draft_vocab=65 must be in \[1, 64\]"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=65), target=target)
+    with pytest.raises(ValueError, match="needs a distilled student's token counts"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(draft_vocab=8), target=target)
+
+
+def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.export import main
+
+    model, tokenizer = tiny_pair
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    save_student(tmp_path / "student", trained_like(init_student(model, [0])), layers=[0])
+    args = ["draft_model", "--model", str(tmp_path / "student"), "--target", str(tmp_path / "target"),
+            "--out", str(tmp_path / "hf")]
+    assert main(args) == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.tensor([[3, 9, 4, 12]])
+    with torch.no_grad():
+        assert torch.equal(hf(ids).logits, load_student(tmp_path / "student", model)(ids).logits)
+    assert main(args) == 2  # exists: refused without --force
+    assert main(args + ["--force"]) == 0
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    assert main(args[:-1] + [str(tmp_path / "notes"), "--force"]) == 2  # not an export: left alone
+    assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+    assert main(["draft_model", "--model", str(tmp_path / "nowhere"), "--target", str(tmp_path / "target"),
+                 "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()

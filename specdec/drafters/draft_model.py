@@ -8,6 +8,17 @@ every slot below that bound holds a committed token (the drafts it kept were the
 A distilled student (``python -m specdec.train method=draft_model``) is a lean directory holding its own
 layers only; ``model=<that directory>`` loads it with the target's embeddings and LM head stitched in
 (:mod:`specdec.drafters.student`).
+
+**Draft length.** ``k`` drafts per step, or fewer: with ``confidence`` > 0 a step stops drafting once the
+draft's probability of its own last draft falls below it in every row (transformers'
+``assistant_confidence_threshold``, fixed here); with ``schedule: heuristic`` the step's length moves with
+acceptance (transformers' heuristic: +2 after a step that kept every draft, else -1; between 1 and ``k``,
+starting at ``k`` each generation). Both change only how many drafts are verified, never how: exactness holds.
+
+**Draft vocabulary.** With ``draft_vocab`` = N > 0 the draft's LM head scores only the N tokens most frequent
+in its training data (a student's ``token_counts.safetensors``; FR-Spec, Zhao et al. 2025): for a small target
+the LM head is a large part of a draft step (SmolLM2-135M: 28M of a 4-layer student's 42M weights). q is
+zero outside those N tokens, which exact verification allows: such tokens are never drafted, only emitted.
 """
 
 from __future__ import annotations
@@ -45,11 +56,44 @@ class DraftModelDrafter(Drafter):
         # Keep only the first N decoder layers (early exit). null: 8 of the target's (model=target), all of
         # another model's. A distilled student always runs all its layers.
         num_layers: Optional[int] = None
+        # Stop a step's drafting once the draft's probability of its last draft is below this in every row
+        # (0 = always draft k), as transformers' assistant_confidence_threshold
+        confidence: float = 0.0
+        schedule: str = "constant"  # constant | heuristic (+2 drafts after a step that kept all, else -1; <= k)
+        # Score only the N most frequent tokens of a distilled student's training data (0 = the whole vocabulary)
+        draft_vocab: int = 0
 
-    def __init__(self, model: torch.nn.Module, num_layers: int | None = None):
+    SCHEDULES = ("constant", "heuristic")
+
+    def __init__(self, model: torch.nn.Module, num_layers: int | None = None, *, confidence: float = 0.0,
+                 schedule: str = "constant", vocab_ids: torch.Tensor | None = None):
+        if not 0.0 <= confidence < 1.0:
+            raise ValueError(f"drafter.confidence must be in [0, 1) (0 = off), got {confidence}")
+        if schedule not in self.SCHEDULES:
+            raise ValueError(f"drafter.schedule must be one of {list(self.SCHEDULES)}, got {schedule!r}")
         self.decoder = as_decoder(model, num_layers=num_layers)
+        self.confidence, self.schedule = confidence, schedule
+        self.vocab_ids = None
+        if vocab_ids is not None:
+            self._restrict_head(vocab_ids)
         self.cache = None
         self.forwards = 0
+        self.length = None  # the heuristic schedule's current draft length (None: start at k)
+        self.proposed = 0  # drafts in the last proposal
+
+    def _restrict_head(self, vocab_ids: torch.Tensor) -> None:
+        """Score only ``vocab_ids``: this drafter's decoder gets its own LM head over those rows (the model's,
+        shared with the target for an early-exit or stitched student, is left alone)."""
+        head = getattr(self.decoder, "lm_head", None)
+        if not isinstance(head, torch.nn.Linear):
+            raise ValueError("drafter.draft_vocab needs the compact Llama-family path (an LM head to cut)")
+        ids = vocab_ids.to(device=head.weight.device, dtype=torch.long)
+        small = torch.nn.Linear(head.in_features, ids.numel(), bias=False, device=head.weight.device,
+                                dtype=head.weight.dtype)
+        small.weight.data.copy_(head.weight.data[ids])
+        small.weight.requires_grad_(False)
+        self.decoder.lm_head = small
+        self.vocab_ids = ids
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
@@ -66,9 +110,12 @@ class DraftModelDrafter(Drafter):
                 raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: no distilled draft model is shipped yet (in "
                                         f"{str(path)!r}); train one with `python -m specdec.train method=draft_model` "
                                         f"and point drafter.model at its directory")
-            return cls(load_student(path, target))
+            return cls(load_student(path, target), **cls._options(cfg, path))
         if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
-            return cls(load_student(cfg.model, target))
+            return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model))
+        if cfg.draft_vocab:
+            raise ValueError(f"drafter.draft_vocab={cfg.draft_vocab} needs a distilled student's token counts; "
+                             f"drafter.model={cfg.model!r} has none: leave drafter.draft_vocab=0")
         num_layers = cfg.num_layers
         if cfg.model in (None, "", "target"):
             model, draft_tokenizer = target, tokenizer
@@ -78,7 +125,14 @@ class DraftModelDrafter(Drafter):
             model, draft_tokenizer = load_target(cfg.model, dtype=target.dtype, device=target.device)
         if tokenizer is not None and draft_tokenizer is not None:
             check_same_vocab(tokenizer, draft_tokenizer)
-        return cls(model, num_layers=num_layers)
+        return cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)
+
+    @staticmethod
+    def _options(cfg, path) -> dict:
+        from specdec.drafters.student import frequent_tokens
+
+        return {"confidence": cfg.confidence, "schedule": cfg.schedule,
+                "vocab_ids": frequent_tokens(path, cfg.draft_vocab) if cfg.draft_vocab else None}
 
     def start(self, state: DecodeState) -> None:
         if self.decoder.vocab_size != state.vocab_size:
@@ -88,6 +142,7 @@ class DraftModelDrafter(Drafter):
             )
         batch = state.seq.shape[0]
         self.cache = self.decoder.new_cache(batch, state.capacity, state.pad)
+        self.length = None
         prefix = state.max_seq_len - 2  # all rows have the same length right after the prompt
         if prefix > 0:
             self.decoder(state.seq[:, :prefix], self.cache, kv_len=prefix, last_only=True)
@@ -99,6 +154,9 @@ class DraftModelDrafter(Drafter):
         self.cache.rollback_to(state.seq_lens - 2)
         last_two = state.seq.gather(1, state.seq_lens[:, None] - 2 + torch.arange(2, device=state.seq.device))
         params = state.sampling
+        if self.schedule == "heuristic":
+            self.length = k if self.length is None else min(self.length, k)
+            k = self.length
         tokens, probs = [], []
         logits, _ = self.decoder(last_two, self.cache, kv_len=state.max_seq_len)
         self.cache.commit(torch.full_like(state.seq_lens, 2))
@@ -107,21 +165,49 @@ class DraftModelDrafter(Drafter):
             token, q = self.draw(logits[:, -1], params, state.generator)  # [B], [B, V]
             tokens.append(token)
             probs.append(q)
+            if self.confidence and i + 1 < k and self._unsure(logits[:, -1], token, q, params, state.active):
+                break  # one host read per draft: the price of stopping early
             if i + 1 < k:
                 logits, _ = self.decoder(token[:, None], self.cache, kv_len=state.max_seq_len + i + 1)
                 self.cache.commit(torch.ones_like(state.seq_lens))
                 self.forwards += 1
+        self.proposed = len(tokens)
         return Proposal(
             tokens=torch.stack(tokens, 1),
             probs=None if params.greedy else torch.stack(probs, 1),
-            num_proposed=[k] * state.seq.shape[0],
+            num_proposed=[len(tokens)] * state.seq.shape[0],
         )
 
-    def draw(self, logits: torch.Tensor, params: SamplingParams,  # logits [B, V]
+    def _unsure(self, logits: torch.Tensor, token: torch.Tensor, q: torch.Tensor, params: SamplingParams,
+                active: list[bool]) -> bool:
+        """Whether every active row's last draft has probability below ``confidence``: q's when sampling, the
+        draft's softmax at T=1 under greedy decoding (q is one-hot there), as transformers does."""
+        if params.greedy:
+            p = logits.float().softmax(-1).max(-1).values  # the argmax's probability (restricted head: of its N)
+        else:
+            p = q.gather(1, token[:, None])[:, 0]
+        sure = (p >= self.confidence).tolist()
+        return not any(s and a for s, a in zip(sure, active))
+
+    def observe(self, state: DecodeState) -> None:
+        if self.schedule != "heuristic" or state.num_accepted is None:
+            return
+        kept_all = all(n >= self.proposed for n, a in zip(state.num_accepted.tolist(), state.active) if a)
+        self.length = self.length + 2 if kept_all else max(1, self.length - 1)
+
+    def draw(self, logits: torch.Tensor, params: SamplingParams,  # logits [B, V] (or [B, N]: draft_vocab)
              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # token [B], q [B, V]
-        """One draft token per row and the distribution q it was drawn from, which the verifier is told."""
+        """One draft token per row and the distribution q it was drawn from, which the verifier is told. With a
+        restricted head q is spread back over the whole vocabulary (zero off the head's tokens)."""
         q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
-        return sample(q, generator), q
+        token = sample(q, generator)
+        if self.vocab_ids is None:
+            return token, q
+        if params.greedy:  # q is not passed on under greedy decoding (the drafts are deterministic)
+            return self.vocab_ids[token], q
+        full = q.new_zeros(q.shape[0], self.decoder.vocab_size).scatter_(1, self.vocab_ids.expand(q.shape[0], -1), q)
+        return self.vocab_ids[token], full
 
     def reset(self) -> None:
         self.cache = None
+        self.length = None

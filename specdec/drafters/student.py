@@ -8,7 +8,9 @@ final norm and LM head. Embeddings and LM head stay frozen (tied in SmolLM2), so
 - ``config.json``: the student's transformers config (``num_hidden_layers`` = its layers) plus a
   ``specdec`` section: the format tag, which weights come from the target (``from_target``), the target's
   hidden size and vocabulary (checked at load), the target layers it started from;
-- ``model.safetensors``: every other weight (the decoder layers and the final norm).
+- ``model.safetensors``: every other weight (the decoder layers and the final norm);
+- ``token_counts.safetensors``: how often each token occurs in the answers it was trained on, from which
+  ``drafter.draft_vocab=N`` takes the N most frequent tokens for a smaller draft LM head.
 
 :func:`load_student` stitches the target's tensors back in (shared, not copied). :func:`export_hf` writes a
 standalone transformers directory (every weight, tokenizer files) that ``AutoModelForCausalLM.from_pretrained``
@@ -32,6 +34,7 @@ from specdec.io import atomic_dir, atomic_write, read_tensors, write_json
 
 FORMAT = "specdec-draft-model-1"
 DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target (none yet)
+TOKEN_COUNTS = "token_counts.safetensors"
 EMBEDDINGS = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
 
@@ -115,6 +118,25 @@ def save_student(directory: str | Path, student: nn.Module, *, target_name: str 
                          "target_vocab_size": student.config.vocab_size,
                          "target_layers": [int(i) for i in layers], **(extra or {})}
     write_json(directory / "config.json", config)
+
+
+def save_token_counts(directory: str | Path, counts: torch.Tensor) -> None:
+    """Write ``counts`` [V] (occurrences of each token in the training answers) beside a student, atomically."""
+    tensors = {"counts": counts.detach().cpu().to(torch.int64).contiguous()}
+    atomic_write(Path(directory) / TOKEN_COUNTS, lambda f: f.write(safetensors_bytes(tensors)), binary=True)
+
+
+def frequent_tokens(directory: str | Path, n: int) -> torch.Tensor:
+    """The ``n`` tokens most frequent in a student's training answers (ties: lower id first), [n] long."""
+    path = Path(directory).expanduser() / TOKEN_COUNTS
+    if not path.is_file():
+        raise CheckpointError(f"drafter.draft_vocab={n} needs the token counts a training run writes beside the "
+                              f"student ({str(path)!r} is missing); retrain with `python -m specdec.train "
+                              f"method=draft_model` or leave drafter.draft_vocab=0")
+    counts = read_tensors(path, what="token counts", hint=_HINT)["counts"]
+    if not 1 <= n <= counts.numel():
+        raise ValueError(f"drafter.draft_vocab={n} must be in [1, {counts.numel()}] (the vocabulary), or 0 for all")
+    return torch.sort(counts, descending=True, stable=True).indices[:n]
 
 
 _HINT = ("point drafter.model at a directory written by `python -m specdec.train method=draft_model` (its "

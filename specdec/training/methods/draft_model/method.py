@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafters.student import init_student, save_student
+from specdec.drafters.student import init_student, save_student, save_token_counts
 from specdec.training.distill.packing import chain_tau, pack
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
@@ -78,6 +78,7 @@ class DraftModelMethod(TrainMethod):
         self.target_name = str(getattr(target.config, "_name_or_path", ""))
         student = init_student(target, list(self.cfg.layers), dtype=torch.float32).to(device)
         self.examples = pack(student_pairs(train, self.cfg.prompt_loss), self.cfg.chunk_len)
+        self.token_counts = torch.bincount(train.tokens, minlength=target.config.vocab_size)  # drafter.draft_vocab
         starts = torch.cumsum(train.context_lengths, 0) - train.context_lengths
         self.prompts = [train.context[s: s + c] for s, c in zip(starts.tolist(), train.context_lengths.tolist())]
         return student
@@ -146,3 +147,4 @@ class DraftModelMethod(TrainMethod):
         student = model.module if hasattr(model, "module") else model
         save_student(Path(path).parent, student, target_name=target_name, layers=list(self.cfg.layers), dtype=dtype,
                      extra={"loss": self.cfg.loss, "held_out": metrics.get("eval", {})})
+        save_token_counts(Path(path).parent, self.token_counts)
