@@ -43,6 +43,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="drafter.model: 'default' (shipped) or a student directory")
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths, each run by both engines")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="drafter.draft_vocab of specdec's K rows (transformers' assistant always scores all tokens)")
     ap.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE,...",
                     help="further specdec draft-model configs (overrides of configs/drafter/draft_model.yaml)")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers' rows out")
@@ -82,14 +84,17 @@ def main() -> None:
         return run
 
     methods = {"plain": ours(None, 0)}
+    ks = {}  # specdec's draft rows: their K (the transformers row they are compared with)
     if not args.no_hf:
         methods["hf plain"] = hf()
     for k in args.k:
-        cfg = DraftModelDrafter.Config(model=args.model, k=k)
+        cfg = DraftModelDrafter.Config(model=args.model, k=k, draft_vocab=args.draft_vocab)
         methods[f"draft K={k}"] = ours(DraftModelDrafter.from_config(cfg, target=model, tokenizer=tokenizer), k)
+        ks[f"draft K={k}"] = k
     for spec in args.variants:
         cfg = DraftModelDrafter.Config(**{"model": args.model, **parse_overrides(spec)})
         methods[f"draft {spec}"] = ours(DraftModelDrafter.from_config(cfg, target=model, tokenizer=tokenizer), cfg.k)
+        ks[f"draft {spec}"] = cfg.k
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
@@ -132,20 +137,22 @@ def main() -> None:
     base = results["plain"]["tokens_per_second"]
     for name, r in results.items():
         r["speedup"] = r["tokens_per_second"] / base
-        peer = name.replace("draft", "hf assisted") if name.startswith("draft K=") else None
+        peer = f"hf assisted K={ks[name]}" if name in ks else None
         if peer in results:
             r["vs_hf_assisted"] = r["tokens_per_second"] / results[peer]["tokens_per_second"]
     if "hf plain" in results:
         results["plain"]["vs_hf_plain"] = base / results["hf plain"]["tokens_per_second"]
     machine = machine_description()
     summary = {"source": args.source, "prompts": len(prompts), "max_new_tokens": args.new, "model": args.model,
+               "draft_vocab": args.draft_vocab,
                "temperature": args.temperature, "machine": machine, "threads": torch.get_num_threads(),
                "methods": results}
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"draft_model_{args.source}_T{args.temperature:g}"
     (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"## Distilled draft model vs transformers' assisted generation, {args.source} ({len(prompts)} prompts, "
-             f"{args.new} new tokens, T={args.temperature:g}, batch 1, {torch.get_num_threads()} threads)",
+             f"{args.new} new tokens, T={args.temperature:g}, batch 1, {torch.get_num_threads()} threads; "
+             f"specdec's K rows: draft_vocab={args.draft_vocab})",
              f"machine: {machine}", "",
              "| method | α | α per position | τ | tok/s | vs plain | vs transformers' same | step ms (verify + draft) "
              "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]

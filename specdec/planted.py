@@ -47,6 +47,7 @@ and changes only the distribution the next token is drawn from.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Callable, ClassVar
 
@@ -159,7 +160,7 @@ class TemperatureIgnoredDraftModel(DraftModelDrafter):
     def draw(self, logits, params, generator):  # logits [B, V] -> token [B], q [B, V]
         reported = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
         drawn_from = logits_to_probs(logits, 1.0, params.top_k, params.top_p)
-        return sample(drawn_from, generator), reported
+        return self.widen(sample(drawn_from, generator), reported, params)
 
 
 # --- the target -------------------------------------------------------------------------------------------
@@ -243,7 +244,9 @@ def _plant_temperature_ignored_by_draft(s: Setup) -> Setup:
     if s.sampling.greedy or s.sampling.temperature == 1.0:
         raise ValueError("planted bug 'temperature_ignored_by_draft' changes nothing at temperature "
                          f"{s.sampling.temperature}; use a temperature other than 0 and 1 (e.g. 0.7)")
-    return replace(s, drafter=TemperatureIgnoredDraftModel(s.drafter.decoder))
+    bugged = copy.copy(s.drafter)  # the same drafter and options (draft length, draft vocabulary), the bug's draw
+    bugged.__class__ = TemperatureIgnoredDraftModel
+    return replace(s, drafter=bugged)
 
 
 def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:

@@ -1,8 +1,8 @@
 """Main job: speculative vs plain decoding of one configuration on a real prompt set.
 
-    python -m specdec.run                                  # embedded SmolLM2-135M, n-gram drafter, K=4
+    python -m specdec.run                                  # embedded SmolLM2-135M, the shipped EAGLE drafter
     python -m specdec.run drafter=draft_model drafter.k=2 sampling=sample
-    python -m specdec.run -m drafter.k=1,2,4,8             # a sweep (summary written at the end)
+    python -m specdec.run -m drafter=ngram drafter.k=1,2,4,8   # a sweep (summary written at the end)
 
 Speculative and plain decoding run on the same prompts in the same process, batch by batch in
 alternation so slow drifts in machine load hit both alike. Writes ``results.json`` in the run directory.

@@ -256,13 +256,13 @@ def test_num_layers_cuts_the_target_only_by_default(target, monkeypatch):
         return len(DraftModelDrafter.from_config(DraftModelDrafter.Config(**cfg), target=target).decoder.layers)
 
     big = tiny_llama(layers=10, seed=1)
-    assert layers() == 4 and layers(num_layers=1) == 1
-    assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(), target=big).decoder.layers) == 8
+    assert layers(model="target") == 4 and layers(model="target", num_layers=1) == 1
+    assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target"), target=big).decoder.layers) == 8
     monkeypatch.setattr("specdec.loading.load_target", lambda name, **kwargs: (big, None))
     assert layers(model="another/model") == 10 and layers(model="another/model", num_layers=3) == 3
 
 
-def test_a_student_for_another_target_is_refused(target, tmp_path):
+def test_a_student_for_another_target_is_refused(target, tmp_path, monkeypatch):
     save_student(tmp_path, init_student(target, [0]), layers=[0])
     with pytest.raises(VocabMismatchError, match=r"hidden size 32 and vocabulary 64.*hidden size 32 and vocabulary 80"):
         load_student(tmp_path, tiny_llama(vocab_size=80, layers=2, seed=1))
@@ -270,7 +270,10 @@ def test_a_student_for_another_target_is_refused(target, tmp_path):
         load_student(tmp_path, tiny_llama(hidden=16, heads=2, kv_heads=1, layers=2, seed=1))
     with pytest.raises(CheckpointError, match="no distilled draft model"):
         load_student(tmp_path / "nowhere", target)
-    with pytest.raises(FileNotFoundError, match="no distilled draft model is shipped yet"):
+    with pytest.raises(VocabMismatchError, match="drafter.model=target"):  # the shipped default is SmolLM2's
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(), target=target)
+    monkeypatch.setattr("specdec.drafters.student.default_student_path", lambda: tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="the shipped distilled draft model is missing"):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
 
 
@@ -513,3 +516,39 @@ def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_th
     assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
     assert main(["draft_model", "--model", str(tmp_path / "nowhere"), "--target", str(tmp_path / "target"),
                  "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+
+
+# --- the shipped student on the real default target ---------------------------------------------------------
+
+
+def test_shipped_student_exists_lean_with_provenance():
+    from specdec.drafters.student import default_student_path, is_student_dir
+
+    path = default_student_path()
+    assert is_student_dir(path), "shipped draft model missing: run the command in its provenance.json"
+    provenance = json.loads((path / "provenance.json").read_text())
+    for key in ("command", "data", "git_commit", "metrics", "date", "wall_time_s"):
+        assert key in provenance
+    assert provenance["metrics"]["per_epoch"], "held-out τ per epoch"
+    assert (path / "model.safetensors").stat().st_size < 40_000_000 and (path / "token_counts.safetensors").is_file()
+    assert json.loads((path / "config.json").read_text())["specdec"]["target_vocab_size"] == 49152
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("cfg", [DraftModelDrafter.Config(k=3), DraftModelDrafter.Config(k=4, draft_vocab=8192),
+                                 DraftModelDrafter.Config(k=6, confidence=0.4, schedule="heuristic")],
+                         ids=["default", "draft-vocab", "adaptive"])
+def test_shipped_student_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
+    from specdec.data import left_pad
+    from specdec.drafters import build_drafter
+
+    model, tokenizer = real_target
+    drafter = build_drafter(cfg, model, tokenizer)
+    tau = []
+    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):  # batch 1, then batch 2 (left-padded)
+        ids, mask = left_pad(batch, tokenizer.pad_token_id)
+        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
+        assert out.sequences == reference.sequences
+        tau.append(out.stats.mean_accepted_length)
+    assert min(tau) > 1.1, tau  # a trained draft is accepted (the untrained early exit gives ~1.0)

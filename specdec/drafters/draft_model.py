@@ -50,9 +50,10 @@ class DraftModelDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "draft_model"
-        # "target" (the target itself), a distilled student's directory, an alias, a local path or a hub id;
-        # same vocabulary. "default" is reserved for the student shipped for the default target (none yet).
-        model: str = "target"
+        # "default": the student distilled for the default target and shipped in the package; "target": the
+        # target itself (early exit, untrained); a distilled student's directory; an alias, a local path or a
+        # hub id of a model with the target's vocabulary.
+        model: str = "default"
         # Keep only the first N decoder layers (early exit). null: 8 of the target's (model=target), all of
         # another model's. A distilled student always runs all its layers.
         num_layers: Optional[int] = None
@@ -107,9 +108,9 @@ class DraftModelDrafter(Drafter):
         if cfg.model == DEFAULT_DRAFT:
             path = default_student_path()
             if not is_student_dir(path):
-                raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: no distilled draft model is shipped yet (in "
-                                        f"{str(path)!r}); train one with `python -m specdec.train method=draft_model` "
-                                        f"and point drafter.model at its directory")
+                raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: the shipped distilled draft model is missing "
+                                        f"from {str(path)!r} (a broken install?); reinstall specdec, or train one with "
+                                        f"`python -m specdec.train method=draft_model` and point drafter.model at it")
             return cls(load_student(path, target), **cls._options(cfg, path))
         if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
             return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model))
@@ -200,7 +201,11 @@ class DraftModelDrafter(Drafter):
         """One draft token per row and the distribution q it was drawn from, which the verifier is told. With a
         restricted head q is spread back over the whole vocabulary (zero off the head's tokens)."""
         q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
-        token = sample(q, generator)
+        return self.widen(sample(q, generator), q, params)
+
+    def widen(self, token: torch.Tensor, q: torch.Tensor,  # [B], [B, N] -> [B], [B, V]
+              params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """A draw over the restricted head's N tokens as one over the whole vocabulary (as is without one)."""
         if self.vocab_ids is None:
             return token, q
         if params.greedy:  # q is not passed on under greedy decoding (the drafts are deterministic)

@@ -33,7 +33,7 @@ from specdec.errors import CheckpointError, VocabMismatchError
 from specdec.io import atomic_dir, atomic_write, read_tensors, write_json
 
 FORMAT = "specdec-draft-model-1"
-DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target (none yet)
+DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target
 TOKEN_COUNTS = "token_counts.safetensors"
 EMBEDDINGS = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -150,7 +150,8 @@ def _check_target(section: dict[str, Any], target_config: Any, directory: Path) 
         return
     message = (f"the draft model in {str(directory)!r} was distilled for a target of hidden size {hidden} and "
                f"vocabulary {vocab}; this target has hidden size {t_hidden} and vocabulary {t_vocab}; train one "
-               f"for this target (python -m specdec.train method=draft_model target=...)")
+               f"for this target (python -m specdec.train method=draft_model target=...), or draft with the "
+               f"target's own first layers (drafter.model=target)")
     raise (VocabMismatchError if vocab != t_vocab else CheckpointError)(message)
 
 
