@@ -489,7 +489,7 @@ def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
     with pytest.raises(ValueError, match=r"draft_vocab=65 must be in \[1, 64\]"):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=65), target=target)
     with pytest.raises(ValueError, match="needs a distilled student's token counts"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(draft_vocab=8), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target", draft_vocab=8), target=target)
 
 
 def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair):

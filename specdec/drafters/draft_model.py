@@ -116,7 +116,7 @@ class DraftModelDrafter(Drafter):
             return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model))
         if cfg.draft_vocab:
             raise ValueError(f"drafter.draft_vocab={cfg.draft_vocab} needs a distilled student's token counts; "
-                             f"drafter.model={cfg.model!r} has none: leave drafter.draft_vocab=0")
+                             f"drafter.model={cfg.model!r} has none: set drafter.draft_vocab=0")
         num_layers = cfg.num_layers
         if cfg.model in (None, "", "target"):
             model, draft_tokenizer = target, tokenizer
