@@ -46,6 +46,25 @@ def real_prompts(real_target):
     return [encode_prompt(tokenizer, row) for row in rows]
 
 
+def shipped_drafter_taus(real_target, real_prompts, cfg) -> list[float]:
+    """A shipped drafter (``cfg``) on the real target, batch 1 then batch 2 (left-padded), 24 tokens: asserts
+    greedy output equal to plain decoding's and returns τ of each batch."""
+    from specdec import autoregressive_generate, speculative_generate
+    from specdec.data import left_pad
+    from specdec.drafters import build_drafter
+
+    model, tokenizer = real_target
+    drafter = build_drafter(cfg, model, tokenizer)
+    tau = []
+    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):
+        ids, mask = left_pad(batch, tokenizer.pad_token_id)
+        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
+        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
+        assert out.sequences == reference.sequences
+        tau.append(out.stats.mean_accepted_length)
+    return tau
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests run where CUDA is present and are skipped (not failed) elsewhere, e.g. in CI."""
     if torch.cuda.is_available():

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import shipped_drafter_taus, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
 from specdec.drafters.student import export_hf, init_student, load_student, save_student
@@ -539,16 +539,5 @@ def test_shipped_student_exists_lean_with_provenance():
                                  DraftModelDrafter.Config(k=6, confidence=0.4, schedule="heuristic")],
                          ids=["default", "draft-vocab", "adaptive"])
 def test_shipped_student_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
-    from specdec.data import left_pad
-    from specdec.drafters import build_drafter
-
-    model, tokenizer = real_target
-    drafter = build_drafter(cfg, model, tokenizer)
-    tau = []
-    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):  # batch 1, then batch 2 (left-padded)
-        ids, mask = left_pad(batch, tokenizer.pad_token_id)
-        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
-        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
-        assert out.sequences == reference.sequences
-        tau.append(out.stats.mean_accepted_length)
+    tau = shipped_drafter_taus(real_target, real_prompts, cfg)
     assert min(tau) > 1.1, tau  # a trained draft is accepted (the untrained early exit gives ~1.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import tiny_llama
+from conftest import shipped_drafter_taus, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _Growth, _without
@@ -321,18 +321,7 @@ def test_shipped_drafter_exists_lean_with_provenance():
 @pytest.mark.parametrize("cfg", [EagleDrafter.Config(k=5, tree=False), EagleDrafter.Config(),
                                  EagleDrafter.Config(lookup=4)], ids=["chain", "default-tree", "tree-with-lookup"])
 def test_shipped_drafter_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
-    from specdec.data import left_pad
-    from specdec.drafters import build_drafter
-
-    model, tokenizer = real_target
-    drafter = build_drafter(cfg, model, tokenizer)
-    tau = []
-    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):  # batch 1, then batch 2 (left-padded)
-        ids, mask = left_pad(batch, tokenizer.pad_token_id)
-        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
-        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
-        assert out.sequences == reference.sequences
-        tau.append(out.stats.mean_accepted_length)
+    tau = shipped_drafter_taus(real_target, real_prompts, cfg)
     assert min(tau) > 1.3, tau  # a trained drafter is accepted (a random one gives ~1.0)
 
 
