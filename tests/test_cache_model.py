@@ -153,3 +153,25 @@ def test_onednn_path_leaves_autograd_to_torch(onednn_restored):
     x = torch.randn(3, 8, requires_grad=True)
     llama_module._linear(x, layer).sum().backward()  # the packed op has no backward: the plain path runs
     assert x.grad is not None and layer.weight.grad is not None
+
+
+@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("bias", [False, True])
+@torch.no_grad()
+def test_stacked_linears_match_one_by_one(rows, bias, onednn_restored):
+    """q/k/v (and gate/up) run as one packed product over the stacked weights, split back per layer."""
+    llama_module.use_onednn(True)
+    layers = (torch.nn.Linear(24, 40, bias=bias), torch.nn.Linear(24, 8, bias=bias), torch.nn.Linear(24, 8, bias=bias))
+    x = torch.randn(2, rows, 24)
+    outs = llama_module._linears(x, layers)
+    assert [tuple(o.shape) for o in outs] == [(2, rows, 40), (2, rows, 8), (2, rows, 8)]
+    for out, layer in zip(outs, layers):
+        assert torch.allclose(out, layer(x), atol=1e-5)
+    layers[1].weight.mul_(3)  # an in-place update of one of them repacks the group
+    assert torch.allclose(llama_module._linears(x, layers)[1], layers[1](x), atol=1e-5)
+    if bias:
+        layers[2].bias = torch.nn.Parameter(torch.ones(8))  # another bias tensor
+        assert torch.allclose(llama_module._linears(x, layers)[2], layers[2](x), atol=1e-5)
+    mixed = (torch.nn.Linear(24, 4, bias=True), torch.nn.Linear(24, 4, bias=False))  # computed one by one
+    assert all(torch.allclose(o, layer(x), atol=1e-5) for o, layer in zip(llama_module._linears(x, mixed), mixed))

@@ -36,9 +36,9 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
     """
     if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
         return F.linear(x, layer.weight, layer.bias)
-    packed = _onednn_weight(layer, x)
+    packed = _onednn_group((layer,), x)
     if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, layer.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[0], packed[1], "none", [], "")
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     if rows == 1:
@@ -50,8 +50,10 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-# nn.Linear -> (its weight when packed, that weight's version then, the oneDNN-packed copy): a memo of
-# derived data; the weight's identity and version, not its address, say whether the copy is current.
+# nn.Linear -> {ids of the layers packed together, this one first -> (weak references to their weights, the
+# layers and their biases, the weights' and biases' versions then, the oneDNN-packed stacked copy, the stacked
+# bias)}: a memo of derived data; identities (live references, not addresses that a freed tensor's successor
+# may take) and versions say whether the copy is current.
 _PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 _ONEDNN_DTYPES = (torch.float32,)
 
@@ -80,17 +82,49 @@ def _onednn_weight(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
     packed copy costs the weight's memory once per layer, is shared by every decoder over the same model,
     and is rebuilt when the weight changes (another tensor, dtype, device, or an in-place update).
     """
-    weight = layer.weight
-    if (not _ONEDNN or weight.device.type != "cpu" or weight.dtype not in _ONEDNN_DTYPES
-            or x.dtype != weight.dtype or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))):
+    packed = _onednn_group((layer,), x)
+    return None if packed is None else packed[0]
+
+
+def _onednn_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(the layers' weights stacked along the output and prepacked for oneDNN, their biases stacked), or None
+    where the plain path runs (see :func:`_onednn_weight`). One packed product for q/k/v (or gate/up) instead
+    of three (two) saves a call's overhead per layer, a tenth of a CPU decode step for SmolLM2-135M."""
+    weights = [layer.weight for layer in layers]
+    if (not _ONEDNN or any(w.device.type != "cpu" or w.dtype not in _ONEDNN_DTYPES or x.dtype != w.dtype
+                           for w in weights)
+            or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))):
         return None
-    version = _version(weight)
-    entry = _PACKED.get(layer)
-    if entry is None or entry[0]() is not weight or entry[1] != version:
+    biases = [layer.bias for layer in layers]
+    if any(b is not None for b in biases) and any(b is None for b in biases):
+        return None  # mixed biases: computed one by one
+    held = weights + list(layers) + [b for b in biases if b is not None]
+    stamp = tuple(_version(w) for w in weights) + tuple(_version(b) for b in biases if b is not None)
+    groups = _PACKED.get(layers[0])
+    if groups is None:
+        groups = _PACKED[layers[0]] = {}
+    key = tuple(id(layer) for layer in layers)
+    entry = groups.get(key)
+    if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
+            ref() is not obj for ref, obj in zip(entry[0], held)):
         with torch.no_grad():
-            entry = (weakref.ref(weight), version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-        _PACKED[layer] = entry
-    return entry[2]
+            stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
+            bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
+                                                   else torch.cat([b.detach() for b in biases]))
+            entry = ([weakref.ref(obj) for obj in held], stamp, torch.ops.mkldnn._reorder_linear_weight(stacked, None),
+                     bias)
+        groups[key] = entry
+    return entry[2], entry[3]
+
+
+def _linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x) for layer in layers)`` for layers reading the same input (q/k/v, gate/up): on CPU one
+    oneDNN product over their stacked weights, split; elsewhere :func:`_linear` per layer."""
+    packed = _onednn_group(layers, x)
+    if packed is None:
+        return tuple(_linear(x, layer) for layer in layers)
+    out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[0], packed[1], "none", [], "")
+    return out.split([layer.out_features for layer in layers], dim=-1)
 
 
 def _version(weight: torch.Tensor) -> int:
@@ -198,9 +232,10 @@ class CompactLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = _linear(h, attn.q_proj).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-            k = _linear(h, attn.k_proj).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-            v = _linear(h, attn.v_proj).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = _linears(h, (attn.q_proj, attn.k_proj, attn.v_proj))
+            q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+            k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+            v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = cache.write(i, k, v, kv_len)  # [B, Hkv, S, D]
@@ -208,7 +243,8 @@ class CompactLlama(nn.Module):
             x = x + _linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj)
             h = layer.post_attention_layernorm(x)
             mlp = layer.mlp
-            x = x + _linear(mlp.act_fn(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+            gate, up = _linears(h, (mlp.gate_proj, mlp.up_proj))
+            x = x + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
             if i + 1 in capture:
                 captured[i + 1] = x
         hidden = self.norm(x[:, -1:] if last_only else x)

@@ -29,7 +29,7 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.errors import CheckpointError
 from specdec.io import read_tensors, write_json
-from specdec.models.llama import _linear, _rotate_half
+from specdec.models.llama import _linear, _linears, _rotate_half
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
 SPECULATORS_VERSION = "0.9.0"
@@ -103,9 +103,10 @@ class EagleLayer(nn.Module):
         heads, kv_heads, dim = self.shape
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)  # [B, T, 2H]
         attn = self.self_attn
-        q = _linear(x, attn.q_proj).view(b, t, heads, dim).transpose(1, 2)
-        k = _linear(x, attn.k_proj).view(b, t, kv_heads, dim).transpose(1, 2)
-        v = _linear(x, attn.v_proj).view(b, t, kv_heads, dim).transpose(1, 2)
+        q, k, v = _linears(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+        q = q.view(b, t, heads, dim).transpose(1, 2)
+        k = k.view(b, t, kv_heads, dim).transpose(1, 2)
+        v = v.view(b, t, kv_heads, dim).transpose(1, 2)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:  # [B, T, H], [B, Hq, T, D]
@@ -113,7 +114,8 @@ class EagleLayer(nn.Module):
         x = hidden + _linear(attended.transpose(1, 2).reshape(b, t, -1), self.self_attn.o_proj)
         h = self.post_attention_layernorm(x)
         mlp = self.mlp
-        return x + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)
+        gate, up = _linears(h, (mlp.gate_proj, mlp.up_proj))
+        return x + _linear(F.silu(gate) * up, mlp.down_proj)
 
 
 class EagleModel(nn.Module):
