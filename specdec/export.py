@@ -1,13 +1,23 @@
 """Export a trained drafter for other engines.
 
     python -m specdec.export draft_model --out DIR [--model default|STUDENT_DIR] [--target smollm2-135m]
+    python -m specdec.export eagle --out DIR [--model default|EAGLE_DIR] [--target smollm2-135m] [--k 3]
 
 ``draft_model``: a distilled student (the shipped default, or a directory ``python -m specdec.train
 method=draft_model`` wrote) as a standalone transformers directory, the target's embeddings and LM head
 stitched in and the target's tokenizer files beside them: ``AutoModelForCausalLM.from_pretrained(DIR)``
 loads it, e.g. as ``generate(assistant_model=...)``'s assistant, so transformers (and other engines that
-load draft models as transformers directories) run the very same draft. The directory is written
-atomically; an existing directory is replaced only with ``--force``, and only if it holds an earlier export.
+load draft models as transformers directories) run the very same draft.
+
+``eagle``: an EAGLE-3 drafter (the shipped one, or a directory ``python -m specdec.train method=eagle`` wrote,
+or one in the EAGLE repository's format) in the ``speculators`` format that vLLM and SGLang serve: vLLM's
+``LLM(model=TARGET, speculative_config={"method": "eagle3", "model": DIR, "num_speculative_tokens": K})``,
+or ``LLM(model=DIR)`` alone, which reads the target from ``speculators_config.verifier.name_or_path`` (written
+as the target's local directory) and K from ``--k``. Weights stay as stored (float16 for the shipped one;
+vLLM casts them to the target's dtype).
+
+Each directory is written atomically; an existing directory is replaced only with ``--force``, and only if it
+holds an earlier export.
 """
 
 from __future__ import annotations
@@ -19,13 +29,7 @@ from pathlib import Path
 from specdec.loading import DEFAULT_TARGET
 
 
-def export_draft_model(out: str | Path, model: str = "default", target: str = DEFAULT_TARGET,
-                       force: bool = False) -> Path:
-    """Write the student ``model`` (``default``: the one shipped for the default target) of ``target`` to
-    ``out`` as a transformers directory; see the module docstring."""
-    from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, export_hf, load_student
-    from specdec.loading import load_target
-
+def _check_out(out: str | Path, force: bool) -> Path:
     out = Path(out).expanduser()
     if out.exists():
         if not force:
@@ -34,26 +38,82 @@ def export_draft_model(out: str | Path, model: str = "default", target: str = DE
         if not (out / "config.json").is_file():
             raise FileExistsError(f"--out {str(out)!r} exists and holds no exported model (no config.json); "
                                   f"it is left as it is: choose another directory")
+    return out
+
+
+def export_draft_model(out: str | Path, model: str = "default", target: str = DEFAULT_TARGET,
+                       force: bool = False) -> Path:
+    """Write the student ``model`` (``default``: the one shipped for the default target) of ``target`` to
+    ``out`` as a transformers directory; see the module docstring."""
+    from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, export_hf, load_student
+    from specdec.loading import load_target
+
+    out = _check_out(out, force)
     target_model, tokenizer = load_target(target)
     student = load_student(default_student_path() if model == DEFAULT_DRAFT else model, target_model)
     return export_hf(out, student, tokenizer)
 
 
+def export_eagle(out: str | Path, model: str = "default", target: str = DEFAULT_TARGET, force: bool = False,
+                 k: int = 3) -> Path:
+    """Write the EAGLE-3 drafter ``model`` (``default``: the one shipped for the default target) of ``target``
+    to ``out`` in the speculators format, the target's local directory as its verifier and ``k`` draft tokens
+    as its default proposal; see the module docstring."""
+    from specdec.drafters.eagle.model import default_eagle_path, load_eagle, save_eagle
+    from specdec.io import atomic_dir
+    from specdec.loading import load_target
+
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"--k must be an integer >= 1 (draft tokens per step), got {k!r}")
+    out = _check_out(out, force)
+    target_model, _ = load_target(target)
+    path = default_eagle_path() if model == "default" else Path(model).expanduser()
+    drafter = load_eagle(path, target_config=target_model.config)
+    verifier = str(getattr(target_model, "name_or_path", "") or target)
+    with atomic_dir(out) as tmp:
+        save_eagle(tmp, drafter, verifier=verifier, dtype=_stored_dtype(path), extra={"exported_from": str(path)},
+                   speculative_tokens=k)
+    return out
+
+
+def _stored_dtype(directory: Path):
+    """The dtype ``directory``'s weights are stored in (fc.weight's; float32 where it cannot be read), so an
+    export is as large as its source: specdec loads every drafter in float32."""
+    import torch
+    from safetensors import safe_open
+
+    names = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+    try:
+        with safe_open(str(directory / "model.safetensors"), "pt") as f:
+            return names.get(f.get_slice("fc.weight").get_dtype(), torch.float32)
+    except Exception:  # noqa: BLE001 - a question of file size only: the loaded weights are float32 anyway
+        return torch.float32
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("drafter", choices=["draft_model"], help="what to export")
+    ap.add_argument("drafter", choices=["draft_model", "eagle"], help="what to export")
     ap.add_argument("--out", required=True, help="the directory to write")
-    ap.add_argument("--model", default="default", help="the student: 'default' (shipped) or its directory")
+    ap.add_argument("--model", default="default",
+                    help="the drafter: 'default' (the one shipped for the target) or its directory")
+    ap.add_argument("--k", type=int, default=3, help="eagle: draft tokens per step written as its default proposal")
     ap.add_argument("--target", default=DEFAULT_TARGET, help="the target it drafts for (name, alias or path)")
     ap.add_argument("--force", action="store_true", help="replace an earlier export at --out")
     args = ap.parse_args(argv)
     try:
-        path = export_draft_model(args.out, args.model, args.target, args.force)
+        if args.drafter == "eagle":
+            path = export_eagle(args.out, args.model, args.target, args.force, args.k)
+        else:
+            path = export_draft_model(args.out, args.model, args.target, args.force)
     except (OSError, ValueError) as exc:  # FileExistsError, FileNotFoundError, ModelLoadError, CheckpointError
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {path} (AutoModelForCausalLM.from_pretrained({str(path)!r}))")
+    if args.drafter == "eagle":
+        print(f"wrote {path} (vLLM: speculative_config={{'method': 'eagle3', 'model': {str(path)!r}, "
+              f"'num_speculative_tokens': {args.k}}})")
+    else:
+        print(f"wrote {path} (AutoModelForCausalLM.from_pretrained({str(path)!r}))")
     return 0
 
 

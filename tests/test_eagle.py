@@ -156,6 +156,37 @@ def test_speculators_round_trip_and_eagle_format(target, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), old.state_dict().values()))
 
 
+def test_the_export_command_writes_the_speculators_format_vllm_serves(tiny_pair, tmp_path, capsys):  # noqa: F811
+    """`python -m specdec.export eagle`: the drafter unchanged, the target's directory as the verifier, K as the
+    default proposal, float16 kept; an existing directory is replaced only with --force."""
+    from specdec.export import main
+
+    target, tokenizer = tiny_pair
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    model = random_eagle(target, draft_vocab=8, aux=(0, 1, 1))
+    save_eagle(tmp_path / "trained", model, dtype=torch.float16)
+    args = ["eagle", "--model", str(tmp_path / "trained"), "--target", str(tmp_path / "target"),
+            "--out", str(tmp_path / "out"), "--k", "5"]
+    assert main(args) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(tmp_path / "target")
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+    assert config["norm_before_residual"] is False and config["draft_vocab_size"] == 8
+    assert load_file(str(tmp_path / "out" / "model.safetensors"))["fc.weight"].dtype == torch.float16
+    back, ref = (load_eagle(tmp_path / d, target_config=target.config) for d in ("out", "trained"))
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), ref.state_dict().values()))
+    assert main(args) == 2 and main(args + ["--force"]) == 0
+    assert main(args[:-2] + ["--k", "0", "--force"]) == 2
+    other = tiny_llama(vocab_size=80, hidden=16, layers=1, heads=2, kv_heads=1, seed=1)
+    other.save_pretrained(tmp_path / "other")
+    tokenizer.save_pretrained(tmp_path / "other")
+    capsys.readouterr()
+    assert main(["eagle", "--model", str(tmp_path / "trained"), "--target", str(tmp_path / "other"),
+                 "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+    assert "vocabulary" in capsys.readouterr().err
+
+
 def test_drafter_for_another_target_is_refused(target, tmp_path):
     save_eagle(tmp_path, random_eagle(target))
     other = tiny_llama(vocab_size=80, layers=4, seed=1)

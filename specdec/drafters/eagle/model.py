@@ -222,7 +222,7 @@ def speculators_config(cfg: EagleConfig, verifier: str = "", speculative_tokens:
 
 
 def save_eagle(directory: str | Path, model: EagleModel, *, verifier: str = "", dtype: torch.dtype | None = None,
-               extra: dict[str, Any] | None = None) -> None:
+               extra: dict[str, Any] | None = None, speculative_tokens: int = 3) -> None:
     """Write ``model`` in the speculators format: ``config.json`` + ``model.safetensors`` (atomically each).
     ``dtype`` (e.g. torch.float16) stores the weights in it; ``d2t`` (and ``t2d``) only for a draft vocabulary."""
     directory = Path(directory)
@@ -238,7 +238,7 @@ def save_eagle(directory: str | Path, model: EagleModel, *, verifier: str = "", 
     tmp = directory / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")
-    config = speculators_config(cfg, verifier)
+    config = speculators_config(cfg, verifier, speculative_tokens)
     config["specdec"].update(extra or {})
     write_json(directory / "config.json", config)
 
