@@ -8,10 +8,12 @@ import time
 import torch
 
 
-def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict, dict, dict, dict]:
+def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: list | None = None,
+                 ) -> tuple[dict, dict, dict, dict]:
     """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
     ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
-    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference."""
+    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference;
+    ``references``, if given a list, receives the reference's new tokens per prompt."""
     for drafter, k in methods.values():  # warm-up, untimed
         run(drafter, k, prompts[0][:, :32])
     seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
@@ -25,6 +27,9 @@ def side_by_side(methods: dict, prompts: list[torch.Tensor], run) -> tuple[dict,
                 seconds[name] += time.perf_counter() - start
                 tokens[name] += len(out.sequences[0])
                 stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
-                reference = reference or out.sequences
+                if reference is None:
+                    reference = out.sequences
+                    if references is not None:
+                        references.append(out.sequences[0])
                 mismatches[name] += out.sequences != reference
     return seconds, tokens, stats, mismatches

@@ -1,0 +1,199 @@
+"""specdec and vLLM's CPU build side by side: the same prompts (token ids, chat template applied once), the
+same method and K, batch 1, greedy (not a test).
+
+Methods, each run by both engines: plain decoding; n-gram prompt lookup (K ``--ngram-k``, n-grams 2-3 in
+both); the distilled draft model (``drafter=draft_model``'s shipped student, exported as a transformers
+directory, ``--draft-k``, full vocabulary in both); EAGLE-3 (the shipped drafter exported in the speculators
+format, a chain of ``--eagle-k``). specdec's own defaults where they differ from the matched settings (the
+EAGLE tree, the draft model's 8192-token head) run as extra rows. vLLM runs in its own virtual environment
+(``bash experiments/vllm/setup_venv.sh``), one subprocess per method (experiments/vllm/runner.py), fp32,
+eager, the same thread count; its τ and per-position acceptance come from its own counters.
+
+Per row: tokens/s (new tokens over the time of the generate calls, prefill included, start-up excluded), τ
+(mean accepted length: 1 + accepted / drafts for vLLM), acceptance per position, speed over specdec's plain
+decoding, how many outputs differ from the engine's own plain decoding and from specdec's plain decoding.
+Writes ``vllm_T0.json`` / ``.md`` to --out.
+
+    bash experiments/vllm/setup_venv.sh
+    python experiments/vllm_benchmark.py --sources mtbench humaneval --prompts 24 --new 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+
+from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec.data import encode_prompt, load_prompts
+from specdec.drafters import DraftModelDrafter, EagleDrafter
+from specdec.export import export_draft_model, export_eagle
+from specdec.jobs import machine_description
+
+RUNNER = Path(__file__).parent / "vllm" / "runner.py"
+DEFAULT_VENV = Path(os.environ.get("SPECDEC_VLLM_VENV", "~/.cache/specdec/vllm-venv")).expanduser()
+
+
+def vllm_env(venv: Path, threads: int) -> dict:
+    """The environment vLLM's CPU build runs best in with ``threads`` threads (see ../shared/VLLM_INTEROP.md):
+    its OpenMP threads bound to the first cores, intel-openmp preloaded, a small KV-cache space."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
+               VLLM_CPU_KVCACHE_SPACE="2", VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false")
+    iomp = sorted(venv.glob("lib/libiomp5.so")) + sorted(venv.glob("lib/python3*/site-packages/**/libiomp5.so"))
+    if iomp:
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp[0]), env.get("LD_PRELOAD", "")]))
+    return env
+
+
+def run_vllm(venv: Path, job: dict, work: Path, threads: int, timeout: int) -> dict:
+    name = f"{job['method']}_k{job.get('k', 0)}"
+    job_path, result_path, log_path = work / f"{name}.job.json", work / f"{name}.result.json", work / f"{name}.log"
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.run([str(venv / "bin" / "python"), str(RUNNER), str(job_path), str(result_path)],
+                              env=vllm_env(venv, threads), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0 or not result_path.is_file():
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"vLLM's {name} failed (exit {proc.returncode}); its log {log_path} ends:\n{tail}")
+    return json.loads(result_path.read_text())
+
+
+def vllm_stats(counters: dict) -> tuple[float | None, list[float]]:
+    """(τ, acceptance per position) from vLLM's counters. vLLM counts the drafts accepted up to each position
+    (a share of all drafts); specdec reports α per position conditionally (accepted at position i among the
+    drafts whose position i - 1 was accepted): converted here to specdec's."""
+    def find(suffix):
+        return next((v for n, v in counters.items() if n.endswith(suffix)), None)
+    drafts, accepted = find("spec_decode_num_drafts"), find("spec_decode_num_accepted_tokens")
+    per_pos = find("spec_decode_num_accepted_tokens_per_pos") or []
+    if not drafts:
+        return None, []
+    reached = [drafts] + list(per_pos[:-1])
+    return 1 + accepted / drafts, [a / r if r else float("nan") for a, r in zip(per_pos, reached)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--venv", default=str(DEFAULT_VENV), help="vLLM's virtual environment (setup_venv.sh)")
+    ap.add_argument("--sources", nargs="+", default=["mtbench", "humaneval"])
+    ap.add_argument("--prompts", type=int, default=24, help="prompts per source")
+    ap.add_argument("--new", type=int, default=128, help="max new tokens")
+    ap.add_argument("--methods", nargs="+", default=["plain", "ngram", "draft_model", "eagle"])
+    ap.add_argument("--ngram-k", type=int, default=4)
+    ap.add_argument("--draft-k", type=int, default=1)
+    ap.add_argument("--eagle-k", type=int, default=3)
+    ap.add_argument("--no-extra", action="store_true", help="leave specdec's default-setting rows out")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per vLLM method")
+    ap.add_argument("--out", default="benchmarks/vllm")
+    args = ap.parse_args()
+
+    venv = Path(args.venv).expanduser()
+    if not (venv / "bin" / "python").is_file():
+        raise SystemExit(f"no vLLM environment at {str(venv)!r}: run `bash experiments/vllm/setup_venv.sh {venv}` "
+                         f"first, or pass --venv")
+    out_dir = Path(args.out)
+    work = out_dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    model, tokenizer = load_target()
+    target_dir = str(model.name_or_path)
+    prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for source in args.sources
+               for row in load_prompts(source, limit=args.prompts)]
+    eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
+
+    ours: dict = {"plain": (None, 0)}
+    theirs: dict = {"plain": {"method": "plain"}}
+    if "ngram" in args.methods:
+        ours[f"ngram K={args.ngram_k}"] = (NgramDrafter(max_ngram=3, min_ngram=2), args.ngram_k)
+        theirs[f"ngram K={args.ngram_k}"] = {"method": "ngram", "k": args.ngram_k, "ngram": [2, 3]}
+    if "draft_model" in args.methods:
+        hf_dir = export_draft_model(work / "draft_model_hf", force=True)
+        cfg = DraftModelDrafter.Config(k=args.draft_k, draft_vocab=0)
+        ours[f"draft model K={args.draft_k}"] = (DraftModelDrafter.from_config(cfg, target=model), args.draft_k)
+        theirs[f"draft model K={args.draft_k}"] = {"method": "draft_model", "k": args.draft_k, "draft": str(hf_dir)}
+        if not args.no_extra:
+            cfg = DraftModelDrafter.Config(k=args.draft_k, draft_vocab=8192)
+            ours[f"draft model K={args.draft_k}, 8192-token head (specdec's default)"] = (
+                DraftModelDrafter.from_config(cfg, target=model), args.draft_k)
+    if "eagle" in args.methods:
+        eagle_dir = export_eagle(work / "eagle", force=True, k=args.eagle_k)
+        cfg = EagleDrafter.Config(k=args.eagle_k, tree=False)
+        ours[f"eagle chain K={args.eagle_k}"] = (EagleDrafter.from_config(cfg, target=model), args.eagle_k)
+        theirs[f"eagle chain K={args.eagle_k}"] = {"method": "eagle3", "k": args.eagle_k, "draft": str(eagle_dir)}
+        if not args.no_extra:
+            cfg = EagleDrafter.Config()
+            ours["eagle tree (specdec's default)"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
+
+    def run(drafter, k, ids):
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, temperature=0.0)
+        if drafter is None:
+            return autoregressive_generate(model, ids, **kwargs)
+        return speculative_generate(model, drafter, ids, k=k, **kwargs)
+
+    start = time.perf_counter()
+    plain_out: list = []
+    seconds, tokens, stats, mismatches = side_by_side(ours, prompts, run, plain_out)
+    print(f"specdec: {time.perf_counter() - start:.0f} s", flush=True)
+    rows = {}
+    for name in ours:
+        s = stats[name]
+        rows[("specdec", name)] = {
+            "tokens_per_second": tokens[name] / seconds[name], "new_tokens": tokens[name],
+            "tau": None if name == "plain" else s.mean_accepted_length,
+            "alpha_per_position": [] if name == "plain" else [round(a, 4) for a in s.acceptance_per_position[:8]],
+            "differ_from_own_plain": mismatches[name], "differ_from_specdec_plain": mismatches[name]}
+    max_len = max(ids.shape[1] for ids in prompts) + args.new + 16
+    for name, job in theirs.items():
+        job = {**job, "target": target_dir, "prompts": [ids[0].tolist() for ids in prompts],
+               "max_new_tokens": args.new, "max_model_len": max(512, -(-max_len // 256) * 256),
+               "warmup": prompts[0][0, :32].tolist()}
+        start = time.perf_counter()
+        result = run_vllm(venv, job, work, threads, args.timeout)
+        print(f"vLLM {name}: {time.perf_counter() - start:.0f} s (start-up {result['startup_s']:.0f} s)", flush=True)
+        tau, per_pos = vllm_stats(result["counters"])
+        if name == "plain":
+            vllm_plain = result["sequences"]
+        rows[("vLLM", name)] = {
+            "tokens_per_second": sum(map(len, result["sequences"])) / sum(result["seconds"]),
+            "new_tokens": sum(map(len, result["sequences"])), "tau": tau,
+            "alpha_per_position": [round(a, 4) for a in per_pos[:8]], "startup_s": result["startup_s"],
+            "differ_from_own_plain": sum(a != b for a, b in zip(result["sequences"], vllm_plain)),
+            "differ_from_specdec_plain": sum(a != b for a, b in zip(result["sequences"], plain_out)),
+            "counters": result["counters"]}
+    base = rows[("specdec", "plain")]["tokens_per_second"]
+    for (engine, name), r in rows.items():
+        r["vs_specdec_plain"] = r["tokens_per_second"] / base
+        peer = rows.get(("vLLM", name))
+        if engine == "specdec" and peer:
+            r["vs_vllm_same"] = r["tokens_per_second"] / peer["tokens_per_second"]
+            if r["tau"] and peer["tau"]:
+                r["tau_vs_vllm"] = r["tau"] / peer["tau"]
+
+    machine = machine_description()
+    summary = {"sources": args.sources, "prompts": len(prompts), "max_new_tokens": args.new, "threads": threads,
+               "machine": machine, "rows": [{"engine": e, "method": n, **r} for (e, n), r in rows.items()]}
+    (out_dir / "vllm_T0.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## specdec vs vLLM's CPU build, {' + '.join(args.sources)} ({len(prompts)} prompts, {args.new} new "
+             f"tokens, greedy, batch 1, {threads} threads)", f"machine: {machine}", "",
+             "| method | engine | tok/s | vs specdec plain | specdec / vLLM | τ | α per position "
+             "| outputs ≠ own plain | ≠ specdec plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for (engine, name), r in sorted(rows.items(), key=lambda item: list(ours).index(item[0][1])):
+        alpha = " ".join(f"{a:.2f}" for a in r["alpha_per_position"]) or "—"
+        lines.append(f"| {name} | {engine} | {r['tokens_per_second']:.1f} | {r['vs_specdec_plain']:.2f}x | "
+                     f"{'%.2fx' % r['vs_vllm_same'] if 'vs_vllm_same' in r else '—'} | "
+                     f"{'%.2f' % r['tau'] if r['tau'] else '—'} | {alpha} | {r['differ_from_own_plain']} | "
+                     f"{r['differ_from_specdec_plain']} |")
+    (out_dir / "vllm_T0.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
