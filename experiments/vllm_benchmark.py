@@ -9,10 +9,13 @@ EAGLE tree, the draft model's 8192-token head) run as extra rows. vLLM runs in i
 (``bash experiments/vllm/setup_venv.sh``), one subprocess per method (experiments/vllm/runner.py), fp32,
 eager, the same thread count; its τ and per-position acceptance come from its own counters.
 
-Per row: tokens/s (new tokens over the time of the generate calls, prefill included, start-up excluded), τ
-(mean accepted length: 1 + accepted / drafts for vLLM), acceptance per position, speed over specdec's plain
-decoding, how many outputs differ from the engine's own plain decoding and from specdec's plain decoding.
-Writes ``vllm_T0.json`` / ``.md`` to --out.
+Per row: tokens/s (new tokens over the time of the generate calls, prefill included, start-up excluded), τ,
+acceptance per position, speed over specdec's plain decoding, how many outputs differ from the engine's own
+plain decoding and from specdec's plain decoding. τ is specdec's (tokens per verify step, every step counted);
+vLLM's own figure (1 + accepted / drafts) counts only the steps that drafted, which differs for n-gram lookup
+(no match, no draft): its τ here is (new tokens - prompts) / (new tokens - prompts - accepted), its own figure
+kept as ``tau_vllm_own`` in the JSON. Writes ``vllm_T0.json`` / ``.md`` to --out; ``--render JSON`` rewrites
+the table from a saved JSON without running anything.
 
     bash experiments/vllm/setup_venv.sh
     python experiments/vllm_benchmark.py --sources mtbench humaneval --prompts 24 --new 128
@@ -66,18 +69,54 @@ def run_vllm(venv: Path, job: dict, work: Path, threads: int, timeout: int) -> d
     return json.loads(result_path.read_text())
 
 
-def vllm_stats(counters: dict) -> tuple[float | None, list[float]]:
-    """(τ, acceptance per position) from vLLM's counters. vLLM counts the drafts accepted up to each position
-    (a share of all drafts); specdec reports α per position conditionally (accepted at position i among the
-    drafts whose position i - 1 was accepted): converted here to specdec's."""
+def vllm_stats(counters: dict, new_tokens: int, prompts: int) -> tuple[float | None, float | None, list[float]]:
+    """(τ as specdec counts it, vLLM's own τ, acceptance per position) from vLLM's counters.
+
+    vLLM's τ is 1 + accepted / drafts over the steps that drafted; specdec's counts every verify step, and a
+    step emits 1 + accepted tokens after the prefill's first, so steps = new tokens - prompts - accepted (a
+    last step cut short by max_new_tokens makes this approximate). vLLM counts the drafts accepted up to each
+    position (a share of all drafts); specdec reports α per position conditionally (accepted at position i
+    among the drafts whose position i - 1 was accepted): converted here to specdec's."""
     def find(suffix):
         return next((v for n, v in counters.items() if n.endswith(suffix)), None)
     drafts, accepted = find("spec_decode_num_drafts"), find("spec_decode_num_accepted_tokens")
     per_pos = find("spec_decode_num_accepted_tokens_per_pos") or []
     if not drafts:
-        return None, []
+        return None, None, []
     reached = [drafts] + list(per_pos[:-1])
-    return 1 + accepted / drafts, [a / r if r else float("nan") for a, r in zip(per_pos, reached)]
+    emitted = new_tokens - prompts
+    return (emitted / (emitted - accepted), 1 + accepted / drafts,
+            [a / r if r else float("nan") for a, r in zip(per_pos, reached)])
+
+
+def write_report(summary: dict, out_dir: Path) -> None:
+    """``vllm_T0.json`` and the table ``vllm_T0.md`` from the run's summary."""
+    rows = {(r["engine"], r["method"]): r for r in summary["rows"]}
+    base = rows[("specdec", "plain")]["tokens_per_second"]
+    for (engine, name), r in rows.items():
+        r["vs_specdec_plain"] = r["tokens_per_second"] / base
+        peer = rows.get(("vLLM", name))
+        if engine == "specdec" and peer:
+            r["vs_vllm_same"] = r["tokens_per_second"] / peer["tokens_per_second"]
+            if r["tau"] and peer["tau"]:
+                r["tau_vs_vllm"] = r["tau"] / peer["tau"]
+    (out_dir / "vllm_T0.json").write_text(json.dumps(summary, indent=2) + "\n")
+    order = list(dict.fromkeys(name for _, name in rows))
+    lines = [f"## specdec vs vLLM's CPU build, {' + '.join(summary['sources'])} ({summary['prompts']} prompts, "
+             f"{summary['max_new_tokens']} new tokens, greedy, batch 1, {summary['threads']} threads)",
+             f"machine: {summary['machine']}", "",
+             "| method | engine | tok/s | vs specdec plain | specdec / vLLM | τ | α per position "
+             "| outputs ≠ own plain | ≠ specdec plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for (engine, name), r in sorted(rows.items(), key=lambda item: order.index(item[0][1])):
+        alpha = " ".join(f"{a:.2f}" for a in r["alpha_per_position"]) or "—"
+        lines.append(f"| {name} | {engine} | {r['tokens_per_second']:.1f} | {r['vs_specdec_plain']:.2f}x | "
+                     f"{'%.2fx' % r['vs_vllm_same'] if 'vs_vllm_same' in r else '—'} | "
+                     f"{'%.2f' % r['tau'] if r['tau'] else '—'} | {alpha} | {r['differ_from_own_plain']} | "
+                     f"{r['differ_from_specdec_plain']} |")
+    lines += ["", "τ: tokens per verify step, every step counted (vLLM's: derived from its counters; its own "
+              "figure, per step that drafted, is tau_vllm_own in the JSON)."]
+    (out_dir / "vllm_T0.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main() -> None:
@@ -93,7 +132,18 @@ def main() -> None:
     ap.add_argument("--no-extra", action="store_true", help="leave specdec's default-setting rows out")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per vLLM method")
     ap.add_argument("--out", default="benchmarks/vllm")
+    ap.add_argument("--render", metavar="JSON", help="rewrite the table (and the JSON) from a saved vllm_T0.json "
+                    "into --out, running nothing")
     args = ap.parse_args()
+    if args.render:
+        summary = json.loads(Path(args.render).read_text())
+        for r in summary["rows"]:  # τ re-derived, so tables from older runs read the same way
+            if r["engine"] == "vLLM" and r.get("counters"):
+                r["tau"], r["tau_vllm_own"], r["alpha_per_position"] = vllm_stats(
+                    r["counters"], r["new_tokens"], summary["prompts"])
+                r["alpha_per_position"] = [round(a, 4) for a in r["alpha_per_position"][:8]]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        return write_report(summary, Path(args.out))
 
     venv = Path(args.venv).expanduser()
     if not (venv / "bin" / "python").is_file():
@@ -158,41 +208,21 @@ def main() -> None:
         start = time.perf_counter()
         result = run_vllm(venv, job, work, threads, args.timeout)
         print(f"vLLM {name}: {time.perf_counter() - start:.0f} s (start-up {result['startup_s']:.0f} s)", flush=True)
-        tau, per_pos = vllm_stats(result["counters"])
+        new_tokens = sum(map(len, result["sequences"]))
+        tau, tau_own, per_pos = vllm_stats(result["counters"], new_tokens, len(prompts))
         if name == "plain":
             vllm_plain = result["sequences"]
         rows[("vLLM", name)] = {
-            "tokens_per_second": sum(map(len, result["sequences"])) / sum(result["seconds"]),
-            "new_tokens": sum(map(len, result["sequences"])), "tau": tau,
+            "tokens_per_second": new_tokens / sum(result["seconds"]),
+            "new_tokens": new_tokens, "tau": tau, "tau_vllm_own": tau_own,
             "alpha_per_position": [round(a, 4) for a in per_pos[:8]], "startup_s": result["startup_s"],
             "differ_from_own_plain": sum(a != b for a, b in zip(result["sequences"], vllm_plain)),
             "differ_from_specdec_plain": sum(a != b for a, b in zip(result["sequences"], plain_out)),
             "counters": result["counters"]}
-    base = rows[("specdec", "plain")]["tokens_per_second"]
-    for (engine, name), r in rows.items():
-        r["vs_specdec_plain"] = r["tokens_per_second"] / base
-        peer = rows.get(("vLLM", name))
-        if engine == "specdec" and peer:
-            r["vs_vllm_same"] = r["tokens_per_second"] / peer["tokens_per_second"]
-            if r["tau"] and peer["tau"]:
-                r["tau_vs_vllm"] = r["tau"] / peer["tau"]
-
-    machine = machine_description()
     summary = {"sources": args.sources, "prompts": len(prompts), "max_new_tokens": args.new, "threads": threads,
-               "machine": machine, "rows": [{"engine": e, "method": n, **r} for (e, n), r in rows.items()]}
-    (out_dir / "vllm_T0.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"## specdec vs vLLM's CPU build, {' + '.join(args.sources)} ({len(prompts)} prompts, {args.new} new "
-             f"tokens, greedy, batch 1, {threads} threads)", f"machine: {machine}", "",
-             "| method | engine | tok/s | vs specdec plain | specdec / vLLM | τ | α per position "
-             "| outputs ≠ own plain | ≠ specdec plain |", "|---|---|---|---|---|---|---|---|---|"]
-    for (engine, name), r in sorted(rows.items(), key=lambda item: list(ours).index(item[0][1])):
-        alpha = " ".join(f"{a:.2f}" for a in r["alpha_per_position"]) or "—"
-        lines.append(f"| {name} | {engine} | {r['tokens_per_second']:.1f} | {r['vs_specdec_plain']:.2f}x | "
-                     f"{'%.2fx' % r['vs_vllm_same'] if 'vs_vllm_same' in r else '—'} | "
-                     f"{'%.2f' % r['tau'] if r['tau'] else '—'} | {alpha} | {r['differ_from_own_plain']} | "
-                     f"{r['differ_from_specdec_plain']} |")
-    (out_dir / "vllm_T0.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+               "machine": machine_description(),
+               "rows": [{"engine": e, "method": n, **r} for (e, n), r in rows.items()]}
+    write_report(summary, out_dir)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ def served(venv, real_target, prompts, eagle_dir, tmp_path):
     job = {"method": "eagle3", "k": K, "draft": str(eagle_dir), "target": str(model.name_or_path),
            "prompts": prompts, "max_new_tokens": NEW, "max_model_len": 1024, "warmup": prompts[0][:16]}
     result = run_vllm(venv, job, tmp_path, threads=torch.get_num_threads(), timeout=900)
-    return result["sequences"], vllm_stats(result["counters"])
+    # vLLM's own τ (per step that drafted) is specdec's here: an EAGLE chain drafts at every step.
+    _, tau, per_pos = vllm_stats(result["counters"], sum(map(len, result["sequences"])), len(prompts))
+    return result["sequences"], (tau, per_pos)
 
 
 def test_vllm_serves_our_exported_eagle_drafter_as_we_run_it(venv, real_target, real_prompts, tmp_path):
