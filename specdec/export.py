@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET, help="the target it drafts for (name, alias or path)")
     ap.add_argument("--force", action="store_true", help="replace an earlier export at --out")
     args = ap.parse_args(argv)
+    if args.model != "default" and not Path(args.model).expanduser().is_dir():
+        print(f"error: --model {args.model!r} is not a directory: pass the directory a training run wrote "
+              f"(`python -m specdec.train method={args.drafter}`: its output_dir or its export), or leave --model "
+              f"out for the drafter shipped for the default target", file=sys.stderr)
+        return 2
     try:
         if args.drafter == "eagle":
             path = export_eagle(args.out, args.model, args.target, args.force, args.k)

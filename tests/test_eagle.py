@@ -185,6 +185,8 @@ def test_the_export_command_writes_the_speculators_format_vllm_serves(tiny_pair,
     assert main(["eagle", "--model", str(tmp_path / "trained"), "--target", str(tmp_path / "other"),
                  "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
     assert "vocabulary" in capsys.readouterr().err
+    assert main(["eagle", "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
+    assert "--model" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_drafter_for_another_target_is_refused(target, tmp_path):
