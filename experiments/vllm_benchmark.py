@@ -76,7 +76,8 @@ def vllm_stats(counters: dict, new_tokens: int, prompts: int) -> tuple[float | N
     step emits 1 + accepted tokens after the prefill's first, so steps = new tokens - prompts - accepted (a
     last step cut short by max_new_tokens makes this approximate). vLLM counts the drafts accepted up to each
     position (a share of all drafts); specdec reports α per position conditionally (accepted at position i
-    among the drafts whose position i - 1 was accepted): converted here to specdec's."""
+    among the drafts whose position i - 1 was accepted): converted here to specdec's, to 4 decimals, the
+    first 8 positions."""
     def find(suffix):
         return next((v for n, v in counters.items() if n.endswith(suffix)), None)
     drafts, accepted = find("spec_decode_num_drafts"), find("spec_decode_num_accepted_tokens")
@@ -86,7 +87,7 @@ def vllm_stats(counters: dict, new_tokens: int, prompts: int) -> tuple[float | N
     reached = [drafts] + list(per_pos[:-1])
     emitted = new_tokens - prompts
     return (emitted / (emitted - accepted), 1 + accepted / drafts,
-            [a / r if r else float("nan") for a, r in zip(per_pos, reached)])
+            [round(a / r, 4) if r else float("nan") for a, r in zip(per_pos[:8], reached)])
 
 
 def write_report(summary: dict, out_dir: Path) -> None:
@@ -141,9 +142,9 @@ def main() -> None:
             if r["engine"] == "vLLM" and r.get("counters"):
                 r["tau"], r["tau_vllm_own"], r["alpha_per_position"] = vllm_stats(
                     r["counters"], r["new_tokens"], summary["prompts"])
-                r["alpha_per_position"] = [round(a, 4) for a in r["alpha_per_position"][:8]]
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        return write_report(summary, Path(args.out))
+        write_report(summary, Path(args.out))
+        return
 
     venv = Path(args.venv).expanduser()
     if not (venv / "bin" / "python").is_file():
@@ -215,7 +216,7 @@ def main() -> None:
         rows[("vLLM", name)] = {
             "tokens_per_second": new_tokens / sum(result["seconds"]),
             "new_tokens": new_tokens, "tau": tau, "tau_vllm_own": tau_own,
-            "alpha_per_position": [round(a, 4) for a in per_pos[:8]], "startup_s": result["startup_s"],
+            "alpha_per_position": per_pos, "startup_s": result["startup_s"],
             "differ_from_own_plain": sum(a != b for a, b in zip(result["sequences"], vllm_plain)),
             "differ_from_specdec_plain": sum(a != b for a, b in zip(result["sequences"], plain_out)),
             "counters": result["counters"]}
