@@ -9,6 +9,7 @@ from conftest import tiny_llama
 from specdec.data import left_pad
 from specdec.cache import KVCache
 from specdec.models import CompactLlama, HFDecoder, as_decoder
+from specdec.models import cpu_kernels
 from specdec.models import llama as llama_module
 
 
@@ -104,10 +105,13 @@ def test_generic_fallback_for_other_architectures():
 
 @pytest.fixture
 def onednn_restored():
-    """Lets a test switch the oneDNN path off; puts it back as it was."""
-    before = llama_module._ONEDNN
+    """Lets a test switch the oneDNN path off; puts it back as it was. specdec's few-row kernel is off
+    meanwhile, so the packed oneDNN path is the one tested (the kernel's tests: test_cpu_kernels.py)."""
+    before = llama_module._ONEDNN, cpu_kernels._enabled
+    cpu_kernels.enable(False)
     yield
-    llama_module.use_onednn(before)
+    llama_module.use_onednn(before[0])
+    cpu_kernels.enable(before[1])
 
 
 @pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.cache import KVCache
+from specdec.models import cpu_kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -27,8 +28,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
-    """``layer(x)``: ``F.linear`` on an accelerator; on CPU through oneDNN with a prepacked weight where it
-    can (see :func:`_onednn_weight`), else computed as W·xᵀ with at least two rows.
+    """``layer(x)``: ``F.linear`` on an accelerator; on CPU through specdec's few-row kernel or oneDNN where
+    they apply (see :func:`_cpu_product`), else computed as W·xᵀ with at least two rows.
 
     For the few rows of a decode step, MKL's x·Wᵀ path is 3-7x slower on CPU than W·xᵀ, and a single
     row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
@@ -36,9 +37,9 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
     """
     if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
         return F.linear(x, layer.weight, layer.bias)
-    packed = _onednn_group((layer,), x)
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[0], packed[1], "none", [], "")
+    out = _cpu_product(x, (layer,))
+    if out is not None:
+        return out
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
     if rows == 1:
@@ -50,10 +51,28 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-# nn.Linear -> {ids of the layers packed together, this one first -> (weak references to their weights, the
-# layers and their biases, the weights' and biases' versions then, the oneDNN-packed stacked copy, the stacked
-# bias)}: a memo of derived data; identities (live references, not addresses that a freed tensor's successor
-# may take) and versions say whether the copy is current.
+def _cpu_product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor | None:
+    """x through the layers' weights stacked along the output ([..., sum of out]), or None where the plain
+    path runs. Up to ``cpu_kernels.MAX_ROWS`` rows through specdec's few-row kernel (streams the weights at
+    close to the machine's read bandwidth; rows bit-identical whatever their number), more rows (a prefill)
+    through oneDNN over the same weight; with the kernel off, oneDNN over a prepacked weight."""
+    prepared = _cpu_group(layers, x)
+    if prepared is None:
+        return None
+    weight, bias, packed = prepared
+    if not packed:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] <= cpu_kernels.MAX_ROWS:
+            return cpu_kernels.few_rows_linear(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        if not _ONEDNN:
+            return None
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
+# nn.Linear -> {(packed or not, ids of the layers stacked together, this one first) -> (weak references to their
+# weights, the layers and their biases, the weights' and biases' versions then, the stacked copy (oneDNN-packed,
+# or row-major for specdec's kernel), the stacked bias)}: a memo of derived data; identities (live references,
+# not addresses that a freed tensor's successor may take) and versions say whether the copy is current.
 _PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 _ONEDNN_DTYPES = (torch.float32,)
 
@@ -73,8 +92,7 @@ def _onednn_available() -> bool:
 
 
 def _onednn_weight(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
-    """The layer's weight prepacked for oneDNN, or None where the plain path runs (not CPU float32, autograd
-    needed, oneDNN off or unavailable).
+    """The layer's weight prepacked for oneDNN, or None where another path runs (see :func:`_cpu_group`).
 
     Why: this CPU path is compute-bound past a few rows, and MKL picks slow kernels for the 2-32 rows of a
     verification step (on a 2-core AMD EPYC the 49152x576 LM head takes 14 ms for 16 rows in MKL, 6 ms in
@@ -82,18 +100,24 @@ def _onednn_weight(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
     packed copy costs the weight's memory once per layer, is shared by every decoder over the same model,
     and is rebuilt when the weight changes (another tensor, dtype, device, or an in-place update).
     """
-    packed = _onednn_group((layer,), x)
-    return None if packed is None else packed[0]
+    prepared = _cpu_group((layer,), x)
+    return None if prepared is None or not prepared[2] else prepared[0]
 
 
-def _onednn_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(the layers' weights stacked along the output and prepacked for oneDNN, their biases stacked), or None
-    where the plain path runs (see :func:`_onednn_weight`). One packed product for q/k/v (or gate/up) instead
-    of three (two) saves a call's overhead per layer, a tenth of a CPU decode step for SmolLM2-135M."""
+def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
+    """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
+    for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
+    neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is a plain row-major
+    copy (the layer's own weight when there is one layer); else a oneDNN-packed copy. One product for
+    q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
+    step for SmolLM2-135M."""
     weights = [layer.weight for layer in layers]
-    if (not _ONEDNN or any(w.device.type != "cpu" or w.dtype not in _ONEDNN_DTYPES or x.dtype != w.dtype
-                           for w in weights)
-            or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))):
+    if (any(w.device.type != "cpu" or w.dtype not in _ONEDNN_DTYPES or x.dtype != w.dtype for w in weights)
+            or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+            or torch.compiler.is_compiling()):
+        return None
+    packed = not cpu_kernels.enabled()
+    if packed and not _ONEDNN:
         return None
     biases = [layer.bias for layer in layers]
     if any(b is not None for b in biases) and any(b is None for b in biases):
@@ -103,7 +127,7 @@ def _onednn_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch
     groups = _PACKED.get(layers[0])
     if groups is None:
         groups = _PACKED[layers[0]] = {}
-    key = tuple(id(layer) for layer in layers)
+    key = (packed, *(id(layer) for layer in layers))  # a copy per kind, so switching paths to compare is free
     entry = groups.get(key)
     if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
             ref() is not obj for ref, obj in zip(entry[0], held)):
@@ -111,19 +135,18 @@ def _onednn_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch
             stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
             bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
                                                    else torch.cat([b.detach() for b in biases]))
-            entry = ([weakref.ref(obj) for obj in held], stamp, torch.ops.mkldnn._reorder_linear_weight(stacked, None),
-                     bias)
+            stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None) if packed else stacked.contiguous()
+            entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
         groups[key] = entry
-    return entry[2], entry[3]
+    return entry[2], entry[3], packed
 
 
 def _linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
     """``tuple(layer(x) for layer in layers)`` for layers reading the same input (q/k/v, gate/up): on CPU one
-    oneDNN product over their stacked weights, split; elsewhere :func:`_linear` per layer."""
-    packed = _onednn_group(layers, x)
-    if packed is None:
+    product over their stacked weights (:func:`_cpu_product`), split; elsewhere :func:`_linear` per layer."""
+    out = _cpu_product(x, layers)
+    if out is None:
         return tuple(_linear(x, layer) for layer in layers)
-    out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[0], packed[1], "none", [], "")
     return out.split([layer.out_features for layer in layers], dim=-1)
 
 

@@ -1,0 +1,102 @@
+"""specdec's own CPU kernel: the linear layers of a decode or verification step (a few float32 rows).
+
+A CPU decode step reads every weight once and is bound by memory bandwidth. oneDNN's and MKL's products
+read SmolLM2-135M's 538 MB per token at about two thirds of a plain read's speed on a 2-core x86 CPU;
+``specdec/csrc/few_rows_linear.cpp`` streams each weight row once at close to it (the linear layers of one
+token 39 → 31 ms, of 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). Its rows are
+bit-identical whatever the number of rows, so a verification step's logits for a position equal a plain
+decode step's there as far as the linear layers go.
+
+The kernel is compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
+on 2 cores, cached under ``~/.cache/torch_extensions``). Where it cannot be (not x86 with AVX2, no
+compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`few_rows_linear` is None and the forward keeps oneDNN's path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "few_rows_linear.cpp"
+MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x at 1 row, 1.06x at 32, 0.95x at 48)
+
+_module = None
+_state = "untried"  # "untried" | "loaded" | "off" (disabled, unsupported or failed to build)
+_enabled = os.environ.get("SPECDEC_CPU_KERNEL", "1") != "0"
+
+
+def supported() -> bool:
+    """Whether this machine can run the kernel: x86-64 where torch runs its own AVX2 kernels (AVX2 and FMA)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older torch
+        return False
+    return capability.upper().startswith(("AVX2", "AVX512"))
+
+
+def enable(enabled: bool) -> None:
+    """Use the kernel (the default, where it builds) or not (oneDNN's path), e.g. to compare them.
+    ``SPECDEC_CPU_KERNEL=0`` in the environment turns it off at import and skips the build."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def enabled() -> bool:
+    """Whether the forward uses the kernel now: enabled, supported, and built (building it on first call)."""
+    return _enabled and _load() is not None
+
+
+def _load():
+    global _module, _state
+    if _state == "untried":
+        _state = "off"
+        if not supported():
+            log.info("specdec's CPU kernel needs x86-64 with AVX2; using oneDNN's products")
+            return None
+        if not SOURCE.is_file():
+            warnings.warn(f"specdec's CPU kernel source {SOURCE} is missing from this install; CPU decode steps "
+                          "use oneDNN instead", RuntimeWarning, stacklevel=3)
+            return None
+        _ninja_on_path()
+        from torch.utils import cpp_extension
+
+        log.info("building specdec's CPU kernel %s (once per machine, ~40 s)", SOURCE.name)
+        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+        try:
+            _module = cpp_extension.load("specdec_few_rows_linear", [str(SOURCE)], extra_cflags=flags,
+                                         extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as error:  # no compiler, no ninja, a failed build: the forward still runs
+            warnings.warn(f"specdec's CPU kernel {SOURCE} could not be built ({type(error).__name__}: "
+                          f"{str(error).strip()[:300]}); CPU decode steps use oneDNN instead (~1.3x slower). "
+                          "Install a C++ compiler and ninja (pip install ninja) to build it, or set "
+                          "SPECDEC_CPU_KERNEL=0 to skip it.", RuntimeWarning, stacklevel=3)
+            return None
+        _state = "loaded"
+    return _module
+
+
+def _ninja_on_path() -> None:
+    """torch builds with the ``ninja`` on PATH; the pip package's binary sits in the environment's bin/,
+    which is not on PATH when that environment's python runs without being activated."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] · weight [N, K]ᵀ (+ bias [N]) -> [M, N], float32 on CPU, weight contiguous. Call only where
+    :func:`enabled` is true."""
+    return _module.few_rows_linear(x, weight, bias)

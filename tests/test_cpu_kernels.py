@@ -1,0 +1,120 @@
+"""specdec's few-row CPU kernel (specdec/csrc/few_rows_linear.cpp): equal to torch's product, rows
+bit-identical whatever their number, the forward's paths around it, and the fallback when it cannot be built."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_llama
+
+from specdec.models import cpu_kernels, as_decoder
+from specdec.models import llama as llama_module
+
+needs_kernel = pytest.mark.skipif(not cpu_kernels.enabled(), reason="specdec's CPU kernel is not built here "
+                                  "(not x86 with AVX2, no compiler, or SPECDEC_CPU_KERNEL=0)")
+
+
+@pytest.fixture
+def kernel_restored():
+    before = llama_module._ONEDNN, cpu_kernels._enabled
+    yield
+    llama_module.use_onednn(before[0])
+    cpu_kernels.enable(before[1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 32])
+@pytest.mark.parametrize("shape", [(40, 24), (3, 577), (1001, 576)])  # [N, K]: tails in N and in K
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_torch(rows, shape, bias):
+    torch.manual_seed(rows)
+    weight = torch.randn(*shape)
+    b = torch.randn(shape[0]) if bias else None
+    x = torch.randn(rows, shape[1])
+    out = cpu_kernels.few_rows_linear(x, weight, b)
+    assert out.shape == (rows, shape[0])
+    assert torch.allclose(out, F.linear(x.double(), weight.double(), None if b is None else b.double()).float(),
+                          atol=1e-4, rtol=1e-5)
+
+
+@needs_kernel
+def test_kernel_rows_are_bit_identical_whatever_their_number():
+    """A row's product does not depend on the rows computed with it: a verification step's linear layers give,
+    for each position, the bits a one-token decode step gives."""
+    weight, bias, x = torch.randn(203, 577), torch.randn(203), torch.randn(32, 577)
+    full = cpu_kernels.few_rows_linear(x, weight, bias)
+    for start, count in [(0, 1), (5, 1), (31, 1), (3, 2), (4, 3), (1, 4), (7, 5), (0, 16), (9, 23)]:
+        assert torch.equal(cpu_kernels.few_rows_linear(x[start:start + count], weight, bias), full[start:start + count])
+
+
+@needs_kernel
+@torch.no_grad()
+@pytest.mark.parametrize("rows", [1, 5, cpu_kernels.MAX_ROWS + 3])  # past MAX_ROWS: oneDNN over the same weight
+def test_linear_and_stacked_linears_through_the_kernel(rows, kernel_restored):
+    cpu_kernels.enable(True)
+    layers = (torch.nn.Linear(24, 40), torch.nn.Linear(24, 8), torch.nn.Linear(24, 8))
+    x = torch.randn(2, rows, 24)
+    prepared = llama_module._cpu_group(layers, x)
+    assert prepared is not None and not prepared[2]  # a plain stacked weight, not a packed one
+    outs = llama_module._linears(x, layers)
+    assert [tuple(o.shape) for o in outs] == [(2, rows, 40), (2, rows, 8), (2, rows, 8)]
+    for out, layer in zip(outs, layers):
+        assert torch.allclose(out, layer(x), atol=1e-5)
+    layers[1].weight.mul_(3)  # an in-place update restacks the group
+    assert torch.allclose(llama_module._linears(x, layers)[1], layers[1](x), atol=1e-5)
+    assert torch.allclose(llama_module._linear(x, layers[0]), layers[0](x), atol=1e-5)
+    llama_module.use_onednn(False)  # past MAX_ROWS without oneDNN: the plain product
+    assert torch.allclose(llama_module._linear(x, layers[0]), layers[0](x), atol=1e-5)
+
+
+@needs_kernel
+@torch.no_grad()
+def test_forward_with_the_kernel_matches_onednn(tiny_target, kernel_restored):
+    """The compact forward, kernel on vs off (oneDNN's packed products): the same logits to float32 rounding,
+    and greedy decoding gives the same tokens."""
+    from specdec import autoregressive_generate
+
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 1]])
+    runs = {}
+    for on in (True, False):
+        cpu_kernels.enable(on)
+        decoder = as_decoder(tiny_target)
+        cache = decoder.new_cache(1, 64, torch.zeros(1, dtype=torch.long))
+        logits, _ = decoder(ids, cache)
+        runs[on] = logits, autoregressive_generate(tiny_target, ids, max_new_tokens=12, eos_token_id=[]).sequences
+    assert torch.allclose(runs[True][0], runs[False][0], atol=1e-5)
+    assert runs[True][1] == runs[False][1]
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch, kernel_restored):
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(cpu_kernels, "supported", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "_state", "untried")
+    monkeypatch.setattr(cpu_kernels, "_module", None)
+    cpu_kernels.enable(True)
+    with pytest.warns(RuntimeWarning, match="could not be built.*Ninja is required.*pip install ninja"):
+        assert not cpu_kernels.enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once, not at every layer
+        assert not cpu_kernels.enabled()
+        layer = torch.nn.Linear(24, 40)
+        x = torch.randn(1, 3, 24)
+        with torch.no_grad():
+            assert torch.allclose(llama_module._linear(x, layer), layer(x), atol=1e-5)
+
+
+def test_kernel_off_by_switch_is_never_built(monkeypatch, kernel_restored):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("built although switched off"))
+    monkeypatch.setattr(cpu_kernels, "_state", "untried")
+    cpu_kernels.enable(False)
+    assert not cpu_kernels.enabled()
+    assert cpu_kernels._state == "untried"
