@@ -1,4 +1,4 @@
-"""specdec's few-row CPU kernel (specdec/csrc/few_rows_linear.cpp): equal to torch's product, rows
+"""specdec's few-row CPU kernel (specdec/csrc/cpu_kernels.cpp): equal to torch's product, rows
 bit-identical whatever their number, the forward's paths around it, and the fallback when it cannot be built."""
 
 import warnings
@@ -118,3 +118,60 @@ def test_kernel_off_by_switch_is_never_built(monkeypatch, kernel_restored):
     cpu_kernels.enable(False)
     assert not cpu_kernels.enabled()
     assert cpu_kernels._state == "untried"
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_fused_small_ops_match_torch(rows):
+    """The C++ RMSNorm (after the residual add), SiLU·up and rotary embedding against the torch formulas of
+    transformers' Llama."""
+    kernels = cpu_kernels.module()
+    torch.manual_seed(rows)
+    hidden, eps = 577, 1e-5
+    stream, delta, weight = torch.randn(rows, hidden), torch.randn(rows, hidden), torch.randn(hidden)
+    expected_stream = stream + delta
+    variance = expected_stream.pow(2).mean(-1, keepdim=True)
+    expected = weight * (expected_stream * torch.rsqrt(variance + eps))
+    normed = kernels.rms_norm(stream, delta, weight, eps)
+    assert torch.equal(stream, expected_stream)  # the residual add, in place
+    assert torch.allclose(normed, expected, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(kernels.rms_norm(stream, None, weight, eps), expected, atol=1e-5, rtol=1e-5)
+
+    gate_up = torch.randn(rows, 2 * 40)
+    assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate_up[:, :40]) * gate_up[:, 40:], atol=1e-6)
+
+    heads, kv_heads, dim = 3, 1, 8
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+    cos, sin = torch.randn(rows, dim), torch.randn(rows, dim)
+    q, k, v = kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
+    ref_q, ref_k, ref_v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+    for got, ref, count in ((q, ref_q, heads), (k, ref_k, kv_heads)):
+        ref = ref.view(rows, count, dim)
+        rotated = ref * cos[:, None] + llama_module._rotate_half(ref) * sin[:, None]
+        assert torch.equal(got, rotated)  # the same products and sums as torch's, in the same order
+    assert torch.equal(v, ref_v.view(rows, kv_heads, dim))
+
+
+@needs_kernel
+@torch.no_grad()
+@pytest.mark.parametrize("last_only", [False, True])
+def test_fused_forward_matches_the_unfused_one(kernel_restored, last_only):
+    """The forward with the fused C++ small ops (kernel on) against torch's ops over oneDNN (kernel off):
+    batch 2 left-padded, a prefill then a verification block, the captured hidden states EAGLE reads."""
+    from specdec.data import left_pad
+
+    model = tiny_llama(layers=3, seed=3)
+    decoder = as_decoder(model)
+    ids, mask = left_pad([[5, 9, 3, 7, 11, 2, 8], [4, 4, 6]])
+    results = {}
+    for on in (True, False):
+        cpu_kernels.enable(on)
+        assert decoder._fused(torch.zeros(1, 1, 32)) is on
+        cache = decoder.new_cache(2, 32, (mask == 0).sum(1))
+        first = decoder(ids, cache, last_only=last_only, capture=(0, 1, 3))
+        cache.commit(torch.full((2,), ids.shape[1]))
+        second = decoder(torch.tensor([[1, 2, 3], [7, 8, 9]]), cache, capture=(2,))
+        results[on] = first + second
+    for fused, unfused in zip(results[True], results[False]):
+        assert fused.shape == unfused.shape
+        assert torch.allclose(fused, unfused, atol=1e-5)

@@ -2,7 +2,7 @@
 
 A CPU decode step reads every weight once and is bound by memory bandwidth. oneDNN's and MKL's products
 read SmolLM2-135M's 538 MB per token at about two thirds of a plain read's speed on a 2-core x86 CPU;
-``specdec/csrc/few_rows_linear.cpp`` streams each weight row once at close to it (the linear layers of one
+``specdec/csrc/cpu_kernels.cpp`` streams each weight row once at close to it (the linear layers of one
 token 39 → 31 ms, of 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). Its rows are
 bit-identical whatever the number of rows, so a verification step's logits for a position equal a plain
 decode step's there as far as the linear layers go.
@@ -25,7 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "few_rows_linear.cpp"
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_kernels.cpp"
 MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x at 1 row, 1.06x at 32, 0.95x at 48)
 
 _module = None
@@ -71,9 +71,9 @@ def _load():
         from torch.utils import cpp_extension
 
         log.info("building specdec's CPU kernel %s (once per machine, ~40 s)", SOURCE.name)
-        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
         try:
-            _module = cpp_extension.load("specdec_few_rows_linear", [str(SOURCE)], extra_cflags=flags,
+            _module = cpp_extension.load("specdec_cpu_kernels", [str(SOURCE)], extra_cflags=flags,
                                          extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # no compiler, no ninja, a failed build: the forward still runs
             warnings.warn(f"specdec's CPU kernel {SOURCE} could not be built ({type(error).__name__}: "
@@ -94,6 +94,11 @@ def _ninja_on_path() -> None:
         except ImportError:
             return
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def module():
+    """The built extension (few_rows_linear, rms_norm, silu_mul, rope_qkv); only where :func:`enabled`."""
+    return _module
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

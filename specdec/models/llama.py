@@ -205,6 +205,7 @@ class CompactLlama(nn.Module):
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_position_embeddings
         self.config = config
+        self._fusable: bool | None = None  # see _fused()
 
     @property
     def device(self) -> torch.device:
@@ -252,6 +253,8 @@ class CompactLlama(nn.Module):
         cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         captured = {0: x} if 0 in capture else {}
+        if self._fused(x):
+            return self._fused_layers(x, cache, kv_len, mask, cos, sin, last_only, capture, captured)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -278,3 +281,60 @@ class CompactLlama(nn.Module):
         if missing:
             raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
         return logits, hidden, torch.cat([captured[k] for k in capture], -1)
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether this forward runs the small ops between the products through specdec's fused CPU kernels
+        (:meth:`_fused_layers`): float32 on CPU without autograd, the kernels built, Llama's RMSNorm and SiLU."""
+        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not cpu_kernels.enabled():
+            return False
+        if self._fusable is None:
+            norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+            self._fusable = (all(hasattr(n, "variance_epsilon") and n.weight.shape == (self.hidden_size,) for n in norms)
+                             and all(isinstance(layer.mlp.act_fn, nn.SiLU)  # transformers 5: its own SiLU module
+                                     or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
+        return self._fusable
+
+    def _fused_layers(self, x, cache, kv_len, mask, cos, sin, last_only, capture, captured):
+        """The decoder layers and final norm of :meth:`forward`, on CPU: one C++ pass per RMSNorm (with the
+        residual add before it), per rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each.
+        Same arithmetic as the torch ops (no fused multiply-adds), sums in another order: logits equal to
+        float32 rounding (tested)."""
+        b, t, width = x.shape
+        kernels = cpu_kernels.module()
+        stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
+        cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
+        norm = self.layers[0].input_layernorm
+        h = kernels.rms_norm(stream, None, norm.weight, norm.variance_epsilon)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            q, k, v = kernels.rope_qkv(_product(h, (attn.q_proj, attn.k_proj, attn.v_proj)), cos, sin,
+                                       self.num_heads, self.num_kv_heads)
+            q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+            k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            keys, values = cache.write(i, k, v, kv_len)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            attended = _product(out.transpose(1, 2).reshape(b * t, -1), (attn.o_proj,))
+            norm = layer.post_attention_layernorm
+            h = kernels.rms_norm(stream, attended, norm.weight, norm.variance_epsilon)
+            down = _product(kernels.silu_mul(_product(h, (mlp.gate_proj, mlp.up_proj))), (mlp.down_proj,))
+            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h = kernels.rms_norm(stream, down, norm.weight, norm.variance_epsilon)
+            if i + 1 in capture:
+                captured[i + 1] = stream.view(b, t, width).clone()
+        hidden = h.view(b, t, width)
+        if last_only:
+            hidden = hidden[:, -1:]
+        logits = _linear(hidden, self.lm_head).float()
+        if not capture:
+            return logits, hidden
+        missing = sorted(set(capture) - set(captured))
+        if missing:
+            raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
+        return logits, hidden, torch.cat([captured[k] for k in capture], -1)
+
+
+def _product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """x [M, in] through the layers stacked along the output: :func:`_cpu_product`, else one by one."""
+    out = _cpu_product(x, layers)
+    return out if out is not None else torch.cat([_linear(x, layer) for layer in layers], -1)
