@@ -1,9 +1,11 @@
 """What one target forward costs by the number of tokens it scores (not a test): the curve behind every
 tree-size choice, since a verification step of N nodes is an N-token forward.
 
-On CPU it compares the two paths of ``specdec.models.llama._linear`` in one process, interleaved: MKL's
-W·xᵀ (``use_onednn(False)``) and oneDNN with prepacked weights (the default). Prints the median ms per
-forward for each token count, and the marginal cost per extra token (the slope from 1 to the largest count).
+On CPU it compares the forward's three paths in one process, interleaved: torch's ops with MKL's W·xᵀ
+(``use_onednn(False)``, specdec's kernels off), torch's ops with oneDNN's prepacked products (kernels off),
+and specdec's C++ CPU kernels (the default where they build: the few-row product and the fused small ops,
+``specdec.models.cpu_kernels``). Prints the median ms per forward for each token count, and the marginal cost
+per extra token (the slope from 1 to the largest count).
 
     python experiments/forward_cost.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
     python experiments/forward_cost.py --tokens 1 8 16 --context 500
@@ -20,7 +22,7 @@ import torch
 from specdec import load_target
 from specdec.jobs import machine_description
 from specdec.models import as_decoder
-from specdec.models import llama
+from specdec.models import cpu_kernels, llama
 
 
 def median_ms(fn, reps: int) -> float:
@@ -44,7 +46,11 @@ def main() -> None:
 
     model, _ = load_target(args.target)
     decoder = as_decoder(model)
-    paths = {"mkl": False, "onednn": True} if decoder.device.type == "cpu" else {"default": True}
+    paths = {"default": (True, True)}  # name -> (oneDNN on, specdec's kernels on)
+    if decoder.device.type == "cpu":
+        paths = {"mkl": (False, False), "onednn": (True, False)}
+        if cpu_kernels.enabled():
+            paths["specdec kernels"] = (True, True)
     cache = decoder.new_cache(1, args.context + max(args.tokens) + 8, torch.zeros(1, dtype=torch.long))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -52,14 +58,16 @@ def main() -> None:
         cache.commit(torch.tensor([args.context]))
         runs: dict[str, list[list[float]]] = {name: [] for name in paths}
         for _ in range(args.rounds):
-            for name, onednn in paths.items():
+            for name, (onednn, kernels) in paths.items():
                 llama.use_onednn(onednn)
+                cpu_kernels.enable(kernels)
                 row = []
                 for t in args.tokens:
                     ids = torch.randint(0, decoder.vocab_size, (1, t), generator=generator)
                     row.append(median_ms(lambda: decoder(ids, cache, kv_len=args.context + t), args.reps))
                 runs[name].append(row)
     llama.use_onednn(True)
+    cpu_kernels.enable(True)
 
     print(f"{args.target}, {args.context} tokens of context, {machine_description()}")
     print("| path | " + " | ".join(f"{t} tok" for t in args.tokens) + " | ms per extra token |")

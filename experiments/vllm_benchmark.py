@@ -39,6 +39,7 @@ from specdec.data import encode_prompt, load_prompts
 from specdec.drafters import DraftModelDrafter, EagleDrafter
 from specdec.export import export_draft_model, export_eagle
 from specdec.jobs import machine_description
+from specdec.models import cpu_kernels
 
 RUNNER = Path(__file__).parent / "vllm" / "runner.py"
 DEFAULT_VENV = Path(os.environ.get("SPECDEC_VLLM_VENV", "~/.cache/specdec/vllm-venv")).expanduser()
@@ -131,6 +132,8 @@ def main() -> None:
     ap.add_argument("--draft-k", type=int, default=1)
     ap.add_argument("--eagle-k", type=int, default=3)
     ap.add_argument("--no-extra", action="store_true", help="leave specdec's default-setting rows out")
+    ap.add_argument("--without-kernels", action="store_true", help="also run specdec's plain and n-gram rows "
+                    "with its C++ CPU kernels off (torch ops over oneDNN, as before them)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per vLLM method")
     ap.add_argument("--out", default="benchmarks/vllm")
     ap.add_argument("--render", metavar="JSON", help="rewrite the table (and the JSON) from a saved vllm_T0.json "
@@ -183,8 +186,18 @@ def main() -> None:
             cfg = EagleDrafter.Config()
             ours["eagle tree (specdec's default)"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
 
+    if args.without_kernels:
+        for name in [n for n in ours if n == "plain" or n.startswith("ngram")]:
+            ours[f"{name}, no specdec CPU kernels"] = (("no kernels", ours[name][0]), ours[name][1])
+
     def run(drafter, k, ids):
         kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, temperature=0.0)
+        if isinstance(drafter, tuple):  # ("no kernels", drafter): the same method with the kernels off
+            cpu_kernels.enable(False)
+            try:
+                return run(drafter[1], k, ids)
+            finally:
+                cpu_kernels.enable(True)
         if drafter is None:
             return autoregressive_generate(model, ids, **kwargs)
         return speculative_generate(model, drafter, ids, k=k, **kwargs)
@@ -198,8 +211,8 @@ def main() -> None:
         s = stats[name]
         rows[("specdec", name)] = {
             "tokens_per_second": tokens[name] / seconds[name], "new_tokens": tokens[name],
-            "tau": None if name == "plain" else s.mean_accepted_length,
-            "alpha_per_position": [] if name == "plain" else [round(a, 4) for a in s.acceptance_per_position[:8]],
+            "tau": None if name.startswith("plain") else s.mean_accepted_length,
+            "alpha_per_position": [] if name.startswith("plain") else [round(a, 4) for a in s.acceptance_per_position[:8]],
             "differ_from_own_plain": mismatches[name], "differ_from_specdec_plain": mismatches[name]}
     max_len = max(ids.shape[1] for ids in prompts) + args.new + 16
     for name, job in theirs.items():

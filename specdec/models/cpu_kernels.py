@@ -70,7 +70,7 @@ def _load():
         _ninja_on_path()
         from torch.utils import cpp_extension
 
-        log.info("building specdec's CPU kernel %s (once per machine, ~40 s)", SOURCE.name)
+        log.info("loading specdec's CPU kernels (%s: built once per machine, ~40 s, then cached)", SOURCE.name)
         flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
         try:
             _module = cpp_extension.load("specdec_cpu_kernels", [str(SOURCE)], extra_cflags=flags,
