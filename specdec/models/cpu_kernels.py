@@ -7,8 +7,9 @@ token 39 → 31 ms, of 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experimen
 bit-identical whatever the number of rows, so a verification step's logits for a position equal a plain
 decode step's there as far as the linear layers go.
 
-The kernel is compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
-on 2 cores, cached under ``~/.cache/torch_extensions``). Where it cannot be (not x86 with AVX2, no
+The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
+on 2 cores, cached under ``~/.cache/torch_extensions``, one build per torch version; ``TORCH_EXTENSIONS_DIR``
+moves it). Where it cannot be (not x86 with AVX2, no
 compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`few_rows_linear` is None and the forward keeps oneDNN's path.
 """
 
@@ -18,6 +19,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -73,8 +75,12 @@ def _load():
         log.info("loading specdec's CPU kernels (%s: built once per machine, ~40 s, then cached)", SOURCE.name)
         flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
         try:
+            # One build directory per torch version: a build against another torch's headers is never loaded.
+            build = (Path(cpp_extension.get_default_build_root()) / f"py{sys.version_info[0]}{sys.version_info[1]}"
+                     / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}")
+            build.mkdir(parents=True, exist_ok=True)
             _module = cpp_extension.load("specdec_cpu_kernels", [str(SOURCE)], extra_cflags=flags,
-                                         extra_ldflags=["-fopenmp"], verbose=False)
+                                         extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
         except Exception as error:  # no compiler, no ninja, a failed build: the forward still runs
             warnings.warn(f"specdec's CPU kernel {SOURCE} could not be built ({type(error).__name__}: "
                           f"{str(error).strip()[:300]}); CPU decode steps use oneDNN instead (~1.3x slower). "
