@@ -107,6 +107,16 @@ def module():
     return _module
 
 
+def rows_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x [M, K] · weight [N, K]ᵀ through the kernel where it applies (float32 CPU tensors, no autograd, at most
+    ``MAX_ROWS`` rows, the kernel built), else None: for callers outside the compact forward (Medusa's heads)."""
+    if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > MAX_ROWS
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not enabled()):
+        return None
+    return _module.few_rows_linear(x, weight.contiguous(), None)
+
+
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] · weight [N, K]ᵀ (+ bias [N]) -> [M, N], float32 on CPU, weight contiguous. Call only where
     :func:`enabled` is true."""

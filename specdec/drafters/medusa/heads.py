@@ -30,6 +30,8 @@ from torch import nn
 
 from specdec.errors import CheckpointError
 from specdec.io import read_metadata, read_tensors
+from specdec.models import cpu_kernels
+from specdec.models.llama import _linear
 
 FORMAT = "specdec-medusa-1"
 DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-135M-Instruct
@@ -52,6 +54,8 @@ class ResBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, known: torch.Tensor | None = None) -> torch.Tensor:  # [..., H] -> [..., H]
         x = h if not self.known else torch.cat([h, known[..., : self.known, :].flatten(-2)], -1)  # known [..., n, H]
+        if not torch.is_grad_enabled():  # drafting: specdec's CPU kernel where it applies (training: F.linear)
+            return h + F.silu(_linear(x, self.linear))
         return h + F.silu(self.linear(x))
 
 
@@ -126,8 +130,10 @@ class MedusaHeads(nn.Module):
         if self.token_ids is not None and lm_head_weight.shape[0] == self.vocab_size:
             lm_head_weight = self.draft_lm_head(lm_head_weight)  # callers in a loop pass the rows, sliced once
         flat = z.reshape(-1, z.shape[-1])  # [R, H]
-        # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows.
-        return torch.mm(lm_head_weight, flat.t()).t().reshape(*z.shape[:-1], -1)
+        logits = cpu_kernels.rows_product(flat, lm_head_weight)  # specdec's CPU kernel, drafting in float32
+        if logits is None:  # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows
+            logits = torch.mm(lm_head_weight, flat.t()).t()
+        return logits.reshape(*z.shape[:-1], -1)
 
 
 def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: list[list[int]] | None = None,
