@@ -254,7 +254,8 @@ class CompactLlama(nn.Module):
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         captured = {0: x} if 0 in capture else {}
         if self._fused(x):
-            return self._fused_layers(x, cache, kv_len, mask, cos, sin, last_only, capture, captured)
+            hidden = self._fused_layers(x, cache, kv_len, mask, cos, sin, capture, captured)
+            return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -273,7 +274,10 @@ class CompactLlama(nn.Module):
             x = x + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
             if i + 1 in capture:
                 captured[i + 1] = x
-        hidden = self.norm(x[:, -1:] if last_only else x)
+        return self._head(self.norm(x[:, -1:] if last_only else x), capture, captured)
+
+    def _head(self, hidden: torch.Tensor, capture: tuple[int, ...], captured: dict) -> tuple[torch.Tensor, ...]:
+        """The outputs of :meth:`forward` from the final hidden state (normed) and the captured streams."""
         logits = _linear(hidden, self.lm_head).float()
         if not capture:
             return logits, hidden
@@ -294,11 +298,11 @@ class CompactLlama(nn.Module):
                                      or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
         return self._fusable
 
-    def _fused_layers(self, x, cache, kv_len, mask, cos, sin, last_only, capture, captured):
-        """The decoder layers and final norm of :meth:`forward`, on CPU: one C++ pass per RMSNorm (with the
-        residual add before it), per rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each.
-        Same arithmetic as the torch ops (no fused multiply-adds), sums in another order: logits equal to
-        float32 rounding (tested)."""
+    def _fused_layers(self, x, cache, kv_len, mask, cos, sin, capture, captured) -> torch.Tensor:
+        """The decoder layers and final norm of :meth:`forward` on CPU, the normed hidden state [B, T, H] (and
+        the captured streams into ``captured``): one C++ pass per RMSNorm (with the residual add before it), per
+        rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each. Same arithmetic as the torch
+        ops (no fused multiply-adds), sums in another order: logits equal to float32 rounding (tested)."""
         b, t, width = x.shape
         kernels = cpu_kernels.module()
         stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
@@ -322,16 +326,7 @@ class CompactLlama(nn.Module):
             h = kernels.rms_norm(stream, down, norm.weight, norm.variance_epsilon)
             if i + 1 in capture:
                 captured[i + 1] = stream.view(b, t, width).clone()
-        hidden = h.view(b, t, width)
-        if last_only:
-            hidden = hidden[:, -1:]
-        logits = _linear(hidden, self.lm_head).float()
-        if not capture:
-            return logits, hidden
-        missing = sorted(set(capture) - set(captured))
-        if missing:
-            raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
-        return logits, hidden, torch.cat([captured[k] for k in capture], -1)
+        return h.view(b, t, width)
 
 
 def _product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
