@@ -288,8 +288,10 @@ class CompactLlama(nn.Module):
 
     def _fused(self, x: torch.Tensor) -> bool:
         """Whether this forward runs the small ops between the products through specdec's fused CPU kernels
-        (:meth:`_fused_layers`): float32 on CPU without autograd, the kernels built, Llama's RMSNorm and SiLU."""
-        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not cpu_kernels.enabled():
+        (:meth:`_fused_layers`): float32 on CPU without autograd, not being traced by torch.compile, the kernels
+        built, Llama's RMSNorm and SiLU."""
+        if (x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled()
+                or torch.compiler.is_compiling() or not cpu_kernels.enabled()):
             return False
         if self._fusable is None:
             norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
