@@ -57,10 +57,6 @@ template <int R>
 void rows(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t M, int64_t K,
           int64_t N) {
   int64_t m0 = 0;
-  if (M == 1) {
-    block<R, 1>(W, X, bias, Y, n0, 0, K, N);
-    return;
-  }
   for (; m0 + 3 <= M; m0 += 3) block<R, 3>(W, X, bias, Y, n0, m0, K, N);
   if (M - m0 == 2) block<R, 2>(W, X, bias, Y, n0, m0, K, N);
   if (M - m0 == 1) block<R, 1>(W, X, bias, Y, n0, m0, K, N);

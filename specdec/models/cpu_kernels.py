@@ -1,16 +1,17 @@
-"""specdec's own CPU kernel: the linear layers of a decode or verification step (a few float32 rows).
+"""specdec's own CPU kernels (``specdec/csrc/cpu_kernels.cpp``): the linear layers of a decode or
+verification step (a few float32 rows), and RMSNorm, SiLU·up and the rotary embedding fused.
 
 A CPU decode step reads every weight once and is bound by memory bandwidth. oneDNN's and MKL's products
-read SmolLM2-135M's 538 MB per token at about two thirds of a plain read's speed on a 2-core x86 CPU;
-``specdec/csrc/cpu_kernels.cpp`` streams each weight row once at close to it (the linear layers of one
-token 39 → 31 ms, of 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). Its rows are
-bit-identical whatever the number of rows, so a verification step's logits for a position equal a plain
-decode step's there as far as the linear layers go.
+read SmolLM2-135M's 538 MB per token at about two thirds of a plain read's speed on a 2-core x86 CPU; the
+few-row product streams each weight row once at close to it (the linear layers of one token 39 → 31 ms, of
+4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). Its rows are bit-identical whatever
+the number of rows, so a verification step's logits for a position equal a plain decode step's there as
+far as the linear layers go.
 
 The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
 on 2 cores, cached under ``~/.cache/torch_extensions``, one build per torch version; ``TORCH_EXTENSIONS_DIR``
-moves it). Where it cannot be (not x86 with AVX2, no
-compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`few_rows_linear` is None and the forward keeps oneDNN's path.
+moves it). Where they cannot be (not x86 with AVX2, no compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`enabled`
+is false and the forward keeps torch's ops over oneDNN.
 """
 
 from __future__ import annotations
