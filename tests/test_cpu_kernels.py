@@ -175,3 +175,109 @@ def test_fused_forward_matches_the_unfused_one(kernel_restored, last_only):
     for fused, unfused in zip(results[True], results[False]):
         assert fused.shape == unfused.shape
         assert torch.allclose(fused, unfused, atol=1e-5)
+
+
+def _tree_mask(parents: list[int]) -> torch.Tensor:
+    """[T, T] bool: node i sees node j when j is i or one of its ancestors (parents[i] = -1: a root child)."""
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        while parent >= 0:
+            mask[i, parent] = True
+            parent = parents[parent]
+    return mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("parents", [None, [-1], [-1, 0, -1, 2, 1, 1]], ids=["chain", "one", "tree"])
+def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents):
+    """The C++ step attention writes the cache as KVCache.write does and attends as SDPA does under
+    KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree."""
+    from specdec.cache import KVCache
+
+    torch.manual_seed(len(parents or []))
+    batch, heads, kv_heads, capacity, dim = 3, 6, 2, 40, 16
+    t = 4 if parents is None else len(parents)
+    tree = None if parents is None else _tree_mask(parents)
+    caches = [KVCache.allocate(1, batch, kv_heads, capacity, dim, torch.tensor([0, 3, 5]), dtype=torch.float32,
+                               device=torch.device("cpu")) for _ in range(2)]
+    contents = torch.randn(2, batch, kv_heads, capacity, dim)
+    for cache in caches:  # the same committed contents in both
+        cache.keys[0].copy_(contents[0])
+        cache.values[0].copy_(contents[1])
+        cache.commit(torch.tensor([9, 20, 5]))  # row 2: padding only, nothing real committed yet
+    q, k, v = torch.randn(batch * t, heads, dim), torch.randn(batch * t, kv_heads, dim), torch.randn(batch * t, kv_heads, dim)
+    out = cpu_kernels.module().cache_attention(q, k, v, caches[0].keys[0], caches[0].values[0], caches[0].lengths,
+                                               caches[0].pad, tree)
+    kv_len = 20 + t
+    keys, values = caches[1].write(0, k.view(batch, t, kv_heads, dim).transpose(1, 2),
+                                   v.view(batch, t, kv_heads, dim).transpose(1, 2), kv_len)
+    mask = caches[1].attention_mask(t, kv_len, tree)
+    expected = F.scaled_dot_product_attention(q.view(batch, t, heads, dim).transpose(1, 2), keys, values,
+                                              attn_mask=mask, enable_gqa=True)
+    assert torch.equal(caches[0].keys[0], caches[1].keys[0]) and torch.equal(caches[0].values[0], caches[1].values[0])
+    assert torch.allclose(out, expected.transpose(1, 2).reshape(batch * t, heads * dim), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("parents", [None, [-1, 0, -1, 2, 1, 1]], ids=["chain", "tree"])
+def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(parents):
+    """Each query of a step over its ancestors equals, bit for bit, a one-token step made after those
+    ancestors were committed one by one: verification scores a position exactly as plain decoding does."""
+    from specdec.cache import KVCache
+
+    torch.manual_seed(11)
+    heads, kv_heads, capacity, dim = 4, 2, 32, 24
+    t = 5 if parents is None else len(parents)
+    parents = parents or [i - 1 for i in range(t)]
+    new_cache = lambda: KVCache.allocate(1, 1, kv_heads, capacity, dim, torch.tensor([2]), dtype=torch.float32,
+                                         device=torch.device("cpu"))
+    step = new_cache()
+    history = torch.randn(1, kv_heads, capacity, dim)
+    step.keys[0].copy_(history)
+    step.values[0].copy_(history.flip(-1))
+    step.commit(torch.tensor([10]))
+    q, k, v = torch.randn(t, heads, dim), torch.randn(t, kv_heads, dim), torch.randn(t, kv_heads, dim)
+    kernels = cpu_kernels.module()
+    out = kernels.cache_attention(q, k, v, step.keys[0].clone(), step.values[0].clone(), step.lengths, step.pad,
+                                  _tree_mask(parents))
+    for node in range(t):
+        path = [node]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        alone = new_cache()
+        alone.keys[0].copy_(step.keys[0])
+        alone.values[0].copy_(step.values[0])
+        alone.commit(step.lengths)
+        for j in path:  # one-token steps along the path, each committed
+            single = kernels.cache_attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], alone.keys[0], alone.values[0],
+                                             alone.lengths, alone.pad, None)
+            alone.commit(torch.tensor([1]))
+        assert torch.equal(single, out[node:node + 1])
+
+
+@needs_kernel
+@torch.no_grad()
+def test_the_fused_forward_follows_weight_updates_and_replaced_layers(kernel_restored):
+    """The fused forward's per-layer plan (stacked weights, norms) is rebuilt when a weight changes in place, a
+    parameter or a layer is replaced: each forward equals the torch-op forward over the weights of that moment."""
+    model = tiny_llama(layers=2, seed=5)
+    decoder = as_decoder(model)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+
+    def logits(fused: bool) -> torch.Tensor:
+        cpu_kernels.enable(fused)
+        cache = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long))
+        return decoder(ids, cache)[0]
+
+    assert torch.allclose(logits(True), logits(False), atol=1e-5)
+    layer = model.model.layers[1]
+    changes = [lambda: layer.mlp.up_proj.weight.mul_(-2.0),  # stacked with gate_proj: a copy to rebuild
+               lambda: layer.post_attention_layernorm.weight.add_(0.5),
+               lambda: setattr(layer.self_attn, "o_proj", torch.nn.Linear(32, 32, bias=False)),
+               lambda: setattr(layer.self_attn.q_proj, "weight", torch.nn.Parameter(torch.randn(32, 32)))]
+    for change in changes:
+        before = logits(True)
+        change()
+        after = logits(True)
+        assert not torch.allclose(before, after)
+        assert torch.allclose(after, logits(False), atol=1e-5)

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -198,9 +199,117 @@ std::vector<torch::Tensor> rope_qkv(const torch::Tensor& qkv, const torch::Tenso
   return {q, k, v};
 }
 
+// ---- attention of a decode or verification step over the per-row static cache (specdec/cache.py) ----
+
+namespace {
+
+// q·k over D floats: 8-lane accumulator in ascending order, then the fixed horizontal sum and tail.
+inline float dot(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t body = D - D % 8;
+  for (int64_t i = 0; i < body; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (int64_t i = body; i < D; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += p·v over D floats.
+inline void axpy(float p, const float* v, float* y, int64_t D) {
+  const __m256 pv = _mm256_set1_ps(p);
+  const int64_t body = D - D % 8;
+  for (int64_t i = 0; i < body; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(y + i)));
+  for (int64_t i = body; i < D; ++i) y[i] += p * v[i];
+}
+
+}  // namespace
+
+// One step's attention with its cache writes: the T new tokens of each of B rows (q [B·T, Hq, D], k and v
+// [B·T, Hkv, D], e.g. from rope_qkv) are written at slots lengths[b] + t of keys/values [B, Hkv, S, D]
+// (uncommitted, as KVCache.write), then each query attends, with softmax(q·kᵀ / sqrt(D)), to the slots
+// KVCache.attention_mask allows: its row's committed slots from pad[b] on, the new tokens tree_mask [T, T]
+// allows (causal when undefined), and itself. Returns [B·T, Hq·D], each token's heads side by side.
+//
+// Each query is computed alone, over its allowed slots in ascending order (scores, their max, the exps and
+// their sum, the weighted values): its output does not depend on the other queries of the step, so a
+// verified position gets the bits that a one-token step at that position gets.
+torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& lengths,
+                              const torch::Tensor& pad, const c10::optional<torch::Tensor>& tree_mask) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && q.is_contiguous() && k.is_contiguous() &&
+                  v.is_contiguous() && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "cache_attention: contiguous float32 q [B·T, Hq, D], k and v [B·T, Hkv, D]");
+  TORCH_CHECK(keys.dim() == 4 && keys.sizes() == values.sizes() && keys.is_contiguous() && values.is_contiguous() &&
+                  keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat,
+              "cache_attention: contiguous float32 keys and values [B, Hkv, S, D]");
+  const int64_t B = keys.size(0), Hkv = keys.size(1), S = keys.size(2), D = keys.size(3);
+  const int64_t M = q.size(0), Hq = q.size(1), T = M / B;
+  TORCH_CHECK(M == B * T && k.size(0) == M && k.size(1) == Hkv && k.size(2) == D && q.size(2) == D && Hq % Hkv == 0,
+              "cache_attention: q ", q.sizes(), ", k ", k.sizes(), " do not fit keys ", keys.sizes());
+  const auto L = lengths.to(at::kLong).contiguous(), P = pad.to(at::kLong).contiguous();
+  TORCH_CHECK(L.numel() == B && P.numel() == B, "cache_attention: lengths and pad [B] expected");
+  const int64_t* len = L.data_ptr<int64_t>();
+  const int64_t* pd = P.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(0 <= pd[b] && 0 <= len[b] && len[b] + T <= S, "cache_attention: row ", b, " has ", len[b],
+                " slots committed and ", T, " new tokens, beyond the cache's ", S);
+  torch::Tensor tm;
+  const bool* tree = nullptr;
+  if (tree_mask.has_value() && tree_mask->defined()) {
+    tm = tree_mask->to(at::kBool).contiguous();
+    TORCH_CHECK(tm.dim() == 2 && tm.size(0) == T && tm.size(1) == T, "cache_attention: tree_mask [T, T] expected");
+    tree = tm.data_ptr<bool>();
+  }
+  float* kc = keys.data_ptr<float>();
+  float* vc = values.data_ptr<float>();
+  const float* kn = k.data_ptr<float>();
+  const float* vn = v.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t dst = ((b * Hkv + h) * S + len[b] + t) * D, src = ((b * T + t) * Hkv + h) * D;
+        std::copy(kn + src, kn + src + D, kc + dst);
+        std::copy(vn + src, vn + src + D, vc + dst);
+      }
+  auto out = torch::empty({M, Hq * D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t group = Hq / Hkv, span = *std::max_element(len, len + B) + T;
+  at::parallel_for(0, M * Hq, std::max<int64_t>(1, 16384 / (span * D)), [&](int64_t begin, int64_t end) {
+    std::vector<float> score(span);
+    std::vector<int64_t> slot(span);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t m = task / Hq, h = task % Hq, b = m / T, t = m % T, kvh = h / group;
+      const float* query = qp + (m * Hq + h) * D;
+      const float* kb = kc + (b * Hkv + kvh) * S * D;
+      const float* vb = vc + (b * Hkv + kvh) * S * D;
+      int64_t n = 0;
+      for (int64_t s = std::min(pd[b], len[b]); s < len[b] + T; ++s) {  // a prefill may write over padding
+        const int64_t rel = s - len[b];
+        if (rel != t && (s < pd[b] || (rel >= 0 && !(tree != nullptr ? tree[t * T + rel] : rel < t)))) continue;
+        slot[n] = s;
+        score[n++] = dot(query, kb + s * D, D) * scale;
+      }
+      float top = score[0];
+      for (int64_t i = 1; i < n; ++i) top = std::max(top, score[i]);
+      float total = 0.0f;
+      for (int64_t i = 0; i < n; ++i) total += (score[i] = std::exp(score[i] - top));
+      float* y = op + (m * Hq + h) * D;
+      std::fill(y, y + D, 0.0f);
+      for (int64_t i = 0; i < n; ++i) axpy(score[i], vb + slot[i] * D, y, D);
+      const float inv = 1.0f / total;
+      for (int64_t i = 0; i < D; ++i) y[i] *= inv;
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_linear", &few_rows_linear, "x·Wᵀ (+ b) for a few float32 rows (AVX2, FMA)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, after an optional in-place residual update");
   m.def("silu_mul", &silu_mul, "silu(gate)·up of a stacked gate|up product");
+  m.def("cache_attention", &cache_attention, "a step's cache writes and attention over the per-row static cache");
   m.def("rope_qkv", &rope_qkv, "rotary embedding of q and k from a stacked q|k|v product");
 }

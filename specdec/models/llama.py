@@ -206,6 +206,7 @@ class CompactLlama(nn.Module):
         self.max_positions = config.max_position_embeddings
         self.config = config
         self._fusable: bool | None = None  # see _fused()
+        self._plan: tuple | None = None  # see _step_plan()
 
     @property
     def device(self) -> torch.device:
@@ -248,14 +249,14 @@ class CompactLlama(nn.Module):
             # GPU the masked slots cost little, and each new length makes SDPA pick and plan its kernel anew)
         offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
-        mask = cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
         x = self.embed_tokens(input_ids)  # [B, T, H]
         cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         captured = {0: x} if 0 in capture else {}
         if self._fused(x):
-            hidden = self._fused_layers(x, cache, kv_len, mask, cos, sin, capture, captured)
+            hidden = self._fused_layers(x, cache, kv_len, tree_mask, cos, sin, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
+        mask = cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -300,35 +301,94 @@ class CompactLlama(nn.Module):
                                      or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
         return self._fusable
 
-    def _fused_layers(self, x, cache, kv_len, mask, cos, sin, capture, captured) -> torch.Tensor:
+    def _fused_layers(self, x, cache, kv_len, tree_mask, cos, sin, capture, captured) -> torch.Tensor:
         """The decoder layers and final norm of :meth:`forward` on CPU, the normed hidden state [B, T, H] (and
         the captured streams into ``captured``): one C++ pass per RMSNorm (with the residual add before it), per
-        rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each. Same arithmetic as the torch
-        ops (no fused multiply-adds), sums in another order: logits equal to float32 rounding (tested)."""
+        rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each; for a step of at most
+        ``cpu_kernels.MAX_ROWS`` tokens (a decode or verification step) one C++ pass for the cache writes and the
+        attention too (SDPA for a prefill). Same arithmetic as the torch ops (no fused multiply-adds), sums in
+        another order: logits equal to float32 rounding (tested)."""
         b, t, width = x.shape
         kernels = cpu_kernels.module()
+        step = b * t <= cpu_kernels.MAX_ROWS
+        mask = None if step else cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
         stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
         cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
         norm = self.layers[0].input_layernorm
         h = kernels.rms_norm(stream, None, norm.weight, norm.variance_epsilon)
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            q, k, v = kernels.rope_qkv(_product(h, (attn.q_proj, attn.k_proj, attn.v_proj)), cos, sin,
-                                       self.num_heads, self.num_kv_heads)
-            q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-            k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = cache.write(i, k, v, kv_len)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            attended = _product(out.transpose(1, 2).reshape(b * t, -1), (attn.o_proj,))
-            norm = layer.post_attention_layernorm
-            h = kernels.rms_norm(stream, attended, norm.weight, norm.variance_epsilon)
-            down = _product(kernels.silu_mul(_product(h, (mlp.gate_proj, mlp.up_proj))), (mlp.down_proj,))
-            norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            h = kernels.rms_norm(stream, down, norm.weight, norm.variance_epsilon)
+        for i, (qkv, o, gate_up, down, post_norm, next_norm) in enumerate(self._layer_plan()):
+            q, k, v = kernels.rope_qkv(_step_product(h, qkv), cos, sin, self.num_heads, self.num_kv_heads)
+            if step:
+                out = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
+                                              tree_mask)
+            else:
+                q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+                k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+                v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+                keys, values = cache.write(i, k, v, kv_len)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+                out = out.transpose(1, 2).reshape(b * t, -1)
+            h = kernels.rms_norm(stream, _step_product(out, o), post_norm[0], post_norm[1])
+            hidden = kernels.silu_mul(_step_product(h, gate_up))
+            h = kernels.rms_norm(stream, _step_product(hidden, down), next_norm[0], next_norm[1])
             if i + 1 in capture:
                 captured[i + 1] = stream.view(b, t, width).clone()
         return h.view(b, t, width)
+
+    def _layer_plan(self) -> list[tuple]:
+        """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
+        (weight, bias) that :func:`_cpu_group` prepares for the few-row kernel or None, the layers); then
+        (weight, eps) of the post-attention norm and of the norm after the layer. Built once and reused while
+        every submodule and parameter it was built from is still in place, at the same version: a few dictionary
+        lookups per layer instead of four calls to :func:`_cpu_group` and a dozen module attribute reads (a
+        sixth of a CPU decode step for SmolLM2-135M)."""
+        if self._plan is not None and all(owner[name] is obj for owner, name, obj in self._plan[1]) and all(
+                _version(tensor) == version for tensor, version in self._plan[2]):
+            return self._plan[0]
+        plan, held, versions = [], [], []
+        probe = torch.empty(1, self.hidden_size, dtype=self.dtype)
+
+        def hold(owner: nn.Module, *names: str) -> list:
+            found = []
+            for name in names:
+                store = owner._modules if name in owner._modules else owner._parameters
+                found.append(store[name])
+                held.append((store, name, store[name]))
+                if isinstance(store[name], torch.Tensor):
+                    versions.append((store[name], _version(store[name])))
+            return found
+
+        def group(owner: nn.Module, *names: str) -> tuple:
+            layers = tuple(hold(owner, *names))
+            for linear in layers:
+                hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
+            prepared = _cpu_group(layers, probe)
+            return (None if prepared is None or prepared[2] else prepared[:2]), layers
+
+        def norm(owner: nn.Module, name: str) -> tuple:
+            module, = hold(owner, name)
+            weight, = hold(module, "weight")
+            return weight, module.variance_epsilon
+
+        layers, = hold(self, "layers")
+        hold(layers, *layers._modules)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = hold(layer, "self_attn", "mlp")
+            plan.append((group(attn, "q_proj", "k_proj", "v_proj"), group(attn, "o_proj"),
+                         group(mlp, "gate_proj", "up_proj"), group(mlp, "down_proj"),
+                         norm(layer, "post_attention_layernorm"),
+                         norm(self.layers[i + 1], "input_layernorm") if i + 1 < len(self.layers) else norm(self, "norm")))
+        self._plan = (plan, held, versions)
+        return plan
+
+
+def _step_product(x: torch.Tensor, entry: tuple) -> torch.Tensor:
+    """x [M, in] through a product of :meth:`CompactLlama._layer_plan` (prepared, layers): the few-row kernel
+    over the prepared stacked weight for at most ``cpu_kernels.MAX_ROWS`` rows, else :func:`_product`."""
+    prepared, layers = entry
+    if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
+        return cpu_kernels.few_rows_linear(x, prepared[0], prepared[1])
+    return _product(x, layers)
 
 
 def _product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
