@@ -8,5 +8,5 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["specdec", "specdec.*"]), "specdec.configs"],
     package_dir={"specdec.configs": "configs"},
-    package_data={"specdec": ["assets/**/*", "csrc/*.cpp"], "specdec.configs": ["*.yaml", "**/*.yaml"]},
+    package_data={"specdec": ["assets/**/*", "csrc/*.cpp", "csrc/*.h"], "specdec.configs": ["*.yaml", "**/*.yaml"]},
 )

@@ -1,12 +1,13 @@
 """specdec's own CPU kernels (``specdec/csrc/cpu_kernels.cpp``): the linear layers of a decode or
-verification step (a few float32 rows), and RMSNorm, SiLU·up and the rotary embedding fused.
+verification step (a few float32 rows; AVX2 + FMA, or AVX-512 where the CPU has it), the step's cache writes
+and attention, and RMSNorm, SiLU·up and the rotary embedding fused.
 
 A CPU decode step reads every weight once and is bound by memory bandwidth. oneDNN's and MKL's products
 read SmolLM2-135M's 538 MB per token at about two thirds of a plain read's speed on a 2-core x86 CPU; the
 few-row product streams each weight row once at close to it (the linear layers of one token 39 → 31 ms, of
 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). Its rows are bit-identical whatever
-the number of rows, so a verification step's logits for a position equal a plain decode step's there as
-far as the linear layers go.
+the number of rows, and so is each query's attention: a verification step's logits for a position equal
+a plain decode step's there, bit for bit.
 
 The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
 on 2 cores, cached under ``~/.cache/torch_extensions``, one build per torch version; ``TORCH_EXTENSIONS_DIR``
@@ -16,6 +17,7 @@ is false and the forward keeps torch's ops over oneDNN.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -29,6 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_kernels.cpp"
+HEADERS = (SOURCE.parent / "rows_product.h",)  # included by SOURCE; their hash goes into the build flags
 MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x at 1 row, 1.06x at 32, 0.95x at 48)
 
 _module = None
@@ -66,15 +69,18 @@ def _load():
         if not supported():
             log.info("specdec's CPU kernel needs x86-64 with AVX2; using oneDNN's products")
             return None
-        if not SOURCE.is_file():
-            warnings.warn(f"specdec's CPU kernel source {SOURCE} is missing from this install; CPU decode steps "
-                          "use oneDNN instead", RuntimeWarning, stacklevel=3)
+        if not SOURCE.is_file() or not all(header.is_file() for header in HEADERS):
+            names = ", ".join(path.name for path in (SOURCE, *HEADERS))
+            warnings.warn(f"specdec's CPU kernel sources ({names}) are missing from {SOURCE.parent} in this install; "
+                          "CPU decode steps use oneDNN instead", RuntimeWarning, stacklevel=3)
             return None
         _ninja_on_path()
         from torch.utils import cpp_extension
 
         log.info("loading specdec's CPU kernels (%s: built once per machine, ~40 s, then cached)", SOURCE.name)
-        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
+        # torch rebuilds when the source or the flags change, not when an included header does: its hash is a flag.
+        headers = hashlib.sha256(b"".join(header.read_bytes() for header in HEADERS)).hexdigest()[:16]
+        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", f"-DSPECDEC_HEADERS_{headers}"]
         try:
             # One build directory per torch version: a build against another torch's headers is never loaded.
             build = (Path(cpp_extension.get_default_build_root()) / f"py{sys.version_info[0]}{sys.version_info[1]}"
@@ -104,7 +110,8 @@ def _ninja_on_path() -> None:
 
 
 def module():
-    """The built extension (few_rows_linear, rms_norm, silu_mul, rope_qkv); only where :func:`enabled`."""
+    """The built extension (few_rows_linear, product_isa, cache_attention, rms_norm, silu_mul, rope_qkv); only
+    where :func:`enabled`."""
     return _module
 
 
