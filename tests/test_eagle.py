@@ -53,6 +53,19 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert one.sequences == ref.sequences[:1]
 
 
+@pytest.mark.parametrize("k", [1, 2, 5, 9])
+def test_a_lookup_branch_takes_at_most_half_of_k(target, k):
+    """A lookup branch longer than k once made trees wider than k (the loop refused the proposal); it now
+    takes at most half of the k nodes, and the output still equals plain decoding."""
+    prompts = torch.tensor([[1, 5, 7, 1, 5, 7, 1, 5, 7, 1, 5]])
+    ref = autoregressive_generate(target, prompts, max_new_tokens=16, eos_token_id=[])
+    drafter = _Recording(random_eagle(target, draft_vocab=40), lookup=8)
+    drafter.seen = []
+    out = speculative_generate(target, drafter, prompts, k=k, max_new_tokens=16, eos_token_id=[])
+    assert out.sequences == ref.sequences
+    assert all(len(tokens[0]) <= k for tokens, _ in drafter.seen)
+
+
 class _Recording(EagleDrafter):
     def propose(self, state, k):
         proposal = super().propose(state, k)

@@ -67,7 +67,8 @@ class EagleDrafter(Drafter):
         # tree children at temperature > 0: null = draws without replacement there, unless lookup > 0 (fixed
         # top-k when greedy); false = always the fixed top-k tokens (one-hot q)
         sampled: Optional[bool] = None
-        lookup: int = 8  # fixed-candidate trees: up to this many of the k nodes hold the prompt-lookup continuation
+        lookup: int = 8  # fixed-candidate trees: up to this many of the k nodes (half at most) hold the prompt-lookup
+        # continuation
         # fixed-candidate trees: of the k most confident nodes keep those whose confidence (averaged over the
         # rows) reaches this (specdec.drafters.trees.dynamic); none = a plain step. 0 = always k nodes
         min_confidence: float = 0.05
@@ -208,12 +209,13 @@ class EagleDrafter(Drafter):
         # null: sampled children at temperature > 0 unless a lookup branch asks for fixed candidates
         wanted = (not self.lookup) if self.sampled is None else self.sampled
         sampled = wanted and not state.sampling.greedy
+        lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
         tree = _Growth(self, state, sampled)
-        tree.grow(hidden, k - self.lookup)
-        tokens, parents, probs = tree.select(k - self.lookup)
+        tree.grow(hidden, k - lookup)
+        tokens, parents, probs = tree.select(k - lookup)
         filler = [0] * tokens.shape[0]
-        if self.lookup:
-            found = continuations(state.tokens, state.active, self.lookup)
+        if lookup:
+            found = continuations(state.tokens, state.active, lookup)
             tokens, merged, filler = add_branch(tokens, parents, found, [row[-1] for row in state.tokens])
             parents = merged
         if not parents:
