@@ -206,7 +206,7 @@ class CompactLlama(nn.Module):
         self.max_positions = config.max_position_embeddings
         self.config = config
         self._fusable: bool | None = None  # see _fused()
-        self._plan: tuple | None = None  # see _step_plan()
+        self._plan: tuple | None = None  # see _layer_plan()
 
     @property
     def device(self) -> torch.device:
