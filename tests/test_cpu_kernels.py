@@ -37,29 +37,48 @@ def isa(request):
     kernels.product_isa(before)
 
 
+def _product(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x · weightᵀ (+ bias) through one of the kernel's two products: over the row-major weight, or over it
+    packed in panels (what the compact forward uses)."""
+    if kind == "rows":
+        return cpu_kernels.few_rows_linear(x, weight, bias)
+    return cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), bias, weight.shape[0])
+
+
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 32])
-@pytest.mark.parametrize("shape", [(40, 24), (3, 577), (1001, 576)])  # [N, K]: tails in N and in K
+@pytest.mark.parametrize("kind", ["rows", "panels"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 25, 32])
+@pytest.mark.parametrize("shape", [(40, 24), (3, 577), (1001, 576), (64, 1536)])  # [N, K]: tails in N and in K
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_matches_torch(rows, shape, bias, isa):
+def test_kernel_matches_torch(kind, rows, shape, bias, isa):
     torch.manual_seed(rows)
     weight = torch.randn(*shape)
     b = torch.randn(shape[0]) if bias else None
     x = torch.randn(rows, shape[1])
-    out = cpu_kernels.few_rows_linear(x, weight, b)
+    out = _product(kind, x, weight, b)
     assert out.shape == (rows, shape[0])
     assert torch.allclose(out, F.linear(x.double(), weight.double(), None if b is None else b.double()).float(),
                           atol=1e-4, rtol=1e-5)
 
 
 @needs_kernel
-def test_kernel_rows_are_bit_identical_whatever_their_number(isa):
+@pytest.mark.parametrize("kind", ["rows", "panels"])
+def test_kernel_rows_are_bit_identical_whatever_their_number(kind, isa):
     """A row's product does not depend on the rows computed with it: a verification step's linear layers give,
     for each position, the bits a one-token decode step gives."""
     weight, bias, x = torch.randn(203, 577), torch.randn(203), torch.randn(32, 577)
-    full = cpu_kernels.few_rows_linear(x, weight, bias)
+    full = _product(kind, x, weight, bias)
     for start, count in [(0, 1), (5, 1), (31, 1), (3, 2), (4, 3), (1, 4), (7, 5), (2, 6), (0, 16), (9, 23)]:
-        assert torch.equal(cpu_kernels.few_rows_linear(x[start:start + count], weight, bias), full[start:start + count])
+        assert torch.equal(_product(kind, x[start:start + count], weight, bias), full[start:start + count])
+
+
+@needs_kernel
+def test_panel_linear_refuses_a_mismatched_packing():
+    weight, x = torch.randn(40, 24), torch.randn(3, 24)
+    with pytest.raises(RuntimeError, match="panels"):
+        cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), None, 80)  # 2 panels hold 64 outputs at most
+    with pytest.raises(RuntimeError, match="panels"):
+        cpu_kernels.panel_linear(torch.randn(3, 25), cpu_kernels.pack_panels(weight), None, 40)
 
 
 @needs_kernel

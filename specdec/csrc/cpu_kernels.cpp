@@ -15,6 +15,10 @@
 #include <cmath>
 #include <vector>
 
+#ifndef AVX2_MR
+#define AVX2_MR 3
+#endif
+
 namespace {
 
 inline float hsum(__m256 v) {
@@ -33,11 +37,15 @@ struct Vec {
   static constexpr int lanes = 8;
   static type zero() { return _mm256_setzero_ps(); }
   static type load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, type v) { _mm256_storeu_ps(p, v); }
+  static type broadcast(float s) { return _mm256_set1_ps(s); }
   static type fma(type a, type b, type acc) { return _mm256_fmadd_ps(a, b, acc); }
+  static type add(type a, type b) { return _mm256_add_ps(a, b); }
   static float sum(type v) { return hsum(v); }
 };
 
 #include "rows_product.h"
+#include "panel_product.h"
 
 }  // namespace avx2
 
@@ -50,11 +58,15 @@ struct Vec {
   static constexpr int lanes = 16;
   static type zero() { return _mm512_setzero_ps(); }
   static type load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, type v) { _mm512_storeu_ps(p, v); }
+  static type broadcast(float s) { return _mm512_set1_ps(s); }
   static type fma(type a, type b, type acc) { return _mm512_fmadd_ps(a, b, acc); }
+  static type add(type a, type b) { return _mm512_add_ps(a, b); }
   static float sum(type v) { return _mm512_reduce_add_ps(v); }
 };
 
 #include "rows_product.h"
+#include "panel_product.h"
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -102,6 +114,35 @@ torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weigh
     avx512::product<6>(weight.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, N);
   } else {
     avx2::product<3>(weight.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, N);
+  }
+  return y;
+}
+
+// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) with W packed in panels [ceil(N/32), K, 32] (see panel_product.h).
+torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, const c10::optional<torch::Tensor>& bias,
+                           int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && panels.dim() == 3 && panels.size(2) == avx2::PANEL && panels.size(1) == x.size(1) &&
+                  panels.size(0) == (n + avx2::PANEL - 1) / avx2::PANEL,
+              "panel_linear: x [M, K] and panels [ceil(", n, "/32), K, 32] expected, got ", x.sizes(), " and ",
+              panels.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && panels.scalar_type() == at::kFloat && x.device().is_cpu() &&
+                  panels.device().is_cpu() && panels.is_contiguous(),
+              "panel_linear: float32 CPU tensors only, the panels contiguous");
+  const auto X = x.contiguous();
+  const int64_t M = X.size(0), K = X.size(1);
+  const float* b = nullptr;
+  torch::Tensor B;
+  if (bias.has_value() && bias->defined()) {
+    B = bias->contiguous();
+    TORCH_CHECK(B.scalar_type() == at::kFloat && B.numel() == n, "panel_linear: bias [", n, "] float32 expected");
+    b = B.data_ptr<float>();
+  }
+  auto y = torch::empty({M, n}, X.options());
+  if (M == 0) return y;
+  if (use_avx512) {
+    avx512::panel_product<12>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n, M);
+  } else {
+    avx2::panel_product<AVX2_MR>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n, M);
   }
   return y;
 }
@@ -319,6 +360,8 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_linear", &few_rows_linear, "x·Wᵀ (+ b) for a few float32 rows (AVX2 + FMA or AVX-512)");
+  m.def("panel_linear", &panel_linear, "x·Wᵀ (+ bias) with W packed in panels [ceil(n/32), K, 32]", py::arg("x"),
+        py::arg("panels"), py::arg("bias"), py::arg("n"));
   m.def("product_isa", &product_isa, "the product's instruction set (\"avx512\" or \"avx2\"), chosen first if given",
         py::arg("isa") = "");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, after an optional in-place residual update");

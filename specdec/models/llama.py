@@ -53,25 +53,31 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -
 
 def _cpu_product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor | None:
     """x through the layers' weights stacked along the output ([..., sum of out]), or None where the plain
-    path runs. Up to ``cpu_kernels.MAX_ROWS`` rows through specdec's few-row kernel (streams the weights at
-    close to the machine's read bandwidth; rows bit-identical whatever their number), more rows (a prefill)
-    through oneDNN over the same weight; with the kernel off, oneDNN over a prepacked weight."""
+    path runs. Up to ``cpu_kernels.MAX_ROWS`` rows through specdec's few-row kernel over the stacked weight
+    packed in panels (streams the weights at close to the machine's read bandwidth; rows bit-identical
+    whatever their number), more rows (a prefill) through oneDNN over each layer's own weight; with the kernel
+    off, oneDNN over a prepacked stacked weight."""
     prepared = _cpu_group(layers, x)
     if prepared is None:
         return None
     weight, bias, packed = prepared
     if not packed:
         flat = x.reshape(-1, x.shape[-1])
+        n = sum(layer.out_features for layer in layers)
         if flat.shape[0] <= cpu_kernels.MAX_ROWS:
-            return cpu_kernels.few_rows_linear(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+            return cpu_kernels.panel_linear(flat, weight, bias, n).view(*x.shape[:-1], n)
         if not _ONEDNN:
             return None
+        outs = [torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight.detach(),
+                                                   None if layer.bias is None else layer.bias.detach(), "none", [], "")
+                for layer in layers]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
 # nn.Linear -> {(packed or not, ids of the layers stacked together, this one first) -> (weak references to their
 # weights, the layers and their biases, the weights' and biases' versions then, the stacked copy (oneDNN-packed,
-# or row-major for specdec's kernel), the stacked bias)}: a memo of derived data; identities (live references,
+# or packed in panels for specdec's kernel), the stacked bias)}: a memo of derived data; identities (live references,
 # not addresses that a freed tensor's successor may take) and versions say whether the copy is current.
 _PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 _ONEDNN_DTYPES = (torch.float32,)
@@ -107,8 +113,8 @@ def _onednn_weight(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
 def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
     """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
     for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
-    neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is a plain row-major
-    copy (the layer's own weight when there is one layer); else a oneDNN-packed copy. One product for
+    neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is packed in panels
+    for it (``cpu_kernels.pack_panels``); else a oneDNN-packed copy. One product for
     q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
     step for SmolLM2-135M."""
     weights = [layer.weight for layer in layers]
@@ -135,7 +141,8 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
             stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
             bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
                                                    else torch.cat([b.detach() for b in biases]))
-            stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None) if packed else stacked.contiguous()
+            stacked = (torch.ops.mkldnn._reorder_linear_weight(stacked, None) if packed
+                       else cpu_kernels.pack_panels(stacked))
             entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
         groups[key] = entry
     return entry[2], entry[3], packed
@@ -337,7 +344,8 @@ class CompactLlama(nn.Module):
 
     def _layer_plan(self) -> list[tuple]:
         """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
-        (weight, bias) that :func:`_cpu_group` prepares for the few-row kernel or None, the layers); then
+        (weight in panels, bias, outputs) that :func:`_cpu_group` prepares for the few-row kernel or None, the
+        layers); then
         (weight, eps) of the post-attention norm and of the norm after the layer. Built once and reused while
         every submodule and parameter it was built from is still in place, at the same version: a few dictionary
         lookups per layer instead of four calls to :func:`_cpu_group` and a dozen module attribute reads (a
@@ -363,7 +371,9 @@ class CompactLlama(nn.Module):
             for linear in layers:
                 hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
             prepared = _cpu_group(layers, probe)
-            return (None if prepared is None or prepared[2] else prepared[:2]), layers
+            if prepared is None or prepared[2]:
+                return None, layers
+            return (*prepared[:2], sum(linear.out_features for linear in layers)), layers
 
         def norm(owner: nn.Module, name: str) -> tuple:
             module, = hold(owner, name)
@@ -387,7 +397,7 @@ def _step_product(x: torch.Tensor, entry: tuple) -> torch.Tensor:
     over the prepared stacked weight for at most ``cpu_kernels.MAX_ROWS`` rows, else :func:`_product`."""
     prepared, layers = entry
     if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
-        return cpu_kernels.few_rows_linear(x, prepared[0], prepared[1])
+        return cpu_kernels.panel_linear(x, *prepared)
     return _product(x, layers)
 
 
