@@ -16,10 +16,6 @@
 #include <cmath>
 #include <vector>
 
-#ifndef AVX2_MR
-#define AVX2_MR 3
-#endif
-
 namespace {
 
 inline float hsum(__m256 v) {
@@ -141,9 +137,9 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
   auto y = torch::empty({M, n}, X.options());
   if (M == 0) return y;
   if (use_avx512) {
-    avx512::panel_product<12>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n, M);
+    avx512::panel_product<12>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n);
   } else {
-    avx2::panel_product<AVX2_MR>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n, M);
+    avx2::panel_product<3>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n);
   }
   return y;
 }

@@ -60,15 +60,15 @@ static inline void panel_rest(const float* w, const float* x, float* park, int64
   }
 }
 
-// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) over panels [ceil(N/32)][K][32] (outputs past N are padding), for M at
-// most `max_rows`: the panels split between the threads, the rows in about equal groups of at most MR.
+// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) over panels [ceil(N/32)][K][32] (outputs past N are padding): the panels
+// split between the threads, the rows in about equal groups of at most MR.
 template <int MR>
 static void panel_product(const float* panels, const float* X, const float* bias, float* Y, int64_t M, int64_t K,
-                   int64_t N, int64_t max_rows) {
+                   int64_t N) {
   const int64_t groups = (M + MR - 1) / MR, per = (M + groups - 1) / groups;
   const int64_t count = (N + PANEL - 1) / PANEL;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> park(max_rows * PANEL);
+    std::vector<float> park(M * PANEL);
     for (int64_t p = begin; p < end; ++p) {
       const float* w = panels + p * K * PANEL;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
