@@ -221,13 +221,14 @@ def _tree_mask(parents: list[int]) -> torch.Tensor:
 
 @needs_kernel
 @pytest.mark.parametrize("parents", [None, [-1], [-1, 0, -1, 2, 1, 1]], ids=["chain", "one", "tree"])
-def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents):
+@pytest.mark.parametrize("dim", [16, 24, 64, 128])  # vector paths (16, 64, 128) and the scalar loop (24)
+def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, dim, isa):
     """The C++ step attention writes the cache as KVCache.write does and attends as SDPA does under
     KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree."""
     from specdec.cache import KVCache
 
     torch.manual_seed(len(parents or []))
-    batch, heads, kv_heads, capacity, dim = 3, 6, 2, 40, 16
+    batch, heads, kv_heads, capacity = 3, 6, 2, 40
     t = 4 if parents is None else len(parents)
     tree = None if parents is None else _tree_mask(parents)
     caches = [KVCache.allocate(1, batch, kv_heads, capacity, dim, torch.tensor([0, 3, 5]), dtype=torch.float32,
@@ -252,13 +253,14 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents):
 
 @needs_kernel
 @pytest.mark.parametrize("parents", [None, [-1, 0, -1, 2, 1, 1]], ids=["chain", "tree"])
-def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(parents):
+@pytest.mark.parametrize("dim", [24, 64])
+def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(parents, dim, isa):
     """Each query of a step over its ancestors equals, bit for bit, a one-token step made after those
     ancestors were committed one by one: verification scores a position exactly as plain decoding does."""
     from specdec.cache import KVCache
 
     torch.manual_seed(11)
-    heads, kv_heads, capacity, dim = 4, 2, 32, 24
+    heads, kv_heads, capacity = 4, 2, 48
     t = 5 if parents is None else len(parents)
     parents = parents or [i - 1 for i in range(t)]
     new_cache = lambda: KVCache.allocate(1, 1, kv_heads, capacity, dim, torch.tensor([2]), dtype=torch.float32,
@@ -267,7 +269,7 @@ def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(
     history = torch.randn(1, kv_heads, capacity, dim)
     step.keys[0].copy_(history)
     step.values[0].copy_(history.flip(-1))
-    step.commit(torch.tensor([10]))
+    step.commit(torch.tensor([30]))  # 28 slots from the pad on: several score blocks
     q, k, v = torch.randn(t, heads, dim), torch.randn(t, kv_heads, dim), torch.randn(t, kv_heads, dim)
     kernels = cpu_kernels.module()
     out = kernels.cache_attention(q, k, v, step.keys[0].clone(), step.values[0].clone(), step.lengths, step.pad,

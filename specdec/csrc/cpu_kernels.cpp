@@ -39,10 +39,44 @@ struct Vec {
   static type fma(type a, type b, type acc) { return _mm256_fmadd_ps(a, b, acc); }
   static type add(type a, type b) { return _mm256_add_ps(a, b); }
   static float sum(type v) { return hsum(v); }
+  static type mul(type a, type b) { return _mm256_mul_ps(a, b); }
+  static type sub(type a, type b) { return _mm256_sub_ps(a, b); }
+  static type max(type a, type b) { return _mm256_max_ps(a, b); }
+  static float hmax(type v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  }
+  static type round(type v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static type pow2(type n) {  // 2^n for integral n in [-126, 127]: n + 127 in the exponent bits
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static type zero_below(type x, float bound, type v) {
+    return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(bound), _CMP_GE_OQ));
+  }
+  // Lane j: the sum of v[j]'s lanes, by the same tree for every j (halves, then pairs, then neighbours).
+  static type transpose_sum(const type* v) {
+    // Level 3 leaves lane 4h + e holding input 2e + h: input i is fed v[(i % 2)·4 + i / 2].
+    constexpr int in[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    __m256 w[4], x[2];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 a = v[in[2 * i]], b = v[in[2 * i + 1]];
+      w[i] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    }
+    for (int i = 0; i < 2; ++i)
+      x[i] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44), _mm256_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(x[0], x[1], 0x88), _mm256_shuffle_ps(x[0], x[1], 0xDD));
+  }
+  static type keep_first(type v, int count, float fill) {
+    const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(static_cast<float>(count)),
+                                      _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), v, keep);
+  }
 };
 
 #include "rows_product.h"
 #include "panel_product.h"
+#include "attention.h"
 
 }  // namespace avx2
 
@@ -60,10 +94,41 @@ struct Vec {
   static type fma(type a, type b, type acc) { return _mm512_fmadd_ps(a, b, acc); }
   static type add(type a, type b) { return _mm512_add_ps(a, b); }
   static float sum(type v) { return _mm512_reduce_add_ps(v); }
+  static type mul(type a, type b) { return _mm512_mul_ps(a, b); }
+  static type sub(type a, type b) { return _mm512_sub_ps(a, b); }
+  static type max(type a, type b) { return _mm512_max_ps(a, b); }
+  static float hmax(type v) { return _mm512_reduce_max_ps(v); }
+  static type round(type v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static type pow2(type n) {  // 2^n for integral n in [-126, 127]: n + 127 in the exponent bits
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static type zero_below(type x, float bound, type v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(bound), _CMP_GE_OQ), v);
+  }
+  // Lane j: the sum of v[j]'s lanes, by the same tree for every j (quarters, then pairs, then neighbours).
+  static type transpose_sum(const type* v) {
+    // Level 4 leaves lane 4q + e holding input 4e + q: input i is fed v[(i % 4)·4 + i / 4].
+    constexpr int in[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    __m512 w[8], x[4], y[2];
+    for (int i = 0; i < 8; ++i) {
+      const __m512 a = v[in[2 * i]], b = v[in[2 * i + 1]];
+      w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    for (int i = 0; i < 4; ++i)
+      x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)
+      y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  }
+  static type keep_first(type v, int count, float fill) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>((1u << count) - 1), _mm512_set1_ps(fill), v);
+  }
 };
 
 #include "rows_product.h"
 #include "panel_product.h"
+#include "attention.h"
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -280,8 +345,9 @@ inline void axpy(float p, const float* v, float* y, int64_t D) {
 // allows (causal when undefined), and itself. Returns [B·T, Hq·D], each token's heads side by side.
 //
 // Each query is computed alone, over its allowed slots in ascending order (scores, their max, the exps and
-// their sum, the weighted values): its output does not depend on the other queries of the step, so a
-// verified position gets the bits that a one-token step at that position gets.
+// their sum, the weighted values; attention.h for head widths of 8-256 in whole vectors, a scalar loop for
+// others): its output does not depend on the other queries of the step, so a verified position gets the
+// bits that a one-token step at that position gets.
 torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& lengths,
                               const torch::Tensor& pad, const c10::optional<torch::Tensor>& tree_mask) {
@@ -326,26 +392,32 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = Hq / Hkv, span = *std::max_element(len, len + B) + T;
+  const bool wide = use_avx512;
   at::parallel_for(0, M * Hq, std::max<int64_t>(1, 16384 / (span * D)), [&](int64_t begin, int64_t end) {
-    std::vector<float> score(span);
-    std::vector<int64_t> slot(span);
+    constexpr int64_t block = 16;  // the vector paths' score blocks: slots padded to a multiple of this
+    std::vector<float> score(span + block);
+    std::vector<int64_t> slot(span + block);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t m = task / Hq, h = task % Hq, b = m / T, t = m % T, kvh = h / group;
       const float* query = qp + (m * Hq + h) * D;
       const float* kb = kc + (b * Hkv + kvh) * S * D;
       const float* vb = vc + (b * Hkv + kvh) * S * D;
+      float* y = op + (m * Hq + h) * D;
       int64_t n = 0;
       for (int64_t s = std::min(pd[b], len[b]); s < len[b] + T; ++s) {  // a prefill may write over padding
         const int64_t rel = s - len[b];
         if (rel != t && (s < pd[b] || (rel >= 0 && !(tree != nullptr ? tree[t * T + rel] : rel < t)))) continue;
-        slot[n] = s;
-        score[n++] = dot(query, kb + s * D, D) * scale;
+        slot[n++] = s;
       }
+      std::fill(slot.begin() + n, slot.begin() + n + block, slot[0]);
+      if (wide ? avx512::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y)
+               : avx2::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y))
+        continue;
+      for (int64_t i = 0; i < n; ++i) score[i] = dot(query, kb + slot[i] * D, D) * scale;  // other head widths
       float top = score[0];
       for (int64_t i = 1; i < n; ++i) top = std::max(top, score[i]);
       float total = 0.0f;
       for (int64_t i = 0; i < n; ++i) total += (score[i] = std::exp(score[i] - top));
-      float* y = op + (m * Hq + h) * D;
       std::fill(y, y + D, 0.0f);
       for (int64_t i = 0; i < n; ++i) axpy(score[i], vb + slot[i] * D, y, D);
       const float inv = 1.0f / total;
