@@ -2,6 +2,7 @@
 bit-identical whatever their number, the forward's paths around it, and the fallback when it cannot be built."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,6 +141,33 @@ def test_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch, ke
         x = torch.randn(1, 3, 24)
         with torch.no_grad():
             assert torch.allclose(llama_module._linear(x, layer), layer(x), atol=1e-5)
+
+
+def test_each_content_of_the_sources_builds_in_its_own_directory_under_torch_extensions_dir(
+        monkeypatch, tmp_path, kernel_restored):
+    """TORCH_EXTENSIONS_DIR moves the build, and a changed header (which torch alone does not track) gets a
+    build of its own instead of loading the stale one."""
+    from torch.utils import cpp_extension
+
+    directories = []
+
+    def load(name, sources, build_directory, **kwargs):
+        directories.append(Path(build_directory))
+        raise RuntimeError("stopped before compiling")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(cpu_kernels, "supported", lambda: True)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    header = tmp_path / "attention.h"
+    for content in ("// one", "// two"):
+        header.write_text(content)
+        monkeypatch.setattr(cpu_kernels, "HEADERS", (*cpu_kernels.HEADERS[:-1], header))
+        monkeypatch.setattr(cpu_kernels, "_state", "untried")
+        cpu_kernels.enable(True)
+        with pytest.warns(RuntimeWarning, match="could not be built"):
+            assert not cpu_kernels.enabled()
+    assert [path.parent.parent for path in directories] == [tmp_path / "extensions"] * 2
+    assert directories[0] != directories[1] and all(torch.__version__.split("+")[0] in p.name for p in directories)
 
 
 def test_kernel_off_by_switch_is_never_built(monkeypatch, kernel_restored):

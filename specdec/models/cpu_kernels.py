@@ -12,9 +12,9 @@ target's LM head). Its rows are bit-identical whatever
 the number of rows, and so is each query's attention: a verification step's logits for a position equal
 a plain decode step's there, bit for bit.
 
-The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, about 40 s
-on 2 cores, cached under ``~/.cache/torch_extensions``, one build per torch version; ``TORCH_EXTENSIONS_DIR``
-moves it). Where they cannot be (not x86 with AVX2, no compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`enabled`
+The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, 40-90 s
+on 2 cores, cached under ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``, one build per torch
+version and content of the sources). Where they cannot be (not x86 with AVX2, no compiler, ``SPECDEC_CPU_KERNEL=0``), :func:`enabled`
 is false and the forward keeps torch's ops over oneDNN.
 """
 
@@ -82,13 +82,15 @@ def _load():
         from torch.utils import cpp_extension
 
         log.info("loading specdec's CPU kernels (%s: built once per machine, ~40 s, then cached)", SOURCE.name)
-        # torch rebuilds when the source or the flags change, not when an included header does: its hash is a flag.
-        headers = hashlib.sha256(b"".join(header.read_bytes() for header in HEADERS)).hexdigest()[:16]
-        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", f"-DSPECDEC_HEADERS_{headers}"]
+        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
         try:
-            # One build directory per torch version: a build against another torch's headers is never loaded.
-            build = (Path(cpp_extension.get_default_build_root()) / f"py{sys.version_info[0]}{sys.version_info[1]}"
-                     / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}")
+            # One build directory per torch version and per content of the sources: a build against another
+            # torch's headers is never loaded, a changed header (which torch alone would not notice) gets its
+            # own build, and two checkouts with different kernels do not rebuild over each other.
+            sources = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
+            root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+            build = (Path(root) / f"py{sys.version_info[0]}{sys.version_info[1]}"
+                     / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}-{sources}")
             build.mkdir(parents=True, exist_ok=True)
             _module = cpp_extension.load("specdec_cpu_kernels", [str(SOURCE)], extra_cflags=flags,
                                          extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
