@@ -61,27 +61,56 @@ def test_a_lossy_acceptance_rule_is_marked_in_results_and_output(tmp_path):
     assert "typical acceptance is LOSSY" in proc.stdout  # the log's warning (Hydra logs to stdout)
 
 
+BAD_INPUTS = [  # (overrides, what the error must say)
+    ("target.name=./no/such/model", "no/such/model"),
+    ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
+    ("sampling.temperature=-0.5", "temperature must be >= 0"),
+    ("sampling.top_p=1.5", "top_p must lie in (0, 1]"),
+    ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
+    ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
+    ("data.max_new_tokens=100000", "exceeds the model's context of 2048 positions"),
+    ("drafter=medusa drafter.heads=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
+    ("target.compile=graphs", "target.compile='graphs' is not a mode"),
+]
+
+
 @pytest.mark.real_model
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("target.name=./no/such/model", "no/such/model"),
-        ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
-        ("sampling.temperature=-0.5", "temperature must be >= 0"),
-        ("sampling.top_p=1.5", "top_p must lie in (0, 1]"),
-        ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
-        ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
-        ("data.max_new_tokens=100000", "exceeds the model's context of 2048 positions"),
-        ("drafter=medusa drafter.heads=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
-        ("target.compile=graphs", "target.compile='graphs' is not a mode"),
-    ],
-)
+@pytest.mark.parametrize("override, message", BAD_INPUTS[:1])
 def test_bad_input_fails_clearly_and_leaves_a_failed_results_file(tmp_path, override, message):
+    """A job run alone: non-zero exit, the error on stderr, a results file saying "failed" and why (the
+    other bad inputs, which fail the same way, in one sweep below)."""
     proc = run_job(*TINY, *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "failed" and message in results["error"]
+
+
+@pytest.mark.real_model
+def test_every_bad_input_fails_clearly_in_one_sweep(tmp_path):
+    """Each bad input of BAD_INPUTS as one job of a single multirun (one process: the imports and the target
+    load paid once): each job fails with its own clear error in its results file and on stderr, and the
+    sweep exits 1."""
+    from omegaconf import OmegaConf
+
+    cases = tmp_path / "configs" / "bad_input"
+    cases.mkdir(parents=True)
+    for i, (override, _) in enumerate(BAD_INPUTS):
+        groups = [item for item in override.split() if "." not in item.split("=")[0]]
+        values = [item for item in override.split() if item not in groups]
+        defaults = "".join(f"  - override /{item.replace('=', ': ')}\n" for item in groups)
+        body = OmegaConf.to_yaml(OmegaConf.from_dotlist([*TINY, *values]))
+        (cases / f"case{i}.yaml").write_text("# @package _global_\n" + (f"defaults:\n{defaults}" if defaults else "")
+                                            + body)
+    names = ",".join(f"case{i}" for i in range(len(BAD_INPUTS)))
+    sweep = tmp_path / "sweep"
+    proc = run_job("-m", f"hydra.searchpath=[file://{tmp_path / 'configs'}]", f"+bad_input={names}",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    for i, (override, message) in enumerate(BAD_INPUTS):
+        results = json.loads((sweep / str(i) / "results.json").read_text())
+        assert results["status"] == "failed" and message in results["error"], (override, results["error"])
+        assert message in proc.stderr, override
 
 
 @pytest.mark.real_model
