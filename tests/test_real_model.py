@@ -50,12 +50,14 @@ def test_batched_plain_decoding_equals_per_prompt(model, real_prompts, reference
     assert out.sequences == reference
 
 
-# The early-exit draft model (8 untrained layers, ~1% accepted: 8-20 s per k) runs k 1 and 4 by default, the
-# other k opt-in (`-m slow`); n-gram lookup covers every k in the default run, and tests/test_distill.py the
+# k 1, 2, 4 and 8 of n-gram lookup and k 1 and 4 of the early-exit draft model (8 untrained layers, ~1%
+# accepted: 8-20 s per k) run by default, every other k opt-in (`-m slow`); tests/test_distill.py covers the
 # distilled draft that `drafter=draft_model` uses by default.
-@pytest.mark.parametrize("drafter,k", [("ngram", k) for k in range(1, 9)]
-                         + [("draft_model", k) if k in (1, 4) else pytest.param("draft_model", k, marks=pytest.mark.slow)
-                            for k in range(1, 9)])
+DEFAULT_K = {"ngram": (1, 2, 4, 8), "draft_model": (1, 4)}
+
+
+@pytest.mark.parametrize("drafter,k", [(d, k) if k in DEFAULT_K[d] else pytest.param(d, k, marks=pytest.mark.slow)
+                                       for d in DEFAULT_K for k in range(1, 9)])
 def test_greedy_speculative_equals_plain(model, real_prompts, reference, drafter, k):
     make = {"ngram": NgramDrafter, "draft_model": lambda: DraftModelDrafter(model, num_layers=8)}[drafter]
     single = speculative_generate(model, make(), torch.tensor([real_prompts[0]]), k=k, max_new_tokens=NEW,

@@ -266,7 +266,8 @@ def test_config_composes_with_hydra():
     assert obj.output_dir == "outputs/train/medusa/smollm2-135m"
 
 
-@pytest.mark.parametrize("module", ["specdec.train", "specdec.train_medusa"])
+# Each is a process that imports the training stack (~14 s here): the alias is opt-in (`-m slow`).
+@pytest.mark.parametrize("module", ["specdec.train", pytest.param("specdec.train_medusa", marks=pytest.mark.slow)])
 def test_entry_point_and_its_alias_compose_the_same_config(module):
     import subprocess
     import sys
