@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from forward_cost import median_ms  # experiments/ is the script's directory
 from specdec.cache import KVCache
 from specdec.jobs import machine_description
 from specdec.models import cpu_kernels
@@ -39,16 +38,6 @@ def kernels_from(path: str | None):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
