@@ -17,7 +17,7 @@
 // e^x for x <= 0, 0 below -87 (the softmax's exps, x = score - max): n = round(x·log2 e), r = x - n·ln 2 (ln 2
 // split in two for precision), e^r (|r| <= ln2/2) by its Taylor polynomial to r^7 (truncation below 1e-8
 // relative), times 2^n. Each lane's result depends on its own x alone.
-inline typename Vec::type exp_nonpositive(typename Vec::type x) {
+static inline typename Vec::type exp_nonpositive(typename Vec::type x) {
   using T = typename Vec::type;
   const T t = Vec::max(x, Vec::broadcast(-87.0f));
   const T n = Vec::round(Vec::mul(t, Vec::broadcast(1.44269504f)));
@@ -32,7 +32,7 @@ inline typename Vec::type exp_nonpositive(typename Vec::type x) {
 // with n's first slot up to a whole number of blocks), keys/values [S, V·lanes] row-major; `score` holds
 // n rounded up to lanes floats. Writes the output row y [V·lanes].
 template <int V>
-void attend(const float* query, const float* keys, const float* values, const int64_t* slot, int64_t n, float scale,
+static void attend(const float* query, const float* keys, const float* values, const int64_t* slot, int64_t n, float scale,
             float* score, float* y) {
   using T = typename Vec::type;
   constexpr int L = Vec::lanes;
@@ -83,7 +83,7 @@ void attend(const float* query, const float* keys, const float* values, const in
 }
 
 // attend<D / lanes> where D is one of the widths compiled here (D = lanes·{1, 2, 4, 8, 16}); false otherwise.
-inline bool attend_any(int64_t D, const float* query, const float* keys, const float* values, const int64_t* slot,
+static bool attend_any(int64_t D, const float* query, const float* keys, const float* values, const int64_t* slot,
                        int64_t n, float scale, float* score, float* y) {
   switch (D == 0 || D % Vec::lanes != 0 ? 0 : D / Vec::lanes) {
     case 1: attend<1>(query, keys, values, slot, n, scale, score, y); return true;

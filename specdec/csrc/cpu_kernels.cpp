@@ -7,7 +7,8 @@
 // speed, rows bit-identical whatever their number: over a row-major W (rows_product.h: each row reused from
 // L1 by every input row) and over W packed in panels of 32 outputs (panel_product.h: what the compact forward
 // uses, 1.3-1.5x faster at 8-32 rows).
-// Built on first use by specdec/models/cpu_kernels.py (torch.utils.cpp_extension).
+// Built on first use by specdec/models/cpu_kernels.py (torch.utils.cpp_extension). The headers' functions are
+// `static`: with default visibility in a shared library every call goes through the PLT and none is inlined.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -12,7 +12,7 @@
 // `prefetch` (the first input group of a tile), the next tile's rows are fetched into L1 meanwhile: the
 // hardware prefetcher alone leaves the memory idle while a tile is reused by the later groups.
 template <int R, int G>
-void block(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t m0, int64_t K,
+static void block(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t m0, int64_t K,
            int64_t N, bool prefetch) {
   typename Vec::type acc[R][G];
   for (int r = 0; r < R; ++r)
@@ -42,7 +42,7 @@ void block(const float* W, const float* X, const float* bias, float* Y, int64_t 
 
 // The last `left` (< G) input rows from m0 on, in one block.
 template <int R, int G>
-void rest(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t m0, int64_t left,
+static void rest(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t m0, int64_t left,
           int64_t K, int64_t N, bool prefetch) {
   if (left == G) {
     block<R, G>(W, X, bias, Y, n0, m0, K, N, prefetch);
@@ -54,7 +54,7 @@ void rest(const float* W, const float* X, const float* bias, float* Y, int64_t n
 // All M input rows against W rows [n0, n0 + R), in groups of G (the accumulators, inputs and one weight
 // vector fill the vector registers), the R weight rows staying in L1 between groups.
 template <int R, int G>
-void tile(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t M, int64_t K,
+static void tile(const float* W, const float* X, const float* bias, float* Y, int64_t n0, int64_t M, int64_t K,
           int64_t N) {
   int64_t m0 = 0;
   for (; m0 + G <= M; m0 += G) block<R, G>(W, X, bias, Y, n0, m0, K, N, m0 == 0);
@@ -63,7 +63,7 @@ void tile(const float* W, const float* X, const float* bias, float* Y, int64_t n
 
 // y [M, N] = x [M, K] · W [N, K]ᵀ (+ bias [N]), the tiles of R weight rows split between the threads.
 template <int G>
-void product(const float* W, const float* X, const float* bias, float* Y, int64_t M, int64_t K, int64_t N) {
+static void product(const float* W, const float* X, const float* bias, float* Y, int64_t M, int64_t K, int64_t N) {
   constexpr int R = 4;
   const int64_t tiles = N / R;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
