@@ -29,11 +29,11 @@ static inline typename Vec::type exp_nonpositive(typename Vec::type x) {
 }
 
 // Scores, softmax and weighted values of `query` [V·lanes floats] over the n slots `slot` (ascending, padded
-// with n's first slot up to a whole number of blocks), keys/values [S, V·lanes] row-major; `score` holds
+// with the first slot up to a whole number of blocks), keys/values [S, V·lanes] row-major; `score` holds
 // n rounded up to lanes floats. Writes the output row y [V·lanes].
 template <int V>
-static void attend(const float* query, const float* keys, const float* values, const int64_t* slot, int64_t n, float scale,
-            float* score, float* y) {
+static void attend(const float* query, const float* keys, const float* values, const int64_t* slot, int64_t n,
+                   float scale, float* score, float* y) {
   using T = typename Vec::type;
   constexpr int L = Vec::lanes;
   constexpr int64_t D = static_cast<int64_t>(V) * L;
