@@ -145,7 +145,8 @@ bool use_avx512 = [] {
 
 }  // namespace
 
-// The instruction set of the product: "avx512" or "avx2"; `isa` ("avx512", "avx2") chooses it first.
+// The instruction set of the products and the attention: "avx512" or "avx2"; `isa` ("avx512", "avx2")
+// chooses it first.
 std::string product_isa(const std::string& isa) {
   if (isa == "avx2") use_avx512 = false;
   if (isa == "avx512") {
@@ -346,8 +347,8 @@ inline void axpy(float p, const float* v, float* y, int64_t D) {
 // allows (causal when undefined), and itself. Returns [B·T, Hq·D], each token's heads side by side.
 //
 // Each query is computed alone, over its allowed slots in ascending order (scores, their max, the exps and
-// their sum, the weighted values; attention.h for head widths of 8-256 in whole vectors, a scalar loop for
-// others): its output does not depend on the other queries of the step, so a verified position gets the
+// their sum, the weighted values; attention.h for head widths of 1, 2, 4, 8 or 16 vectors, a scalar loop
+// for others): its output does not depend on the other queries of the step, so a verified position gets the
 // bits that a one-token step at that position gets.
 torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& lengths,
@@ -393,7 +394,6 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t group = Hq / Hkv, span = *std::max_element(len, len + B) + T;
-  const bool wide = use_avx512;
   at::parallel_for(0, M * Hq, std::max<int64_t>(1, 16384 / (span * D)), [&](int64_t begin, int64_t end) {
     constexpr int64_t block = 16;  // the vector paths' score blocks: slots padded to a multiple of this
     std::vector<float> score(span + block);
@@ -411,7 +411,7 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
         slot[n++] = s;
       }
       std::fill(slot.begin() + n, slot.begin() + n + block, slot[0]);
-      if (wide ? avx512::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y)
+      if (use_avx512 ? avx512::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y)
                : avx2::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y))
         continue;
       for (int64_t i = 0; i < n; ++i) score[i] = dot(query, kb + slot[i] * D, D) * scale;  // other head widths
@@ -432,7 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_linear", &few_rows_linear, "x·Wᵀ (+ b) for a few float32 rows (AVX2 + FMA or AVX-512)");
   m.def("panel_linear", &panel_linear, "x·Wᵀ (+ bias) with W packed in panels [ceil(n/32), K, 32]", py::arg("x"),
         py::arg("panels"), py::arg("bias"), py::arg("n"));
-  m.def("product_isa", &product_isa, "the product's instruction set (\"avx512\" or \"avx2\"), chosen first if given",
+  m.def("product_isa", &product_isa, "the products' and attention's instruction set (\"avx512\" or \"avx2\"), chosen first if given",
         py::arg("isa") = "");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, after an optional in-place residual update");
   m.def("silu_mul", &silu_mul, "silu(gate)·up of a stacked gate|up product");

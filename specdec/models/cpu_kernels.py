@@ -34,7 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_kernels.cpp"
-# Included by SOURCE; their hash goes into the build flags.
+# Included by SOURCE; their content, with SOURCE's, names the build directory (see _load).
 HEADERS = tuple(SOURCE.parent / name for name in ("rows_product.h", "panel_product.h", "attention.h"))
 MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x at 1 row, 1.06x at 32, 0.95x at 48)
 
@@ -145,7 +145,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
     """x [M, K] · weightᵀ (+ bias [N]) -> [M, N] with the weight from :func:`pack_panels`, float32 on CPU: the
-    product of the decode and verification steps (as fast as memory allows at 1 row, 1.5-1.7x the row-major
+    product of the decode and verification steps (as fast as memory allows at 1 row, 1.3-1.5x the row-major
     kernel at 8-32 rows on a Skylake Xeon; rows bit-identical whatever their number). Call only where
     :func:`enabled` is true."""
     return _module.panel_linear(x, panels, bias, n)
