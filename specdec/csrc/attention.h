@@ -1,4 +1,4 @@
-// One query's attention over its allowed cache slots (cache_attention in cpu_kernels.cpp), written once over a
+// A step's attention over its allowed cache slots (cache_attention in cpu_kernels.cpp), written once over a
 // vector type `Vec` and included once per instruction set, like the products. Besides the products' needs,
 // `Vec` provides: mul, sub, max, hmax(v) (the largest lane), round(v) (to nearest), pow2(n) (2^n for integral
 // n in [-126, 127]), zero_below(x, bound, v) (v, 0 where x < bound), transpose_sum(v[lanes]) (lane j: the
@@ -6,13 +6,14 @@
 //
 // The scalar loop this replaces spent its time on one horizontal sum per score, one libm exp per score and one
 // load-add-store of the output per value row. Here `lanes` scores are summed together (a transpose-sum tree),
-// the exps are vectorized, and the output stays in registers.
+// the exps are vectorized, and the output stays in registers. The queries that read the same cache row (a
+// step's tokens and the query heads of one KV head) read its committed slots' keys and values together.
 //
-// Still one query alone: each score is its dot product summed the same way (one accumulator in ascending d,
-// then the same transpose-sum tree whatever the score's place in its block), the exps and their total depend
-// only on the query's scores in slot order, and the weighted values are summed in slot order (even and odd
-// slots apart, then added). A query's output is a function of the query and its allowed slots alone, so a
-// verified position gets the bits of a one-token step at that position.
+// Still each query as if alone: each score is its dot product summed the same way (one accumulator in
+// ascending d, then the same transpose-sum tree whatever the score's place in its block), the exps and their
+// total depend only on the query's scores in slot order, and the weighted values are summed in slot order
+// (even and odd slots apart, then added). A query's output is a function of the query and its allowed slots
+// alone, so a verified position gets the bits of a one-token step at that position.
 
 // e^x for x <= 0, 0 below -87 (the softmax's exps, x = score - max): n = round(x·log2 e), r = x - n·ln 2 (ln 2
 // split in two for precision), e^r (|r| <= ln2/2) by its Taylor polynomial to r^7 (truncation below 1e-8
@@ -28,69 +29,120 @@ static inline typename Vec::type exp_nonpositive(typename Vec::type x) {
   return Vec::zero_below(x, -87.0f, Vec::mul(p, Vec::pow2(n)));
 }
 
-// Scores, softmax and weighted values of `query` [V·lanes floats] over the n slots `slot` (ascending, padded
-// with the first slot up to a whole number of blocks), keys/values [S, V·lanes] row-major; `score` holds
-// n rounded up to lanes floats. Writes the output row y [V·lanes].
+// One block of `lanes` scores, q·k·scale, of the slots slot[0..lanes) (those from `keep` on: -inf). A score's
+// bits depend on its query and key alone (one accumulator in ascending d, then one tree for every lane).
 template <int V>
-static void attend(const float* query, const float* keys, const float* values, const int64_t* slot, int64_t n,
-                   float scale, float* score, float* y) {
+static inline void score_block(const float* query, const float* keys, const int64_t* slot, int keep,
+                               typename Vec::type scaled, float* out) {
   using T = typename Vec::type;
   constexpr int L = Vec::lanes;
   constexpr int64_t D = static_cast<int64_t>(V) * L;
   T q[V];
   for (int v = 0; v < V; ++v) q[v] = Vec::load(query + v * L);
-  const T scaled = Vec::broadcast(scale);
-  T top = Vec::broadcast(-INFINITY);
-  for (int64_t i0 = 0; i0 < n; i0 += L) {
-    T acc[L];
+  T acc[L];
 #pragma GCC unroll 16
-    for (int j = 0; j < L; ++j) {
-      const float* key = keys + slot[i0 + j] * D;
-      T a = Vec::zero();
-      for (int v = 0; v < V; ++v) a = Vec::fma(q[v], Vec::load(key + v * L), a);
-      acc[j] = a;
-    }
-    const T s = Vec::keep_first(Vec::mul(Vec::transpose_sum(acc), scaled), static_cast<int>(std::min<int64_t>(L, n - i0)),
-                                -INFINITY);
-    Vec::store(score + i0, s);
-    top = Vec::max(top, s);
+  for (int j = 0; j < L; ++j) {
+    const float* key = keys + slot[j] * D;
+    T a = Vec::zero();
+    for (int v = 0; v < V; ++v) a = Vec::fma(q[v], Vec::load(key + v * L), a);
+    acc[j] = a;
   }
-  const T most = Vec::broadcast(Vec::hmax(top));
-  T total = Vec::zero();
-  for (int64_t i0 = 0; i0 < n; i0 += L) {  // past n: exp(-inf) = 0
-    const T p = exp_nonpositive(Vec::sub(Vec::load(score + i0), most));
-    Vec::store(score + i0, p);
-    total = Vec::add(total, p);
-  }
-  T even[V], odd[V];
-  for (int v = 0; v < V; ++v) even[v] = odd[v] = Vec::zero();
-  int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    const T pe = Vec::broadcast(score[i]), po = Vec::broadcast(score[i + 1]);
-    const float* ve = values + slot[i] * D;
-    const float* vo = values + slot[i + 1] * D;
-    for (int v = 0; v < V; ++v) {
-      even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
-      odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
-    }
-  }
-  if (i < n) {
-    const T pe = Vec::broadcast(score[i]);
-    for (int v = 0; v < V; ++v) even[v] = Vec::fma(pe, Vec::load(values + slot[i] * D + v * L), even[v]);
-  }
-  const T inv = Vec::broadcast(1.0f / Vec::sum(total));
-  for (int v = 0; v < V; ++v) Vec::store(y + v * L, Vec::mul(Vec::add(even[v], odd[v]), inv));
+  Vec::store(out, Vec::keep_first(Vec::mul(Vec::transpose_sum(acc), scaled), keep, -INFINITY));
 }
 
-// attend<D / lanes> where D is one of the widths compiled here (D = lanes·{1, 2, 4, 8, 16}); false otherwise.
-static bool attend_any(int64_t D, const float* query, const float* keys, const float* values, const int64_t* slot,
-                       int64_t n, float scale, float* score, float* y) {
+// The queries of a step that read one (row, KV head) of the cache: `count` queries, query c at query[c]
+// [V·lanes floats], over its n[c] slots at slot + c·stride (ascending, padded with its first slot up to a
+// whole number of blocks); every query's first `shared` slots are the same (the row's committed slots, which
+// all its step's tokens see). Writes each query's output row y[c] [V·lanes]. Scratch: score [count·stride]
+// and acc [count·(2·V·lanes + 1)] floats.
+//
+// The shared slots' keys and values are read once for all the queries, a block at a time (a block stays in
+// L1 while every query uses it), instead of once per query from L2. Each query's arithmetic is the same as
+// if it were alone: its scores block by block at the same places, the max, exps and their total over its
+// own scores, and its weighted values summed in slot order, even and odd slots apart.
+template <int V>
+static void attend_many(int64_t count, const float* const* query, float* const* y, const float* keys,
+                        const float* values, const int64_t* slot, const int64_t* n, int64_t stride, int64_t shared,
+                        float scale, float* score, float* acc) {
+  using T = typename Vec::type;
+  constexpr int L = Vec::lanes;
+  constexpr int64_t D = static_cast<int64_t>(V) * L;
+  const T scaled = Vec::broadcast(scale);
+  const int64_t whole = shared / L * L;  // the shared slots' whole blocks: scored for all queries at once
+  for (int64_t i0 = 0; i0 < whole; i0 += L)
+    for (int64_t c = 0; c < count; ++c) score_block<V>(query[c], keys, slot + i0, L, scaled, score + c * stride + i0);
+  for (int64_t c = 0; c < count; ++c) {
+    float* s = score + c * stride;
+    for (int64_t i0 = whole; i0 < n[c]; i0 += L)
+      score_block<V>(query[c], keys, slot + c * stride + i0, static_cast<int>(std::min<int64_t>(L, n[c] - i0)), scaled,
+                     s + i0);
+    T top = Vec::broadcast(-INFINITY);
+    for (int64_t i0 = 0; i0 < n[c]; i0 += L) top = Vec::max(top, Vec::load(s + i0));
+    const T most = Vec::broadcast(Vec::hmax(top));
+    T total = Vec::zero();
+    for (int64_t i0 = 0; i0 < n[c]; i0 += L) {  // past n: exp(-inf) = 0
+      const T p = exp_nonpositive(Vec::sub(Vec::load(s + i0), most));
+      Vec::store(s + i0, p);
+      total = Vec::add(total, p);
+    }
+    acc[count * 2 * D + c] = Vec::sum(total);
+  }
+  std::fill(acc, acc + count * 2 * D, 0.0f);
+  const int64_t paired = shared / 2 * 2;  // the shared slots' pairs: summed for all queries, 16 slots at a time
+  for (int64_t i0 = 0; i0 < paired; i0 += 16) {
+    const int64_t i1 = std::min<int64_t>(i0 + 16, paired);
+    for (int64_t c = 0; c < count; ++c) {
+      const float* p = score + c * stride;
+      float* a = acc + c * 2 * D;
+      T even[V], odd[V];
+      for (int v = 0; v < V; ++v) even[v] = Vec::load(a + v * L), odd[v] = Vec::load(a + D + v * L);
+      for (int64_t i = i0; i < i1; i += 2) {
+        const T pe = Vec::broadcast(p[i]), po = Vec::broadcast(p[i + 1]);
+        const float* ve = values + slot[i] * D;
+        const float* vo = values + slot[i + 1] * D;
+        for (int v = 0; v < V; ++v) {
+          even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
+          odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
+        }
+      }
+      for (int v = 0; v < V; ++v) Vec::store(a + v * L, even[v]), Vec::store(a + D + v * L, odd[v]);
+    }
+  }
+  for (int64_t c = 0; c < count; ++c) {  // each query's own slots after the shared pairs
+    const float* p = score + c * stride;
+    const int64_t* at = slot + c * stride;
+    const float* a = acc + c * 2 * D;
+    const float sum = acc[count * 2 * D + c];
+    T even[V], odd[V];
+    for (int v = 0; v < V; ++v) even[v] = Vec::load(a + v * L), odd[v] = Vec::load(a + D + v * L);
+    int64_t i = paired;
+    for (; i + 1 < n[c]; i += 2) {
+      const T pe = Vec::broadcast(p[i]), po = Vec::broadcast(p[i + 1]);
+      const float* ve = values + at[i] * D;
+      const float* vo = values + at[i + 1] * D;
+      for (int v = 0; v < V; ++v) {
+        even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
+        odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
+      }
+    }
+    if (i < n[c]) {
+      const T pe = Vec::broadcast(p[i]);
+      for (int v = 0; v < V; ++v) even[v] = Vec::fma(pe, Vec::load(values + at[i] * D + v * L), even[v]);
+    }
+    const T inv = Vec::broadcast(1.0f / sum);
+    for (int v = 0; v < V; ++v) Vec::store(y[c] + v * L, Vec::mul(Vec::add(even[v], odd[v]), inv));
+  }
+}
+
+// attend_many<D / lanes> where D is one of the widths compiled here (D = lanes·{1, 2, 4, 8, 16}); false otherwise.
+static bool attend_many_any(int64_t D, int64_t count, const float* const* query, float* const* y, const float* keys,
+                            const float* values, const int64_t* slot, const int64_t* n, int64_t stride, int64_t shared,
+                            float scale, float* score, float* acc) {
   switch (D == 0 || D % Vec::lanes != 0 ? 0 : D / Vec::lanes) {
-    case 1: attend<1>(query, keys, values, slot, n, scale, score, y); return true;
-    case 2: attend<2>(query, keys, values, slot, n, scale, score, y); return true;
-    case 4: attend<4>(query, keys, values, slot, n, scale, score, y); return true;
-    case 8: attend<8>(query, keys, values, slot, n, scale, score, y); return true;
-    case 16: attend<16>(query, keys, values, slot, n, scale, score, y); return true;
+#define SPECDEC_ATTEND(V) \
+  case V: attend_many<V>(count, query, y, keys, values, slot, n, stride, shared, scale, score, acc); return true;
+    SPECDEC_ATTEND(1) SPECDEC_ATTEND(2) SPECDEC_ATTEND(4) SPECDEC_ATTEND(8) SPECDEC_ATTEND(16)
+#undef SPECDEC_ATTEND
     default: return false;
   }
 }

@@ -346,10 +346,11 @@ inline void axpy(float p, const float* v, float* y, int64_t D) {
 // KVCache.attention_mask allows: its row's committed slots from pad[b] on, the new tokens tree_mask [T, T]
 // allows (causal when undefined), and itself. Returns [B·T, Hq·D], each token's heads side by side.
 //
-// Each query is computed alone, over its allowed slots in ascending order (scores, their max, the exps and
-// their sum, the weighted values; attention.h for head widths of 1, 2, 4, 8 or 16 vectors, a scalar loop
+// Each query is computed as if alone, over its allowed slots in ascending order (scores, their max, the exps
+// and their sum, the weighted values; attention.h for head widths of 1, 2, 4, 8 or 16 vectors, a scalar loop
 // for others): its output does not depend on the other queries of the step, so a verified position gets the
-// bits that a one-token step at that position gets.
+// bits that a one-token step at that position gets. The queries that read one (row, KV head) share the
+// reads of its committed slots' keys and values (attention.h's attend_many).
 torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& lengths,
                               const torch::Tensor& pad, const c10::optional<torch::Tensor>& tree_mask) {
@@ -393,36 +394,60 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t group = Hq / Hkv, span = *std::max_element(len, len + B) + T;
-  at::parallel_for(0, M * Hq, std::max<int64_t>(1, 16384 / (span * D)), [&](int64_t begin, int64_t end) {
-    constexpr int64_t block = 16;  // the vector paths' score blocks: slots padded to a multiple of this
-    std::vector<float> score(span + block);
-    std::vector<int64_t> slot(span + block);
+  // A task: some of the queries that read one (row, KV head): its step's tokens × the query heads sharing the KV
+  // head, split in pieces so that the threads have a few tasks each.
+  const int64_t group = Hq / Hkv, queries = T * group, span = *std::max_element(len, len + B) + T;
+  const int64_t pieces = std::min(queries, (2 * at::get_num_threads() + B * Hkv - 1) / (B * Hkv));
+  const int64_t chunk = (queries + pieces - 1) / pieces;
+  constexpr int64_t block = 16;  // the vector paths' score blocks: slots padded to a multiple of this
+  const int64_t stride = span + block;
+  at::parallel_for(0, B * Hkv * pieces, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> score(chunk * stride), acc(chunk * (2 * D + 1));
+    std::vector<int64_t> slot(chunk * stride), n(chunk);
+    std::vector<const float*> query(chunk);
+    std::vector<float*> y(chunk);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t m = task / Hq, h = task % Hq, b = m / T, t = m % T, kvh = h / group;
-      const float* query = qp + (m * Hq + h) * D;
+      const int64_t b = task / (Hkv * pieces), kvh = task / pieces % Hkv, first = task % pieces * chunk;
+      const int64_t count = std::min(chunk, queries - first);
+      if (count <= 0) continue;
+      const int64_t shared = std::max<int64_t>(0, len[b] - pd[b]);  // committed slots from the pad on: seen by all
       const float* kb = kc + (b * Hkv + kvh) * S * D;
       const float* vb = vc + (b * Hkv + kvh) * S * D;
-      float* y = op + (m * Hq + h) * D;
-      int64_t n = 0;
-      for (int64_t s = std::min(pd[b], len[b]); s < len[b] + T; ++s) {  // a prefill may write over padding
-        const int64_t rel = s - len[b];
-        if (rel != t && (s < pd[b] || (rel >= 0 && !(tree != nullptr ? tree[t * T + rel] : rel < t)))) continue;
-        slot[n++] = s;
+      for (int64_t c = 0; c < count; ++c) {
+        const int64_t t = (first + c) / group, h = kvh * group + (first + c) % group, m = b * T + t;
+        query[c] = qp + (m * Hq + h) * D;
+        y[c] = op + (m * Hq + h) * D;
+        // Its slots: the shared ones (attend_many reads the first query's list for their whole blocks), then
+        // the new tokens it sees (a prefill may write over padding: only the token itself from before the pad).
+        int64_t* list = slot.data() + c * stride;
+        for (int64_t i = c == 0 ? 0 : shared / block * block; i < shared; ++i) list[i] = pd[b] + i;
+        int64_t k = shared;
+        for (int64_t rel = 0; rel < T; ++rel) {
+          const int64_t s = len[b] + rel;
+          if (rel == t || (s >= pd[b] && (tree != nullptr ? tree[t * T + rel] : rel < t))) list[k++] = s;
+        }
+        std::fill(list + k, list + k + block, list[k - 1]);
+        n[c] = k;
       }
-      std::fill(slot.begin() + n, slot.begin() + n + block, slot[0]);
-      if (use_avx512 ? avx512::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y)
-               : avx2::attend_any(D, query, kb, vb, slot.data(), n, scale, score.data(), y))
+      if (use_avx512 ? avx512::attend_many_any(D, count, query.data(), y.data(), kb, vb, slot.data(), n.data(), stride,
+                                               shared, scale, score.data(), acc.data())
+                     : avx2::attend_many_any(D, count, query.data(), y.data(), kb, vb, slot.data(), n.data(), stride,
+                                             shared, scale, score.data(), acc.data()))
         continue;
-      for (int64_t i = 0; i < n; ++i) score[i] = dot(query, kb + slot[i] * D, D) * scale;  // other head widths
-      float top = score[0];
-      for (int64_t i = 1; i < n; ++i) top = std::max(top, score[i]);
-      float total = 0.0f;
-      for (int64_t i = 0; i < n; ++i) total += (score[i] = std::exp(score[i] - top));
-      std::fill(y, y + D, 0.0f);
-      for (int64_t i = 0; i < n; ++i) axpy(score[i], vb + slot[i] * D, y, D);
-      const float inv = 1.0f / total;
-      for (int64_t i = 0; i < D; ++i) y[i] *= inv;
+      for (int64_t c = 0; c < count; ++c) {  // other head widths: each query alone
+        const int64_t* list = slot.data() + c * stride;
+        const auto slot_of = [&](int64_t i) { return i < shared ? slot[i] : list[i]; };  // shared: the first list's
+        float* s = score.data() + c * stride;
+        for (int64_t i = 0; i < n[c]; ++i) s[i] = dot(query[c], kb + slot_of(i) * D, D) * scale;
+        float top = s[0];
+        for (int64_t i = 1; i < n[c]; ++i) top = std::max(top, s[i]);
+        float total = 0.0f;
+        for (int64_t i = 0; i < n[c]; ++i) total += (s[i] = std::exp(s[i] - top));
+        std::fill(y[c], y[c] + D, 0.0f);
+        for (int64_t i = 0; i < n[c]; ++i) axpy(s[i], vb + slot_of(i) * D, y[c], D);
+        const float inv = 1.0f / total;
+        for (int64_t i = 0; i < D; ++i) y[c][i] *= inv;
+      }
     }
   });
   return out;
