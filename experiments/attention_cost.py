@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,9 @@ def kernels_from(path: str | None):
     spec = importlib.util.spec_from_file_location("specdec_cpu_kernels", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if Path(module.__file__).resolve() != Path(path).resolve():  # Python keeps one extension module per name
+        raise SystemExit(f"another build of specdec_cpu_kernels ({module.__file__}) is already loaded in this "
+                         f"process: time {path} in a process of its own")
     return module
 
 
