@@ -166,6 +166,25 @@ def test_a_lossy_run_is_marked_in_the_summary_and_the_plots(sweep: Path) -> None
     assert "medusa (LOSSY) T=0" in set(_series(df[df["category"] == report.ALL]))
 
 
+def test_jobs_told_apart_only_by_other_overrides_get_their_own_rows_and_lines(sweep: Path) -> None:
+    """A sweep over a field without a column (drafter.schedule, here) names it in summary.md's rows and in the
+    plots' line labels, instead of showing identical-looking rows and averaging the jobs into one point."""
+    for job, schedule in (("2", "constant"), ("10", "heuristic")):
+        res = {**OK_RUNS[job], "drafter": "draft_model", "k": 4, "temperature": 0.0}
+        res["overrides"] = ["drafter=draft_model", "drafter.k=4", f"drafter.schedule={schedule}"]
+        (sweep / job / "results.json").write_text(json.dumps(res))
+    md = report.write_summary(sweep, report.collect_runs(sweep))["md"].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| job"))
+    assert header.startswith("| job | other overrides | drafter |")
+    assert "| 2 | drafter.schedule=constant | draft_model | 4 |" in md
+    assert "| 10 | drafter.schedule=heuristic | draft_model | 4 |" in md
+    assert "| 0 |  | ngram | 1 |" in md  # a job that did not set it: an empty cell
+    assert "| 10 | drafter.schedule=heuristic | draft_model | 4 | 0 | coding |" in md  # per category too
+    df = report.summarize(report.collect_runs(sweep))
+    labels = set(_series(df[(df["category"] == report.ALL) & (df["status"] == "ok")]))
+    assert {"draft_model T=0 drafter.schedule=constant", "draft_model T=0 drafter.schedule=heuristic"} <= labels
+
+
 def test_predicted_speedup_formula() -> None:
     assert predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
     assert predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify

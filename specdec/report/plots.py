@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from specdec.report.summary import ALL, SERIES_KEYS, _drafter, _varying
+from specdec.report.summary import ALL, SERIES_KEYS, _drafter, _varying, other_overrides
 
 
 def _ok_runs(df: pd.DataFrame, category: str = ALL) -> pd.DataFrame:
@@ -18,12 +18,13 @@ def _ok_runs(df: pd.DataFrame, category: str = ALL) -> pd.DataFrame:
 
 
 def _series(df: pd.DataFrame) -> pd.Series:
-    """A line label per row: drafter and temperature, plus any other config field that varies."""
+    """A line label per row: drafter and temperature, plus any other config field or override that varies."""
     if df.empty:
         return pd.Series([], index=df.index, dtype=object)
     extra = _varying(df, SERIES_KEYS)  # a category row carries its run's config, so rows vary as runs do
-    return df.apply(lambda r: " ".join([_drafter(r), f"T={r['temperature']:g}",
-                                        *(f"{k}={r[k]}" for k in extra)]), axis=1)
+    other = other_overrides(df)
+    return df.apply(lambda r: " ".join([_drafter(r), f"T={r['temperature']:g}", *(f"{k}={r[k]}" for k in extra),
+                                        *([other[r.name]] if other[r.name] else [])]), axis=1)
 
 
 def _new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.0, height: float = 4.0):

@@ -170,19 +170,37 @@ def _varying(runs: pd.DataFrame, keys: Sequence[str]) -> list[str]:
     return [k for k in keys if runs[k].dropna().nunique() > 1]
 
 
+# Override keys whose values the tables and plot labels show in columns of their own.
+COLUMN_OVERRIDES = {"drafter", "drafter.k", "sampling", "sampling.temperature", "sampling.top_k", "sampling.top_p",
+                    "target", "data", "data.sources", "data.max_new_tokens", "data.batch_size"}
+
+
+def other_overrides(df: pd.DataFrame) -> pd.Series:
+    """Per row, ``key=value`` for each override that varies across the rows and has no column of its own
+    (e.g. ``drafter.schedule=heuristic drafter.confidence=0.5``): what tells such jobs apart."""
+    parsed = [dict(item.lstrip("+~").split("=", 1) for item in str(o).split() if "=" in item)
+              if o is not None and o is not pd.NA else {} for o in df["overrides"]]
+    keys = [k for k in dict.fromkeys(k for d in parsed for k in d) if k not in COLUMN_OVERRIDES
+            and len({d.get(k) for d in parsed}) > 1]
+    return pd.Series([" ".join(f"{k}={d[k]}" for k in keys if k in d) for d in parsed], index=df.index, dtype=object)
+
+
 def markdown_summary(df: pd.DataFrame) -> str:
     """summary.md: one table row per run, a per-category table, and the failed runs with their errors."""
     runs = df[df["category"] == ALL]
     extra = _varying(runs, SERIES_KEYS)
-    header = ["job", *extra, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
+    other = other_overrides(df)
+    varied = ["other overrides"] if other.astype(bool).any() else []
+    header = ["job", *extra, *varied, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
               "speedup", "predicted speedup", "status"]
     lines = ["# Sweep summary", "",
              f"{len(runs)} runs, {int((runs['status'] != 'ok').sum())} failed. α: acceptance rate; "
              "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline.", "",
              _md_row(header), _md_row(["---"] * len(header))]
-    for _, r in runs.iterrows():
+    for i, r in runs.iterrows():
         lines.append(_md_row([
-            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), _fmt(_drafter(r)), _fmt(r["k"]),
+            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *(_fmt(other[i]) for _ in varied), _fmt(_drafter(r)),
+            _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
             _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup"], ".2f"), _fmt(r["status"]),
@@ -192,11 +210,11 @@ def markdown_summary(df: pd.DataFrame) -> str:
                   "output is not distributed as the target's at temperature > 0."]
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
-        header = ["job", "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup"]
+        header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup"]
         lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
-        for _, r in cats.iterrows():
+        for i, r in cats.iterrows():
             lines.append(_md_row([
-                _fmt(r["job"]), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
+                _fmt(r["job"]), *(_fmt(other[i]) for _ in varied), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
                 _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
                 _fmt(r["speedup"], ".2f"),
             ]))
