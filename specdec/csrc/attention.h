@@ -50,6 +50,24 @@ static inline void score_block(const float* query, const float* keys, const int6
   Vec::store(out, Vec::keep_first(Vec::mul(Vec::transpose_sum(acc), scaled), keep, -INFINITY));
 }
 
+// even/odd (V vectors each) += p[i]·values[slot[i]] for the even and the odd i of the pairs in [i0, i1).
+template <int V>
+static inline void add_pairs(typename Vec::type* even, typename Vec::type* odd, const float* p, const int64_t* slot,
+                             const float* values, int64_t i0, int64_t i1) {
+  using T = typename Vec::type;
+  constexpr int L = Vec::lanes;
+  constexpr int64_t D = static_cast<int64_t>(V) * L;
+  for (int64_t i = i0; i + 1 < i1; i += 2) {
+    const T pe = Vec::broadcast(p[i]), po = Vec::broadcast(p[i + 1]);
+    const float* ve = values + slot[i] * D;
+    const float* vo = values + slot[i + 1] * D;
+    for (int v = 0; v < V; ++v) {
+      even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
+      odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
+    }
+  }
+}
+
 // The queries of a step that read one (row, KV head) of the cache: `count` queries, query c at query[c]
 // [V·lanes floats], over its n[c] slots at slot + c·stride (ascending, padded with its first slot up to a
 // whole number of blocks); every query's first `shared` slots are the same (the row's committed slots, which
@@ -96,15 +114,7 @@ static void attend_many(int64_t count, const float* const* query, float* const* 
       float* a = acc + c * 2 * D;
       T even[V], odd[V];
       for (int v = 0; v < V; ++v) even[v] = Vec::load(a + v * L), odd[v] = Vec::load(a + D + v * L);
-      for (int64_t i = i0; i < i1; i += 2) {
-        const T pe = Vec::broadcast(p[i]), po = Vec::broadcast(p[i + 1]);
-        const float* ve = values + slot[i] * D;
-        const float* vo = values + slot[i + 1] * D;
-        for (int v = 0; v < V; ++v) {
-          even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
-          odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
-        }
-      }
+      add_pairs<V>(even, odd, p, slot, values, i0, i1);
       for (int v = 0; v < V; ++v) Vec::store(a + v * L, even[v]), Vec::store(a + D + v * L, odd[v]);
     }
   }
@@ -115,17 +125,9 @@ static void attend_many(int64_t count, const float* const* query, float* const* 
     const float sum = acc[count * 2 * D + c];
     T even[V], odd[V];
     for (int v = 0; v < V; ++v) even[v] = Vec::load(a + v * L), odd[v] = Vec::load(a + D + v * L);
-    int64_t i = paired;
-    for (; i + 1 < n[c]; i += 2) {
-      const T pe = Vec::broadcast(p[i]), po = Vec::broadcast(p[i + 1]);
-      const float* ve = values + at[i] * D;
-      const float* vo = values + at[i + 1] * D;
-      for (int v = 0; v < V; ++v) {
-        even[v] = Vec::fma(pe, Vec::load(ve + v * L), even[v]);
-        odd[v] = Vec::fma(po, Vec::load(vo + v * L), odd[v]);
-      }
-    }
-    if (i < n[c]) {
+    add_pairs<V>(even, odd, p, at, values, paired, n[c]);
+    if ((n[c] - paired) % 2 == 1) {  // the last slot, unpaired: with the even ones
+      const int64_t i = n[c] - 1;
       const T pe = Vec::broadcast(p[i]);
       for (int v = 0; v < V; ++v) even[v] = Vec::fma(pe, Vec::load(values + at[i] * D + v * L), even[v]);
     }
