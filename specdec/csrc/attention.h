@@ -69,10 +69,11 @@ static inline void add_pairs(typename Vec::type* even, typename Vec::type* odd, 
 }
 
 // The queries of a step that read one (row, KV head) of the cache: `count` queries, query c at query[c]
-// [V·lanes floats], over its n[c] slots at slot + c·stride (ascending, padded with its first slot up to a
-// whole number of blocks); every query's first `shared` slots are the same (the row's committed slots, which
-// all its step's tokens see). Writes each query's output row y[c] [V·lanes]. Scratch: score [count·stride]
-// and acc [count·(2·V·lanes + 1)] floats.
+// [V·lanes floats], over its n[c] slots at slot + c·stride (ascending, padded past n[c] with one of its slots
+// up to a whole number of 16-slot blocks). Every query's first `shared` slots are the same (the row's
+// committed slots, which all its step's tokens see) and are read from query 0's list: the other lists need
+// entries only from `shared` rounded down to 16 on. Writes each query's output row y[c] [V·lanes]. Scratch:
+// score [count·stride] and acc [count·(2·V·lanes + 1)] floats.
 //
 // The shared slots' keys and values are read once for all the queries, a block at a time (a block stays in
 // L1 while every query uses it), instead of once per query from L2. Each query's arithmetic is the same as
