@@ -345,10 +345,10 @@ class CompactLlama(nn.Module):
     def _layer_plan(self) -> list[tuple]:
         """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
         (weight in panels, bias, outputs) that :func:`_cpu_group` prepares for the few-row kernel or None, the
-        layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and reused while
-        every submodule and parameter it was built from is still in place, at the same version: a few dictionary
-        lookups per layer instead of four calls to :func:`_cpu_group` and a dozen module attribute reads (a
-        sixth of a CPU decode step for SmolLM2-135M)."""
+        layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and
+        reused while every submodule and parameter it was built from is still in place, at the same version: a
+        few dictionary lookups per layer instead of four calls to :func:`_cpu_group` and a dozen module
+        attribute reads (a sixth of a CPU decode step for SmolLM2-135M)."""
         if self._plan is not None and all(owner[name] is obj for owner, name, obj in self._plan[1]) and all(
                 _version(tensor) == version for tensor, version in self._plan[2]):
             return self._plan[0]

@@ -191,6 +191,10 @@ def markdown_summary(df: pd.DataFrame) -> str:
     extra = _varying(runs, SERIES_KEYS)
     other = other_overrides(df)
     varied = ["other overrides"] if other.astype(bool).any() else []
+
+    def others(i) -> list[str]:  # row i's "other overrides" cell, where the column is shown
+        return [_fmt(other[i])] if varied else []
+
     header = ["job", *extra, *varied, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
               "speedup", "predicted speedup", "status"]
     lines = ["# Sweep summary", "",
@@ -199,8 +203,7 @@ def markdown_summary(df: pd.DataFrame) -> str:
              _md_row(header), _md_row(["---"] * len(header))]
     for i, r in runs.iterrows():
         lines.append(_md_row([
-            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *(_fmt(other[i]) for _ in varied), _fmt(_drafter(r)),
-            _fmt(r["k"]),
+            _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *others(i), _fmt(_drafter(r)), _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
             _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup"], ".2f"), _fmt(r["status"]),
@@ -214,7 +217,8 @@ def markdown_summary(df: pd.DataFrame) -> str:
         lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
         for i, r in cats.iterrows():
             lines.append(_md_row([
-                _fmt(r["job"]), *(_fmt(other[i]) for _ in varied), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"), _fmt(r["category"]),
+                _fmt(r["job"]), *others(i), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"),
+                _fmt(r["category"]),
                 _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
                 _fmt(r["speedup"], ".2f"),
             ]))
