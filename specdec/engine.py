@@ -27,7 +27,7 @@ from specdec.loading import stop_token_ids
 from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-from specdec.verify import EXACT, AcceptanceRule
+from specdec.verify import EXACT, AcceptanceRule, ExactRule, greedy_chain, greedy_tree
 
 
 @dataclass
@@ -148,13 +148,18 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     logits, hidden, *features = decoder(block, cache, kv_len=state.max_seq_len + proposal.tokens.shape[1],
                                         tree_mask=None if tree is None else tree.mask,
                                         depths=None if tree is None else tree.depths, capture=capture)
-    target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
+    if params.greedy and isinstance(rule, ExactRule):  # the one-hot case from the argmax alone, no [B, K'+1, V]
+        best = logits.argmax(-1)  # [B, K'+1]
+        verdict = greedy_chain(proposal.tokens, best) if tree is None else greedy_tree(tree, proposal.tokens, best)
+    else:
+        target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
+        verdict = (rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator) if tree is None else
+                   rule.tree(tree, proposal.tokens, proposal.probs, target_probs, state.generator))
     if tree is None:
-        num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator)
+        num_accepted, next_tokens = verdict
         drafted, path, at = proposal.tokens, None, num_accepted  # [B, K']
     else:
-        nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs,
-                                                     state.generator)
+        nodes, num_accepted, next_tokens = verdict
         drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
         path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
         at = path.gather(1, num_accepted[:, None])[:, 0]  # [B] block position of the path's end

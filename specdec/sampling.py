@@ -3,7 +3,8 @@
 Exactness depends on the draft distribution q and the target distribution p being processed the same
 way (temperature, then top-k, then top-p), so both go through :func:`logits_to_probs`. Temperature 0
 means greedy decoding and yields a one-hot distribution on the argmax: greedy is the special case of
-rejection sampling with one-hot distributions, so the verifier needs no separate greedy path.
+rejection sampling with one-hot distributions (the decode loop takes that case from the argmax tokens
+directly: :func:`specdec.verify.greedy_tree`, tested equal to the general rule).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from specdec.cache import KVCache
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.sampling import logits_to_probs, sample
 from specdec.stats import chi2_goodness_of_fit, holm
-from specdec.verify import Tree, residual_after_rejection, verify_tree
+from specdec.verify import Tree, greedy_tree, residual_after_rejection, verify_tree
 from specdec.data import left_pad
 
 V, M, LENGTH = 8, 3, 6
@@ -156,6 +156,27 @@ def test_greedy_follows_the_target_argmax_path():
     target[0, 0, 0] = 1.0  # root argmax is no candidate: recovered token, nothing accepted
     nodes, n, nxt = verify_tree(tree, tokens, None, target)
     assert n.tolist() == [0] and nxt.tolist() == [0]
+
+
+def test_greedy_shortcut_equals_the_general_walk_on_one_hot_targets():
+    """greedy_tree (the decode loop's path at temperature 0) gives the general rule's accepted nodes, count and
+    next token on random trees, whatever q: small vocabularies make siblings share tokens (the first one
+    wins) and paths run deep."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n, vocab, batch = int(torch.randint(1, 12, (1,), generator=g)), int(torch.randint(2, 5, (1,), generator=g)), 5
+        parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]
+        tree = Tree.from_parents(parents)
+        tokens = torch.randint(0, vocab, (batch, n), generator=g)
+        best = torch.randint(0, vocab, (batch, n + 1), generator=g)
+        target = torch.zeros(batch, n + 1, vocab).scatter_(-1, best[..., None], 1.0)
+        q = None if trial % 2 else torch.rand(batch, n, vocab, generator=g).softmax(-1)
+        expected = verify_tree(tree, tokens, q, target, torch.Generator().manual_seed(trial))
+        got = greedy_tree(tree, tokens, best)
+        for e, o in zip(expected, got):
+            assert torch.equal(e, o), (parents, tokens, best)
+    with pytest.raises(ValueError, match=r"tree of 7 nodes needs draft_tokens \[B, 7\] and target_tokens \[B, 8\]"):
+        greedy_tree(Tree.from_parents(PARENTS), torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
 
 
 def test_shape_mismatch_is_named():

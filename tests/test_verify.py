@@ -14,7 +14,7 @@ import torch
 from specdec import planted
 from specdec.sampling import logits_to_probs, sample
 from specdec.stats import chi2_goodness_of_fit, holm
-from specdec.verify import rejection_sample
+from specdec.verify import greedy_chain, rejection_sample
 
 V, M, LENGTH = 8, 3, 6
 
@@ -88,6 +88,22 @@ def test_greedy_accepts_exactly_the_argmax_prefix():
     assert n.tolist() == [2] and nxt.tolist() == [3]  # third draft rejected: recovered = target argmax
     n, nxt = rejection_sample(torch.tensor([[1, 2, 3]]), None, target)
     assert n.tolist() == [3] and nxt.tolist() == [4]  # all accepted: bonus from p_K
+
+
+def test_greedy_shortcut_equals_the_general_rule_on_one_hot_targets():
+    """greedy_chain (the decode loop's path at temperature 0) gives rejection_sample's count and next token."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        k, vocab, batch = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(2, 4, (1,), generator=g)), 6
+        drafts = torch.randint(0, vocab, (batch, k), generator=g)
+        best = torch.randint(0, vocab, (batch, k + 1), generator=g)
+        target = torch.zeros(batch, k + 1, vocab).scatter_(-1, best[..., None], 1.0)
+        q = None if trial % 2 else torch.rand(batch, k, vocab, generator=g).softmax(-1)
+        for e, o in zip(rejection_sample(drafts, q, target, torch.Generator().manual_seed(trial)),
+                        greedy_chain(drafts, best)):
+            assert torch.equal(e, o), (drafts, best)
+    with pytest.raises(ValueError, match=r"target_tokens must be \[B, K\+1\] = \[1, 4\]"):
+        greedy_chain(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
 
 
 def test_shape_mismatch_is_named():

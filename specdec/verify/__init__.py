@@ -22,12 +22,17 @@ same sampling processing (:func:`specdec.sampling.logits_to_probs`). The decode 
 (Medusa's typical acceptance) lives in :mod:`specdec.verify.lossy`, and planted bugs are rules too
 (:mod:`specdec.planted`).
 
-Everything here is a pure function of probabilities and a ``torch.Generator``; there is no host sync.
+At temperature 0 the decode loop verifies under the exact rule from the target's argmax tokens alone
+(:func:`greedy_chain`, :func:`greedy_tree`: the one-hot case without building [B, K+1, V] one-hot
+distributions or walking the vocabulary per sibling; tested equal to the general rule's output).
+
+Everything here is a pure function of probabilities (or argmax tokens) and a ``torch.Generator``; there is no
+host sync.
 """
 
-from specdec.verify.chain import accept_drafts, next_token_probs, rejection_sample
+from specdec.verify.chain import accept_drafts, greedy_chain, next_token_probs, rejection_sample
 from specdec.verify.rules import EXACT, AcceptanceRule, ExactRule
-from specdec.verify.tree import Tree, residual_after_rejection, verify_tree
+from specdec.verify.tree import Tree, greedy_tree, residual_after_rejection, verify_tree
 
-__all__ = ["EXACT", "AcceptanceRule", "ExactRule", "Tree", "accept_drafts", "next_token_probs", "rejection_sample",
-           "residual_after_rejection", "verify_tree"]
+__all__ = ["EXACT", "AcceptanceRule", "ExactRule", "Tree", "accept_drafts", "greedy_chain", "greedy_tree",
+           "next_token_probs", "rejection_sample", "residual_after_rejection", "verify_tree"]

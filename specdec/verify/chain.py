@@ -80,3 +80,16 @@ def rejection_sample(
     num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
     next_probs = next_token_probs(num_accepted, draft_tokens, draft_probs, target_probs)
     return num_accepted, sample(next_probs, generator)  # sample() normalises by the row total
+
+
+def greedy_chain(
+    draft_tokens: torch.Tensor,  # [B, K] long
+    target_tokens: torch.Tensor,  # [B, K+1] long: the target's argmax at the K draft positions, then the bonus one
+) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] in [0, K], next_tokens [B]
+    """:func:`rejection_sample` at temperature 0, from the target's argmax tokens alone (no [B, K+1, V]
+    distribution): the drafts are kept while they equal the argmax, the next token is the argmax after them."""
+    batch, k = draft_tokens.shape
+    if target_tokens.shape != (batch, k + 1):
+        raise ValueError(f"target_tokens must be [B, K+1] = [{batch}, {k + 1}], got {list(target_tokens.shape)}")
+    num_accepted = (draft_tokens == target_tokens[:, :k]).long().cumprod(-1).sum(-1)
+    return num_accepted, target_tokens.gather(1, num_accepted[:, None])[:, 0]

@@ -133,6 +133,35 @@ def walk_tree(
     return accepted_nodes, num_accepted, node, p
 
 
+def greedy_tree(
+    tree: Tree,
+    draft_tokens: torch.Tensor,  # [B, N] long
+    target_tokens: torch.Tensor,  # [B, N+1] long: the target's argmax at the root, then at each node
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+    """:func:`verify_tree` at temperature 0, from the target's argmax tokens alone: the same three tensors,
+    without a [B, N+1, V] distribution or a pass over the vocabulary per sibling tried. With one-hot p every
+    residual is p again, so the walk accepts the first child (in order) whose token is the argmax at its
+    parent and stops where none is; the next token is the argmax there. Whatever the drafts' q."""
+    batch, n = draft_tokens.shape
+    if target_tokens.shape != (batch, n + 1) or tree.num_nodes != n:
+        raise ValueError(f"a tree of {tree.num_nodes} nodes needs draft_tokens [B, {tree.num_nodes}] and target_tokens "
+                         f"[B, {tree.num_nodes + 1}]; got {list(draft_tokens.shape)} and {list(target_tokens.shape)}")
+    rows = torch.arange(batch, device=draft_tokens.device)
+    block_tokens = torch.cat([torch.full_like(draft_tokens[:, :1], -1), draft_tokens], 1)  # [B, N+1], root: none
+    node = torch.zeros(batch, dtype=torch.long, device=draft_tokens.device)  # [B] block position
+    alive = torch.ones(batch, dtype=torch.bool, device=draft_tokens.device)  # [B] still descending
+    accepted_nodes = torch.full((batch, tree.max_depth), -1, dtype=torch.long, device=draft_tokens.device)
+    for d in range(tree.max_depth):
+        kids = tree.children[node]  # [B, W] block positions, -1 = none
+        hit = (kids >= 0) & (block_tokens.gather(1, kids.clamp(min=0)) == target_tokens[rows, node][:, None])
+        chosen = kids[rows, hit.int().argmax(-1)]  # the first hit among the siblings (argmax: the first maximum)
+        alive &= hit.any(-1)
+        accepted_nodes[:, d] = torch.where(alive, chosen - 1, -1)
+        node = torch.where(alive, chosen, node)
+    num_accepted = (accepted_nodes >= 0).sum(-1)
+    return accepted_nodes, num_accepted, target_tokens[rows, node]
+
+
 def verify_tree(
     tree: Tree,
     draft_tokens: torch.Tensor,  # [B, N] long
