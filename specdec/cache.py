@@ -24,6 +24,9 @@ class KVCache:
     values: list[torch.Tensor]  # per layer [B, H_kv, S, D]
     lengths: torch.Tensor  # [B] long: committed slots, left padding included
     pad: torch.Tensor  # [B] long: left-padding slots at the start of each row
+    # [2, L, B, H_kv, S, D] when ``keys``/``values`` are views of one tensor (as allocated): :meth:`compact` then
+    # moves every layer's slots in one gather and one scatter instead of four operations per layer
+    stacked: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -38,12 +41,13 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> "KVCache":
-        shape = (batch_size, num_kv_heads, capacity, head_dim)
+        stacked = torch.zeros(2, num_layers, batch_size, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         return cls(
-            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            keys=[stacked[0, i] for i in range(num_layers)],  # views one by one (unbind's may not be written to
+            values=[stacked[1, i] for i in range(num_layers)],  # in place outside the no_grad mode they came from)
             lengths=torch.zeros(batch_size, dtype=torch.long, device=device),
             pad=pad.to(device=device, dtype=torch.long),
+            stacked=stacked,
         )
 
     @property
@@ -61,8 +65,10 @@ class KVCache:
         b, h, t, d = k_new.shape
         slots = self.lengths[:, None] + torch.arange(t, device=k_new.device)  # [B, T]
         index = slots[:, None, :, None].expand(b, h, t, d)
-        self.keys[layer].scatter_(2, index, k_new)
-        self.values[layer].scatter_(2, index, v_new)
+        # values only, never autograd history: the layers are views of one tensor, which in-place writes of
+        # tensors that require grad would turn into a graph (or an error) across layers and steps
+        self.keys[layer].scatter_(2, index, k_new.detach())
+        self.values[layer].scatter_(2, index, v_new.detach())
         kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
 
@@ -113,6 +119,13 @@ class KVCache:
         b, p = path.shape
         src = self.lengths[:, None] + path  # [B, P]
         dst = self.lengths[:, None] + torch.arange(p, device=path.device)  # [B, P]
+        if self.stacked is not None:
+            two, layers, _, h, _, d = self.stacked.shape
+            shape = (two, layers, b, h, p, d)
+            moved = self.stacked.gather(4, src[None, None, :, None, :, None].expand(shape))
+            self.stacked.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
+            self.commit(num_tokens)
+            return
         for layer in range(len(self.keys)):
             for store in (self.keys[layer], self.values[layer]):
                 h, d = store.shape[1], store.shape[3]

@@ -187,8 +187,11 @@ def test_shape_mismatch_is_named():
 # --- cache compaction --------------------------------------------------------------------------------------
 
 
-def test_compact_gathers_the_accepted_path_into_contiguous_slots():
+@pytest.mark.parametrize("stacked", [True, False], ids=["one-tensor", "per-layer"])
+def test_compact_gathers_the_accepted_path_into_contiguous_slots(stacked):
     cache = KVCache.allocate(2, 2, 1, 12, 1, torch.tensor([0, 2]), dtype=torch.float32, device=torch.device("cpu"))
+    if not stacked:  # layers in tensors of their own (as a cache that grows them): compacted layer by layer
+        cache = KVCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.lengths, cache.pad)
     cache.commit(torch.tensor([3, 4]))
     for layer in range(2):
         new = (torch.arange(5, dtype=torch.float32) + 10 * (layer + 1))[None, None, :, None].repeat(2, 1, 1, 1)
