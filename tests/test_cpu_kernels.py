@@ -74,6 +74,41 @@ def test_kernel_rows_are_bit_identical_whatever_their_number(kind, isa):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 12, 13, 32])
+@pytest.mark.parametrize("shape", [(40, 24), (3, 577), (1001, 576)])  # [N, K]: tails in N and in K
+def test_float16_panels_give_the_float32_bits_of_the_same_values(rows, shape, isa):
+    """Panels packed in float16 (half the bytes to stream) give bit for bit the float32 panels' product for a
+    weight float16 holds exactly: the kernel widens each value exactly before the same multiply-adds."""
+    torch.manual_seed(rows)
+    weight = torch.randn(*shape).half().float()
+    x, bias = torch.randn(rows, shape[1]), torch.randn(shape[0])
+    panels = cpu_kernels.pack_panels(weight, half=True)
+    assert panels.dtype == torch.float16 and cpu_kernels.exact_in_half(weight)
+    assert torch.equal(cpu_kernels.panel_linear(x, panels, bias, shape[0]),
+                       cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), bias, shape[0]))
+
+
+@needs_kernel
+@torch.no_grad()
+def test_the_forward_packs_float16_panels_only_for_weights_float16_holds_exactly(kernel_restored):
+    cpu_kernels.enable(True)
+    exact, other = torch.nn.Linear(24, 40, bias=False), torch.nn.Linear(24, 40, bias=False)
+    exact.weight.copy_(exact.weight.half().float())
+    other.weight.copy_(exact.weight)
+    other.weight[3, 5] += 1e-4  # one value float16 cannot hold
+    x, before = torch.randn(4, 24), llama_module._HALF_PANELS
+    try:
+        for half in (True, False):
+            llama_module.use_half_panels(half)
+            assert llama_module._cpu_group((exact,), x)[0].dtype == (torch.float16 if half else torch.float32)
+            assert llama_module._cpu_group((other,), x)[0].dtype == torch.float32
+            assert torch.equal(llama_module._linear(x, exact), cpu_kernels.panel_linear(
+                x, cpu_kernels.pack_panels(exact.weight), None, 40))
+    finally:
+        llama_module.use_half_panels(before)
+
+
+@needs_kernel
 def test_panel_linear_refuses_a_mismatched_packing():
     weight, x = torch.randn(40, 24), torch.randn(3, 24)
     with pytest.raises(RuntimeError, match="panels"):

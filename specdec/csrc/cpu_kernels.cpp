@@ -35,6 +35,9 @@ struct Vec {
   static constexpr int lanes = 8;
   static type zero() { return _mm256_setzero_ps(); }
   static type load(const float* p) { return _mm256_loadu_ps(p); }
+  static type load_half(const uint16_t* p) {  // 8 float16 values, widened exactly (F16C)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store(float* p, type v) { _mm256_storeu_ps(p, v); }
   static type broadcast(float s) { return _mm256_set1_ps(s); }
   static type fma(type a, type b, type acc) { return _mm256_fmadd_ps(a, b, acc); }
@@ -90,6 +93,9 @@ struct Vec {
   static constexpr int lanes = 16;
   static type zero() { return _mm512_setzero_ps(); }
   static type load(const float* p) { return _mm512_loadu_ps(p); }
+  static type load_half(const uint16_t* p) {  // 16 float16 values, widened exactly
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static void store(float* p, type v) { _mm512_storeu_ps(p, v); }
   static type broadcast(float s) { return _mm512_set1_ps(s); }
   static type fma(type a, type b, type acc) { return _mm512_fmadd_ps(a, b, acc); }
@@ -182,16 +188,18 @@ torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weigh
   return y;
 }
 
-// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) with W packed in panels [ceil(N/32), K, 32] (see panel_product.h).
+// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) with W packed in panels [ceil(N/32), K, 32] (see panel_product.h),
+// float32 or float16 (half the bytes to stream; widened exactly, so the same sums as float32 panels of the same
+// values).
 torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, const c10::optional<torch::Tensor>& bias,
                            int64_t n) {
   TORCH_CHECK(x.dim() == 2 && panels.dim() == 3 && panels.size(2) == avx2::PANEL && panels.size(1) == x.size(1) &&
                   panels.size(0) == (n + avx2::PANEL - 1) / avx2::PANEL,
               "panel_linear: x [M, K] and panels [ceil(", n, "/32), K, 32] expected, got ", x.sizes(), " and ",
               panels.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && panels.scalar_type() == at::kFloat && x.device().is_cpu() &&
-                  panels.device().is_cpu() && panels.is_contiguous(),
-              "panel_linear: float32 CPU tensors only, the panels contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kHalf) &&
+                  x.device().is_cpu() && panels.device().is_cpu() && panels.is_contiguous(),
+              "panel_linear: float32 CPU x and float32 or float16 CPU panels, contiguous");
   const auto X = x.contiguous();
   const int64_t M = X.size(0), K = X.size(1);
   const float* b = nullptr;
@@ -203,10 +211,19 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
   }
   auto y = torch::empty({M, n}, X.options());
   if (M == 0) return y;
-  if (use_avx512) {
-    avx512::panel_product<12>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n);
+  const float* x_data = X.data_ptr<float>();
+  float* y_data = y.data_ptr<float>();
+  if (panels.scalar_type() == at::kHalf) {
+    const auto* w = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::Half>());
+    if (use_avx512) {
+      avx512::panel_product<12>(w, x_data, b, y_data, M, K, n);
+    } else {
+      avx2::panel_product<3>(w, x_data, b, y_data, M, K, n);
+    }
+  } else if (use_avx512) {
+    avx512::panel_product<12>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
   } else {
-    avx2::panel_product<3>(panels.data_ptr<float>(), X.data_ptr<float>(), b, y.data_ptr<float>(), M, K, n);
+    avx2::panel_product<3>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
   }
   return y;
 }

@@ -16,26 +16,32 @@
 // added in ascending order, then the bias) whatever the number of rows M and however they are grouped, so
 // row m of an M-row product equals the one-row product of row m (for one instruction set).
 
+// The panels hold float32 or float16 weights (`W` = float or uint16_t, the float16 bits): float16 panels stream
+// half the bytes and are widened exactly as loaded, so they give the sums float32 panels of the same values give.
+
 constexpr int PANEL = 32;    // outputs per panel
 constexpr int64_t KC = 32;   // the k block: 4 KB of a panel
 constexpr int AHEAD = 2048;  // bytes of the panel prefetched ahead of the k step
 
+static inline typename Vec::type load_weights(const float* p) { return Vec::load(p); }
+static inline typename Vec::type load_weights(const uint16_t* p) { return Vec::load_half(p); }
+
 // Rows [0, MR) of x (row stride K) against panel k block [k0, k1): their sums for the block, added to `park`
 // ([MR][32] floats) unless `first`. `prefetch` for the first row group of a block, which meets its bytes first.
-template <int MR>
-static inline void panel_block(const float* w, const float* x, float* park, int64_t k0, int64_t k1, int64_t K,
+template <int MR, typename W>
+static inline void panel_block(const W* w, const float* x, float* park, int64_t k0, int64_t k1, int64_t K,
                  bool first, bool prefetch) {
   constexpr int V = PANEL / Vec::lanes;
   typename Vec::type acc[MR][V];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < V; ++v) acc[m][v] = Vec::zero();
   for (int64_t k = k0; k < k1; ++k) {
-    const float* row = w + k * PANEL;
+    const W* row = w + k * PANEL;
     if (prefetch)
-      for (int line = 0; line < PANEL * 4; line += 64)
+      for (int line = 0; line < PANEL * static_cast<int>(sizeof(W)); line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(row) + AHEAD + line, _MM_HINT_T0);
     typename Vec::type wv[V];
-    for (int v = 0; v < V; ++v) wv[v] = Vec::load(row + v * Vec::lanes);
+    for (int v = 0; v < V; ++v) wv[v] = load_weights(row + v * Vec::lanes);
     for (int m = 0; m < MR; ++m) {
       const typename Vec::type xb = Vec::broadcast(x[m * K + k]);
       for (int v = 0; v < V; ++v) acc[m][v] = Vec::fma(wv[v], xb, acc[m][v]);
@@ -50,8 +56,8 @@ static inline void panel_block(const float* w, const float* x, float* park, int6
 }
 
 // The `left` (<= MR) rows from x on, in one block.
-template <int MR>
-static inline void panel_rest(const float* w, const float* x, float* park, int64_t left, int64_t k0, int64_t k1,
+template <int MR, typename W>
+static inline void panel_rest(const W* w, const float* x, float* park, int64_t left, int64_t k0, int64_t k1,
                 int64_t K, bool first, bool prefetch) {
   if (left == MR) {
     panel_block<MR>(w, x, park, k0, k1, K, first, prefetch);
@@ -62,15 +68,15 @@ static inline void panel_rest(const float* w, const float* x, float* park, int64
 
 // y [M, N] = x [M, K] · Wᵀ (+ bias [N]) over panels [ceil(N/32)][K][32] (outputs past N are padding): the panels
 // split between the threads, the rows in about equal groups of at most MR.
-template <int MR>
-static void panel_product(const float* panels, const float* X, const float* bias, float* Y, int64_t M, int64_t K,
+template <int MR, typename W>
+static void panel_product(const W* panels, const float* X, const float* bias, float* Y, int64_t M, int64_t K,
                    int64_t N) {
   const int64_t groups = (M + MR - 1) / MR, per = (M + groups - 1) / groups;
   const int64_t count = (N + PANEL - 1) / PANEL;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> park(M * PANEL);
     for (int64_t p = begin; p < end; ++p) {
-      const float* w = panels + p * K * PANEL;
+      const W* w = panels + p * K * PANEL;
       for (int64_t k0 = 0; k0 < K; k0 += KC) {
         const int64_t k1 = std::min(K, k0 + KC);
         for (int64_t m0 = 0; m0 < M; m0 += per)

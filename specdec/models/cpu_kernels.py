@@ -8,7 +8,8 @@ few-row product streams each weight once at close to it (the linear layers of on
 4 tokens 53 → 40 ms on a 2-core AMD EPYC; see experiments/README.md). The compact forward's products read
 weights packed in panels (:func:`pack_panels`, :func:`panel_linear`), which keeps 8-32 rows of a verification
 step 1.3-1.5x faster than the row-major :func:`few_rows_linear` (still used by Medusa's heads over the
-target's LM head). Its rows are bit-identical whatever the number of rows, and so is each query's attention
+target's LM head); panels hold float16 where float16 holds the weight exactly (the drafters shipped in
+float16), half the bytes for the same bits. Its rows are bit-identical whatever the number of rows, and so is each query's attention
 (``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps, 2-3.5x the scalar loop it
 replaced): a verification step's logits for a position equal a plain decode step's there, bit for bit.
 
@@ -83,7 +84,7 @@ def _load():
 
         log.info("loading specdec's CPU kernels (%s: built once per version of the sources, ~40-90 s, then cached)",
                  SOURCE.name)
-        flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
+        flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"]
         try:
             # One build directory per torch version and per content of the sources: a build against another
             # torch's headers is never loaded, a changed header (which torch alone would not notice) gets its
@@ -135,19 +136,29 @@ def rows_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
 PANEL = 32  # outputs per panel of a packed weight (panel_product.h)
 
 
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+def pack_panels(weight: torch.Tensor, half: bool = False) -> torch.Tensor:
     """weight [N, K] -> [ceil(N/32), K, 32], the layout :func:`panel_linear` reads: panel p holds outputs
-    [32p, 32p + 32) as one 32-float row per k (zeros past N)."""
+    [32p, 32p + 32) as one 32-float row per k (zeros past N). ``half``: the panels in float16, half the bytes
+    for the product to stream, for a weight that float16 holds exactly (:func:`exact_in_half`): the kernel
+    widens each value exactly, so the product is bit for bit the float32 one."""
     n, k = weight.shape
     padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
-    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+    panels = padded.view(-1, PANEL, k).transpose(1, 2)
+    return panels.to(torch.float16).contiguous() if half else panels.contiguous()
+
+
+def exact_in_half(weight: torch.Tensor) -> bool:
+    """Whether float16 holds every value of ``weight`` exactly (a drafter saved in float16 and loaded in
+    float32, say; not a dequantised target, whose values need more bits)."""
+    with torch.no_grad():
+        return bool(torch.equal(weight.detach().to(torch.float16).to(weight.dtype), weight.detach()))
 
 
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """x [M, K] · weightᵀ (+ bias [N]) -> [M, N] with the weight from :func:`pack_panels`, float32 on CPU: the
-    product of the decode and verification steps (as fast as memory allows at 1 row, 1.3-1.5x the row-major
-    kernel at 8-32 rows on a Skylake Xeon; rows bit-identical whatever their number). Call only where
-    :func:`enabled` is true."""
+    """x [M, K] · weightᵀ (+ bias [N]) -> [M, N] with the weight from :func:`pack_panels` (float32 or float16
+    panels), x float32 on CPU: the product of the decode and verification steps (as fast as memory allows at
+    1 row, 1.3-1.5x the row-major kernel at 8-32 rows on a Skylake Xeon; rows bit-identical whatever their
+    number). Call only where :func:`enabled` is true."""
     return _module.panel_linear(x, panels, bias, n)
 
 

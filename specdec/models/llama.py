@@ -92,6 +92,14 @@ def use_onednn(enabled: bool) -> None:
         _PACKED.clear()
 
 
+def use_half_panels(enabled: bool) -> None:
+    """Let the kernel's panels hold float16 where float16 holds a weight exactly (the default: the drafters
+    shipped in float16, half the bytes to stream, the same products bit for bit), or keep every panel float32,
+    e.g. to compare them. ``SPECDEC_HALF_PANELS=0`` in the environment turns it off at import."""
+    global _HALF_PANELS
+    _HALF_PANELS = bool(enabled)
+
+
 def _onednn_available() -> bool:
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
@@ -133,7 +141,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     groups = _PACKED.get(layers[0])
     if groups is None:
         groups = _PACKED[layers[0]] = {}
-    key = (packed, *(id(layer) for layer in layers))  # a copy per kind, so switching paths to compare is free
+    key = (packed, _HALF_PANELS, *(id(layer) for layer in layers))  # a copy per kind: switching paths to compare is free
     entry = groups.get(key)
     if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
             ref() is not obj for ref, obj in zip(entry[0], held)):
@@ -142,7 +150,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
             bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
                                                    else torch.cat([b.detach() for b in biases]))
             stacked = (torch.ops.mkldnn._reorder_linear_weight(stacked, None) if packed
-                       else cpu_kernels.pack_panels(stacked))
+                       else cpu_kernels.pack_panels(stacked, half=_HALF_PANELS and cpu_kernels.exact_in_half(stacked)))
             entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
         groups[key] = entry
     return entry[2], entry[3], packed
@@ -167,6 +175,7 @@ def _version(weight: torch.Tensor) -> int:
 
 
 _ONEDNN = os.environ.get("SPECDEC_ONEDNN", "1") != "0" and _onednn_available()
+_HALF_PANELS = os.environ.get("SPECDEC_HALF_PANELS", "1") != "0"
 
 
 def supports(model: nn.Module) -> bool:
