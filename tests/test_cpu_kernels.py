@@ -232,8 +232,13 @@ def test_fused_small_ops_match_torch(rows):
     assert torch.allclose(normed, expected, atol=1e-5, rtol=1e-5)
     assert torch.allclose(kernels.rms_norm(stream, None, weight, eps), expected, atol=1e-5, rtol=1e-5)
 
-    gate_up = torch.randn(rows, 2 * 40)
-    assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate_up[:, :40]) * gate_up[:, 40:], atol=1e-6)
+    for width in (40, 1536 + 5):  # vector body (8 at a time), then a tail
+        gate_up = torch.randn(rows, 2 * width) * torch.tensor([1.0, 10.0, 100.0]).repeat_interleave(
+            -(-2 * width // 3))[:2 * width]  # small, large and saturating gates, both signs
+        gate_up[0, :4] = torch.tensor([0.0, -0.0, 90.0, -90.0])
+        gate, up = gate_up.split(width, -1)
+        expected = (F.silu(gate.double()) * up.double()).float()
+        assert torch.allclose(kernels.silu_mul(gate_up), expected, atol=1e-6, rtol=1e-6)
 
     heads, kv_heads, dim = 3, 1, 8
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
