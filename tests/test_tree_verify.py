@@ -176,7 +176,7 @@ def test_greedy_shortcut_equals_the_general_walk_on_one_hot_targets():
         for e, o in zip(expected, got):
             assert torch.equal(e, o), (parents, tokens, best)
     with pytest.raises(ValueError, match=r"tree of 7 nodes needs draft_tokens \[B, 7\] and target_tokens \[B, 8\]"):
-        greedy_tree(Tree.from_parents(PARENTS), torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
+        greedy_tree(Tree.from_parents(PARENTS), torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 7).long())
 
 
 def test_shape_mismatch_is_named():

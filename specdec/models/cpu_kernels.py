@@ -9,9 +9,10 @@ few-row product streams each weight once at close to it (the linear layers of on
 weights packed in panels (:func:`pack_panels`, :func:`panel_linear`), which keeps 8-32 rows of a verification
 step 1.3-1.5x faster than the row-major :func:`few_rows_linear` (still used by Medusa's heads over the
 target's LM head); panels hold float16 where float16 holds the weight exactly (the drafters shipped in
-float16), half the bytes for the same bits. Its rows are bit-identical whatever the number of rows, and so is each query's attention
-(``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps, 2-3.5x the scalar loop it
-replaced): a verification step's logits for a position equal a plain decode step's there, bit for bit.
+float16), half the bytes for the same bits. Its rows are bit-identical whatever the number of rows, and so
+is each query's attention (``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps,
+2-3.5x the scalar loop it replaced): a verification step's logits for a position equal a plain decode
+step's there, bit for bit.
 
 The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, 40-90 s
 on 2 cores, cached under ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``, one build per torch

@@ -122,7 +122,8 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
     for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
     neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is packed in panels
-    for it (``cpu_kernels.pack_panels``); else a oneDNN-packed copy. One product for
+    for it (``cpu_kernels.pack_panels``; float16 panels where float16 holds the weight exactly and
+    :func:`use_half_panels` allows); else a oneDNN-packed copy. One product for
     q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
     step for SmolLM2-135M."""
     weights = [layer.weight for layer in layers]
@@ -141,7 +142,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     groups = _PACKED.get(layers[0])
     if groups is None:
         groups = _PACKED[layers[0]] = {}
-    key = (packed, _HALF_PANELS, *(id(layer) for layer in layers))  # a copy per kind: switching paths to compare is free
+    key = (packed, _HALF_PANELS, *(id(layer) for layer in layers))  # a copy per kind: switching to compare is free
     entry = groups.get(key)
     if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
             ref() is not obj for ref, obj in zip(entry[0], held)):
