@@ -80,23 +80,28 @@ class KVCache:
         self,
         num_new: int,
         kv_len: int | None = None,
-        tree_mask: torch.Tensor | None = None,  # [T, T] bool: new token i may attend to new token j
+        tree_mask: torch.Tensor | None = None,  # [T, recent + T] bool: new token i may attend to column j
+        recent: int = 0,
     ) -> torch.Tensor:  # [B, 1, T, kv_len] bool
         """Which slots each new token attends to: its row's committed non-pad slots, plus the new
         tokens allowed by ``tree_mask`` (causal when None). A token always sees itself, so a query
-        sitting on a padding slot never has an empty row (its output is unused)."""
+        sitting on a padding slot never has an empty row (its output is unused). With ``recent`` = R > 0
+        the mask decides the last R committed slots too: column j < R is slot ``lengths - R + j``, column
+        R + j new token j (an EAGLE tree's drafted entries, of which each new token sees its ancestors)."""
+        if recent and tree_mask is None:
+            raise ValueError("recent slots need a tree_mask saying which new tokens see them")
         kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
         device = self.lengths.device
         slot = torch.arange(kv_len, device=device)  # [S]
         rel = slot[None, :] - self.lengths[:, None]  # [B, S]: slot position relative to the new block
         real = slot[None, :] >= self.pad[:, None]  # [B, S]: not a padding slot
-        committed = real & (rel < 0)  # [B, S]
+        committed = real & (rel < -recent)  # [B, S]
         q = torch.arange(num_new, device=device)  # [T]
-        in_block = real & (rel >= 0) & (rel < num_new)  # [B, S]
+        in_block = real & (rel >= -recent) & (rel < num_new)  # [B, S]
         if tree_mask is None:
             new = in_block[:, None, :] & (rel[:, None, :] <= q[None, :, None])  # [B, T, S]
         else:
-            gathered = tree_mask[:, rel.clamp(0, num_new - 1)]  # [T, B, S]
+            gathered = tree_mask[:, (rel + recent).clamp(0, recent + num_new - 1)]  # [T, B, S]
             new = in_block[:, None, :] & gathered.permute(1, 0, 2)
         itself = rel[:, None, :] == q[None, :, None]  # [B, T, S]
         return (committed[:, None, :] | new | itself).unsqueeze(1)

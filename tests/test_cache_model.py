@@ -78,6 +78,21 @@ def test_tree_mask_limits_attention_to_ancestors():
                              [True, True, True, False, True]]
 
 
+def test_a_mask_over_recent_slots_decides_them_too():
+    """With recent = R the tree mask's first R columns are the last R committed slots (an EAGLE tree's
+    draft entries, seen by their descendants only); the slots before them are seen by every new token."""
+    cache = KVCache.allocate(1, 2, 1, 9, 1, torch.tensor([0, 1]), dtype=torch.float32, device=torch.device("cpu"))
+    cache.commit(torch.tensor([5, 5]))  # 3 slots before the recent 2 (row 1: one of them padding)
+    tree = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)  # 2 recent slots, then 2 new tokens
+    mask = cache.attention_mask(2, kv_len=8, tree_mask=tree, recent=2)[:, 0]
+    assert mask[0].tolist() == [[True, True, True, True, False, True, False, False],
+                                [True, True, True, False, True, False, True, False]]
+    assert mask[1].tolist() == [[False, True, True, True, False, True, False, False],
+                                [False, True, True, False, True, False, True, False]]
+    with pytest.raises(ValueError, match="recent slots need a tree_mask"):
+        cache.attention_mask(2, recent=2)
+
+
 @torch.no_grad()
 def test_early_exit_decoder_uses_first_layers(tiny_target):
     decoder = as_decoder(tiny_target, num_layers=1)

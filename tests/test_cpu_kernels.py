@@ -240,16 +240,16 @@ def test_fused_small_ops_match_torch(rows):
         expected = (F.silu(gate.double()) * up.double()).float()
         assert torch.allclose(kernels.silu_mul(gate_up), expected, atol=1e-6, rtol=1e-6)
 
-    heads, kv_heads, dim = 3, 1, 8
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
-    cos, sin = torch.randn(rows, dim), torch.randn(rows, dim)
-    q, k, v = kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
-    ref_q, ref_k, ref_v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
-    for got, ref, count in ((q, ref_q, heads), (k, ref_k, kv_heads)):
-        ref = ref.view(rows, count, dim)
-        rotated = ref * cos[:, None] + llama_module._rotate_half(ref) * sin[:, None]
-        assert torch.equal(got, rotated)  # the same products and sums as torch's, in the same order
-    assert torch.equal(v, ref_v.view(rows, kv_heads, dim))
+    for heads, kv_heads, dim in ((3, 1, 8), (9, 3, 64), (2, 1, 52)):  # scalar pairs; 8 at a time; both
+        qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+        cos, sin = torch.randn(rows, dim), torch.randn(rows, dim)
+        q, k, v = kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
+        ref_q, ref_k, ref_v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+        for got, ref, count in ((q, ref_q, heads), (k, ref_k, kv_heads)):
+            ref = ref.view(rows, count, dim)
+            rotated = ref * cos[:, None] + llama_module._rotate_half(ref) * sin[:, None]
+            assert torch.equal(got, rotated)  # the same products and sums as torch's, in the same order
+        assert torch.equal(v, ref_v.view(rows, kv_heads, dim))
 
 
 @needs_kernel
@@ -288,17 +288,23 @@ def _tree_mask(parents: list[int]) -> torch.Tensor:
 
 
 @needs_kernel
-@pytest.mark.parametrize("parents", [None, [-1], [-1, 0, -1, 2, 1, 1]], ids=["chain", "one", "tree"])
+@pytest.mark.parametrize("parents,recent", [(None, 0), ([-1], 0), ([-1, 0, -1, 2, 1, 1], 0), ([-1], 4),
+                                            ([-1, 0, -1, 2], 3)], ids=["chain", "one", "tree", "one-recent",
+                                                                       "tree-recent"])
 @pytest.mark.parametrize("dim", [16, 24, 64, 128])  # vector paths (16, 64, 128) and the scalar loop (24)
-def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, dim, isa):
+def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, recent, dim, isa):
     """The C++ step attention writes the cache as KVCache.write does and attends as SDPA does under
-    KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree."""
+    KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree, and a
+    tree whose mask decides the last few committed slots too (EAGLE's drafting: each new entry sees the
+    draft entries of its ancestors only)."""
     from specdec.cache import KVCache
 
-    torch.manual_seed(len(parents or []))
+    torch.manual_seed(len(parents or []) + recent)
     batch, heads, kv_heads, capacity = 3, 6, 2, 40
     t = 4 if parents is None else len(parents)
     tree = None if parents is None else _tree_mask(parents)
+    if recent:  # each new token sees a different subset of the recent slots
+        tree = torch.cat([torch.rand(t, recent) < 0.5, tree], 1)
     caches = [KVCache.allocate(1, batch, kv_heads, capacity, dim, torch.tensor([0, 3, 5]), dtype=torch.float32,
                                device=torch.device("cpu")) for _ in range(2)]
     contents = torch.randn(2, batch, kv_heads, capacity, dim)
@@ -308,11 +314,11 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, dim, i
         cache.commit(torch.tensor([9, 20, 5]))  # row 2: padding only, nothing real committed yet
     q, k, v = torch.randn(batch * t, heads, dim), torch.randn(batch * t, kv_heads, dim), torch.randn(batch * t, kv_heads, dim)
     out = cpu_kernels.module().cache_attention(q, k, v, caches[0].keys[0], caches[0].values[0], caches[0].lengths,
-                                               caches[0].pad, tree)
+                                               caches[0].pad, tree, recent)
     kv_len = 20 + t
     keys, values = caches[1].write(0, k.view(batch, t, kv_heads, dim).transpose(1, 2),
                                    v.view(batch, t, kv_heads, dim).transpose(1, 2), kv_len)
-    mask = caches[1].attention_mask(t, kv_len, tree)
+    mask = caches[1].attention_mask(t, kv_len, tree, recent)
     expected = F.scaled_dot_product_attention(q.view(batch, t, heads, dim).transpose(1, 2), keys, values,
                                               attn_mask=mask, enable_gqa=True)
     assert torch.equal(caches[0].keys[0], caches[1].keys[0]) and torch.equal(caches[0].values[0], caches[1].values[0])
