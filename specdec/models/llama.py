@@ -9,6 +9,7 @@ and the logits match HF's (tested).
 
 from __future__ import annotations
 
+import operator
 import os
 import weakref
 
@@ -356,49 +357,77 @@ class CompactLlama(nn.Module):
         """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
         (weight in panels, bias, outputs) that :func:`_cpu_group` prepares for the few-row kernel or None, the
         layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and
-        reused while every submodule and parameter it was built from is still in place, at the same version: a
-        few dictionary lookups per layer instead of four calls to :func:`_cpu_group` and a dozen module
-        attribute reads (a sixth of a CPU decode step for SmolLM2-135M)."""
-        if self._plan is not None and all(owner[name] is obj for owner, name, obj in self._plan[1]) and all(
-                _version(tensor) == version for tensor, version in self._plan[2]):
+        reused while every submodule and parameter it was built from is still in place, at the same version
+        (:class:`ProductPlan`): a few dictionary lookups per layer instead of four calls to :func:`_cpu_group`
+        and a dozen module attribute reads (a sixth of a CPU decode step for SmolLM2-135M)."""
+        if self._plan is not None and self._plan[1].current():
             return self._plan[0]
-        plan, held, versions = [], [], []
-        probe = torch.empty(1, self.hidden_size, dtype=self.dtype)
-
-        def hold(owner: nn.Module, *names: str) -> list:
-            found = []
-            for name in names:
-                store = owner._modules if name in owner._modules else owner._parameters
-                found.append(store[name])
-                held.append((store, name, store[name]))
-                if isinstance(store[name], torch.Tensor):
-                    versions.append((store[name], _version(store[name])))
-            return found
-
-        def group(owner: nn.Module, *names: str) -> tuple:
-            layers = tuple(hold(owner, *names))
-            for linear in layers:
-                hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
-            prepared = _cpu_group(layers, probe)
-            if prepared is None or prepared[2]:
-                return None, layers
-            return (*prepared[:2], sum(linear.out_features for linear in layers)), layers
-
-        def norm(owner: nn.Module, name: str) -> tuple:
-            module, = hold(owner, name)
-            weight, = hold(module, "weight")
-            return weight, module.variance_epsilon
-
-        layers, = hold(self, "layers")
-        hold(layers, *layers._modules)
+        built, plan = ProductPlan(self.dtype), []
+        layers, = built.hold(self, "layers")
+        built.hold(layers, *layers._modules)
         for i, layer in enumerate(self.layers):
-            attn, mlp = hold(layer, "self_attn", "mlp")
-            plan.append((group(attn, "q_proj", "k_proj", "v_proj"), group(attn, "o_proj"),
-                         group(mlp, "gate_proj", "up_proj"), group(mlp, "down_proj"),
-                         norm(layer, "post_attention_layernorm"),
-                         norm(self.layers[i + 1], "input_layernorm") if i + 1 < len(self.layers) else norm(self, "norm")))
-        self._plan = (plan, held, versions)
+            attn, mlp = built.hold(layer, "self_attn", "mlp")
+            plan.append((built.group(attn, "q_proj", "k_proj", "v_proj"), built.group(attn, "o_proj"),
+                         built.group(mlp, "gate_proj", "up_proj"), built.group(mlp, "down_proj"),
+                         built.norm(layer, "post_attention_layernorm"),
+                         built.norm(self.layers[i + 1], "input_layernorm") if i + 1 < len(self.layers)
+                         else built.norm(self, "norm")))
+        self._plan = (plan, built)
         return plan
+
+
+class ProductPlan:
+    """The record behind a fused CPU forward's plan (:meth:`CompactLlama._layer_plan`, the EAGLE layer's): the
+    submodules and parameters it was built from, with their versions, so that :meth:`current` says whether it
+    still holds (every one still in place, none updated in place since)."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.held: list[tuple[dict, str, object]] = []  # (owner's store, name, the object found there)
+        self.versions: list[tuple[torch.Tensor, int]] = []
+        self.probe = torch.empty(1, 1, dtype=dtype)  # stands for the inputs in _cpu_group's checks
+        self._check: tuple | None = None  # the records as flat lists, for current()
+
+    def current(self) -> bool:
+        """Whether every recorded object is still in place and no recorded tensor was updated in place (an
+        inference tensor has no update counter: it cannot be updated outside inference mode). ~20 us for the
+        target's 30 layers, called once per forward."""
+        if self._check is None:
+            counted = [(tensor, version) for tensor, version in self.versions if version >= 0]
+            self._check = ([store for store, _, _ in self.held], [name for _, name, _ in self.held],
+                           [obj for _, _, obj in self.held], [tensor for tensor, _ in counted],
+                           [version for _, version in counted])
+        stores, names, objs, tensors, versions = self._check
+        return (all(map(operator.is_, map(operator.getitem, stores, names), objs))
+                and [tensor._version for tensor in tensors] == versions)
+
+    def hold(self, owner: nn.Module, *names: str) -> list:
+        """``owner``'s submodules or parameters ``names``, recorded."""
+        found = []
+        for name in names:
+            store = owner._modules if name in owner._modules else owner._parameters
+            found.append(store[name])
+            self.held.append((store, name, store[name]))
+            if isinstance(store[name], torch.Tensor):
+                self.versions.append((store[name], _version(store[name])))
+        return found
+
+    def group(self, owner: nn.Module, *names: str) -> tuple:
+        """(the (panels, bias, outputs) of ``owner``'s linear layers ``names`` stacked, or None where the
+        few-row kernel does not run them, the layers): an entry for :func:`_step_product`."""
+        layers = tuple(self.hold(owner, *names))
+        for linear in layers:
+            self.hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
+        prepared = _cpu_group(layers, self.probe)
+        if prepared is None or prepared[2]:
+            return None, layers
+        return (*prepared[:2], sum(linear.out_features for linear in layers)), layers
+
+    def norm(self, owner: nn.Module, name: str) -> tuple[torch.Tensor, float]:
+        """(weight, eps) of ``owner``'s RMSNorm ``name`` (transformers' Llama norm or torch's nn.RMSNorm)."""
+        module, = self.hold(owner, name)
+        weight, = self.hold(module, "weight")
+        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
+        return weight, float(torch.finfo(weight.dtype).eps if eps is None else eps)
 
 
 def _step_product(x: torch.Tensor, entry: tuple) -> torch.Tensor:
