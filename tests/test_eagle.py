@@ -15,7 +15,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _Growth, _without
 from specdec.errors import CheckpointError
-from specdec.models import as_decoder
+from specdec.models import as_decoder, cpu_kernels
 from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
 from specdec.training.distill.packing import Packed, pack
 from specdec.training.methods.eagle.objective import ttt_mask, unroll
@@ -124,6 +124,96 @@ def test_decode_drafts_are_the_training_time_test(target):
     replay = [int(model.token_ids[model.logits(outs[j][0, n - 1 + j]).argmax()]) for j in range(depth)]
     assert replay == drafts
     assert len(out.sequences[0]) == 12
+
+
+@pytest.fixture
+def kernels_restored():
+    before = cpu_kernels._enabled
+    yield
+    cpu_kernels.enable(before)
+
+
+def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
+    """A catch-up step (6 positions, causal), a chain draft, then a tree level whose 2 entries see their own
+    choice of the 3 draft entries before them, on a batch of 2 rows (one left-padded): outputs, logits, cache."""
+    gen = torch.Generator().manual_seed(1)
+    pad = torch.tensor([0, 2])
+    cache = model.new_cache(2, 24, pad)
+    width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
+    feats, tokens = torch.randn(2, 6, width, generator=gen), torch.randint(0, model.cfg.vocab_size, (2, 6), generator=gen)
+    positions = (torch.arange(6)[None] - pad[:, None]).clamp(min=0)
+    first = model.step(model.fuse(feats), tokens, cache, positions, 12)
+    cache.commit(torch.tensor([6, 6]))
+    chain = model.step(first[:, -3:], tokens[:, :3], cache, positions[:, -3:] + 1, 15)
+    cache.commit(torch.tensor([3, 3]))
+    tree = torch.tensor([[True, False, True, True, False], [False, True, False, False, True]])
+    level = model.step(chain[:, :2], tokens[:, 3:5], cache, positions[:, -2:] + 4, 17, tree, 3)
+    return [first, chain, level, model.logits(level), model.logits(first[:, -1]), cache.keys[0][:, :, :11],
+            cache.values[0][:, :, :11]]
+
+
+@pytest.mark.skipif(not cpu_kernels.enabled(), reason="specdec's CPU kernels are not built here")
+@torch.no_grad()
+def test_the_fused_draft_step_matches_the_torch_ops(target, kernels_restored):
+    """The draft layer through specdec's CPU kernels (norms, rotary, cache write + attention over a tree's
+    draft entries, SiLU, products over float16 panels) equals the torch ops' step; after an in-place weight
+    update too (the plan of packed weights is rebuilt)."""
+    model = random_eagle(target, draft_vocab=40)
+    for p in model.parameters():
+        p.data = p.data.half().float()  # as the shipped drafter: float16 values, so float16 panels
+    for update in (False, True):
+        if update:
+            model.layer.mlp.down_proj.weight.mul_(0.5)
+            model.lm_head.weight.add_(0.25)
+        results = {}
+        for on in (True, False):
+            cpu_kernels.enable(on)
+            results[on] = _draft_steps(model)
+        for fused, plain in zip(results[True], results[False]):
+            assert fused.shape == plain.shape
+            assert torch.allclose(fused, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
+def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypatch, kernels_restored):
+    """Each expanded node of an EAGLE-2 tree gets the draft layer's output that a chain fed its path's tokens
+    one by one gets (it attends to its ancestors' draft entries, not to its other relatives'): replayed at
+    every step of a generation, batch 2 left-padded, with the CPU kernels and with the torch ops."""
+    if fused and not cpu_kernels.enabled():
+        pytest.skip("specdec's CPU kernels are not built here")
+    cpu_kernels.enable(fused)
+    grow, select, checked = _Growth.grow, _Growth.select, []
+
+    def keep_root(self, hidden, k):
+        self.root = hidden
+        return grow(self, hidden, k)
+
+    def replay(self, k):
+        d, cache = self.d, self.d.cache
+        end = cache.lengths.clone()
+        start = end - d._drafted
+        for node, output in self.output.items():
+            path = [node]
+            while self.parent[path[0]] >= 0:
+                path.insert(0, self.parent[path[0]])
+            cache.rollback_to(start)  # the chain overwrites the tree's entries: select reads none of them
+            hidden = self.root
+            for offset, step in enumerate(path):
+                positions = (start - cache.pad + offset)[:, None]
+                hidden = d.model.step(hidden[:, None], d.token_ids[self.index[step]][:, None], cache, positions)[:, 0]
+                cache.commit(torch.ones_like(cache.lengths))
+            assert torch.allclose(hidden, output, atol=1e-5, rtol=1e-5), (node, path)
+            checked.append(len(path))
+        cache.rollback_to(end)
+        return select(self, k)
+
+    monkeypatch.setattr(_Growth, "grow", keep_root)
+    monkeypatch.setattr(_Growth, "select", replay)
+    monkeypatch.setattr(_Growth, "prune", False)  # every level grown: paths of 3 expanded nodes
+    drafter = EagleDrafter(random_eagle(target, draft_vocab=40, seed=7), depth=4, top_k=3, expand=3)
+    with torch.no_grad():
+        speculative_generate(target, drafter, PROMPTS, k=8, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
+    assert max(checked) >= 3  # nodes two levels below a root child were replayed
 
 
 def target_cache(target, n):
@@ -256,8 +346,8 @@ class MarkovEagle(EagleModel):
     head that is the target's with σ and τ's logits closer together: good but imperfect drafts of the
     bigram target (its final hidden state of token a is e_a), so both acceptance and rejection happen."""
 
-    def step(self, hidden, tokens, cache, mask, positions, kv_len=None):
-        super().step(hidden, tokens, cache, mask, positions, kv_len)
+    def step(self, hidden, tokens, cache, positions, kv_len=None, tree=None, recent=0):
+        super().step(hidden, tokens, cache, positions, kv_len, tree, recent)
         return self.embed(tokens)
 
 

@@ -135,7 +135,7 @@ class EagleDrafter(Drafter):
         tokens = state.seq.gather(1, slots)  # [B, T]: the token after each position
         kv_len = state.max_seq_len + t
         positions = cache.positions(torch.arange(t, device=base.device)).clamp_(min=0)
-        out = self.model.step(self.model.fuse(feats), tokens, cache, cache.attention_mask(t, kv_len), positions, kv_len)
+        out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
         count = (state.seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
         cache.commit(count)
         self.forwards += 1
@@ -168,17 +168,17 @@ class EagleDrafter(Drafter):
             self.cache.rollback_to(committed)  # the drafts' entries are forgotten; catch_up rewrites them
 
     def _one(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
+             tree: torch.Tensor | None = None) -> torch.Tensor:
         """Draft entries for tokens at ``level`` past the newest committed position: hidden [B, n, H], tokens
         [B, n] -> [B, n, H]. Written after the cache's (temporarily) committed entries and committed too
-        (``propose`` rolls them back); ``mask`` [B, 1, n, S] (None: causal, for a chain)."""
+        (``propose`` rolls them back); ``tree`` [n, drafted + n]: which of this step's draft entries (those
+        written before, then these) each sees (None: all before it, for a chain)."""
         n = tokens.shape[1]
         cache = self.cache
         kv_len = min(state.max_seq_len + self._drafted + n + 1, cache.capacity)
         first = cache.lengths - self._drafted - cache.pad  # [B] position of the first draft entry
         positions = (first + level)[:, None].expand(-1, n)
-        out = self.model.step(hidden, tokens, cache, cache.attention_mask(n, kv_len) if mask is None else mask,
-                              positions, kv_len)
+        out = self.model.step(hidden, tokens, cache, positions, kv_len, tree, self._drafted if tree is not None else 0)
         cache.commit(torch.full_like(cache.lengths, n))
         self._drafted += n
         self.forwards += 1
@@ -286,10 +286,10 @@ class _Growth:
             chosen = sorted(frontier[i] for i in confidence.topk(min(d.expand, len(frontier))).indices.tolist())
             tokens = d.token_ids[torch.stack([self.index[i] for i in chosen], 1)]  # [B, E]
             inputs = torch.stack([hidden if self.parent[i] < 0 else self.output[self.parent[i]] for i in chosen], 1)
-            mask = self.mask(chosen)
+            tree = self.mask(chosen)
             for j, i in enumerate(chosen):
                 self.entry[i] = d._drafted + j
-            out = d._one(inputs, tokens, self.state, level - 1, mask=mask)  # [B, E, H]
+            out = d._one(inputs, tokens, self.state, level - 1, tree=tree)  # [B, E, H]
             for j, i in enumerate(chosen):
                 self.output[i] = out[:, j]
             self.children(out, chosen, level)
@@ -309,21 +309,18 @@ class _Growth:
         selectable = ((confidence >= self.d.min_confidence) & (confidence > bar)).tolist()  # one read of the device
         return [i for i in frontier if selectable[i]]
 
-    def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [B, 1, E, S]
-        """Expanded candidates attend to the committed entries, their ancestors' entries and themselves."""
-        d, cache = self.d, self.d.cache
-        n, device = len(chosen), cache.lengths.device
-        kv_len = min(self.state.max_seq_len + d._drafted + n + 1, cache.capacity)
-        start = cache.lengths - d._drafted  # [B]: the first draft entry's slot
-        slot = torch.arange(kv_len, device=device)
-        allowed = ((slot[None] >= cache.pad[:, None]) & (slot[None] < start[:, None]))[:, None, :].repeat(1, n, 1)
+    def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [E, drafted + E] bool
+        """Which of the step's draft entries (those written so far, then the E new ones) each expanded
+        candidate sees: its ancestors' and its own (the committed entries before them, all of them)."""
+        drafted = self.d._drafted
+        allowed = [[False] * (drafted + len(chosen)) for _ in chosen]
         for j, i in enumerate(chosen):
-            offsets, a = [d._drafted + j], self.parent[i]  # itself, then its ancestors
+            allowed[j][drafted + j] = True
+            a = self.parent[i]
             while a >= 0:
-                offsets.append(self.entry[a])
+                allowed[j][self.entry[a]] = True
                 a = self.parent[a]
-            allowed[:, j].scatter_(1, start[:, None] + torch.tensor(offsets, device=device)[None], True)
-        return allowed[:, None]
+        return torch.tensor(allowed, device=self.d.cache.lengths.device)
 
     def levels_fitting(self, k: int) -> int:
         """Sampled trees: how many whole levels fit in k nodes (at least one)."""

@@ -29,7 +29,8 @@ from torch import nn
 from specdec.cache import KVCache
 from specdec.errors import CheckpointError
 from specdec.io import read_tensors, write_json
-from specdec.models.llama import _linear, _linears, _rotate_half
+from specdec.models import cpu_kernels
+from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
 SPECULATORS_VERSION = "0.9.0"
@@ -134,6 +135,7 @@ class EagleModel(nn.Module):
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
+        self._plan: tuple | None = None  # see _layer_plan()
 
     def attach(self, embed_weight: torch.Tensor) -> "EagleModel":
         """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here)."""
@@ -171,18 +173,74 @@ class EagleModel(nn.Module):
         return _linear(features.to(self.fc.weight.dtype), self.fc)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
+        if self._fused(hidden):
+            plan = self._layer_plan()
+            rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+            normed = cpu_kernels.module().rms_norm(rows, None, *plan["norm"])
+            return _step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
         return _linear(self.norm(hidden), self.lm_head).float()
 
-    def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, mask: torch.Tensor,
-             positions: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+    def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
+             kv_len: int | None = None, tree: torch.Tensor | None = None, recent: int = 0) -> torch.Tensor:
         """T new entries per row on the draft cache (written uncommitted): hidden [B, T, H] (fused features
-        or the layer's own outputs), tokens [B, T], mask [B, 1, T, S], positions [B, T] -> outputs [B, T, H]."""
+        or the layer's own outputs), tokens [B, T], positions [B, T] -> outputs [B, T, H]. Each new entry sees
+        its row's committed entries, itself, and what ``tree`` [T, recent + T] allows of the last ``recent``
+        committed entries and the new ones (None: the new ones before it; :meth:`KVCache.attention_mask`)."""
         cos, sin = self.rope(positions, hidden.dtype)
+        if self._fused(hidden):
+            return self._fused_step(hidden, tokens, cache, cos, sin, tree, recent)
         q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin)
         keys, values = cache.write(0, k, v, kv_len)
-        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[..., : keys.shape[2]],
-                                                  enable_gqa=True)
+        mask = cache.attention_mask(tokens.shape[1], keys.shape[2], tree, recent)
+        attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.layer.finish(hidden, attended)
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether a step (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
+        decode step: :meth:`CompactLlama._fused_layers`): float32 on CPU, no autograd, not traced by
+        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the kernels built."""
+        return (x.device.type == "cpu" and x.dtype == self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
+                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling() and cpu_kernels.enabled())
+
+    def _fused_step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
+                    sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
+        """:meth:`step` with one C++ pass per RMSNorm (the residual add before it), for the rotary embedding of
+        q and k, for the cache write and the attention, and for SiLU·up, and the products over panels
+        (float16 where the weights are exactly float16): the ops of :meth:`EagleLayer.project` and
+        :meth:`EagleLayer.finish`, sums in another order (outputs equal to float32 rounding, tested)."""
+        b, t, h = hidden.shape
+        kernels, plan = cpu_kernels.module(), self._layer_plan()
+        heads, kv_heads, _ = self.layer.shape
+        stream = hidden.reshape(b * t, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
+        embeds = F.embedding(tokens.reshape(-1), self.embed_weight)
+        x = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
+                       kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
+        q, k, v = kernels.rope_qkv(_step_product(x, plan["qkv"]), cos.reshape(b * t, -1), sin.reshape(b * t, -1),
+                                   heads, kv_heads)
+        attended = kernels.cache_attention(q, k, v, cache.keys[0], cache.values[0], cache.lengths, cache.pad, tree,
+                                           recent)
+        x = kernels.rms_norm(stream, _step_product(attended, plan["o"]), *plan["post_norm"])
+        stream += _step_product(kernels.silu_mul(_step_product(x, plan["gate_up"])), plan["down"])
+        return stream.view(b, t, h)
+
+    def _layer_plan(self) -> dict[str, tuple]:
+        """What :meth:`_fused_step` and the fused :meth:`logits` read: the products (stacked and packed as
+        :meth:`CompactLlama._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
+        parameter it was built from is replaced or updated in place (:class:`ProductPlan`)."""
+        if self._plan is not None and self._plan[1].current():
+            return self._plan[0]
+        built = ProductPlan(self.fc.weight.dtype)
+        layers, = built.hold(self, "layers")
+        layer, = built.hold(layers, "0")
+        attn, mlp = built.hold(layer, "self_attn", "mlp")
+        plan = {"qkv": built.group(attn, "q_proj", "k_proj", "v_proj"), "o": built.group(attn, "o_proj"),
+                "gate_up": built.group(mlp, "gate_proj", "up_proj"), "down": built.group(mlp, "down_proj"),
+                "input_norm": built.norm(layer, "input_layernorm"), "hidden_norm": built.norm(layer, "hidden_norm"),
+                "post_norm": built.norm(layer, "post_attention_layernorm"), "norm": built.norm(self, "norm"),
+                "lm_head": built.group(self, "lm_head")}
+        self._plan = (plan, built)
+        return plan
 
     def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
         cfg = self.cfg
