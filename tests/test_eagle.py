@@ -140,7 +140,8 @@ def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
     pad = torch.tensor([0, 2])
     cache = model.new_cache(2, 24, pad)
     width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
-    feats, tokens = torch.randn(2, 6, width, generator=gen), torch.randint(0, model.cfg.vocab_size, (2, 6), generator=gen)
+    feats = torch.randn(2, 6, width, generator=gen)
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 6), generator=gen)
     positions = (torch.arange(6)[None] - pad[:, None]).clamp(min=0)
     first = model.step(model.fuse(feats), tokens, cache, positions, 12)
     cache.commit(torch.tensor([6, 6]))

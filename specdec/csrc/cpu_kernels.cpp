@@ -507,7 +507,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, after an optional in-place residual update");
   m.def("silu_mul", &silu_mul, "silu(gate)·up of a stacked gate|up product");
   m.def("cache_attention", &cache_attention, "a step's cache writes and attention over the per-row static cache",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("keys"), py::arg("values"), py::arg("lengths"), py::arg("pad"),
-        py::arg("tree_mask"), py::arg("recent") = 0);
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("keys"), py::arg("values"), py::arg("lengths"),
+        py::arg("pad"), py::arg("tree_mask"), py::arg("recent") = 0);
   m.def("rope_qkv", &rope_qkv, "rotary embedding of q and k from a stacked q|k|v product");
 }
