@@ -5,7 +5,10 @@ cache it attends. Over the bandwidth the machine reads memory at, that gives the
 ``bandwidth_fraction`` = floor / measured step says how close a run came to it (1.0 = at the floor). The
 bandwidth comes from a short probe (the best of a few sums over a buffer far larger than the caches), run
 once per machine and cached under the converted-model cache root (``bandwidth.json``), keyed by the
-machine's description (CPU model and thread count, or the GPU's name) and torch's version.
+machine's description (CPU model and thread count, or the GPU's name) and torch's version. A run whose
+plain steps read their bytes faster than the cached figure (a probe taken on a busy moment of a shared
+machine) probes again and keeps the higher of the new probe and that rate: a fraction above 1 would only
+say that the probe was low.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ def probe_read_bandwidth(device: torch.device | str = "cpu", num_bytes: int | No
     return x.numel() * x.element_size() / best
 
 
-def read_bandwidth(device: torch.device | str = "cpu") -> float:
-    """This machine's read bandwidth in bytes/s: probed on first use, then read from the cache."""
+def read_bandwidth(device: torch.device | str = "cpu", at_least: float = 0.0) -> float:
+    """This machine's read bandwidth in bytes/s: probed on first use, then read from the cache. ``at_least``:
+    a rate this machine was seen to read at (a decode step's bytes over its time); a cached figure below it
+    is probed again, and the higher of the probe and ``at_least`` is kept."""
     from specdec.jobs import machine_description
     from specdec.loading import cache_root
 
@@ -59,9 +64,9 @@ def read_bandwidth(device: torch.device | str = "cpu") -> float:
         known = {}
     if not isinstance(known, dict):
         known = {}
-    if isinstance(known.get(key), (int, float)) and known[key] > 0:
+    if isinstance(known.get(key), (int, float)) and known[key] > 0 and known[key] >= at_least:
         return float(known[key])
-    bandwidth = probe_read_bandwidth(device)
+    bandwidth = max(probe_read_bandwidth(device), at_least)
     known[key] = bandwidth
     try:
         write_json(path, known)
@@ -86,7 +91,7 @@ def speed_of_light(model, context: float, batch: int, plain_step_s: float, verif
                    device: torch.device | str) -> dict[str, float]:
     """results.json's speed-of-light fields for a run whose plain and verify steps took these times."""
     num_bytes = step_bytes(model, context, batch)
-    bandwidth = read_bandwidth(device)
+    bandwidth = read_bandwidth(device, at_least=num_bytes / plain_step_s if plain_step_s > 0 else 0.0)
     floor = num_bytes / bandwidth
     return {
         "step_bytes": num_bytes,

@@ -42,3 +42,25 @@ def test_speed_of_light_fields(tmp_path, monkeypatch):
     assert out["bandwidth_fraction"] == pytest.approx(floor / 0.01)
     assert out["bandwidth_fraction_verify"] == pytest.approx(floor / 0.02)
     assert out["read_bandwidth_GBps"] == pytest.approx(1.0)
+
+
+def test_a_step_faster_than_the_cached_bandwidth_probes_again_and_keeps_the_higher(tmp_path, monkeypatch):
+    """A bandwidth cached from a busy moment (a plain step read its bytes faster than it allows) is probed
+    again; the higher of the probe and the step's rate is kept, so the plain fraction is at most 1."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    probes = iter([1e9, 2e9, 5e9])
+    monkeypatch.setattr(sol, "probe_read_bandwidth", lambda device: next(probes))
+    model = tiny_llama(layers=1)
+    num_bytes = sol.step_bytes(model, 4)
+    assert sol.read_bandwidth("cpu") == 1e9  # the first probe, cached
+    out = sol.speed_of_light(model, context=4, batch=1, plain_step_s=num_bytes / 3e9, verify_step_s=num_bytes / 2e9,
+                             device="cpu")  # the plain step read at 3 GB/s: the probe again says 2: 3 is kept
+    assert out["read_bandwidth_GBps"] == pytest.approx(3.0)
+    assert out["bandwidth_fraction"] == pytest.approx(1.0) and out["bandwidth_fraction_verify"] == pytest.approx(2 / 3)
+    assert sol.read_bandwidth("cpu") == pytest.approx(3e9)  # cached
+    out = sol.speed_of_light(model, context=4, batch=1, plain_step_s=num_bytes / 4e9, verify_step_s=num_bytes / 2e9,
+                             device="cpu")  # faster again: the probe now says 5
+    assert out["read_bandwidth_GBps"] == pytest.approx(5.0) and out["bandwidth_fraction"] == pytest.approx(0.8)
+    out = sol.speed_of_light(model, context=4, batch=1, plain_step_s=num_bytes / 1e9, verify_step_s=num_bytes / 1e9,
+                             device="cpu")  # slower: the cache stands (no probe left to take)
+    assert out["read_bandwidth_GBps"] == pytest.approx(5.0)
