@@ -30,7 +30,7 @@ from specdec.cache import KVCache
 from specdec.errors import CheckpointError
 from specdec.io import read_tensors, write_json
 from specdec.models import cpu_kernels
-from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product
+from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product, fusable_input
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
 SPECULATORS_VERSION = "0.9.0"
@@ -199,9 +199,8 @@ class EagleModel(nn.Module):
         """Whether a step (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
         decode step: :meth:`CompactLlama._fused_layers`): float32 on CPU, no autograd, not traced by
         torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the kernels built."""
-        return (x.device.type == "cpu" and x.dtype == self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
-                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1] and not torch.is_grad_enabled()
-                and not torch.compiler.is_compiling() and cpu_kernels.enabled())
+        return (fusable_input(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
+                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
 
     def _fused_step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
                     sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
