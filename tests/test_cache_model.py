@@ -1,5 +1,7 @@
 """The per-row static cache and the compact Llama forward: equal to HF's logits, O(1) rollback."""
 
+import inspect
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -9,6 +11,7 @@ from conftest import tiny_llama
 from specdec.data import left_pad
 from specdec.cache import KVCache
 from specdec.models import CompactLlama, HFDecoder, as_decoder
+from specdec.models.hf import cache_keyword
 from specdec.models import cpu_kernels
 from specdec.models import llama as llama_module
 
@@ -116,6 +119,22 @@ def test_generic_fallback_for_other_architectures():
     with pytest.raises(NotImplementedError, match="batch size 1 only"):
         autoregressive_generate(gpt2, ids.repeat(2, 1), attention_mask=torch.ones(2, 8, dtype=torch.long),
                                 max_new_tokens=4)
+
+
+def test_the_fallback_names_the_cache_as_the_model_s_forward_does():
+    # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns until removed).
+    class Renamed(torch.nn.Module):
+        def forward(self, input_ids, cache=None, position_ids=None, use_cache=None, output_hidden_states=None):
+            raise AssertionError("not called")
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, position_ids=None, **kwargs):
+            raise AssertionError("not called")
+
+    assert cache_keyword(Renamed()) == "cache"
+    assert cache_keyword(Before()) == "past_key_values"
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=16))
+    assert cache_keyword(gpt2) in inspect.signature(gpt2.forward).parameters
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ runs batch 1 only; the Llama family goes through :mod:`specdec.models.llama` ins
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,13 @@ class CroppedCache:
             self.inner.crop(-surplus)
 
 
+def cache_keyword(hf_model: nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` from transformers 5.24 on, ``past_key_values`` before
+    (5.24 still takes the old name, with a deprecation warning, until its removal)."""
+    parameters = inspect.signature(hf_model.forward).parameters
+    return "cache" if "cache" in parameters and "past_key_values" not in parameters else "past_key_values"
+
+
 class HFDecoder(nn.Module):
     """Any transformers causal LM behind the interface of :class:`specdec.models.llama.CompactLlama`."""
 
@@ -48,6 +56,7 @@ class HFDecoder(nn.Module):
         self.hidden_size = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 10**9)
         self.config = config
+        self.cache_keyword = cache_keyword(hf_model)
 
     @property
     def device(self) -> torch.device:
@@ -75,8 +84,8 @@ class HFDecoder(nn.Module):
         t = input_ids.shape[1]
         start = int(cache.lengths[0])
         positions = torch.arange(start, start + t, device=input_ids.device)[None]
-        out = self.model(input_ids=input_ids, past_key_values=cache.inner, position_ids=positions,
-                         use_cache=True, output_hidden_states=True)
+        out = self.model(input_ids=input_ids, position_ids=positions, use_cache=True, output_hidden_states=True,
+                         **{self.cache_keyword: cache.inner})
         # The forward appended T entries; the loop commits what it keeps (commit crops the rest).
         extra = (torch.cat([out.hidden_states[k] for k in capture], -1),) if capture else ()
         if last_only:
