@@ -66,10 +66,23 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` picks CUDA when available, else CPU; anything else goes to ``torch.device``."""
+    """``"auto"`` picks CUDA when available, else CPU; anything else goes to ``torch.device``. A device torch
+    does not know, or a CUDA device this machine (or this torch build) lacks, raises ValueError naming it."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"target.device={device!r} is not a device torch knows ({err}); use auto, cpu or cuda[:N]") \
+            from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count or (resolved.index is not None and resolved.index >= count):
+            why = (f"this torch ({torch.__version__}) was built without CUDA" if not count and torch.version.cuda is None
+                   else f"{count} CUDA device(s) visible")
+            raise ValueError(f"target.device={device!r} but {why}; use target.device=auto (CUDA when present, "
+                             "else CPU) or cpu")
+    return resolved
 
 
 def load_target(
@@ -89,7 +102,7 @@ def load_target(
     torch_device = resolve_device(device)
     if name_or_path.lower() in EMBEDDED_ALIASES:
         model, tokenizer = _load_pretrained(str(ensure_smollm2_cache()), torch_dtype)
-    elif _looks_like_path(name_or_path):
+    elif looks_like_path(name_or_path):
         directory = _check_local_dir(name_or_path)
         try:
             model, tokenizer = _load_pretrained(str(directory), torch_dtype)
@@ -132,7 +145,7 @@ def _load_pretrained(
 # --- local directories ---------------------------------------------------------------------------------
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """A hub id is ``name`` or ``org/name``; anything else that exists or reads as a path is a path."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id

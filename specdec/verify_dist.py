@@ -257,6 +257,10 @@ def verify_distribution(
         raise ValueError(f"joint_tokens ({joint_tokens}) cannot exceed the continuation length ({length})")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if sampling.temperature == 0:
+        raise ValueError("verify_dist tests a sampling distribution, so it needs sampling.temperature > 0 (got 0, "
+                         "greedy); under greedy decoding exactness is token identity with plain decoding, which "
+                         "`python -m specdec.run` checks on every prompt ('greedy outputs identical to plain decoding')")
     if detect_tv is not None and not 0.0 < detect_tv <= 1.0:
         raise ValueError(f"detect_tv (a TV distance) must lie in (0, 1], or be null to use samples_per_prompt; "
                          f"got {detect_tv!r}")

@@ -490,6 +490,9 @@ def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=65), target=target)
     with pytest.raises(ValueError, match="needs a distilled student's token counts"):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target", draft_vocab=8), target=target)
+    missing = tmp_path / "no-such-student"  # named as missing, not as a model without token counts
+    with pytest.raises(FileNotFoundError, match=f"drafter.model='{missing}': no such directory"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(missing), draft_vocab=8), target=target)
 
 
 def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair):

@@ -221,3 +221,17 @@ def test_two_processes_converting_at_once_both_succeed(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "_convert_gguf", lambda gguf, out: pytest.fail("must load the winner's copy"))
     model, _ = load_target("smollm2")
     assert model.config.vocab_size == 49152
+
+
+def test_a_device_that_is_not_there_is_named_with_what_to_use_instead(monkeypatch):
+    assert loading.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"target.device='tpu0' is not a device torch knows.*use auto, cpu"):
+        loading.resolve_device("tpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"target.device='cuda' but .*use target.device=auto"):
+        loading.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert loading.resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"target.device='cuda:1' but 1 CUDA device\(s\) visible"):
+        loading.resolve_device("cuda:1")

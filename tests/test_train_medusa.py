@@ -316,6 +316,26 @@ def test_magpie_fraction_out_of_range_is_refused(tiny_pair, tmp_path):
     assert not (tmp_path / "run" / "data.safetensors").exists()
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("optim.lr", -1.0, "optim.lr must be > 0, got -1.0"),
+    ("optim.epochs", 0, "optim.epochs must be an integer >= 1, got 0"),
+    ("optim.batch_size", 0, "optim.batch_size must be an integer >= 1"),
+    ("optim.weight_decay", -0.1, "optim.weight_decay must be >= 0"),
+    ("data.num_prompts", 0, "data.num_prompts must be an integer >= 1"),
+    ("data.val_fraction", 1.0, r"data.val_fraction must be in \[0, 1\)"),
+    ("save_every", 0, "save_every must be an integer >= 1"),
+    ("stop_after_steps", -1, "stop_after_steps must be null"),
+])
+def test_bad_training_values_are_refused_before_any_work(tiny_pair, tmp_path, field, value, message):
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run")
+    section, _, name = field.rpartition(".")
+    setattr(getattr(cfg, section) if section else cfg, name, value)
+    with pytest.raises(ValueError, match=message):
+        train(cfg, model, tokenizer)
+    assert not (tmp_path / "run").exists()
+
+
 def test_bad_export_dtype_is_refused_before_any_work(tiny_pair, tmp_path):
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "run")

@@ -239,6 +239,11 @@ def test_bugs_that_cannot_bias_are_refused(models):
         check(models, "draft_model", bug="temperature_ignored_by_draft")
     with pytest.raises(ValueError, match="greedy"):
         check(models, "draft_model", bug="recovered_from_target", temperature=0.0)
+
+
+def test_greedy_is_refused_with_the_check_that_applies(models):
+    with pytest.raises(ValueError, match=r"sampling.temperature > 0 \(got 0, greedy\).*specdec.run"):
+        check(models, "ngram", temperature=0.0)
     with pytest.raises(ValueError, match="unknown planted bug 'typo'.*recovered_from_target"):
         check(models, "draft_model", bug="typo")
 

@@ -24,6 +24,7 @@ zero outside those N tokens, which exact verification allows: such tokens are ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -99,7 +100,7 @@ class DraftModelDrafter(Drafter):
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
         from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, is_student_dir, load_student
-        from specdec.loading import check_same_vocab, load_target
+        from specdec.loading import check_same_vocab, load_target, looks_like_path
 
         student = cfg.model == DEFAULT_DRAFT or (cfg.model not in (None, "", "target") and is_student_dir(cfg.model))
         if student and cfg.num_layers is not None:
@@ -114,6 +115,12 @@ class DraftModelDrafter(Drafter):
             return cls(load_student(path, target), **cls._options(cfg, path))
         if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
             return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model))
+        if cfg.model not in (None, "", "target") and looks_like_path(cfg.model) \
+                and not Path(cfg.model).expanduser().is_dir():
+            raise FileNotFoundError(
+                f"drafter.model={cfg.model!r}: no such directory ({str(Path(cfg.model).expanduser().absolute())!r}); "
+                f"pass a student written by `python -m specdec.train method=draft_model`, a model directory written "
+                f"by save_pretrained, a hub id, {DEFAULT_DRAFT!r} (the shipped student) or 'target' (early exit)")
         if cfg.draft_vocab:
             raise ValueError(f"drafter.draft_vocab={cfg.draft_vocab} needs a distilled student's token counts; "
                              f"drafter.model={cfg.model!r} has none: set drafter.draft_vocab=0")

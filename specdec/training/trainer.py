@@ -26,6 +26,23 @@ def check_config(cfg: Any) -> None:
     export_dtype(cfg.export_dtype)
     if not 0.0 <= cfg.data.magpie_fraction <= 1.0:
         raise ValueError(f"data.magpie_fraction must be in [0, 1], got {cfg.data.magpie_fraction}")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
+    at_least = {"optim.epochs": 1, "optim.batch_size": 1, "optim.warmup_steps": 0, "data.num_prompts": 1,
+                "data.max_new_tokens": 1, "data.batch_size": 1, "data.text_seq_len": 2, "data.skip_first": 0,
+                "eval.limit_per_source": 1, "eval.max_new_tokens": 1, "save_every": 1, "log_every": 1}
+    for name, low in at_least.items():
+        section, _, field = name.rpartition(".")
+        value = getattr(getattr(cfg, section) if section else cfg, field)
+        if value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value}")
+    if not cfg.optim.lr > 0:
+        raise ValueError(f"optim.lr must be > 0, got {cfg.optim.lr}")
+    if cfg.optim.weight_decay < 0:
+        raise ValueError(f"optim.weight_decay must be >= 0, got {cfg.optim.weight_decay}")
+    if cfg.stop_after_steps is not None and cfg.stop_after_steps < 0:
+        raise ValueError(f"stop_after_steps must be null (train to the end) or >= 0 (0: build the data only), "
+                         f"got {cfg.stop_after_steps}")
 
 
 def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
