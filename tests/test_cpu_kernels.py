@@ -253,6 +253,34 @@ def test_fused_small_ops_match_torch(rows):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows, vocab, k", [(1, 8192, 4), (4, 8192, 4), (3, 37, 5), (2, 8, 8), (2, 1000, 20),
+                                            (1, 5, 1)])
+def test_top_log_softmax_is_torch_s_log_softmax_topk(rows, vocab, k):
+    """The drafter's top-k of log-softmax: the same indices as torch's (vector body, tail, k = V, k > 8) and
+    the values to float32 rounding; equal values give the smaller index first; the wrapper takes [..., V]
+    and falls back to torch's ops where the kernel does not apply (autograd)."""
+    torch.manual_seed(vocab + k)
+    logits = torch.randn(rows, vocab) * 4
+    logits[0, -1] = 30.0  # the largest at the last index (a tail's)
+    logits[-1, min(k, vocab - 2)] = 29.0  # and just past the first k
+    values, indices = cpu_kernels.module().top_log_softmax(logits, k)
+    top = logits.log_softmax(-1).topk(k)
+    assert torch.equal(indices, top.indices)
+    assert torch.allclose(values, top.values, atol=2e-6, rtol=1e-6)
+    ties = torch.zeros(2, vocab)
+    ties[:, vocab // 2:] = 1.0  # the larger values in the second half, all equal
+    expected = list(range(vocab // 2, vocab // 2 + min(k, vocab - vocab // 2)))
+    expected += list(range(k - len(expected)))
+    assert cpu_kernels.module().top_log_softmax(ties, k)[1].tolist() == [expected] * 2
+    batched = logits.view(rows, 1, vocab).expand(rows, 3, vocab)  # not contiguous: copied
+    wrapped = cpu_kernels.top_log_softmax(batched, k)
+    assert wrapped[1].shape == (rows, 3, k) and torch.equal(wrapped[1][:, 1], indices)
+    grad = logits.clone().requires_grad_()
+    values_grad, _ = cpu_kernels.top_log_softmax(grad, k)
+    assert values_grad.requires_grad  # torch's ops, differentiable
+
+
+@needs_kernel
 @torch.no_grad()
 @pytest.mark.parametrize("last_only", [False, True])
 def test_fused_forward_matches_the_unfused_one(kernel_restored, last_only):

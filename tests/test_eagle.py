@@ -166,6 +166,7 @@ def test_the_fused_draft_step_matches_the_torch_ops(target, kernels_restored):
         if update:
             model.layer.mlp.down_proj.weight.mul_(0.5)
             model.lm_head.weight.add_(0.25)
+            model.fc.weight.mul_(0.5)
         results = {}
         for on in (True, False):
             cpu_kernels.enable(on)
@@ -201,7 +202,7 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
             hidden = self.root
             for offset, step in enumerate(path):
                 positions = (start - cache.pad + offset)[:, None]
-                hidden = d.model.step(hidden[:, None], d.token_ids[self.index[step]][:, None], cache, positions)[:, 0]
+                hidden = d.model.step(hidden[:, None], d.token_ids[self.index[:, step]][:, None], cache, positions)[:, 0]
                 cache.commit(torch.ones_like(cache.lengths))
             assert torch.allclose(hidden, output, atol=1e-5, rtol=1e-5), (node, path)
             checked.append(len(path))

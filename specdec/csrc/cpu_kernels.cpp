@@ -498,6 +498,65 @@ torch::Tensor cache_attention(const torch::Tensor& q, const torch::Tensor& k, co
   return out;
 }
 
+// The k largest log-softmax values of each row of logits [R, V] and their indices, largest first (equal values:
+// the smaller index first): log_softmax(-1).topk(k) in three passes over a row (its max, its sum of exps
+// with attention.h's exp, 8 at a time, then the top k, 8 values compared with the k-th best at a time; a
+// value enters only above it). torch's topk over an 8192-token draft vocabulary costs ~40-70 us a row here.
+std::vector<torch::Tensor> top_log_softmax(const torch::Tensor& logits, int64_t k) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == at::kFloat,
+              "top_log_softmax: contiguous float32 [R, V]");
+  const int64_t R = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(k >= 1 && k <= V, "top_log_softmax: k must lie in [1, V]");
+  auto values = torch::empty({R, k}, logits.options());
+  auto indices = torch::empty({R, k}, logits.options().dtype(at::kLong));
+  const int64_t body = V - V % 8;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* x = logits.data_ptr<float>() + r * V;
+    float* top = values.data_ptr<float>() + r * k;
+    int64_t* at = indices.data_ptr<int64_t>() + r * k;
+    __m256 most8 = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < body; i += 8) most8 = _mm256_max_ps(most8, _mm256_loadu_ps(x + i));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, most8);
+    float most = -INFINITY;
+    for (const float v : lanes) most = std::max(most, v);
+    for (int64_t i = body; i < V; ++i) most = std::max(most, x[i]);
+    __m256 total8 = _mm256_setzero_ps();
+    const __m256 shift = _mm256_set1_ps(most);
+    for (int64_t i = 0; i < body; i += 8)
+      total8 = _mm256_add_ps(total8, avx2::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+    float total = hsum(total8);
+    for (int64_t i = body; i < V; ++i) total += std::exp(x[i] - most);
+    const float offset = most + std::log(total);
+    int64_t filled = 0;
+    auto offer = [&](int64_t i) {  // x[i] above the k-th best (or fewer than k so far): insert it in order
+      const float v = x[i];
+      int64_t j = filled < k ? filled++ : k - 1;
+      while (j > 0 && top[j - 1] < v) {
+        top[j] = top[j - 1];
+        at[j] = at[j - 1];
+        --j;
+      }
+      top[j] = v;
+      at[j] = i;
+    };
+    int64_t i = 0;
+    for (; i < std::min(k, V); ++i) offer(i);
+    for (; i < body && i % 8; ++i) if (x[i] > top[k - 1]) offer(i);
+    for (; i < body; i += 8) {
+      int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(top[k - 1]), _CMP_GT_OQ));
+      while (mask) {
+        const int lane = __builtin_ctz(mask);
+        mask &= mask - 1;
+        if (x[i + lane] > top[k - 1]) offer(i + lane);  // the bar may have risen within these 8
+      }
+    }
+    for (; i < V; ++i) if (x[i] > top[k - 1]) offer(i);
+    for (int64_t j = 0; j < k; ++j) top[j] -= offset;
+  }
+  return {values, indices};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("few_rows_linear", &few_rows_linear, "x·Wᵀ (+ b) for a few float32 rows (AVX2 + FMA or AVX-512)");
   m.def("panel_linear", &panel_linear, "x·Wᵀ (+ bias) with W packed in panels [ceil(n/32), K, 32]", py::arg("x"),
@@ -510,4 +569,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("keys"), py::arg("values"), py::arg("lengths"),
         py::arg("pad"), py::arg("tree_mask"), py::arg("recent") = 0);
   m.def("rope_qkv", &rope_qkv, "rotary embedding of q and k from a stacked q|k|v product");
+  m.def("top_log_softmax", &top_log_softmax, "the k largest log-softmax values of each row and their indices",
+        py::arg("logits"), py::arg("k"));
 }

@@ -39,6 +39,7 @@ from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagl
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.errors import VocabMismatchError
+from specdec.models import cpu_kernels
 from specdec.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
@@ -226,16 +227,17 @@ class EagleDrafter(Drafter):
 
 
 class _Growth:
-    """One step's EAGLE-2 tree, grown level by level (see the module docstring). Candidates are kept in
-    draw order: for each, its draft-vocabulary index [B], path log-confidence [B], parent candidate (-1 =
-    the root), level (0 = the root's children) and, in a sampled tree, the q [B, Dv] it was drawn from."""
+    """One step's EAGLE-2 tree, grown level by level (see the module docstring). Candidates are numbered in
+    draw order: column i of ``index`` [B, n] (draft-vocabulary ids) and ``logp`` [B, n] (path log-confidences)
+    is candidate i's, appended a level at a time; ``parent[i]`` (-1 = the root), ``level[i]`` (0 = the root's
+    children) and, in a sampled tree, ``q[i]`` [B, Dv], the law it was drawn from."""
 
     prune = True  # leave unexpanded the nodes with no selectable descendant (:meth:`open`)
 
     def __init__(self, drafter: EagleDrafter, state: DecodeState, sampled: bool):
         self.d, self.state, self.sampled = drafter, state, sampled
-        self.index: list[torch.Tensor] = []
-        self.logp: list[torch.Tensor] = []
+        self.index: torch.Tensor | None = None  # [B, n] long
+        self.logp: torch.Tensor | None = None  # [B, n]
         self.parent: list[int] = []
         self.level: list[int] = []
         self.q: list[torch.Tensor] = []
@@ -244,33 +246,31 @@ class _Growth:
 
     def children(self, hidden: torch.Tensor, parents: list[int], level: int) -> None:
         """Draft ``top_k`` children of each of ``parents`` (candidates; -1 = the root) from the draft layer's
-        outputs ``hidden`` [B, P, H] at those parents."""
+        outputs ``hidden`` [B, P, H] at those parents: P·top_k new candidates, parent by parent."""
         d = self.d
         logits = d.model.logits(hidden)  # [B, P, Dv]
-        base = [torch.zeros_like(logits[:, 0, 0]) if p < 0 else self.logp[p] for p in parents]
+        base = logits.new_zeros(logits.shape[0], 1) if parents == [-1] else self.logp[:, parents]  # [B, P]
         if self.sampled:
             q = d.draft_probs(logits, self.state)  # [B, P, Dv]
             logq = q.clamp(min=1e-30).log()
-            for j, p in enumerate(parents):
+            index, logp = [], []
+            for j in range(len(parents)):
                 law, drawn = q[:, j], []
                 for _ in range(d.top_k):
                     x = sample(law, self.state.generator)  # [B]
-                    self._add(x, base[j] + logq[:, j].gather(1, x[:, None])[:, 0], p, level, law)
+                    index.append(x)
+                    logp.append(base[:, j] + logq[:, j].gather(1, x[:, None])[:, 0])
+                    self.q.append(law)
                     drawn.append(x)
                     law = _without(q[:, j], torch.stack(drawn, 1))
-            return
-        top = logits.log_softmax(-1).topk(d.top_k, dim=-1)  # [B, P, top_k]
-        for j, p in enumerate(parents):
-            for r in range(d.top_k):
-                self._add(top.indices[:, j, r], base[j] + top.values[:, j, r], p, level, None)
-
-    def _add(self, index: torch.Tensor, logp: torch.Tensor, parent: int, level: int, q: torch.Tensor | None) -> None:
-        self.index.append(index)
-        self.logp.append(logp)
-        self.parent.append(parent)
-        self.level.append(level)
-        if q is not None:
-            self.q.append(q)
+            index, logp = torch.stack(index, 1), torch.stack(logp, 1)
+        else:
+            values, index = cpu_kernels.top_log_softmax(logits, d.top_k)  # [B, P, top_k]
+            index, logp = index.flatten(1), (base[..., None] + values).flatten(1)
+        self.parent += [p for p in parents for _ in range(d.top_k)]
+        self.level += [level] * (len(parents) * d.top_k)
+        self.index = index if self.index is None else torch.cat([self.index, index], 1)
+        self.logp = logp if self.logp is None else torch.cat([self.logp, logp], 1)
 
     def grow(self, hidden: torch.Tensor, k: int) -> None:  # hidden [B, H] at the newest committed position
         d = self.d
@@ -282,9 +282,9 @@ class _Growth:
                 frontier = self.open(frontier, k)
                 if not frontier:
                     break  # nothing below can be selected: the levels left are not drafted
-            confidence = torch.stack([self.logp[i] for i in frontier], 1).exp().mean(0)  # [n]: over the rows
+            confidence = self.logp[:, frontier].exp().mean(0)  # [n]: over the rows
             chosen = sorted(frontier[i] for i in confidence.topk(min(d.expand, len(frontier))).indices.tolist())
-            tokens = d.token_ids[torch.stack([self.index[i] for i in chosen], 1)]  # [B, E]
+            tokens = d.token_ids[self.index[:, chosen]]  # [B, E]
             inputs = torch.stack([hidden if self.parent[i] < 0 else self.output[self.parent[i]] for i in chosen], 1)
             tree = self.mask(chosen)
             for j, i in enumerate(chosen):
@@ -304,7 +304,7 @@ class _Growth:
             return frontier
         if k < 1:
             return []
-        confidence = torch.stack(self.logp, 1).exp().mean(0)  # [n]
+        confidence = self.logp.exp().mean(0)  # [n]
         bar = confidence.topk(k).values[-1] if confidence.numel() >= k else float("-inf")
         selectable = ((confidence >= self.d.min_confidence) & (confidence > bar)).tolist()  # one read of the device
         return [i for i in frontier if selectable[i]]
@@ -337,11 +337,11 @@ class _Growth:
         (sampled trees) or None. Fixed candidates: the k most confident (EAGLE-2's rerank; a child is never
         more confident than its parent, so parents come along), those reaching ``min_confidence`` only.
         Sampled: every candidate drawn. N may be 0 (a plain step)."""
-        n = len(self.index)
+        n = len(self.parent)
         if self.sampled:
             keep = [i for i in range(n) if self.level[i] < self.levels_fitting(k)]
         else:
-            confidence = torch.stack(self.logp, 1).exp().mean(0).tolist()  # [n]
+            confidence = self.logp.exp().mean(0).tolist()  # [n]
             best = [i for i in sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
                     if confidence[i] >= self.d.min_confidence]
             keep, kept = [], {-1}
@@ -350,9 +350,9 @@ class _Growth:
                     keep.append(i)
                     kept.add(i)
         if not keep:
-            return self.index[0][:, None][:, :0], (), None
+            return self.index[:, :0], (), None
         position = {i: j for j, i in enumerate(keep)}
         parents = tuple(position[self.parent[i]] if self.parent[i] >= 0 else -1 for i in keep)
-        tokens = self.d.token_ids[torch.stack([self.index[i] for i in keep], 1)]
+        tokens = self.d.token_ids[self.index[:, keep]]
         probs = torch.stack([self.q[i] for i in keep], 1) if self.sampled else None
         return tokens, parents, probs

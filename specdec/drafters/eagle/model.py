@@ -170,7 +170,11 @@ class EagleModel(nn.Module):
         return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
-        return _linear(features.to(self.fc.weight.dtype), self.fc)
+        features = features.to(self.fc.weight.dtype)
+        if self._fused(features):
+            rows = features.reshape(-1, features.shape[-1]).contiguous()
+            return _step_product(rows, self._layer_plan()["fc"]).view(*features.shape[:-1], -1)
+        return _linear(features, self.fc)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
         if self._fused(hidden):
@@ -237,7 +241,7 @@ class EagleModel(nn.Module):
                 "gate_up": built.group(mlp, "gate_proj", "up_proj"), "down": built.group(mlp, "down_proj"),
                 "input_norm": built.norm(layer, "input_layernorm"), "hidden_norm": built.norm(layer, "hidden_norm"),
                 "post_norm": built.norm(layer, "post_attention_layernorm"), "norm": built.norm(self, "norm"),
-                "lm_head": built.group(self, "lm_head")}
+                "lm_head": built.group(self, "lm_head"), "fc": built.group(self, "fc")}
         self._plan = (plan, built)
         return plan
 
