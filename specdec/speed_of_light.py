@@ -19,6 +19,7 @@ import time
 import torch
 
 from specdec.io import write_json
+from specdec.models.llama import streamed_bytes
 
 PROBE_BYTES = {"cpu": 512 * 2**20, "cuda": 2 * 2**30}  # far beyond the caches (last-level or L2)
 PROBE_REPEATS = 5
@@ -76,10 +77,12 @@ def read_bandwidth(device: torch.device | str = "cpu", at_least: float = 0.0) ->
 
 
 def step_bytes(model, context: float, batch: int = 1) -> float:
-    """Bytes one decode step reads: every parameter once (tied weights counted once) and the KV cache of
-    ``context`` positions in each of ``batch`` rows."""
+    """Bytes one decode step reads: every parameter once (tied weights counted once; a weight the CPU kernel
+    streams from float16 or coded panels, as those panels' bytes) and the KV cache of ``context`` positions in
+    each of ``batch`` rows."""
     params = {id(p): p for p in model.parameters()}.values()
-    weights = sum(p.numel() * p.element_size() for p in params)
+    streamed = streamed_bytes()
+    weights = sum(streamed.get(id(p), p.numel() * p.element_size()) for p in params)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     itemsize = next(iter(params)).element_size()

@@ -18,6 +18,23 @@ def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, heads: i
     return LlamaForCausalLM(config).eval()
 
 
+def coded_weight(shape: tuple[int, int], bits: int, seed: int = 0) -> torch.Tensor:
+    """Values as a GGUF model dequantised to float32 holds them: in each block of 32 along k, 4-bit codes with a
+    float16 scale and offset (Q4_1: the block's smallest value has code 0, its largest 15) or 8-bit codes with a
+    float16 scale (Q8_0: the largest magnitude has code ±127)."""
+    generator = torch.Generator().manual_seed(seed)
+    n, k = shape
+    scale = (torch.rand(n, k // 32, 1, generator=generator) * 0.02).half().float()
+    if bits == 4:
+        codes = torch.randint(0, 16, (n, k // 32, 32), generator=generator).float()
+        codes[..., 5], codes[..., 17] = 0, 15
+        offset = (-torch.rand(n, k // 32, 1, generator=generator) * 0.1).half().float()
+        return (scale * codes + offset).view(n, k)
+    codes = torch.randint(-127, 128, (n, k // 32, 32), generator=generator).float()
+    codes[..., 9] = -127
+    return (scale * codes).view(n, k)
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> LlamaForCausalLM:
     return tiny_llama(layers=3, seed=0)

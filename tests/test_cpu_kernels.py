@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_llama
+from conftest import coded_weight, tiny_llama
 
 from specdec.models import cpu_kernels, as_decoder
 from specdec.models import llama as llama_module
@@ -109,12 +109,100 @@ def test_the_forward_packs_float16_panels_only_for_weights_float16_holds_exactly
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 12, 13, 32])
+@pytest.mark.parametrize("shape", [(40, 64), (1001, 576), (64, 1536)])  # [N, K]: a tail in N
+def test_coded_panels_give_the_float32_bits_of_the_same_values(bits, rows, shape, isa):
+    """A weight held as 4- or 8-bit codes with per-block scales (what a dequantised GGUF model is) packs as
+    codes, 0.75 or 1.125 bytes a weight, and the product over them is bit for bit the float32 panels' one: the
+    kernel widens the codes to the very values, in registers for one group of rows, once per block for several."""
+    torch.manual_seed(rows)
+    weight = coded_weight(shape, bits, seed=rows)
+    x, bias = torch.randn(rows, shape[1]), torch.randn(shape[0])
+    panels = cpu_kernels.pack_codes(weight)
+    assert panels is not None and panels.dtype == (torch.uint8 if bits == 4 else torch.int8)
+    assert panels.numel() == -(-shape[0] // 32) * shape[1] * 32 * (0.75 if bits == 4 else 1.125)
+    assert torch.equal(cpu_kernels.panel_linear(x, panels, bias, shape[0]),
+                       cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), bias, shape[0]))
+
+
+@needs_kernel
+def test_only_weights_the_codes_give_back_exactly_are_packed_as_codes():
+    assert cpu_kernels.pack_codes(torch.randn(64, 64)) is None  # trained float32 values
+    assert cpu_kernels.pack_codes(coded_weight((64, 64), 4)[:, :40].contiguous()) is None  # K not whole blocks
+    for bits in (4, 8):
+        weight = coded_weight((64, 128), bits)
+        assert cpu_kernels.pack_codes(weight) is not None
+        weight[40, 100] = torch.nextafter(weight[40, 100], torch.tensor(1.0))  # one value one step off
+        assert cpu_kernels.pack_codes(weight) is None
+    constant = torch.zeros(32, 64)
+    constant[:, 32:] = 0.5  # blocks of one value: scale 0
+    assert torch.equal(cpu_kernels.panel_linear(torch.ones(2, 64), cpu_kernels.pack_codes(constant), None, 32),
+                       torch.full((2, 32), 16.0))
+
+
+@needs_kernel
+@torch.no_grad()
+def test_the_forward_streams_a_dequantised_model_as_its_codes(kernel_restored):
+    """A tiny Llama whose weights are 4-bit codes (the layers) and 8-bit codes (the LM head), as the embedded
+    SmolLM2 target's are: its products read coded panels, and its logits are bit for bit those over float32
+    panels, for a one-token step and a verification block."""
+    cpu_kernels.enable(True)
+    model = tiny_llama(layers=2, seed=4)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.copy_(coded_weight(tuple(module.weight.shape), 8 if name == "lm_head" else 4,
+                                              seed=len(name)))
+    decoder = as_decoder(model)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 4, 4, 6]])
+    before = llama_module._CODED_PANELS
+    logits = {}
+    try:
+        for coded in (True, False):
+            llama_module.use_coded_panels(coded)
+            kinds = {llama_module._cpu_group((layer,), torch.zeros(1, layer.in_features))[0].dtype
+                     for layer in (model.model.layers[0].mlp.down_proj, model.lm_head)}
+            assert kinds == ({torch.uint8, torch.int8} if coded else {torch.float32})
+            cache, steps = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long)), []
+            for start, end in ((0, 7), (7, 8), (8, 10)):  # a prefill, a one-token step, a verification block
+                steps += decoder(ids[:, start:end], cache)
+                cache.commit(torch.full((1,), end - start))
+            logits[coded] = steps
+            down_panels = decoder._layer_plan()[0][3][0][0]  # the fused forward's plan, rebuilt for each form
+            assert down_panels.dtype == (torch.uint8 if coded else torch.float32)
+    finally:
+        llama_module.use_coded_panels(before)
+    for coded_step, float_step in zip(logits[True], logits[False]):
+        assert torch.equal(coded_step, float_step)
+
+
+@needs_kernel
+def test_the_embedded_target_is_streamed_as_codes(real_target):
+    """SmolLM2-135M-Instruct ships as a Q4_1 GGUF (a Q8_0 embedding): dequantised, its layers' weights are
+    4-bit codes and its tied LM head 8-bit codes, exactly, so it streams ~96 MB a token instead of 538."""
+    model, _ = real_target
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        for weight, kind in ((torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                         layer.self_attn.v_proj.weight]), torch.uint8),
+                             (layer.mlp.down_proj.weight, torch.uint8), (model.lm_head.weight, torch.int8)):
+            panels = cpu_kernels.pack_codes(weight)
+            assert panels is not None and panels.dtype == kind
+            x = torch.randn(13, weight.shape[1])
+            assert torch.equal(cpu_kernels.panel_linear(x, panels, None, weight.shape[0]),
+                               cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), None, weight.shape[0]))
+
+
+@needs_kernel
 def test_panel_linear_refuses_a_mismatched_packing():
     weight, x = torch.randn(40, 24), torch.randn(3, 24)
     with pytest.raises(RuntimeError, match="panels"):
         cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), None, 80)  # 2 panels hold 64 outputs at most
     with pytest.raises(RuntimeError, match="panels"):
         cpu_kernels.panel_linear(torch.randn(3, 25), cpu_kernels.pack_panels(weight), None, 40)
+    coded = cpu_kernels.pack_codes(coded_weight((40, 64), 4))
+    with pytest.raises(RuntimeError, match="panels"):
+        cpu_kernels.panel_linear(torch.randn(3, 96), coded, None, 40)  # codes for K = 64
 
 
 @needs_kernel

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import coded_weight, tiny_llama
 
 from specdec import speed_of_light as sol
 
@@ -16,6 +16,26 @@ def test_step_bytes_counts_each_weight_once_and_the_kv_cache():
     cfg = model.config
     per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
     assert sol.step_bytes(model, context=10, batch=3) == weights + 30 * per_position
+
+
+@torch.no_grad()
+def test_step_bytes_counts_the_panels_a_weight_is_streamed_from():
+    """A weight the CPU kernel reads from coded panels counts as those panels' bytes (0.75 a weight for 4-bit
+    codes, 1.125 for 8-bit), the rest as their float32 bytes."""
+    from specdec.models import as_decoder, cpu_kernels
+
+    if not cpu_kernels.enabled():
+        pytest.skip("specdec's CPU kernel is not built here")
+    model = tiny_llama(layers=2, seed=0)
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    for name, module in linears.items():
+        module.weight.copy_(coded_weight(tuple(module.weight.shape), 8 if name == "lm_head" else 4, seed=len(name)))
+    decoder = as_decoder(model)
+    decoder(torch.tensor([[3, 4]]), decoder.new_cache(1, 8, torch.zeros(1, dtype=torch.long)))  # packs the panels
+    coded = {id(m.weight): m.weight.numel() * (1.125 if name == "lm_head" else 0.75) for name, m in linears.items()}
+    expected = sum(coded.get(id(p), p.numel() * 4) for p in model.parameters())
+    assert sol.step_bytes(model, context=0) == pytest.approx(expected)
+    assert expected < sum(p.numel() * 4 for p in model.parameters()) / 3
 
 
 def test_read_bandwidth_is_probed_once_per_machine_and_survives_a_corrupt_cache(tmp_path, monkeypatch):

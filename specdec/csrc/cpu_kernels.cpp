@@ -38,6 +38,14 @@ struct Vec {
   static type load_half(const uint16_t* p) {  // 8 float16 values, widened exactly (F16C)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // Outputs [first, first + 8) of a row of 4-bit codes (output j's in byte j % 16, high nibble from 16 on).
+  static type nibbles(const uint8_t* row, int first) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + first % 16)));
+    return _mm256_cvtepi32_ps(first >= 16 ? _mm256_srli_epi32(bytes, 4) : _mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+  }
+  static type bytes(const int8_t* p) {  // 8 signed 8-bit codes
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static void store(float* p, type v) { _mm256_storeu_ps(p, v); }
   static type broadcast(float s) { return _mm256_set1_ps(s); }
   static type fma(type a, type b, type acc) { return _mm256_fmadd_ps(a, b, acc); }
@@ -95,6 +103,14 @@ struct Vec {
   static type load(const float* p) { return _mm512_loadu_ps(p); }
   static type load_half(const uint16_t* p) {  // 16 float16 values, widened exactly
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Outputs [first, first + 16) of a row of 4-bit codes (output j's in byte j % 16, high nibble from 16 on).
+  static type nibbles(const uint8_t* row, int first) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + first % 16)));
+    return _mm512_cvtepi32_ps(first >= 16 ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+  }
+  static type bytes(const int8_t* p) {  // 16 signed 8-bit codes
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static void store(float* p, type v) { _mm512_storeu_ps(p, v); }
   static type broadcast(float s) { return _mm512_set1_ps(s); }
@@ -188,18 +204,23 @@ torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weigh
   return y;
 }
 
-// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) with W packed in panels [ceil(N/32), K, 32] (see panel_product.h),
-// float32 or float16 (half the bytes to stream; widened exactly, so the same sums as float32 panels of the same
-// values).
+// y [M, N] = x [M, K] · Wᵀ (+ bias [N]) with W packed in panels (see panel_product.h): float32 or float16 values
+// [ceil(N/32), K, 32] (float16: half the bytes to stream, widened exactly, so the same sums as float32 panels of
+// the same values), or codes [ceil(N/32), K/32, bytes a block]: uint8 4-bit codes with a scale and an offset
+// (Codes4, 768 bytes a block) or int8 8-bit codes with a scale (Codes8, 1152), the same sums again.
 torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, const c10::optional<torch::Tensor>& bias,
                            int64_t n) {
-  TORCH_CHECK(x.dim() == 2 && panels.dim() == 3 && panels.size(2) == avx2::PANEL && panels.size(1) == x.size(1) &&
-                  panels.size(0) == (n + avx2::PANEL - 1) / avx2::PANEL,
-              "panel_linear: x [M, K] and panels [ceil(", n, "/32), K, 32] expected, got ", x.sizes(), " and ",
-              panels.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && (panels.scalar_type() == at::kFloat || panels.scalar_type() == at::kHalf) &&
+  const auto kind = panels.scalar_type();
+  const bool codes = kind == at::kByte || kind == at::kChar;
+  const int64_t block = kind == at::kByte ? avx2::Codes4::BLOCK : avx2::Codes8::BLOCK;
+  TORCH_CHECK(x.dim() == 2 && panels.dim() == 3 && panels.size(0) == (n + avx2::PANEL - 1) / avx2::PANEL &&
+                  (codes ? x.size(1) % avx2::KC == 0 && panels.size(1) == x.size(1) / avx2::KC && panels.size(2) == block
+                         : panels.size(1) == x.size(1) && panels.size(2) == avx2::PANEL),
+              "panel_linear: x [M, K] and panels [ceil(", n, "/32), K, 32] (values) or [ceil(", n, "/32), K/32, ",
+              "768 (uint8) or 1152 (int8)] (codes) expected, got ", x.sizes(), " and ", panels.sizes(), " ", kind);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (codes || kind == at::kFloat || kind == at::kHalf) &&
                   x.device().is_cpu() && panels.device().is_cpu() && panels.is_contiguous(),
-              "panel_linear: float32 CPU x and float32 or float16 CPU panels, contiguous");
+              "panel_linear: float32 CPU x and float32, float16, uint8 or int8 CPU panels, contiguous");
   const auto X = x.contiguous();
   const int64_t M = X.size(0), K = X.size(1);
   const float* b = nullptr;
@@ -213,17 +234,31 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
   if (M == 0) return y;
   const float* x_data = X.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
-  if (panels.scalar_type() == at::kHalf) {
+  if (kind == at::kByte) {
+    const auto* w = panels.data_ptr<uint8_t>();
+    if (use_avx512) {
+      avx512::panel_product<12, avx512::Codes4>(w, x_data, b, y_data, M, K, n);
+    } else {
+      avx2::panel_product<3, avx2::Codes4>(w, x_data, b, y_data, M, K, n);
+    }
+  } else if (kind == at::kChar) {
+    const auto* w = panels.data_ptr<int8_t>();
+    if (use_avx512) {
+      avx512::panel_product<12, avx512::Codes8>(w, x_data, b, y_data, M, K, n);
+    } else {
+      avx2::panel_product<3, avx2::Codes8>(w, x_data, b, y_data, M, K, n);
+    }
+  } else if (kind == at::kHalf) {
     const auto* w = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::Half>());
     if (use_avx512) {
-      avx512::panel_product<12>(w, x_data, b, y_data, M, K, n);
+      avx512::panel_product<12, avx512::Values<uint16_t>>(w, x_data, b, y_data, M, K, n);
     } else {
-      avx2::panel_product<3>(w, x_data, b, y_data, M, K, n);
+      avx2::panel_product<3, avx2::Values<uint16_t>>(w, x_data, b, y_data, M, K, n);
     }
   } else if (use_avx512) {
-    avx512::panel_product<12>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
+    avx512::panel_product<12, avx512::Values<float>>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
   } else {
-    avx2::panel_product<3>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
+    avx2::panel_product<3, avx2::Values<float>>(panels.data_ptr<float>(), x_data, b, y_data, M, K, n);
   }
   return y;
 }

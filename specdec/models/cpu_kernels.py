@@ -9,7 +9,9 @@ few-row product streams each weight once at close to it (the linear layers of on
 weights packed in panels (:func:`pack_panels`, :func:`panel_linear`), which keeps 8-32 rows of a verification
 step 1.3-1.5x faster than the row-major :func:`few_rows_linear` (still used by Medusa's heads over the
 target's LM head); panels hold float16 where float16 holds the weight exactly (the drafters shipped in
-float16), half the bytes for the same bits. Its rows are bit-identical whatever the number of rows, and so
+float16), half the bytes for the same bits, and 4- or 8-bit codes with per-block scales where those hold it
+exactly (:func:`pack_codes`: a GGUF model dequantised to float32, like the embedded target; ~96 MB a token
+instead of 538 for SmolLM2-135M). Its rows are bit-identical whatever the number of rows, and so
 is each query's attention (``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps,
 2-3.5x the scalar loop it replaced): a verification step's logits for a position equal a plain decode
 step's there, bit for bit.
@@ -168,11 +170,91 @@ def exact_in_half(weight: torch.Tensor) -> bool:
         return bool(torch.equal(weight.detach().to(torch.float16).to(weight.dtype), weight.detach()))
 
 
+CODE_BLOCK = 32  # weights along k that share a scale (and offset) in coded panels (panel_product.h)
+
+
+def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
+    """weight [N, K] as coded panels, the fewest bytes that give every value back exactly, or None where it is
+    not such a weight. A GGUF model dequantised to float32 (the embedded SmolLM2 target: Q4_1 layers, a Q8_0
+    embedding) holds in each block of 32 weights along k either 4-bit codes, weight = scale · code + offset
+    (``uint8`` panels [ceil(N/32), K/32, 768]: scale and offset [32] float32, then 32 rows of 16 bytes, output
+    j's code in byte j % 16, low nibble below 16), or 8-bit codes, weight = scale · code (``int8`` panels
+    [ceil(N/32), K/32, 1152]: scale [32], then 32 rows of 32 codes), with the scale a float16 value. Those are
+    0.75 and 1.125 bytes a weight against float32's 4, and :func:`panel_linear` widens them to the very float32
+    values, so its sums are bit for bit those over float32 panels. The fit is checked on every weight (the
+    scale is a float16 value, so scale · code is exact and the kernel's one FMA rounds as multiply-then-add);
+    a weight it does not reproduce keeps float panels."""
+    n, k = weight.shape
+    if k % CODE_BLOCK or weight.dtype != torch.float32 or weight.numel() == 0:
+        return None
+    with torch.no_grad():
+        padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
+        blocks = padded.view(-1, PANEL, k // CODE_BLOCK, CODE_BLOCK)  # [P, output, block, k]
+        sample = blocks[:1, :, :4].reshape(-1, CODE_BLOCK)
+        if _fit_codes(sample, 4) is not None:
+            fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), 4)
+            if fit is not None:
+                return _coded_panels(blocks, *fit, bits=4)
+        if _fit_codes(sample, 8) is not None:
+            fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), 8)
+            if fit is not None:
+                return _coded_panels(blocks, *fit, bits=8)
+    return None
+
+
+def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(scale, offset, codes) with ``scale * codes + offset == blocks`` exactly for every row of ``blocks``
+    [R, 32] (4 bits: codes 0..15, offset the row's minimum; 8 bits: codes -127..127, offset 0), scale the
+    float16 value nearest the span over the largest code or one of its neighbours; None where a row fits none."""
+    if bits == 4:
+        offset = blocks.amin(-1, keepdim=True)
+        span, low, high = blocks.amax(-1, keepdim=True) - offset, 0, 15
+    else:
+        offset = torch.zeros_like(blocks[:, :1])
+        span, low, high = blocks.abs().amax(-1, keepdim=True), -127, 127
+    if not torch.isfinite(span).all() or span.max() > 15 * 65504.0:
+        return None
+    nearest = (span / high).to(torch.float16).view(torch.int16)
+    scale = torch.zeros_like(offset)
+    codes = torch.zeros_like(blocks)
+    done = torch.zeros(blocks.shape[0], dtype=torch.bool)
+    for step in (0, 1, -1, 2, -2):
+        todo = ~done
+        if not todo.any():
+            break
+        candidate = (nearest[todo] + step).view(torch.float16).float()  # a NaN or negative one fits no row
+        rows = blocks[todo]
+        divisor = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
+        guess = torch.round((rows - offset[todo]) / divisor).clamp(low, high)
+        fits = (candidate * guess + offset[todo] == rows).all(-1)
+        index = todo.nonzero().squeeze(1)[fits]
+        scale[index], codes[index] = candidate[fits], guess[fits]
+        done[index] = True
+    return (scale, offset, codes) if bool(done.all()) else None
+
+
+def _coded_panels(blocks: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, codes: torch.Tensor,
+                  bits: int) -> torch.Tensor:
+    """The fit of ``blocks`` [P, 32, B, 32] (panel, output, block, k) in the layout of :func:`pack_codes`."""
+    panels, _, count, _ = blocks.shape
+    scale = scale.view(panels, PANEL, count).transpose(1, 2).contiguous()  # [P, B, 32 outputs]
+    codes = codes.view(panels, PANEL, count, CODE_BLOCK).permute(0, 2, 3, 1)  # [P, B, k, 32 outputs]
+    parts = [scale.view(torch.uint8)]
+    if bits == 4:
+        parts.append(offset.view(panels, PANEL, count).transpose(1, 2).contiguous().view(torch.uint8))
+        nibbles = codes.to(torch.uint8)
+        parts.append((nibbles[..., :PANEL // 2] | (nibbles[..., PANEL // 2:] << 4)).reshape(panels, count, -1))
+        return torch.cat(parts, -1).contiguous()
+    parts.append(codes.to(torch.int8).reshape(panels, count, -1).view(torch.uint8))
+    return torch.cat(parts, -1).view(torch.int8).contiguous()
+
+
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
     """x [M, K] · weightᵀ (+ bias [N]) -> [M, N] with the weight from :func:`pack_panels` (float32 or float16
-    panels), x float32 on CPU: the product of the decode and verification steps (as fast as memory allows at
-    1 row, 1.3-1.5x the row-major kernel at 8-32 rows on a Skylake Xeon; rows bit-identical whatever their
-    number). Call only where :func:`enabled` is true."""
+    panels) or :func:`pack_codes`, x float32 on CPU: the product of the decode and verification steps (as fast
+    as memory allows at 1 row, 1.3-1.5x the row-major kernel at 8-32 rows on a Skylake Xeon; rows bit-identical
+    whatever their number, and whatever the panels' form for the same values). Call only where :func:`enabled`
+    is true."""
     return _module.panel_linear(x, panels, bias, n)
 
 

@@ -101,6 +101,39 @@ def use_half_panels(enabled: bool) -> None:
     _HALF_PANELS = bool(enabled)
 
 
+def use_coded_panels(enabled: bool) -> None:
+    """Let the kernel's panels hold a weight as 4- or 8-bit codes with per-block scales where those give every
+    value back exactly (the default: a GGUF model dequantised to float32, like the embedded SmolLM2 target,
+    streams 0.75-1.1 bytes a weight instead of 4, the same products bit for bit; see
+    ``cpu_kernels.pack_codes``), or not, e.g. to compare them. ``SPECDEC_CODED_PANELS=0`` in the environment
+    turns it off at import."""
+    global _CODED_PANELS
+    _CODED_PANELS = bool(enabled)
+
+
+def streamed_bytes() -> dict[int, float]:
+    """{id(weight): bytes} for the weights the kernel's products read from panels packed under the current
+    forms: each weight's share of its stacked panels (float16 panels and codes stream fewer bytes than the
+    float32 weight; see ``cpu_kernels.pack_codes``). What the speed of light counts for those weights."""
+    shares: dict[int, float] = {}
+    forms = (False, *_panel_forms())
+    for groups in list(_PACKED.values()):
+        for key, (held, _, panels, _) in list(groups.items()):
+            count = len(key) - len(forms)  # the key: the forms, then the stacked layers' ids
+            weights = [ref() for ref in held[:count]]
+            if key[:len(forms)] != forms or any(weight is None for weight in weights):
+                continue
+            total = sum(weight.numel() for weight in weights)
+            for weight in weights:
+                shares[id(weight)] = panels.numel() * panels.element_size() * weight.numel() / total
+    return shares
+
+
+def _panel_forms() -> tuple[bool, bool]:
+    """The panel forms allowed now (float16, codes): a plan packed under others is rebuilt."""
+    return _HALF_PANELS, _CODED_PANELS
+
+
 def _onednn_available() -> bool:
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
@@ -123,8 +156,9 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
     for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
     neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is packed in panels
-    for it (``cpu_kernels.pack_panels``; float16 panels where float16 holds the weight exactly and
-    :func:`use_half_panels` allows); else a oneDNN-packed copy. One product for
+    for it: as codes where they give the weight back exactly (``cpu_kernels.pack_codes``, where
+    :func:`use_coded_panels` allows), else ``cpu_kernels.pack_panels`` (float16 panels where float16 holds the
+    weight exactly and :func:`use_half_panels` allows); with the kernel off, a oneDNN-packed copy. One product for
     q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
     step for SmolLM2-135M."""
     weights = [layer.weight for layer in layers]
@@ -143,7 +177,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     groups = _PACKED.get(layers[0])
     if groups is None:
         groups = _PACKED[layers[0]] = {}
-    key = (packed, _HALF_PANELS, *(id(layer) for layer in layers))  # a copy per kind: switching to compare is free
+    key = (packed, _HALF_PANELS, _CODED_PANELS, *(id(layer) for layer in layers))  # a copy per kind, to compare
     entry = groups.get(key)
     if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
             ref() is not obj for ref, obj in zip(entry[0], held)):
@@ -151,8 +185,12 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
             stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
             bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
                                                    else torch.cat([b.detach() for b in biases]))
-            stacked = (torch.ops.mkldnn._reorder_linear_weight(stacked, None) if packed
-                       else cpu_kernels.pack_panels(stacked, half=_HALF_PANELS and cpu_kernels.exact_in_half(stacked)))
+            if packed:
+                stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+            else:
+                coded = cpu_kernels.pack_codes(stacked) if _CODED_PANELS else None
+                stacked = coded if coded is not None else cpu_kernels.pack_panels(
+                    stacked, half=_HALF_PANELS and cpu_kernels.exact_in_half(stacked))
             entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
         groups[key] = entry
     return entry[2], entry[3], packed
@@ -178,6 +216,7 @@ def _version(weight: torch.Tensor) -> int:
 
 _ONEDNN = os.environ.get("SPECDEC_ONEDNN", "1") != "0" and _onednn_available()
 _HALF_PANELS = os.environ.get("SPECDEC_HALF_PANELS", "1") != "0"
+_CODED_PANELS = os.environ.get("SPECDEC_CODED_PANELS", "1") != "0"
 
 
 def supports(model: nn.Module) -> bool:
@@ -388,11 +427,14 @@ class ProductPlan:
         self.tensors: list[torch.Tensor] = []  # the recorded parameters with an update counter, and its values
         self.versions: list[int] = []  # (an inference tensor has none: it cannot be updated outside inference mode)
         self.probe = torch.empty(1, 1, dtype=dtype)  # stands for the inputs in _cpu_group's checks
+        self.panels = _panel_forms()
 
     def current(self) -> bool:
-        """Whether every recorded object is still in place and no recorded tensor was updated in place (~100 us
-        for the target's 30 layers on a 2-core Skylake Xeon, once per forward)."""
-        return (all(map(operator.is_, map(operator.getitem, self.stores, self.names), self.objects))
+        """Whether every recorded object is still in place, no recorded tensor was updated in place and the panel
+        forms allowed are those the plan was packed with (~100 us for the target's 30 layers on a 2-core Skylake
+        Xeon, once per forward)."""
+        return (self.panels == _panel_forms()
+                and all(map(operator.is_, map(operator.getitem, self.stores, self.names), self.objects))
                 and [tensor._version for tensor in self.tensors] == self.versions)
 
     def hold(self, owner: nn.Module, *names: str) -> list:
