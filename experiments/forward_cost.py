@@ -1,14 +1,16 @@
 """What one target forward costs by the number of tokens it scores (not a test): the curve behind every
 tree-size choice, since a verification step of N nodes is an N-token forward.
 
-On CPU it compares the forward's three paths in one process, interleaved: torch's ops with MKL's W·xᵀ
+On CPU it compares the forward's paths in one process, interleaved: torch's ops with MKL's W·xᵀ
 (``use_onednn(False)``, specdec's kernels off), torch's ops with oneDNN's prepacked products (kernels off),
 and specdec's C++ CPU kernels (the default where they build: the few-row product and the fused small ops,
-``specdec.models.cpu_kernels``). Prints the median ms per forward for each token count, and the marginal cost
+``specdec.models.cpu_kernels``), over the weights' float32 values and over their 4/8-bit codes where they
+are codes (the default, ``target.coded_weights``; the embedded target's are). Prints the median ms per forward for each token count, and the marginal cost
 per extra token (the slope from 1 to the largest count).
 
     python experiments/forward_cost.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
     python experiments/forward_cost.py --tokens 1 8 16 --context 500
+    python experiments/forward_cost.py --kernels-only          # specdec's kernels, float32 values vs codes
 """
 
 from __future__ import annotations
@@ -42,15 +44,17 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200, help="tokens already in the cache")
     ap.add_argument("--reps", type=int, default=10, help="timed forwards per point and round")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median over rounds is kept)")
+    ap.add_argument("--kernels-only", action="store_true", help="leave out torch's ops (MKL, oneDNN)")
     args = ap.parse_args()
 
     model, _ = load_target(args.target)
     decoder = as_decoder(model)
-    paths = {"default": (True, True)}  # name -> (oneDNN on, specdec's kernels on)
+    paths = {"default": (True, True, True)}  # name -> (oneDNN on, specdec's kernels on, coded weights)
     if decoder.device.type == "cpu":
-        paths = {"mkl": (False, False), "onednn": (True, False)}
+        paths = {} if args.kernels_only else {"mkl": (False, False, True), "onednn": (True, False, True)}
         if cpu_kernels.enabled():
-            paths["specdec kernels"] = (True, True)
+            paths["specdec kernels, float32 weights"] = (True, True, False)
+            paths["specdec kernels, coded weights (default)"] = (True, True, True)
     cache = decoder.new_cache(1, args.context + max(args.tokens) + 8, torch.zeros(1, dtype=torch.long))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -58,9 +62,10 @@ def main() -> None:
         cache.commit(torch.tensor([args.context]))
         runs: dict[str, list[list[float]]] = {name: [] for name in paths}
         for _ in range(args.rounds):
-            for name, (onednn, kernels) in paths.items():
+            for name, (onednn, kernels, coded) in paths.items():
                 llama.use_onednn(onednn)
                 cpu_kernels.enable(kernels)
+                llama.use_coded_panels(coded)
                 row = []
                 for t in args.tokens:
                     ids = torch.randint(0, decoder.vocab_size, (1, t), generator=generator)
@@ -68,6 +73,7 @@ def main() -> None:
                 runs[name].append(row)
     llama.use_onednn(True)
     cpu_kernels.enable(True)
+    llama.use_coded_panels(True)
 
     print(f"{args.target}, {args.context} tokens of context, {machine_description()}")
     print("| path | " + " | ".join(f"{t} tok" for t in args.tokens) + " | ms per extra token |")

@@ -33,6 +33,10 @@ class TargetConfig:
     # How the target's forwards run: "auto" = replayed CUDA graphs on a GPU (specdec.models.GraphedDecoder),
     # eager on CPU; "none" = eager everywhere; "cuda_graphs" = graphs, and an error where there is no GPU.
     compile: str = "auto"
+    # CPU: stream weights that are 4- or 8-bit codes with per-block scales (a dequantised GGUF model, as the
+    # embedded default is) as those codes, 0.75-1.1 bytes a weight, the products bit for bit the same; false =
+    # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free)
+    coded_weights: bool = True
 
 
 @dataclass

@@ -30,6 +30,7 @@ from specdec.loading import load_target, resolve_device, stop_token_ids
 from specdec.metrics import DecodeStats, predicted_speedup
 from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
+from specdec.models.llama import use_coded_panels
 from specdec.sampling import SamplingParams
 from specdec.speed_of_light import speed_of_light
 
@@ -85,6 +86,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     prompt_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
+    use_coded_panels(cfg.target.coded_weights)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafter = build_drafter(cfg.drafter, target, tokenizer)
     decoder = target_decoder(target, cfg.target.compile)  # what the target's forwards run through

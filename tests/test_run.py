@@ -40,8 +40,9 @@ def test_every_config_composes(group):
 
 
 @pytest.mark.real_model
-def test_main_job_writes_results(tmp_path):
-    proc = run_job(*TINY, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+@pytest.mark.parametrize("coded", [True, False])
+def test_main_job_writes_results(tmp_path, coded):
+    proc = run_job(*TINY, f"target.coded_weights={coded}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "ok" and all(key in results for key in REQUIRED)
@@ -49,8 +50,8 @@ def test_main_job_writes_results(tmp_path):
     assert results["mean_accepted_length"] >= 1 and len(results["acceptance_per_position"]) == results["k"]
     assert "speedup" in proc.stdout and "predicted" in proc.stdout
     # SmolLM2 streamed as its codes where the CPU kernel runs (cpu_kernels.pack_codes): ~112 MB of panels a
-    # step; else float32's 538 MB
-    coded = cpu_kernels.enabled()
+    # step; else (or with target.coded_weights=false) float32's 538 MB
+    coded = coded and cpu_kernels.enabled()
     assert 0 < results["bandwidth_fraction"] and (100e6 < results["step_bytes"] < 130e6 if coded
                                                   else results["step_bytes"] > 500e6)
     assert "speed of light: a step reads" in proc.stdout

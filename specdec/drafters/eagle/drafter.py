@@ -72,7 +72,7 @@ class EagleDrafter(Drafter):
         # continuation
         # fixed-candidate trees: of the k most confident nodes keep those whose confidence (averaged over the
         # rows) reaches this (specdec.drafters.trees.dynamic); none = a plain step. 0 = always k nodes
-        min_confidence: float = 0.05
+        min_confidence: float = 0.2
 
     def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
