@@ -179,7 +179,7 @@ def test_the_forward_streams_a_dequantised_model_as_its_codes(kernel_restored):
 @needs_kernel
 def test_the_embedded_target_is_streamed_as_codes(real_target):
     """SmolLM2-135M-Instruct ships as a Q4_1 GGUF (a Q8_0 embedding): dequantised, its layers' weights are
-    4-bit codes and its tied LM head 8-bit codes, exactly, so it streams ~96 MB a token instead of 538."""
+    4-bit codes and its tied LM head 8-bit codes, exactly, so it streams ~112 MB a token instead of 538."""
     model, _ = real_target
     layer = model.model.layers[0]
     with torch.no_grad():

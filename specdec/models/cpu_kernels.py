@@ -10,7 +10,7 @@ weights packed in panels (:func:`pack_panels`, :func:`panel_linear`), which keep
 step 1.3-1.5x faster than the row-major :func:`few_rows_linear` (still used by Medusa's heads over the
 target's LM head); panels hold float16 where float16 holds the weight exactly (the drafters shipped in
 float16), half the bytes for the same bits, and 4- or 8-bit codes with per-block scales where those hold it
-exactly (:func:`pack_codes`: a GGUF model dequantised to float32, like the embedded target; ~96 MB a token
+exactly (:func:`pack_codes`: a GGUF model dequantised to float32, like the embedded target; ~112 MB a token
 instead of 538 for SmolLM2-135M). Its rows are bit-identical whatever the number of rows, and so
 is each query's attention (``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps,
 2-3.5x the scalar loop it replaced): a verification step's logits for a position equal a plain decode
