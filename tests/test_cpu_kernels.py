@@ -155,7 +155,7 @@ def test_the_forward_streams_a_dequantised_model_as_its_codes(kernel_restored):
                                               seed=len(name)))
     decoder = as_decoder(model)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 4, 4, 6]])
-    before = llama_module._CODED_PANELS
+    before = cpu_kernels.codes_allowed()
     logits = {}
     try:
         for coded in (True, False):
@@ -191,6 +191,31 @@ def test_the_embedded_target_is_streamed_as_codes(real_target):
             x = torch.randn(13, weight.shape[1])
             assert torch.equal(cpu_kernels.panel_linear(x, panels, None, weight.shape[0]),
                                cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), None, weight.shape[0]))
+
+
+@needs_kernel
+@torch.no_grad()
+def test_rows_product_reads_a_lasting_coded_weight_from_its_codes():
+    """Medusa's product over the target's LM-head rows: a weight that is codes is read from coded panels from
+    its second use on (a tensor made for one call is never packed), packed again after an in-place update, and
+    not at all when codes are not allowed."""
+    weight, x = coded_weight((64, 96), 8), torch.randn(3, 96)
+    before = cpu_kernels.codes_allowed()
+    try:
+        cpu_kernels.allow_codes(True)
+        for scale in (1.0, 2.0):
+            weight.mul_(scale)  # an in-place update: packed anew
+            assert torch.equal(cpu_kernels.rows_product(x, weight), cpu_kernels.few_rows_linear(x, weight, None))
+            assert torch.equal(cpu_kernels.rows_product(x, weight),
+                               cpu_kernels.panel_linear(x, cpu_kernels.pack_codes(weight), None, 64))
+            assert cpu_kernels._CODED_ROWS[id(weight)][2].dtype == torch.int8
+        cpu_kernels.allow_codes(False)
+        assert torch.equal(cpu_kernels.rows_product(x, weight), cpu_kernels.few_rows_linear(x, weight, None))
+        key = id(weight)
+        del weight
+        assert key not in cpu_kernels._CODED_ROWS  # forgotten with the weight
+    finally:
+        cpu_kernels.allow_codes(before)
 
 
 @needs_kernel

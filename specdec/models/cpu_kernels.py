@@ -30,6 +30,7 @@ import os
 import platform
 import shutil
 import sys
+import weakref
 import warnings
 from pathlib import Path
 
@@ -45,6 +46,9 @@ MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x a
 _module = None
 _state = "untried"  # "untried" | "loaded" | "off" (disabled, unsupported or failed to build)
 _enabled = os.environ.get("SPECDEC_CPU_KERNEL", "1") != "0"
+_codes_allowed = os.environ.get("SPECDEC_CODED_PANELS", "1") != "0"
+_CODED_ROWS: dict[int, tuple] = {}  # rows_product's coded panels: id(weight) -> (weakref, version, panels)
+_LATER = object()  # seen once: packed at the next use
 
 
 def supported() -> bool:
@@ -126,14 +130,51 @@ def module():
     return _module
 
 
+def allow_codes(allowed: bool) -> None:
+    """Whether weights that are codes (:func:`pack_codes`) are streamed as such (the default); see
+    ``specdec.models.llama.use_coded_panels``, which sets it."""
+    global _codes_allowed
+    _codes_allowed = bool(allowed)
+
+
+def codes_allowed() -> bool:
+    return _codes_allowed
+
+
 def rows_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] · weight [N, K]ᵀ through the kernel where it applies (float32 CPU tensors, no autograd, at most
-    ``MAX_ROWS`` rows, the kernel built), else None: for callers outside the compact forward (Medusa's heads)."""
+    ``MAX_ROWS`` rows, the kernel built), else None: for callers outside the compact forward (Medusa's heads,
+    over the target's LM-head rows). A weight that is codes is read from its coded panels (packed on first use
+    and again after an in-place update; the embedded target's LM-head rows: 3.5x fewer bytes), others through
+    the row-major product (which costs what float32 panels do at the 1-3 rows of a Medusa call)."""
     if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
             or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > MAX_ROWS
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not enabled()):
         return None
+    panels = _coded_rows(weight) if _codes_allowed else None
+    if panels is not None:
+        return _module.panel_linear(x.contiguous(), panels, None, weight.shape[0])
     return _module.few_rows_linear(x, weight.contiguous(), None)
+
+
+def _coded_rows(weight: torch.Tensor) -> torch.Tensor | None:
+    """:func:`pack_codes` of ``weight``, kept while the weight lives and is not updated in place; packed at
+    its second use (a tensor made for one call, e.g. rows sliced from an LM head anew each time, is not)."""
+    key = id(weight)
+    version = -1 if weight.is_inference() else weight._version
+    entry = _CODED_ROWS.get(key)
+    if entry is None or entry[0]() is not weight or entry[1] != version:
+        _CODED_ROWS[key] = (weakref.ref(weight, lambda ref: _forget(key, ref)), version, _LATER)
+        return None
+    if entry[2] is _LATER:
+        with torch.no_grad():
+            entry = _CODED_ROWS[key] = (entry[0], version, pack_codes(weight.detach().contiguous()))
+    return entry[2]
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    if key in _CODED_ROWS and _CODED_ROWS[key][0] is ref:
+        del _CODED_ROWS[key]
 
 
 def top_log_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -105,10 +105,9 @@ def use_coded_panels(enabled: bool) -> None:
     """Let the kernel's panels hold a weight as 4- or 8-bit codes with per-block scales where those give every
     value back exactly (the default: a GGUF model dequantised to float32, like the embedded SmolLM2 target,
     streams 0.75-1.1 bytes a weight instead of 4, the same products bit for bit; see
-    ``cpu_kernels.pack_codes``), or not, e.g. to compare them. ``SPECDEC_CODED_PANELS=0`` in the environment
-    turns it off at import."""
-    global _CODED_PANELS
-    _CODED_PANELS = bool(enabled)
+    ``cpu_kernels.pack_codes``; Medusa's heads read the target's LM-head rows likewise), or not, e.g. to
+    compare them. ``SPECDEC_CODED_PANELS=0`` in the environment turns it off at import."""
+    cpu_kernels.allow_codes(enabled)
 
 
 def streamed_bytes() -> dict[int, float]:
@@ -131,7 +130,7 @@ def streamed_bytes() -> dict[int, float]:
 
 def _panel_forms() -> tuple[bool, bool]:
     """The panel forms allowed now (float16, codes): a plan packed under others is rebuilt."""
-    return _HALF_PANELS, _CODED_PANELS
+    return _HALF_PANELS, cpu_kernels.codes_allowed()
 
 
 def _onednn_available() -> bool:
@@ -177,7 +176,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
     groups = _PACKED.get(layers[0])
     if groups is None:
         groups = _PACKED[layers[0]] = {}
-    key = (packed, _HALF_PANELS, _CODED_PANELS, *(id(layer) for layer in layers))  # a copy per kind, to compare
+    key = (packed, *_panel_forms(), *(id(layer) for layer in layers))  # a copy per kind, to compare
     entry = groups.get(key)
     if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
             ref() is not obj for ref, obj in zip(entry[0], held)):
@@ -188,7 +187,7 @@ def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Te
             if packed:
                 stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
             else:
-                coded = cpu_kernels.pack_codes(stacked) if _CODED_PANELS else None
+                coded = cpu_kernels.pack_codes(stacked) if cpu_kernels.codes_allowed() else None
                 stacked = coded if coded is not None else cpu_kernels.pack_panels(
                     stacked, half=_HALF_PANELS and cpu_kernels.exact_in_half(stacked))
             entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
@@ -216,7 +215,6 @@ def _version(weight: torch.Tensor) -> int:
 
 _ONEDNN = os.environ.get("SPECDEC_ONEDNN", "1") != "0" and _onednn_available()
 _HALF_PANELS = os.environ.get("SPECDEC_HALF_PANELS", "1") != "0"
-_CODED_PANELS = os.environ.get("SPECDEC_CODED_PANELS", "1") != "0"
 
 
 def supports(model: nn.Module) -> bool:
