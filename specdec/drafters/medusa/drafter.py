@@ -166,9 +166,9 @@ class MedusaDrafter(Drafter):
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
         # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed
-        # tree of k paths. 0.05 drops the paths the heads all but rule out (configs/drafter/medusa.yaml); on
-        # a GPU use 0 and a larger k.
-        min_confidence: float = 0.05
+        # tree of k paths. 0.4 keeps the paths worth a verified token's cost on a CPU (configs/drafter/medusa.yaml);
+        # on a GPU use 0 and a larger k.
+        min_confidence: float = 0.4
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
         # paths. 0 = none (needed for a chain, tree: null).
