@@ -141,6 +141,36 @@ def test_only_weights_the_codes_give_back_exactly_are_packed_as_codes():
                        torch.full((2, 32), 16.0))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rounded_weights_are_codes_within_half_a_step(bits):
+    """``round_to_codes`` (``drafter.weight_bits``) gives the nearest values :func:`pack_codes` takes back
+    exactly, each at most half its block's step from the trained value; codes stay codes."""
+    torch.manual_seed(bits)
+    weight = torch.randn(70, 96) * torch.rand(70, 1)
+    weight[3, 32:64] = 0.0  # a block of one value
+    rounded = cpu_kernels.round_to_codes(weight, bits)
+    assert rounded.shape == weight.shape and not torch.equal(rounded, weight)
+    blocks, trained = rounded.view(-1, 32), weight.view(-1, 32)
+    if bits == 4:
+        step = (trained.amax(-1) - trained.amin(-1)) / 15
+        assert torch.equal(blocks.amin(-1), trained.amin(-1))
+    else:
+        step = trained.abs().amax(-1) / 127
+    assert ((blocks - trained).abs().amax(-1) <= step * 0.5 * (1 + 2 ** -9) + 1e-12).all()
+    panels = cpu_kernels.pack_codes(rounded)
+    assert panels is not None and panels.dtype == (torch.uint8 if bits == 4 else torch.int8)
+    assert torch.equal(cpu_kernels.round_to_codes(rounded, bits), rounded)
+    coded = coded_weight((64, 64), bits)
+    assert torch.equal(cpu_kernels.round_to_codes(coded, bits), coded)
+
+
+def test_rounding_to_codes_names_what_it_cannot_do():
+    with pytest.raises(ValueError, match="4 or 8 bits, got 3"):
+        cpu_kernels.round_to_codes(torch.randn(4, 64), 3)
+    with pytest.raises(ValueError, match="multiple of 32, got 40"):
+        cpu_kernels.round_to_codes(torch.randn(4, 40), 8)
+
+
 @needs_kernel
 @torch.no_grad()
 def test_the_forward_streams_a_dequantised_model_as_its_codes(kernel_restored):

@@ -16,6 +16,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
 from specdec.drafters.student import export_hf, init_student, load_student, save_student
 from specdec.errors import CheckpointError, VocabMismatchError
+from specdec.models import cpu_kernels
 from specdec.training.distill.packing import pack
 from specdec.training.distill.store import Split
 from specdec.training.methods.draft_model.objective import (acceptance, chain_matches, divergence, packed_hidden,
@@ -247,6 +248,27 @@ def test_greedy_decoding_with_the_loaded_student_equals_plain_decoding(target, t
     assert out.sequences == ref.sequences
     with pytest.raises(ValueError, match="drafter.num_layers=1 does not apply to a distilled student"):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), num_layers=1), target=target)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_students_weights_rounded_to_codes_leave_the_target_and_the_output(target, tmp_path, bits):
+    """``drafter.weight_bits``: the student's own layers become codes; the target's embeddings and LM head,
+    stitched in and shared, stay as they are; greedy output equals plain decoding's. The early exit, whose
+    weights are the target's, refuses it."""
+    save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
+    before = {name: p.detach().clone() for name, p in target.named_parameters()}
+    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), weight_bits=bits),
+                                            target=target)
+    assert all(torch.equal(p, before[name]) for name, p in target.named_parameters())
+    own = [layer.weight for layer in drafter.decoder.layers.modules() if isinstance(layer, torch.nn.Linear)]
+    assert len(own) == 14 and all(cpu_kernels.pack_codes(w.detach()) is not None for w in own)
+    prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
+    mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+    ref = autoregressive_generate(target, prompts, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
+    out = speculative_generate(target, drafter, prompts, k=4, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
+    assert out.sequences == ref.sequences
+    with pytest.raises(ValueError, match=r"drafter.weight_bits=4 rounds the draft's own weights.*the target's"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target", weight_bits=4), target=target)
 
 
 def test_num_layers_cuts_the_target_only_by_default(target, monkeypatch):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import shipped_drafter_taus, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.base import round_weights
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _Growth, _without
 from specdec.errors import CheckpointError
@@ -51,6 +52,32 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert out.sequences == ref.sequences
     one = speculative_generate(target, drafter, PROMPTS[:1], k=7, max_new_tokens=24, eos_token_id=[])
     assert one.sequences == ref.sequences[:1]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_weights_rounded_to_codes_change_the_drafts_not_the_output(target, bits):
+    """``drafter.weight_bits``: the draft layer's, fc's and draft head's weights become codes (streamed as such
+    by the fused step where the kernels run), the target's shared embeddings stay, greedy output stays exact."""
+    ref = autoregressive_generate(target, PROMPTS, max_new_tokens=24, attention_mask=MASK, eos_token_id=[])
+    model = random_eagle(target, draft_vocab=40)
+    embed = target.get_input_embeddings().weight.detach().clone()
+    assert round_weights(model, bits, keep=(model.embed_weight,)) == 9  # fc, q k v o, gate up down, lm_head
+    assert torch.equal(target.get_input_embeddings().weight, embed)
+    for layer in (model.fc, model.lm_head, model.layer.mlp.down_proj):
+        assert cpu_kernels.pack_codes(layer.weight.detach()) is not None
+    if cpu_kernels.enabled() and cpu_kernels.codes_allowed():
+        with torch.no_grad():  # as when drafting
+            plan = model._layer_plan()
+        assert {plan[name][0][0].dtype for name in ("qkv", "gate_up", "down", "fc", "lm_head")} == \
+            {torch.uint8 if bits == 4 else torch.int8}
+    out = speculative_generate(target, EagleDrafter(model), PROMPTS, k=7, max_new_tokens=24, attention_mask=MASK,
+                               eos_token_id=[])
+    assert out.sequences == ref.sequences and out.stats.proposed_tokens > 0
+
+
+def test_bad_weight_bits_are_named(target):
+    with pytest.raises(ValueError, match=r"drafter.weight_bits must be 4, 8 or null.*got 3"):
+        round_weights(random_eagle(target), 3)
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 9])
@@ -457,7 +484,8 @@ def test_shipped_drafter_exists_lean_with_provenance():
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("cfg", [EagleDrafter.Config(k=5, tree=False), EagleDrafter.Config(),
-                                 EagleDrafter.Config(lookup=4)], ids=["chain", "default-tree", "tree-with-lookup"])
+                                 EagleDrafter.Config(lookup=4), EagleDrafter.Config(weight_bits=None)],
+                         ids=["chain", "default-tree", "tree-with-lookup", "trained-weights"])
 def test_shipped_drafter_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
     tau = shipped_drafter_taus(real_target, real_prompts, cfg)
     # a trained drafter is accepted (a random one gives ~1.0 as a chain); the default tree keeps only nodes of

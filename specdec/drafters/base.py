@@ -90,6 +90,32 @@ class Drafter(ABC):
         """Drop all per-generation state."""
 
 
+def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = ()) -> int:
+    """A drafter's ``drafter.weight_bits``: round the weight of every linear layer of ``module`` in place to the
+    nearest 8- or 4-bit codes per block of 32 inputs (``cpu_kernels.round_to_codes``), which the CPU kernels
+    then stream as codes (1.125 or 0.75 bytes a weight). Lossy for the drafts only: verification still checks
+    every draft against the target, so the output stays exact. ``None`` leaves the weights as they are.
+    Weights in ``keep`` (the target's, shared) and those whose input size is not a multiple of 32 stay.
+    Returns how many weights were rounded."""
+    from specdec.models import cpu_kernels
+
+    if bits is None:
+        return 0
+    if isinstance(bits, bool) or bits not in cpu_kernels.CODE_BITS:
+        raise ValueError(f"drafter.weight_bits must be 4, 8 or null (the weights as trained), got {bits!r}")
+    kept = {tensor.data_ptr() for tensor in keep}
+    rounded = 0
+    with torch.no_grad():
+        for layer in module.modules():
+            weight = getattr(layer, "weight", None) if isinstance(layer, torch.nn.Linear) else None
+            if (weight is None or weight.data_ptr() in kept or weight.dtype != torch.float32
+                    or weight.shape[1] % cpu_kernels.CODE_BLOCK):
+                continue
+            weight.copy_(cpu_kernels.round_to_codes(weight, bits))
+            rounded += 1
+    return rounded
+
+
 DRAFTERS: dict[str, type[Drafter]] = {}
 
 

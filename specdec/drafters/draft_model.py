@@ -23,6 +23,7 @@ zero outside those N tokens, which exact verification allows: such tokens are ne
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -30,10 +31,12 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
+
+log = logging.getLogger(__name__)
 
 
 EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
@@ -64,6 +67,9 @@ class DraftModelDrafter(Drafter):
         schedule: str = "constant"  # constant | heuristic (+2 drafts after a step that kept all, else -1; <= k)
         # Score only the N most frequent tokens of a distilled student's training data (0 = the whole vocabulary)
         draft_vocab: int = 0
+        # Round the draft's own decoder layers' weights (not the target's, shared) to 8- or 4-bit codes per block
+        # of 32, which the CPU kernels stream as codes (lossy for the drafts only; verification stays exact); null = as is
+        weight_bits: Optional[int] = None
 
     SCHEDULES = ("constant", "heuristic")
 
@@ -112,9 +118,9 @@ class DraftModelDrafter(Drafter):
                 raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: the shipped distilled draft model is missing "
                                         f"from {str(path)!r} (a broken install?); reinstall specdec, or train one with "
                                         f"`python -m specdec.train method=draft_model` and point drafter.model at it")
-            return cls(load_student(path, target), **cls._options(cfg, path))
+            return cls(load_student(path, target), **cls._options(cfg, path)).rounded(cfg.weight_bits, target)
         if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
-            return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model))
+            return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model)).rounded(cfg.weight_bits, target)
         if cfg.model not in (None, "", "target") and looks_like_path(cfg.model) \
                 and not Path(cfg.model).expanduser().is_dir():
             raise FileNotFoundError(
@@ -125,6 +131,9 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"drafter.draft_vocab={cfg.draft_vocab} needs a distilled student's token counts; "
                              f"drafter.model={cfg.model!r} has none: set drafter.draft_vocab=0")
         num_layers = cfg.num_layers
+        if cfg.model in (None, "", "target") and cfg.weight_bits is not None:
+            raise ValueError(f"drafter.weight_bits={cfg.weight_bits} rounds the draft's own weights; with "
+                             f"drafter.model={cfg.model!r} they are the target's: leave drafter.weight_bits null")
         if cfg.model in (None, "", "target"):
             model, draft_tokenizer = target, tokenizer
             if num_layers is None:
@@ -133,7 +142,16 @@ class DraftModelDrafter(Drafter):
             model, draft_tokenizer = load_target(cfg.model, dtype=target.dtype, device=target.device)
         if tokenizer is not None and draft_tokenizer is not None:
             check_same_vocab(tokenizer, draft_tokenizer)
-        return cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)
+        drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)
+        return drafter.rounded(cfg.weight_bits, target)
+
+    def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
+        """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;
+        the target's, shared, stay, and so does the LM head, the target's rows, codes already); itself."""
+        count = round_weights(getattr(self.decoder, "layers", self.decoder), bits, keep=tuple(target.parameters()))
+        if bits is not None:
+            log.info("draft model: %d weights rounded to %d-bit codes (drafter.weight_bits)", count, bits)
+        return self
 
     @staticmethod
     def _options(cfg, path) -> dict:

@@ -243,6 +243,37 @@ def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+CODE_BITS = (4, 8)
+
+
+def round_to_codes(weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """``weight`` [N, K] (K a multiple of 32) rounded, block of 32 along k by block, to the nearest values that
+    :func:`pack_codes` gives back exactly: 8 bits, ``scale · code`` with codes -127..127 (GGUF's Q8_0); 4 bits,
+    ``scale · code + offset`` with codes 0..15 and the block's minimum as offset (Q4_1's, with a float32
+    offset); the scale a float16 value. A float32 tensor of the same shape, the weight itself untouched. For a
+    drafter's own weights (``drafter.weight_bits``): lossy, so it changes the drafts only, never what
+    verification accepts. Each value moves by at most half its block's scale (the span over 15 or 254)."""
+    if bits not in CODE_BITS:
+        raise ValueError(f"weight codes have 4 or 8 bits, got {bits!r}")
+    n, k = weight.shape
+    if k % CODE_BLOCK:
+        raise ValueError(f"rounding to codes needs the input size to be a multiple of {CODE_BLOCK}, got {k}")
+    with torch.no_grad():
+        blocks = weight.detach().float().reshape(-1, CODE_BLOCK)
+        if bits == 4:
+            offset = blocks.amin(-1, keepdim=True)
+            span, low, high = blocks.amax(-1, keepdim=True) - offset, 0, 15
+        else:
+            offset = torch.zeros_like(blocks[:, :1])
+            span, low, high = blocks.abs().amax(-1, keepdim=True), -127, 127
+        scale = (span / high).to(torch.float16).float()
+        if not torch.isfinite(scale).all():
+            raise ValueError(f"a block of 32 weights spans {span.max().item():.3g}: beyond float16 scales")
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.round((blocks - offset) / divisor).clamp(low, high)
+        return (scale * codes + offset).view(n, k)
+
+
 def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(scale, offset, codes) with ``scale * codes + offset == blocks`` exactly for every row of ``blocks``
     [R, 32] (4 bits: codes 0..15, offset the row's minimum; 8 bits: codes -127..127, offset 0), scale the
