@@ -260,12 +260,7 @@ def round_to_codes(weight: torch.Tensor, bits: int) -> torch.Tensor:
         raise ValueError(f"rounding to codes needs the input size to be a multiple of {CODE_BLOCK}, got {k}")
     with torch.no_grad():
         blocks = weight.detach().float().reshape(-1, CODE_BLOCK)
-        if bits == 4:
-            offset = blocks.amin(-1, keepdim=True)
-            span, low, high = blocks.amax(-1, keepdim=True) - offset, 0, 15
-        else:
-            offset = torch.zeros_like(blocks[:, :1])
-            span, low, high = blocks.abs().amax(-1, keepdim=True), -127, 127
+        offset, span, low, high = _code_range(blocks, bits)
         scale = (span / high).to(torch.float16).float()
         if not torch.isfinite(scale).all():
             raise ValueError(f"a block of 32 weights spans {span.max().item():.3g}: beyond float16 scales")
@@ -274,16 +269,21 @@ def round_to_codes(weight: torch.Tensor, bits: int) -> torch.Tensor:
         return (scale * codes + offset).view(n, k)
 
 
+def _code_range(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(offset, span, lowest code, highest code) of each row of ``blocks`` [R, 32] for ``bits``-bit codes: 4 bits,
+    the row's minimum and max - min over codes 0..15 (Q4_1); 8 bits, 0 and the largest magnitude over -127..127
+    (Q8_0)."""
+    if bits == 4:
+        offset = blocks.amin(-1, keepdim=True)
+        return offset, blocks.amax(-1, keepdim=True) - offset, 0, 15
+    return torch.zeros_like(blocks[:, :1]), blocks.abs().amax(-1, keepdim=True), -127, 127
+
+
 def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """(scale, offset, codes) with ``scale * codes + offset == blocks`` exactly for every row of ``blocks``
     [R, 32] (4 bits: codes 0..15, offset the row's minimum; 8 bits: codes -127..127, offset 0), scale the
     float16 value nearest the span over the largest code or one of its neighbours; None where a row fits none."""
-    if bits == 4:
-        offset = blocks.amin(-1, keepdim=True)
-        span, low, high = blocks.amax(-1, keepdim=True) - offset, 0, 15
-    else:
-        offset = torch.zeros_like(blocks[:, :1])
-        span, low, high = blocks.abs().amax(-1, keepdim=True), -127, 127
+    offset, span, low, high = _code_range(blocks, bits)
     if not torch.isfinite(span).all() or span.max() > 15 * 65504.0:
         return None
     nearest = (span / high).to(torch.float16).view(torch.int16)
