@@ -68,7 +68,8 @@ class DraftModelDrafter(Drafter):
         # Score only the N most frequent tokens of a distilled student's training data (0 = the whole vocabulary)
         draft_vocab: int = 0
         # Round the draft's own decoder layers' weights (not the target's, shared) to 8- or 4-bit codes per block
-        # of 32, which the CPU kernels stream as codes (lossy for the drafts only; verification stays exact); null = as is
+        # of 32, which the CPU kernels stream as codes (lossy for the drafts only; verification stays exact);
+        # null = as is
         weight_bits: Optional[int] = None
 
     SCHEDULES = ("constant", "heuristic")
