@@ -57,6 +57,12 @@ static inline void widen_rows(const View& view, int64_t k0, float* out, int64_t 
   }
 }
 
+// The `bytes` of a coded block from `start` on, AHEAD bytes ahead.
+static inline void prefetch_block(const void* start, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(start) + AHEAD + line, _MM_HINT_T0);
+}
+
 // A block widened from codes (k rows from k0, in L1), read by every row group when there are several: the codes
 // are widened once per block, not once per group of MR input rows (at 16 rows, two groups, that took ~30% more
 // time than float32 panels). One group reads the codes directly (widening through memory cost 1 row ~1.6x).
@@ -84,14 +90,13 @@ struct Codes4 {
     const uint8_t* codes;  // of row k0
     int64_t k0;
     void prefetch(int64_t k) const {
-      if (k != k0) return;  // the whole block, at its first row
-      const char* start = reinterpret_cast<const char*>(scale);
-      for (int64_t line = 0; line < BLOCK; line += 64) _mm_prefetch(start + AHEAD + line, _MM_HINT_T0);
+      if (k == k0) prefetch_block(scale, BLOCK);  // the whole block, at its first row
     }
     typename Vec::type load(int64_t k, int v) const {
       const typename Vec::type code = Vec::nibbles(codes + (k - k0) * (PANEL / 2), v * Vec::lanes);
       return Vec::fma(Vec::load(scale + v * Vec::lanes), code, Vec::load(offset + v * Vec::lanes));
-    }    void widen(float* out, int64_t rows) const { widen_rows(*this, k0, out, rows); }
+    }
+    void widen(float* out, int64_t rows) const { widen_rows(*this, k0, out, rows); }
   };
   View block(int64_t k0) const {
     const uint8_t* start = w + (k0 / KC) * BLOCK;
@@ -113,13 +118,12 @@ struct Codes8 {
     const int8_t* codes;  // of row k0
     int64_t k0;
     void prefetch(int64_t k) const {
-      if (k != k0) return;
-      const char* start = reinterpret_cast<const char*>(scale);
-      for (int64_t line = 0; line < BLOCK; line += 64) _mm_prefetch(start + AHEAD + line, _MM_HINT_T0);
+      if (k == k0) prefetch_block(scale, BLOCK);  // the whole block, at its first row
     }
     typename Vec::type load(int64_t k, int v) const {
       return Vec::mul(Vec::load(scale + v * Vec::lanes), Vec::bytes(codes + (k - k0) * PANEL + v * Vec::lanes));
-    }    void widen(float* out, int64_t rows) const { widen_rows(*this, k0, out, rows); }
+    }
+    void widen(float* out, int64_t rows) const { widen_rows(*this, k0, out, rows); }
   };
   View block(int64_t k0) const {
     const int8_t* start = w + (k0 / KC) * BLOCK;

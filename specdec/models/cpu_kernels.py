@@ -144,8 +144,8 @@ def codes_allowed() -> bool:
 def rows_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """x [M, K] · weight [N, K]ᵀ through the kernel where it applies (float32 CPU tensors, no autograd, at most
     ``MAX_ROWS`` rows, the kernel built), else None: for callers outside the compact forward (Medusa's heads,
-    over the target's LM-head rows). A weight that is codes is read from its coded panels (packed on first use
-    and again after an in-place update; the embedded target's LM-head rows: 3.5x fewer bytes), others through
+    over the target's LM-head rows). A weight that is codes is read from its coded panels (packed at its second
+    use and again after an in-place update; the embedded target's LM-head rows: 3.5x fewer bytes), others through
     the row-major product (which costs what float32 panels do at the 1-3 rows of a Medusa call)."""
     if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
             or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > MAX_ROWS
@@ -212,6 +212,7 @@ def exact_in_half(weight: torch.Tensor) -> bool:
 
 
 CODE_BLOCK = 32  # weights along k that share a scale (and offset) in coded panels (panel_product.h)
+CODE_BITS = (4, 8)  # the codes' widths panel_product.h reads
 
 
 def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
@@ -232,18 +233,11 @@ def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
         padded = torch.nn.functional.pad(weight.detach(), (0, 0, 0, -n % PANEL))
         blocks = padded.view(-1, PANEL, k // CODE_BLOCK, CODE_BLOCK)  # [P, output, block, k]
         sample = blocks[:1, :, :4].reshape(-1, CODE_BLOCK)
-        if _fit_codes(sample, 4) is not None:
-            fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), 4)
+        for bits in CODE_BITS:  # the fewest bits first; a sample first, the whole weight only where it fits
+            fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), bits) if _fit_codes(sample, bits) is not None else None
             if fit is not None:
-                return _coded_panels(blocks, *fit, bits=4)
-        if _fit_codes(sample, 8) is not None:
-            fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), 8)
-            if fit is not None:
-                return _coded_panels(blocks, *fit, bits=8)
+                return _coded_panels(blocks, *fit, bits=bits)
     return None
-
-
-CODE_BITS = (4, 8)
 
 
 def round_to_codes(weight: torch.Tensor, bits: int) -> torch.Tensor:
