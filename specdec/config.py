@@ -31,7 +31,8 @@ class TargetConfig:
     device: str = "auto"  # "auto" = cuda when available, else cpu
     max_context: int = 2048  # slots in the static KV cache (prompt + new tokens + lookahead)
     # How the target's forwards run: "auto" = replayed CUDA graphs on a GPU (specdec.models.GraphedDecoder),
-    # eager on CPU; "none" = eager everywhere; "cuda_graphs" = graphs, and an error where there is no GPU.
+    # eager on CPU; "none" = eager everywhere; "cuda_graphs" = graphs, and an error where there is no GPU;
+    # "compiled_graphs" = graphs of torch.compile'd forwards (a GPU's fastest step, ~9 s of compiling per shape).
     compile: str = "auto"
     # CPU: stream weights that are 4- or 8-bit codes with per-block scales (a dequantised GGUF model, as the
     # embedded default is) as those codes, 0.75-1.1 bytes a weight, the products bit for bit the same; false =

@@ -102,3 +102,58 @@ def test_target_compile_auto_replays_graphs_on_cuda():
     model = tiny_llama(layers=1).cuda()
     assert isinstance(target_decoder(model, "auto"), GraphedDecoder)
     assert not isinstance(target_decoder(model, "none"), GraphedDecoder)
+
+
+def test_compiled_graphs_give_the_eager_outputs_and_compile_each_shape_once():
+    """target.compile=compiled_graphs: each captured forward compiled by torch.compile first. Greedy plain and
+    n-gram outputs equal the eager ones (fp32, batch 3) while acceptance varies step by step; every captured
+    shape is compiled exactly once, and generating again compiles and captures nothing."""
+    from torch._dynamo.utils import counters
+
+    from specdec.models import target_decoder
+
+    model = tiny_llama(layers=2, seed=0).cuda()
+    graphed = target_decoder(model, "compiled_graphs")
+    assert isinstance(graphed, GraphedDecoder) and graphed.compile
+    ids, mask = (t.cuda() for t in left_pad(PROMPTS))
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+    ref = autoregressive_generate(model, ids, **kwargs).sequences
+    before = counters["stats"]["unique_graphs"]
+    for _ in range(2):
+        assert autoregressive_generate(graphed, ids, **kwargs).sequences == ref
+        out = speculative_generate(graphed, NgramDrafter(), ids, k=4, **kwargs)
+        assert out.sequences == ref
+        if _ == 0:
+            compiled, captures = counters["stats"]["unique_graphs"] - before, graphed.captures
+    assert out.stats.mean_accepted_length > 1.0  # some drafts accepted, so the widths varied
+    assert 1 < captures == compiled  # one compilation per captured shape, none per step
+    assert graphed.captures == captures and counters["stats"]["unique_graphs"] - before == compiled
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["exact", "planted-no-renormalisation"])
+def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
+    """T=1 on CUDA through the graphed target: a Medusa tree over the bigram Llama of test_medusa, 800 rows x 8
+    tokens. The tokens pass the exactness test against the target's own conditionals; with the planted sampler
+    bug (a rejected sibling's residual not renormalised) the same test rejects."""
+    import numpy as np
+
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.sampling import logits_to_probs
+    from specdec.stats import exactness_test
+    from test_medusa import PATHS, NoRenormalisation, make_markov_target, markov_heads, random_prompts
+
+    target = make_markov_target().cuda()
+    graphed = _graphed(target)
+    drafter = MedusaDrafter(markov_heads().cuda(), target.lm_head.weight, PATHS, 0.0)
+    ids = random_prompts(800, torch.Generator().manual_seed(1)).cuda()
+    new = 8
+    out = speculative_generate(graphed, drafter, ids, attention_mask=torch.ones_like(ids), k=len(PATHS),
+                               max_new_tokens=new, temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
+                               eos_token_id=[], rule=NoRenormalisation() if planted else None)
+    assert graphed.replays > 0 and out.stats.mean_accepted_length > 1.3
+    seqs = torch.cat([ids, torch.tensor(out.sequences, device="cuda")], 1)
+    with torch.no_grad():
+        probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1].float(), 1.0)
+    verdict = exactness_test(probs.reshape(-1, probs.shape[-1]).cpu().numpy(), seqs[:, ids.shape[1]:].reshape(-1).cpu().numpy(),
+                             rng=np.random.default_rng(0), alpha=0.01, positions=np.tile(np.arange(new), len(ids)))
+    assert verdict.reject == planted, verdict

@@ -27,8 +27,8 @@ def test_graphed_decoder_wraps_the_compact_decoder_only():
 
 
 def test_target_compile_modes():
-    """target.compile: auto and none run eagerly on CPU; cuda_graphs without a GPU, or a mode that does not
-    exist, fail naming the value and what to set."""
+    """target.compile: auto and none run eagerly on CPU; cuda_graphs or compiled_graphs without a GPU, or a mode
+    that does not exist, fail naming the value and what to set."""
     from specdec.models import CompactLlama, target_decoder
 
     model = tiny_llama(layers=1)
@@ -36,5 +36,7 @@ def test_target_compile_modes():
     assert type(target_decoder(model, "none")) is CompactLlama
     with pytest.raises(ValueError, match="target.compile=cuda_graphs needs .* CUDA device.*target.device=cuda"):
         target_decoder(model, "cuda_graphs")
+    with pytest.raises(ValueError, match="target.compile=compiled_graphs needs .* CUDA device.*target.device=cuda"):
+        target_decoder(model, "compiled_graphs")
     with pytest.raises(ValueError, match="target.compile='graphs' is not a mode.*auto"):
         target_decoder(model, "graphs")
