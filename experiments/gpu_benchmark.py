@@ -11,6 +11,7 @@ floor is those bytes over the GPU's read bandwidth, measured here by a short pro
 ``bandwidth_fraction`` = floor / measured target step (plain step, or verify step: it reads the same bytes). Writes ``gpu_<source>.json`` / ``.md`` to --out.
 
     python experiments/gpu_benchmark.py --prompts 24 --new 128
+    python experiments/gpu_benchmark.py --prompts 16 --new 128 --compile --skip eagle   # the slowest left out
     python experiments/gpu_benchmark.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
     python experiments/gpu_benchmark.py --prompt-file prompts.json                  # on a GPU machine without datasets
 """
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--batch", type=int, default=8, help="the batched comparison's batch size (0: skip it)")
     ap.add_argument("--compile", action="store_true", help="also run plain decoding with torch.compile + graphs")
+    ap.add_argument("--skip", nargs="*", default=[], metavar="WORD",
+                    help="leave out the speculative methods whose name holds one of these words (eagle, medusa, ...)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
     ap.add_argument("--out", default="benchmarks")
@@ -75,8 +78,8 @@ def main() -> None:
             graphed[name] = GraphedDecoder(eager, compile=compiled)
         return graphed[name]
 
-    eagle = EagleDrafter.from_config(EagleDrafter.Config(), target=model)
-    medusa = MedusaDrafter.from_config(MedusaDrafter.Config(), target=model)
+    eagle = None if "eagle" in args.skip else EagleDrafter.from_config(EagleDrafter.Config(), target=model)
+    medusa = None if "medusa" in args.skip else MedusaDrafter.from_config(MedusaDrafter.Config(), target=model)
     methods = {  # name -> (target, drafter or None, k)
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
@@ -87,6 +90,8 @@ def main() -> None:
     }
     if args.compile:
         methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)
+    methods = {name: spec for name, spec in methods.items()
+               if name.startswith("plain") or not any(word in name for word in args.skip)}
     by_name = {}
 
     def run(spec, k, ids, mask=None):
@@ -128,7 +133,7 @@ def main() -> None:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in
-                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs")}
+                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs") if name in methods}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)
         totals = dict.fromkeys(batched, 0.0)
