@@ -157,3 +157,24 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
     verdict = exactness_test(probs.reshape(-1, probs.shape[-1]).cpu().numpy(), seqs[:, ids.shape[1]:].reshape(-1).cpu().numpy(),
                              rng=np.random.default_rng(0), alpha=0.01, positions=np.tile(np.arange(new), len(ids)))
     assert verdict.reject == planted, verdict
+
+
+def test_distillation_answers_replay_cuda_graphs_and_equal_the_eager_ones(monkeypatch):
+    """On a GPU the target answers the self-distillation prompts through CUDA graphs (one wrapper for every
+    batch, batches of different sizes and lengths): the answers and recorded hidden states are the eager
+    decoder's."""
+    import specdec.models
+    from specdec.training.distill.answers import answer_sequences
+
+    model = tiny_llama(layers=2, seed=0).cuda()
+    prompts = PROMPTS + [[7, 8, 9, 10], [3] * 20]
+    used = []
+    graphed_decoder = specdec.models.target_decoder
+    monkeypatch.setattr(specdec.models, "target_decoder", lambda m: used.append(graphed_decoder(m)) or used[-1])
+    graphed = answer_sequences(model, prompts, max_new_tokens=12, batch_size=2, pad_id=0)
+    assert isinstance(used[0], GraphedDecoder) and used[0].replays > 0
+    monkeypatch.setattr(specdec.models, "target_decoder", lambda m: as_decoder(m))
+    eager = answer_sequences(model, prompts, max_new_tokens=12, batch_size=2, pad_id=0)
+    for a, b in zip(graphed, eager):
+        assert torch.equal(a.tokens, b.tokens)
+        torch.testing.assert_close(a.hidden, b.hidden)

@@ -30,3 +30,37 @@ def test_stored_layers_and_topk_line_up_with_the_answers(tiny_pair, tmp_path):
     stored = load_splits(tmp_path / "data.safetensors")
     assert all(torch.equal(stored[n].features, s.features) and torch.equal(stored[n].topk_ids, s.topk_ids)
                for n, s in splits.items())
+
+
+def test_a_store_built_from_prompt_files_equals_the_generated_one(tiny_pair, tmp_path):
+    """data.prompts_file and file held-out sources (written by python -m specdec.training.distill.prompts, for a
+    machine without the corpora): the same prompts, answers and split names as the store built from the
+    corpora; a changed file is a changed configuration; too few prompts or a missing file are refused."""
+    import pytest
+
+    from specdec.training.distill.prompts import main
+    from specdec.training.trainer import check_config
+
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "built")
+    built = load_or_build(cfg, model, tokenizer, DataNeeds(), tmp_path / "built.safetensors")
+    files = tmp_path / "files"
+    main(["--num", "6", "--out", str(files / "prompts.jsonl"), "--held-out", str(files)])
+    cfg = tiny_config(tmp_path / "read")
+    cfg.data.prompts_file = str(files / "prompts.jsonl")
+    cfg.eval.answer_sources = [str(files / "mtbench.jsonl"), str(files / "humaneval.jsonl")]
+    cfg.eval.text_sources = [str(files / "wikipedia.jsonl")]
+    check_config(cfg)
+    read = load_or_build(cfg, model, tokenizer, DataNeeds(), tmp_path / "read.safetensors")
+    assert read.keys() == built.keys()
+    for name, split in built.items():
+        assert torch.equal(read[name].context, split.context) and torch.equal(read[name].tokens, split.tokens), name
+    (files / "prompts.jsonl").write_text((files / "prompts.jsonl").read_text().replace("a", "b", 1))
+    with pytest.raises(ValueError, match="built with another configuration"):
+        load_or_build(cfg, model, tokenizer, DataNeeds(), tmp_path / "read.safetensors")
+    cfg.data.num_prompts = 7
+    with pytest.raises(ValueError, match=r"holds 6 prompts, fewer than data.num_prompts=7"):
+        load_or_build(cfg, model, tokenizer, DataNeeds(), tmp_path / "more.safetensors")
+    cfg.data.prompts_file = str(files / "missing.jsonl")
+    with pytest.raises(ValueError, match="data.prompts_file=.*missing.jsonl.* is not a file.*--num 7"):
+        check_config(cfg)

@@ -20,6 +20,9 @@ from specdec.training.methods import METHODS, MethodConfig
 class DistillDataConfig:
     mode: str = "self_distill"  # "self_distill" (the target's greedy answers to prompts) or "text" (a corpus)
     num_prompts: int = 640  # self_distill: instruction prompts answered by the target
+    # self_distill: answer the first num_prompts rows of this JSONL file (rows as prompts.jsonl: text, kind, ...)
+    # instead of generating them, e.g. on a machine without the corpora (python -m specdec.training.distill.prompts)
+    prompts_file: str | None = None
     magpie_fraction: float = 0.0  # self_distill: share of those prompts written by the target itself (Magpie)
     max_new_tokens: int = 96  # self_distill: answer length
     batch_size: int = 64  # sequences per target forward while building the data

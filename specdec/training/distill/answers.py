@@ -49,13 +49,14 @@ class HiddenRecorder(Drafter):
 
 @torch.no_grad()
 def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, pad_id: int, eos: set[int],
-                  ) -> tuple[torch.Tensor, list[list[int]]]:  # ids, mask [B, T] -> hidden [B, steps, H], answers
+                  decoder=None) -> tuple[torch.Tensor, list[list[int]]]:  # ids, mask [B, T] -> hidden [B, steps, H], answers
+    """``decoder``: the target's compact decoder to run (a :class:`~specdec.models.GraphedDecoder` on a GPU),
+    None where it has none (transformers' ``generate`` then)."""
     from specdec import speculative_generate
-    from specdec.models import supports
 
-    if supports(target):
+    if decoder is not None:
         recorder = HiddenRecorder()
-        result = speculative_generate(target, recorder, ids, k=1, max_new_tokens=max_new_tokens,
+        result = speculative_generate(decoder, recorder, ids, k=1, max_new_tokens=max_new_tokens,
                                       attention_mask=mask, eos_token_id=sorted(eos) or None)
         return torch.stack(recorder.hidden, 1), result.sequences
     result = target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
@@ -70,15 +71,19 @@ def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batc
     """The target's greedy answers to ``prompts``, one :class:`Sequence` per prompt (EOS included), in the
     prompts' order; ``layers``: hidden-state indices (0 = embeddings, as transformers counts) to record too;
     ``context``: record them (and the final hidden state) at the prompt's positions as well."""
+    from specdec.models import supports, target_decoder
+
     device = target.device
     eos = set(stop_token_ids(target))  # the model's own stop tokens (not the tokenizer's <|endoftext|>)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     out: dict[int, Sequence] = {}
+    # the compact decoder, on a GPU replaying CUDA graphs (one wrapper: its cache and graphs serve every batch)
+    decoder = target_decoder(target) if supports(target) else None
     started = time.perf_counter()
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
         ids, mask = left_pad([prompts[i] for i in chunk], pad_id, device)
-        hidden, answers = _answer_batch(target, ids, mask, max_new_tokens, pad_id, eos)
+        hidden, answers = _answer_batch(target, ids, mask, max_new_tokens, pad_id, eos, decoder)
         for row, i in enumerate(chunk):
             answer = answers[row]
             n = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))

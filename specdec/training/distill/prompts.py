@@ -196,3 +196,52 @@ def benchmark_ngrams(n: int = 8) -> set[tuple[str, ...]]:
     from specdec.data import load_prompts
 
     return {g for source in ("mtbench", "humaneval") for row in load_prompts(source) for g in _ngrams(row["text"], n)}
+
+
+def write_prompt_files(out: str | Path, num: int, seed: int = 0, skip_first: int = 16,
+                       held_out: str | Path | None = None) -> list[Path]:
+    """Write ``num`` of :func:`instruction_prompts` as JSONL (``data.prompts_file``) and, with ``held_out``, the
+    held-out sets there: ``mtbench.jsonl`` and ``humaneval.jsonl`` (every prompt; ``eval.answer_sources``) and
+    ``wikipedia.jsonl`` (the corpus's first ``skip_first`` rows; ``eval.text_sources``). A training run on a
+    machine without the corpora's packages (a GPU machine, say) reads them instead. Returns the paths."""
+    import json
+
+    from specdec.data import load_prompts
+    from specdec.io import write_text
+
+    def lines(rows) -> str:
+        return "".join(json.dumps(dict(row)) + "\n" for row in rows)
+
+    written = [write_text(out, lines(instruction_prompts(num, skip_first, seed)))]
+    if held_out is not None:
+        folder = Path(held_out)
+        folder.mkdir(parents=True, exist_ok=True)
+        for source in ("mtbench", "humaneval"):
+            written.append(write_text(folder / f"{source}.jsonl", lines(load_prompts(source))))
+        written.append(write_text(folder / "wikipedia.jsonl", lines(list(load_prompts("wikipedia", seed=0))[:skip_first])))
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m specdec.training.distill.prompts",
+        description="Write self-distillation prompts as JSONL for data.prompts_file (and, with --held-out, the "
+                    "held-out sets for eval.answer_sources / eval.text_sources): a training run on a machine "
+                    "without the corpora reads them instead.")
+    ap.add_argument("--num", type=int, required=True, help="prompts to write (data.num_prompts reads the first ones)")
+    ap.add_argument("--out", required=True, help="the JSONL file to write")
+    ap.add_argument("--seed", type=int, default=0, help="as the training run's seed (default 0)")
+    ap.add_argument("--skip-first", type=int, default=16, help="as data.skip_first (default 16)")
+    ap.add_argument("--held-out", default=None, metavar="DIR",
+                    help="also write mtbench.jsonl, humaneval.jsonl and wikipedia.jsonl there")
+    args = ap.parse_args(argv)
+    if args.num < 1 or args.skip_first < 0:
+        ap.error(f"--num must be >= 1 and --skip-first >= 0, got {args.num} and {args.skip_first}")
+    for path in write_prompt_files(args.out, args.num, args.seed, args.skip_first, args.held_out):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

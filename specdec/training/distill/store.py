@@ -12,6 +12,7 @@ or configuration is refused with what to do, never silently reused or overwritte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -68,9 +69,20 @@ class Split:
 
 
 def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
-    """What the stored data depends on: the target, the seed, the data and held-out settings, the needs."""
+    """What the stored data depends on: the target, the seed, the data and held-out settings (a prompts file's
+    content too), the needs."""
+    prompts_file = getattr(cfg.data, "prompts_file", None)
+    content = hashlib.sha256(Path(prompts_file).read_bytes()).hexdigest() if prompts_file else None
     return json.dumps({"target": cfg.target.name, "seed": cfg.seed, "data": vars(cfg.data), "eval": vars(cfg.eval),
-                       "needs": asdict(needs)}, sort_keys=True, default=list)
+                       "needs": asdict(needs), "prompts_sha256": content}, sort_keys=True, default=list)
+
+
+def split_name(kind: str, source: str) -> str:
+    """The held-out split of ``source`` (``answers_mtbench``, ``text_wikipedia``); a file source by its stem
+    (``mtbench.jsonl`` -> ``answers_mtbench``), since the stored tensors' names end at the first dot."""
+    if source.endswith((".jsonl", ".json")):
+        source = Path(source).stem
+    return f"{kind}_{source}"
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
@@ -89,7 +101,9 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
     if data.mode != "self_distill":
         raise ValueError(f"data.mode must be 'self_distill' or 'text', got {data.mode!r}")
     num_magpie = round(data.num_prompts * data.magpie_fraction)
-    rows = instruction_prompts(data.num_prompts - num_magpie, data.skip_first, cfg.seed)
+    prompts_file = getattr(data, "prompts_file", None)
+    rows = (file_prompts(prompts_file, data.num_prompts) if prompts_file
+            else instruction_prompts(data.num_prompts - num_magpie, data.skip_first, cfg.seed))
     if num_magpie:
         rows += magpie_prompts(target, tokenizer, num_magpie, cfg.seed, data.batch_size)
         log.info("the target wrote %d prompts, e.g. %r", num_magpie, rows[-1]["text"][:200])
@@ -98,6 +112,19 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
                             data.batch_size, pad_id, needs.layers, needs.context)
+
+
+def file_prompts(path: str, num: int) -> list[dict[str, str]]:
+    """The first ``num`` prompt rows of the JSONL file ``path`` (``data.prompts_file``); an error naming both
+    counts where it holds fewer."""
+    from specdec.data import load_prompts
+
+    rows = [dict(row) for row in load_prompts(path, limit=num)]
+    if len(rows) < num:
+        raise ValueError(f"data.prompts_file={path!r} holds {len(rows)} prompts, fewer than data.num_prompts={num}; "
+                         f"lower data.num_prompts or write more with python -m specdec.training.distill.prompts "
+                         f"--num {num} --out {path}")
+    return rows
 
 
 def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None = None,
@@ -113,11 +140,11 @@ def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Pa
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for source in cfg.eval.answer_sources:
         rows = load_prompts(source, limit=cfg.eval.limit_per_source)
-        splits[f"answers_{source}"] = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows],
+        splits[split_name("answers", source)] = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows],
                                                        cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers, needs.context)
     for source in cfg.eval.text_sources:
         texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
-        splits[f"text_{source}"] = text_sequences(target, texts, data.text_seq_len, needs.layers, needs.context)
+        splits[split_name("text", source)] = text_sequences(target, texts, data.text_seq_len, needs.layers, needs.context)
     out = {name: Split.of(split) for name, split in splits.items()}
     if needs.topk:
         for split in out.values():
