@@ -154,8 +154,9 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
     seqs = torch.cat([ids, torch.tensor(out.sequences, device="cuda")], 1)
     with torch.no_grad():
         probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1].float(), 1.0)
-    verdict = exactness_test(probs.reshape(-1, probs.shape[-1]).cpu().numpy(), seqs[:, ids.shape[1]:].reshape(-1).cpu().numpy(),
-                             rng=np.random.default_rng(0), alpha=0.01, positions=np.tile(np.arange(new), len(ids)))
+    tokens = seqs[:, ids.shape[1]:].reshape(-1).cpu().numpy()
+    verdict = exactness_test(probs.reshape(-1, probs.shape[-1]).cpu().numpy(), tokens, rng=np.random.default_rng(0),
+                             alpha=0.01, positions=np.tile(np.arange(new), len(ids)))
     assert verdict.reject == planted, verdict
 
 

@@ -1,12 +1,16 @@
 """The self-distillation store on a tiny model: what a method asks for beyond the final hidden states
-(other layers' hidden states, the target's top-k distribution) lines up with the answers."""
+(other layers' hidden states, the target's top-k distribution) lines up with the answers; a store built from
+prompt files is the one built from the corpora."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_train_medusa import tiny_config, tiny_pair  # noqa: F401  (tiny_pair: a fixture)
 
-from specdec.training.distill.store import DataNeeds, load_or_build, load_splits
+from specdec.training.distill.prompts import main as write_prompts
+from specdec.training.distill.store import DataNeeds, _fingerprint, load_or_build, load_splits
+from specdec.training.trainer import check_config
 
 
 def test_stored_layers_and_topk_line_up_with_the_answers(tiny_pair, tmp_path):
@@ -36,16 +40,12 @@ def test_a_store_built_from_prompt_files_equals_the_generated_one(tiny_pair, tmp
     """data.prompts_file and file held-out sources (written by python -m specdec.training.distill.prompts, for a
     machine without the corpora): the same prompts, answers and split names as the store built from the
     corpora; a changed file is a changed configuration; too few prompts or a missing file are refused."""
-    import pytest
-
-    from specdec.training.distill.prompts import main
-    from specdec.training.trainer import check_config
-
     model, tokenizer = tiny_pair
     cfg = tiny_config(tmp_path / "built")
+    assert "prompts_file" not in _fingerprint(cfg, DataNeeds())  # stores built before the option are still read
     built = load_or_build(cfg, model, tokenizer, DataNeeds(), tmp_path / "built.safetensors")
     files = tmp_path / "files"
-    main(["--num", "6", "--out", str(files / "prompts.jsonl"), "--held-out", str(files)])
+    write_prompts(["--num", "6", "--out", str(files / "prompts.jsonl"), "--held-out", str(files)])
     cfg = tiny_config(tmp_path / "read")
     cfg.data.prompts_file = str(files / "prompts.jsonl")
     cfg.eval.answer_sources = [str(files / "mtbench.jsonl"), str(files / "humaneval.jsonl")]

@@ -31,9 +31,9 @@ def check_config(cfg: Any) -> None:
             raise ValueError(f"data.prompts_file={cfg.data.prompts_file!r} is not a file; write one with python -m "
                              f"specdec.training.distill.prompts --num {cfg.data.num_prompts} --out prompts.jsonl")
         if cfg.data.mode != "self_distill" or cfg.data.magpie_fraction:
-            raise ValueError(f"data.prompts_file replaces the generated prompts of data.mode=self_distill; got data.mode="
-                             f"{cfg.data.mode!r}, data.magpie_fraction={cfg.data.magpie_fraction} (set them to "
-                             f"self_distill and 0, or data.prompts_file=null)")
+            raise ValueError(f"data.prompts_file replaces the generated prompts of data.mode=self_distill; got "
+                             f"data.mode={cfg.data.mode!r}, data.magpie_fraction={cfg.data.magpie_fraction} (set "
+                             f"them to self_distill and 0, or data.prompts_file=null)")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ValueError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     at_least = {"optim.epochs": 1, "optim.batch_size": 1, "optim.warmup_steps": 0, "data.num_prompts": 1,

@@ -49,9 +49,10 @@ class HiddenRecorder(Drafter):
 
 @torch.no_grad()
 def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, pad_id: int, eos: set[int],
-                  decoder=None) -> tuple[torch.Tensor, list[list[int]]]:  # ids, mask [B, T] -> hidden [B, steps, H], answers
-    """``decoder``: the target's compact decoder to run (a :class:`~specdec.models.GraphedDecoder` on a GPU),
-    None where it has none (transformers' ``generate`` then)."""
+                  decoder=None) -> tuple[torch.Tensor, list[list[int]]]:
+    """ids, mask [B, T] -> the recorded hidden states [B, steps, H] and the answers. ``decoder``: the target's
+    compact decoder to run (a :class:`~specdec.models.GraphedDecoder` on a GPU), None where it has none
+    (transformers' ``generate`` then)."""
     from specdec import speculative_generate
 
     if decoder is not None:

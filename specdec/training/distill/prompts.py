@@ -218,7 +218,8 @@ def write_prompt_files(out: str | Path, num: int, seed: int = 0, skip_first: int
         folder.mkdir(parents=True, exist_ok=True)
         for source in ("mtbench", "humaneval"):
             written.append(write_text(folder / f"{source}.jsonl", lines(load_prompts(source))))
-        written.append(write_text(folder / "wikipedia.jsonl", lines(list(load_prompts("wikipedia", seed=0))[:skip_first])))
+        first_rows = list(load_prompts("wikipedia", seed=0))[:skip_first]
+        written.append(write_text(folder / "wikipedia.jsonl", lines(first_rows)))
     return written
 
 

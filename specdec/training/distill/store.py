@@ -70,11 +70,15 @@ class Split:
 
 def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
     """What the stored data depends on: the target, the seed, the data and held-out settings (a prompts file's
-    content too), the needs."""
-    prompts_file = getattr(cfg.data, "prompts_file", None)
-    content = hashlib.sha256(Path(prompts_file).read_bytes()).hexdigest() if prompts_file else None
-    return json.dumps({"target": cfg.target.name, "seed": cfg.seed, "data": vars(cfg.data), "eval": vars(cfg.eval),
-                       "needs": asdict(needs), "prompts_sha256": content}, sort_keys=True, default=list)
+    content too), the needs. Without a prompts file it is what it was before that option existed, so stores
+    built then are still read."""
+    data = dict(vars(cfg.data))
+    found = {"target": cfg.target.name, "seed": cfg.seed, "data": data, "eval": vars(cfg.eval), "needs": asdict(needs)}
+    if data.get("prompts_file") is None:
+        data.pop("prompts_file", None)
+    else:
+        found["prompts_sha256"] = hashlib.sha256(Path(data["prompts_file"]).read_bytes()).hexdigest()
+    return json.dumps(found, sort_keys=True, default=list)
 
 
 def split_name(kind: str, source: str) -> str:
@@ -101,8 +105,7 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
     if data.mode != "self_distill":
         raise ValueError(f"data.mode must be 'self_distill' or 'text', got {data.mode!r}")
     num_magpie = round(data.num_prompts * data.magpie_fraction)
-    prompts_file = getattr(data, "prompts_file", None)
-    rows = (file_prompts(prompts_file, data.num_prompts) if prompts_file
+    rows = (file_prompts(data.prompts_file, data.num_prompts) if data.prompts_file
             else instruction_prompts(data.num_prompts - num_magpie, data.skip_first, cfg.seed))
     if num_magpie:
         rows += magpie_prompts(target, tokenizer, num_magpie, cfg.seed, data.batch_size)
@@ -144,7 +147,8 @@ def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Pa
                                                        cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers, needs.context)
     for source in cfg.eval.text_sources:
         texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
-        splits[split_name("text", source)] = text_sequences(target, texts, data.text_seq_len, needs.layers, needs.context)
+        splits[split_name("text", source)] = text_sequences(target, texts, data.text_seq_len, needs.layers,
+                                                            needs.context)
     out = {name: Split.of(split) for name, split in splits.items()}
     if needs.topk:
         for split in out.values():
