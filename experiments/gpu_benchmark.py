@@ -46,6 +46,31 @@ def prompt_ids(args, tokenizer) -> list[list[int]]:
     return [encode_prompt(tokenizer, row) for row in rows]
 
 
+def write_report(args, device: torch.device, num_prompts: int, bandwidth: float, by_name: dict) -> str:
+    """Write ``gpu_<source>.json`` and ``.md`` to --out with the methods measured so far; the table as text."""
+    summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": num_prompts,
+               "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
+               "torch": torch.__version__, "methods": by_name}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, greedy",
+             f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
+             "| method | batch | τ | tok/s | x plain eager | step ms (verify + draft) | bandwidth fraction | captures "
+             "(s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in by_name.items():
+        tau = f"{r['tau']:.2f}" if "tau" in r else "—"
+        step = f"{r['verify_step_ms']:.2f} + {r['drafter_step_ms']:.2f}" if "step_ms" in r else "—"
+        frac = f"{r['bandwidth_fraction']:.1%}" if "bandwidth_fraction" in r else "—"
+        cap = f"{r['captures']} ({r['capture_time_s']:.1f})" if "captures" in r else "—"
+        speed = f"{r['speedup_vs_plain_eager']:.2f}x" if "speedup_vs_plain_eager" in r else "—"
+        lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {step} | {frac} | "
+                     f"{cap} | {r['mismatching_outputs']} |")
+    text = "\n".join(lines)
+    (out_dir / f"gpu_{args.source}.md").write_text(text + "\n")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="mtbench", help="mtbench, humaneval, ... or mix (half each)")
@@ -129,6 +154,7 @@ def main() -> None:
         r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]
         r["bandwidth_fraction"] = r["bandwidth_floor_ms"] / r["verify_step_ms"]
     by_name.update(results)
+    write_report(args, device, len(prompts), bandwidth, by_name)  # batch 1 kept if what follows runs out of time
     if args.batch > 1:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
@@ -150,26 +176,7 @@ def main() -> None:
         for name in batched:
             by_name[name] = {"batch": args.batch, "tokens_per_second": counts[name] / totals[name],
                              "mismatching_outputs": sum(a != b for a, b in zip(outputs[name], reference))}
-    summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": len(prompts),
-               "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
-               "torch": torch.__version__, "methods": by_name}
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"## Decode on {summary['device']}, {args.dtype}, {len(prompts)} prompts, {args.new} new tokens, greedy",
-             f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
-             "| method | batch | τ | tok/s | x plain eager | step ms (verify + draft) | bandwidth fraction | captures "
-             "(s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in by_name.items():
-        tau = f"{r['tau']:.2f}" if "tau" in r else "—"
-        step = f"{r['verify_step_ms']:.2f} + {r['drafter_step_ms']:.2f}" if "step_ms" in r else "—"
-        frac = f"{r['bandwidth_fraction']:.0%}" if "bandwidth_fraction" in r else "—"
-        cap = f"{r['captures']} ({r['capture_time_s']:.1f})" if "captures" in r else "—"
-        speed = f"{r['speedup_vs_plain_eager']:.2f}x" if "speedup_vs_plain_eager" in r else "—"
-        lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {step} | {frac} | "
-                     f"{cap} | {r['mismatching_outputs']} |")
-    (out_dir / f"gpu_{args.source}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_report(args, device, len(prompts), bandwidth, by_name))
 
 
 if __name__ == "__main__":
