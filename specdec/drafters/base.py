@@ -9,6 +9,7 @@ decode loop never branches on which drafter it runs.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 
 from specdec.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from specdec.verify import AcceptanceRule, Tree
@@ -90,13 +93,14 @@ class Drafter(ABC):
         """Drop all per-generation state."""
 
 
-def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = ()) -> int:
+def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),
+                  what: str = "drafter") -> int:
     """A drafter's ``drafter.weight_bits``: round the weight of every linear layer of ``module`` in place to the
     nearest 8- or 4-bit codes per block of 32 inputs (``cpu_kernels.round_to_codes``), which the CPU kernels
     then stream as codes (1.125 or 0.75 bytes a weight). Lossy for the drafts only: verification still checks
     every draft against the target, so the output stays exact. ``None`` leaves the weights as they are.
     Weights in ``keep`` (the target's, shared) and those whose input size is not a multiple of 32 stay.
-    Returns how many weights were rounded."""
+    Logs and returns how many weights were rounded (``what``: whose, for the log)."""
     from specdec.models import cpu_kernels
 
     if bits is None:
@@ -113,6 +117,7 @@ def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torc
                 continue
             weight.copy_(cpu_kernels.round_to_codes(weight, bits))
             rounded += 1
+    log.info("%s: %d weights rounded to %d-bit codes (drafter.weight_bits)", what, rounded, bits)
     return rounded
 
 

@@ -23,7 +23,6 @@ zero outside those N tokens, which exact verification allows: such tokens are ne
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -35,8 +34,6 @@ from specdec.drafters.base import DecodeState, Drafter, Proposal, register, roun
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.sampling import SamplingParams, logits_to_probs, sample
-
-log = logging.getLogger(__name__)
 
 
 EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
@@ -149,9 +146,8 @@ class DraftModelDrafter(Drafter):
     def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
         """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;
         the target's, shared, stay, and so does the LM head, the target's rows, codes already); itself."""
-        count = round_weights(getattr(self.decoder, "layers", self.decoder), bits, keep=tuple(target.parameters()))
-        if bits is not None:
-            log.info("draft model: %d weights rounded to %d-bit codes (drafter.weight_bits)", count, bits)
+        round_weights(getattr(self.decoder, "layers", self.decoder), bits, keep=tuple(target.parameters()),
+                      what="draft model")
         return self
 
     @staticmethod

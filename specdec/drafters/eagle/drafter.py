@@ -106,10 +106,7 @@ class EagleDrafter(Drafter):
         model = load_eagle(path, target_config=decoder.config)
         embed = decoder.embed_tokens.weight if hasattr(decoder, "embed_tokens") else target.get_input_embeddings().weight
         model.to(device=embed.device, dtype=embed.dtype).attach(embed)
-        rounded = round_weights(model, cfg.weight_bits, keep=(embed,))
-        if cfg.weight_bits is not None:
-            log.info("EAGLE drafter: %d weights rounded to %d-bit codes (drafter.weight_bits)", rounded,
-                     cfg.weight_bits)
+        round_weights(model, cfg.weight_bits, keep=(embed,), what="EAGLE drafter")
         log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
                  model.cfg.draft_vocab_size)
         return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,

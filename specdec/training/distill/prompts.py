@@ -14,6 +14,7 @@ the prompt and the answer alike, and only the answer is training data.
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import math
 import os
@@ -198,28 +199,28 @@ def benchmark_ngrams(n: int = 8) -> set[tuple[str, ...]]:
     return {g for source in ("mtbench", "humaneval") for row in load_prompts(source) for g in _ngrams(row["text"], n)}
 
 
+def write_jsonl(path: str | Path, rows) -> Path:
+    """Prompt rows (dicts, or a dataset's rows) as JSONL, one row a line, written atomically."""
+    from specdec.io import write_text
+
+    return write_text(path, "".join(json.dumps(dict(row)) + "\n" for row in rows))
+
+
 def write_prompt_files(out: str | Path, num: int, seed: int = 0, skip_first: int = 16,
                        held_out: str | Path | None = None) -> list[Path]:
     """Write ``num`` of :func:`instruction_prompts` as JSONL (``data.prompts_file``) and, with ``held_out``, the
     held-out sets there: ``mtbench.jsonl`` and ``humaneval.jsonl`` (every prompt; ``eval.answer_sources``) and
     ``wikipedia.jsonl`` (the corpus's first ``skip_first`` rows; ``eval.text_sources``). A training run on a
     machine without the corpora's packages (a GPU machine, say) reads them instead. Returns the paths."""
-    import json
-
     from specdec.data import load_prompts
-    from specdec.io import write_text
 
-    def lines(rows) -> str:
-        return "".join(json.dumps(dict(row)) + "\n" for row in rows)
-
-    written = [write_text(out, lines(instruction_prompts(num, skip_first, seed)))]
+    written = [write_jsonl(out, instruction_prompts(num, skip_first, seed))]
     if held_out is not None:
         folder = Path(held_out)
         folder.mkdir(parents=True, exist_ok=True)
         for source in ("mtbench", "humaneval"):
-            written.append(write_text(folder / f"{source}.jsonl", lines(load_prompts(source))))
-        first_rows = list(load_prompts("wikipedia", seed=0))[:skip_first]
-        written.append(write_text(folder / "wikipedia.jsonl", lines(first_rows)))
+            written.append(write_jsonl(folder / f"{source}.jsonl", load_prompts(source)))
+        written.append(write_jsonl(folder / "wikipedia.jsonl", list(load_prompts("wikipedia", seed=0))[:skip_first]))
     return written
 
 

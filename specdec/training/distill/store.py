@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specdec.io import read_metadata, read_tensors, write_text
+from specdec.io import read_metadata, read_tensors
 from specdec.training.distill.answers import Sequence, answer_sequences, text_sequences
-from specdec.training.distill.prompts import instruction_prompts, magpie_prompts
+from specdec.training.distill.prompts import instruction_prompts, magpie_prompts, write_jsonl
 
 log = logging.getLogger(__name__)
 FORMAT = "specdec-distill-1"
@@ -89,10 +89,6 @@ def split_name(kind: str, source: str) -> str:
     return f"{kind}_{source}"
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
-    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
 def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None) -> list[Sequence]:
     """The sequences ``train`` and ``val`` are split from (``data.mode``: self_distill or text)."""
     from specdec.data import encode_prompt, load_prompts
@@ -111,7 +107,7 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
         rows += magpie_prompts(target, tokenizer, num_magpie, cfg.seed, data.batch_size)
         log.info("the target wrote %d prompts, e.g. %r", num_magpie, rows[-1]["text"][:200])
     if prompts_path is not None:
-        _write_jsonl(prompts_path, rows)
+        write_jsonl(prompts_path, rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens,
                             data.batch_size, pad_id, needs.layers, needs.context)
@@ -143,8 +139,9 @@ def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Pa
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for source in cfg.eval.answer_sources:
         rows = load_prompts(source, limit=cfg.eval.limit_per_source)
-        splits[split_name("answers", source)] = answer_sequences(target, [encode_prompt(tokenizer, r) for r in rows],
-                                                       cfg.eval.max_new_tokens, data.batch_size, pad_id, needs.layers, needs.context)
+        prompts = [encode_prompt(tokenizer, r) for r in rows]
+        splits[split_name("answers", source)] = answer_sequences(target, prompts, cfg.eval.max_new_tokens,
+                                                                 data.batch_size, pad_id, needs.layers, needs.context)
     for source in cfg.eval.text_sources:
         texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
         splits[split_name("text", source)] = text_sequences(target, texts, data.text_seq_len, needs.layers,
