@@ -12,6 +12,7 @@ floor is those bytes over the GPU's read bandwidth, measured here by a short pro
 
     python experiments/gpu_benchmark.py --prompts 24 --new 128
     python experiments/gpu_benchmark.py --prompts 16 --new 128 --compile --skip eagle   # the slowest left out
+    python experiments/gpu_benchmark.py --prompts 4 --new 32 --skip eagle medusa draft_model   # --skip: by word
     python experiments/gpu_benchmark.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
     python experiments/gpu_benchmark.py --prompt-file prompts.json                  # on a GPU machine without datasets
 """
@@ -28,7 +29,7 @@ from side_by_side import side_by_side  # experiments/ is on sys.path when this r
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import left_pad
-from specdec.drafters import EagleDrafter, MedusaDrafter
+from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
 from specdec.speed_of_light import probe_read_bandwidth, step_bytes
@@ -105,6 +106,13 @@ def main() -> None:
 
     eagle = None if "eagle" in args.skip else EagleDrafter.from_config(EagleDrafter.Config(), target=model)
     medusa = None if "medusa" in args.skip else MedusaDrafter.from_config(MedusaDrafter.Config(), target=model)
+    def draft_model(graphs: bool):  # the shipped distilled draft, 8192-token head; its own forwards eager or graphed
+        if "draft_model" in args.skip:
+            return None
+        drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(draft_vocab=8192), target=model)
+        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        return drafter
+
     methods = {  # name -> (target, drafter or None, k)
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
@@ -112,6 +120,8 @@ def main() -> None:
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
         "eagle default graphs": (target("eagle graphs"), eagle, EagleDrafter.Config().k),
         "medusa default graphs": (target("medusa graphs"), medusa, MedusaDrafter.Config().k),
+        "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
+        "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
     }
     if args.compile:
         methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)

@@ -90,6 +90,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafter = build_drafter(cfg.drafter, target, tokenizer)
     decoder = target_decoder(target, cfg.target.compile)  # what the target's forwards run through
+    drafter.replay_graphs(cfg.target.compile)  # and the drafter's own model, where it runs one
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
     limit = prompt_room(cfg.data.max_new_tokens, k, context,

@@ -84,6 +84,36 @@ def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype):
     assert graphed.captures == captures  # nothing new to capture for widths already seen
 
 
+def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones():
+    """drafter.replay_graphs on CUDA: the draft's [B, 2] and [B, 1] forwards are captured once (then only
+    replayed, across generations of one batch size), the greedy outputs stay plain decoding's, with a full or
+    a restricted draft head, at batch 1 and 3; at T=1 the graphed draft draws what the eager one draws."""
+    model = tiny_llama(layers=3, seed=0).cuda()
+    graphed = _graphed(model)
+    half = torch.arange(0, model.config.vocab_size, 2, device="cuda")
+    for vocab_ids in (None, half):
+        drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids)
+        drafter.replay_graphs("auto")
+        assert isinstance(drafter.decoder, GraphedDecoder)
+        for n, batch in enumerate((PROMPTS[:1], PROMPTS[1:2], PROMPTS)):
+            ids, mask = (t.cuda() for t in left_pad(batch))
+            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+            out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=3, max_new_tokens=24,
+                                       eos_token_id=[])
+            assert out.sequences == ref.sequences
+            if n == 1:  # two generations at batch 1: two shapes captured, then replayed
+                assert drafter.decoder.captures == 2 and drafter.decoder.replays > 2
+    ids = torch.tensor([PROMPTS[0]], device="cuda")
+    runs = []
+    for mode in ("none", "auto"):
+        drafter = DraftModelDrafter(model, num_layers=1)
+        drafter.replay_graphs(mode)
+        runs.append(speculative_generate(graphed, drafter, ids, k=3, max_new_tokens=20, temperature=1.0,
+                                         generator=torch.Generator("cuda").manual_seed(1), eos_token_id=[]))
+    assert runs[0].sequences == runs[1].sequences
+    assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
+
+
 def test_cuda_graphs_sample_as_eager_does():
     """At T=1 the graphed target draws the same tokens as the eager one from the same seed (sampling is
     outside the graph; the forward's numbers are the same)."""

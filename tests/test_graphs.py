@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_llama
 
-from specdec import NgramDrafter, speculative_generate
+from specdec import DraftModelDrafter, NgramDrafter, speculative_generate
 from specdec.models import GraphedDecoder, as_decoder
 
 
@@ -40,3 +40,23 @@ def test_target_compile_modes():
         target_decoder(model, "compiled_graphs")
     with pytest.raises(ValueError, match="target.compile='graphs' is not a mode.*auto"):
         target_decoder(model, "graphs")
+
+
+def test_a_draft_models_forwards_stay_eager_on_cpu():
+    """drafter.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
+    decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
+    from specdec.models import CompactLlama
+
+    model = tiny_llama(layers=2, seed=0)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
+    ref = speculative_generate(model, DraftModelDrafter(model, num_layers=1), ids, k=3, max_new_tokens=16,
+                               eos_token_id=[])
+    drafter = DraftModelDrafter(model, num_layers=1)
+    for mode in ("auto", "none", "cuda_graphs", "compiled_graphs"):
+        drafter.replay_graphs(mode)
+        assert type(drafter.decoder) is CompactLlama
+    out = speculative_generate(model, drafter, ids, k=3, max_new_tokens=16, eos_token_id=[])
+    assert out.sequences == ref.sequences and out.stats.acceptance_rate == ref.stats.acceptance_rate
+    with pytest.raises(ValueError, match="target.compile='graphs' is not a mode"):
+        drafter.replay_graphs("graphs")
+    NgramDrafter().replay_graphs("auto")  # drafters without a model of their own: nothing to do

@@ -92,6 +92,11 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Drop all per-generation state."""
 
+    def replay_graphs(self, mode: str) -> None:
+        """Run the drafter's own model forwards the way the target's run (``target.compile``'s ``mode``, see
+        :func:`specdec.models.target_decoder`): replayed CUDA graphs on a GPU where the drafter runs a
+        Llama-family decoder of its own. Called once, after the drafter is built; here, nothing to replay."""
+
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),
                   what: str = "drafter") -> int:

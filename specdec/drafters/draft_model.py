@@ -33,6 +33,7 @@ from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
+from specdec.models.graphs import check_compile_mode
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -149,6 +150,17 @@ class DraftModelDrafter(Drafter):
         round_weights(getattr(self.decoder, "layers", self.decoder), bits, keep=tuple(target.parameters()),
                       what="draft model")
         return self
+
+    def replay_graphs(self, mode: str) -> None:
+        """On a GPU (unless ``mode`` is ``"none"``) the draft's decode forwards replay CUDA graphs, as the
+        target's do: a [B, 2] and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step
+        is all kernel launches: a K-token draft would cost more than the graphed verify). ``"compiled_graphs"``
+        compiles them first. Elsewhere, and for a draft off the compact Llama path, the forwards stay eager."""
+        from specdec.models import CompactLlama, GraphedDecoder
+
+        check_compile_mode(mode)
+        if mode != "none" and isinstance(self.decoder, CompactLlama) and self.decoder.device.type == "cuda":
+            self.decoder = GraphedDecoder(self.decoder, compile=mode == "compiled_graphs")
 
     @staticmethod
     def _options(cfg, path) -> dict:
