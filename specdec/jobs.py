@@ -5,18 +5,25 @@ The failure rule (:func:`run_task`): a job that fails still leaves its results f
 error, the traceback, the config fields), so a sweep's summary lists it with its error. Run alone, the job
 then raises; in a multirun it returns ``failure_value`` instead, since an escaping exception would make
 Hydra skip the summary callback at the end (which exits 1 when any run failed).
+
+Earlier results are never replaced: a run (or sweep) pointed at a directory that already holds results
+(``hydra.run.dir=...`` given twice, a reused ``hydra.sweep.dir``) is refused before Hydra writes anything
+there (:class:`KeepEarlierResults`, in every entry point's config), and :func:`run_task` checks again, and
+that the results file can be written at all, before any work.
 """
 
 from __future__ import annotations
 
 import platform
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -95,11 +102,59 @@ def check_logger(cfg: DictConfig) -> None:
         raise ValueError(f"logger.name must be one of {LOGGERS}, got {cfg.logger.name!r}")
 
 
+def earlier_results(directory: str | Path, results_file: str, *, sweep: bool = False) -> list[Path]:
+    """The results already in a run's ``directory`` (its ``results_file``) or, with ``sweep``, in a sweep's
+    (its jobs' results files and its summary)."""
+    directory = Path(directory)
+    if not sweep:
+        return [path for path in [directory / results_file] if path.exists()]
+    return sorted(directory.glob(f"*/{results_file}")) + [path for path in [directory / "summary.csv"] if path.exists()]
+
+
+def _kept_message(found: list[Path], key: str) -> str:
+    shown = ", ".join(str(path) for path in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"{key} already holds results ({shown}); nothing was run and they are kept. Leave {key} to its "
+            f"default (a new timestamped directory), choose another, or move those files away to run there again")
+
+
+class KeepEarlierResults(Callback):
+    """Hydra callback: refuse a run whose ``hydra.run.dir`` (or a multirun whose ``hydra.sweep.dir``) already
+    holds results, before Hydra writes its own files there. Exits with status 1 and the reason (Hydra's
+    callback runner lets SystemExit through, and only warns about other exceptions)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        found = earlier_results(config.hydra.run.dir, config.results_file)
+        if found:
+            raise SystemExit(_kept_message(found, "hydra.run.dir"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        found = earlier_results(config.hydra.sweep.dir, config.results_file, sweep=True)
+        if found:
+            raise SystemExit(_kept_message(found, "hydra.sweep.dir"))
+
+
+def check_results_path(results_path: Path, results_file: str) -> None:
+    """Before any work: ``results_path`` holds no earlier results (they are never replaced, not even by this
+    run's failure record) and its directory can be written."""
+    found = earlier_results(results_path.parent, results_path.name)
+    if found:
+        raise FileExistsError(_kept_message(found, "the run's output directory"))
+    try:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=results_path.parent):
+            pass
+    except OSError as exc:
+        raise ValueError(f"results_file={results_file!r}: cannot write into {str(results_path.parent)!r} ({exc}); "
+                         f"set results_file to a name (or path) in a writable directory") from exc
+
+
 def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_value: T,
              extra_failure_fields: dict[str, Any] | None = None) -> T:
     """Run ``task(cfg, results_path)`` under the failure rule of the module docstring; ``results_path`` is
-    ``cfg.results_file`` in the job's output directory."""
+    ``cfg.results_file`` in the job's output directory. Earlier results there, or a directory that cannot be
+    written, fail before any work without writing anything (:func:`check_results_path`)."""
     results_path = Path(HydraConfig.get().runtime.output_dir) / cfg.results_file
+    check_results_path(results_path, cfg.results_file)
     try:
         check_logger(cfg)
         return task(cfg, results_path)

@@ -250,7 +250,8 @@ ConfigStore.instance().store(name="cfg", node={
     "target": {"name": "tiny"}, "drafter": {"name": "ngram", "k": 1},
     "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, "data": {"sources": ["x"]},
     "logger": {"name": "none"}, "fail_at_k": 2, "results_file": "results.json",
-    "hydra": {"callbacks": {"summary": {"_target_": "specdec.report.SweepSummaryCallback"}}}})
+    "hydra": {"callbacks": {"keep_results": {"_target_": "specdec.jobs.KeepEarlierResults"},
+                            "summary": {"_target_": "specdec.report.SweepSummaryCallback"}}}})
 
 def task(cfg, results_path):
     if cfg.drafter.k == cfg.fail_at_k:
@@ -285,6 +286,47 @@ def test_hydra_multirun_with_a_failing_job_summarizes_all_and_exits_1(tmp_path: 
     assert runs.loc[2, "error"] == "ValueError: k=2 is cursed"
     assert "ValueError: k=2 is cursed" in (sweep / "summary.md").read_text()
     assert "1 of 3 runs failed" in proc.stderr
+
+
+def test_earlier_results_are_refused_not_replaced(tmp_path: Path) -> None:
+    """A run or sweep pointed at a directory holding results exits 1 naming them, before anything is written
+    there (results, Hydra's .hydra/ files, the summary); without the callback the job's own check refuses, so
+    a failure record does not replace them either. A results file that cannot be written fails before the run."""
+    (tmp_path / "app.py").write_text(HYDRA_APP)
+    run = tmp_path / "run"
+    assert _run(["app.py", "drafter.k=1", f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    first = (run / "results.json").read_text(), (run / ".hydra" / "overrides.yaml").read_text()
+    for extra in ([], ["~hydra.callbacks.keep_results"]):
+        for k in (3, 2):  # a run that would succeed, one that would fail
+            proc = _run(["app.py", f"drafter.k={k}", f"hydra.run.dir={run}", *extra], tmp_path)
+            assert proc.returncode == 1 and "already holds results" in proc.stderr, proc.stderr[-2000:]
+            assert str(run / "results.json") in proc.stderr and "nothing was run" in proc.stderr
+            assert (run / "results.json").read_text() == first[0]
+        if not extra:
+            assert (run / ".hydra" / "overrides.yaml").read_text() == first[1]
+    sweep = tmp_path / "sweep"
+    assert _run(["app.py", "-m", "drafter.k=1,3", f"hydra.sweep.dir={sweep}"], tmp_path).returncode == 0
+    summary = (sweep / "summary.csv").read_text()
+    proc = _run(["app.py", "-m", "drafter.k=5", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 1 and "hydra.sweep.dir already holds results" in proc.stderr, proc.stderr[-2000:]
+    assert not (sweep / "2").exists() and (sweep / "summary.csv").read_text() == summary
+    (tmp_path / "afile").write_text("")
+    proc = _run(["app.py", f"hydra.run.dir={tmp_path / 'other'}", f"results_file={tmp_path / 'afile' / 'r.json'}"],
+                tmp_path)
+    assert proc.returncode == 1 and "results_file=" in proc.stderr and "cannot write into" in proc.stderr
+
+
+def test_every_entry_point_keeps_earlier_results() -> None:
+    from hydra import compose, initialize_config_dir
+
+    import specdec.verify_dist  # noqa: F401  (stores verify_dist_schema)
+    from specdec.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        for name in ("run", "verify_dist"):
+            cfg = compose(name, return_hydra_config=True)
+            assert cfg.hydra.callbacks.keep_results._target_ == "specdec.jobs.KeepEarlierResults", name
 
 
 def _python3_kernel_available() -> bool:
