@@ -33,7 +33,8 @@ Method
    (:func:`specdec.stats.detectable_tv`, worst-case alternative, at the level one test of the family is
    held to), per position, pooled and per stratum; and a budget: the continuations this drafter needs to
    detect a given bias at drafted positions with power 0.9 (``detect_tv`` plans N that way from a pilot).
-   A pass means "no bias of at least that size", never "no bias at all".
+   A pass means "no bias of at least that size", never "no bias at all"; a run too small to detect even
+   the largest bias there is (pooled detectable TV >= 1) says ``inconclusive`` instead of passing.
 
 Why the TV figures are about the PIT: the randomised PIT maps token x to a uniform draw on its own
 interval of width p(x), so for one conditional p it preserves total variation exactly: a token law q with
@@ -81,6 +82,7 @@ from specdec.strata import DraftRecord, DraftRecorder
 log = logging.getLogger(__name__)
 
 EXIT_REJECTED = 3
+EXIT_INCONCLUSIVE = 4  # no rejection, but the run could not have detected any bias (pooled detectable TV >= 1)
 PIT_BINS = 10  # cells of the PIT law for TV intervals and the detectable-bias figure
 POWER = 0.8
 _STREAMS = {"speculative": 0, "plain": 1, "pit": 2, "pilot": 3}  # independent random streams per seed
@@ -303,10 +305,11 @@ def verify_distribution(
 
     reject, report, pit = judge(scores, spec, ref, alpha=alpha, seed=seed, min_rows_per_position=min_rows_per_position,
                                 p_drafts=p_drafts)
+    blind = not reject and report["detectable_tv"]["pooled"] >= 1.0  # TV is at most 1: no bias was detectable
     report = {
         "status": "ok",
-        "verdict": "reject" if reject else "pass",
-        "exit_code": EXIT_REJECTED if reject else 0,
+        "verdict": "reject" if reject else "inconclusive" if blind else "pass",
+        "exit_code": EXIT_REJECTED if reject else EXIT_INCONCLUSIVE if blind else 0,
         "planted_bug": planted_bug,
         **({"WARNING": _banner(planted_bug)} if planted_bug else {}),
         "lossy_drafter": bool(getattr(drafter, "lossy", False)),
@@ -463,6 +466,10 @@ def summary_text(report: dict[str, Any]) -> str:
         f"PIT TV (95%) pooled: [{report['pooled']['tv_pit']['lower']:.4f}, {report['pooled']['tv_pit']['upper']:.4f}]"
         f"; time {report['timings_s']['total']:.0f} s",
     ]
+    if report["verdict"] == "inconclusive":
+        lines.append(f"INCONCLUSIVE: no bias could have been detected (the smallest detectable TV, "
+                     f"{report['detectable_tv']['pooled']:.2f} pooled, is not below 1, the largest there is); raise "
+                     f"samples_per_prompt (now {report['samples_per_prompt']}) or plan it with detect_tv=0.05")
     lines += strata.summary_lines(report)
     if report["impossible_tokens"]:
         lines.append(f"{report['impossible_tokens']} emitted tokens have probability 0 under the target")
@@ -476,7 +483,7 @@ def summary_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _main(cfg: DictConfig, results_path: Path) -> bool:
+def _main(cfg: DictConfig, results_path: Path) -> int:  # the exit code: 0 pass, 3 reject, 4 inconclusive
     result = run(cfg)
     write_json(results_path, result.report)
     if cfg.plot:
@@ -489,14 +496,14 @@ def _main(cfg: DictConfig, results_path: Path) -> bool:
         from specdec.report import wandb_log_run
 
         wandb_log_run(cfg, result.report, results_path.parent)
-    return result.reject
+    return result.report["exit_code"]
 
 
 @hydra.main(config_path=config_dir(), config_name="verify_dist", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    rejected = run_task(cfg, _main, failure_value=False, extra_failure_fields={"planted_bug": cfg.planted_bug})
-    if rejected:
-        sys.exit(EXIT_REJECTED)
+    code = run_task(cfg, _main, failure_value=0, extra_failure_fields={"planted_bug": cfg.planted_bug})
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

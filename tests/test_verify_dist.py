@@ -365,6 +365,19 @@ def test_draft_match_catches_the_recovered_token_bug_at_a_small_budget(models):
     assert result.reject
 
 
+def test_a_run_too_small_to_detect_any_bias_is_inconclusive_not_a_pass(models):
+    """One continuation of one token per prompt: no TV shift (at most 1) is detectable, so no pass is claimed;
+    the verdict says so with its own exit code and what to raise. The same drafter with power passes."""
+    from specdec.verify_dist import EXIT_INCONCLUSIVE, summary_text
+
+    small = check(models, "ngram", n=1, length=1, joint_tokens=0)
+    report = small.report
+    assert report["detectable_tv"]["pooled"] >= 1 and not small.reject
+    assert report["verdict"] == "inconclusive" and report["exit_code"] == EXIT_INCONCLUSIVE
+    assert "INCONCLUSIVE" in summary_text(report) and "raise samples_per_prompt (now 1)" in summary_text(report)
+    assert check(models, "ngram", n=50, length=1, joint_tokens=0).report["verdict"] == "pass"
+
+
 def test_detect_tv_plans_the_budget(models):
     """detect_tv picks N from a pilot's proposal rate: the run then detects that TV at drafted positions."""
     result = verify_distribution(models["target"], FACTORIES["draft_model"](models), PROMPTS, k=4, length=8,
