@@ -100,10 +100,12 @@ def prompt_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
     ``context`` positions; an error naming both settings when nothing is left for a prompt."""
     room = context - max_new_tokens - k - 1
     if room < 1:
+        fix = (f"lower data.max_new_tokens (at most {context - k - 2}, less the longest prompt's length)"
+               if context - k - 2 >= 1 else f"raise {where} (at least {max_new_tokens + k + 2}, plus the longest "
+                                              f"prompt's length)")
         raise ValueError(
             f"data.max_new_tokens ({max_new_tokens}) + lookahead (drafter.k + 1 = {k + 1}) = {max_new_tokens + k + 1} "
-            f"exceeds the model's context of {context} positions ({where}), leaving no room for a prompt; "
-            f"lower data.max_new_tokens (at most {context - k - 2}, less the longest prompt's length)"
+            f"exceeds the model's context of {context} positions ({where}), leaving no room for a prompt; {fix}"
         )
     return room
 

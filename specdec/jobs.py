@@ -96,6 +96,33 @@ def cpu_model() -> str:
     return f"{name} ({', '.join(isa) or 'no AVX2'})"
 
 
+def check_job_config(cfg: DictConfig) -> None:
+    """Checked before the target loads, by every decoding job (run, verify_dist): ``target=hub`` given a model
+    (its ``name: ???`` does not replace the schema's default when Hydra merges), and the data settings."""
+    check_target_choice(cfg)
+    limit = cfg.data.limit_per_source
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"data.limit_per_source must be an integer >= 1 (prompts per source) or null (all), "
+                         f"got {limit!r}")
+    if isinstance(cfg.data.batch_size, bool) or cfg.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be an integer >= 1 (prompts decoded together), got "
+                         f"{cfg.data.batch_size!r}")
+
+
+def check_target_choice(cfg: Any) -> None:
+    """``target=hub`` without ``target.name``: Hydra keeps the schema's default model, which would run silently."""
+    from specdec.config import TargetConfig
+
+    try:
+        choice = HydraConfig.get().runtime.choices.get("target")
+    except ValueError:  # not under Hydra
+        return
+    if choice == "hub" and cfg.target.name == TargetConfig.name:
+        raise ValueError(f"target=hub needs the model: add target.name=<a hub id or a local directory> (e.g. "
+                         f"target.name=HuggingFaceTB/SmolLM2-360M-Instruct); without it the embedded default "
+                         f"{TargetConfig.name!r} would run (target=smollm2 names it)")
+
+
 def check_logger(cfg: DictConfig) -> None:
     """Checked before any work: a misspelt logger must not cost a whole run."""
     if cfg.logger.name not in LOGGERS:

@@ -25,7 +25,7 @@ from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
 from specdec.drafters import build_drafter
 from specdec.engine import autoregressive_generate, speculative_generate
 from specdec.io import write_json
-from specdec.jobs import config_fields, machine_description, run_task
+from specdec.jobs import check_job_config, config_fields, machine_description, run_task
 from specdec.loading import load_target, resolve_device, stop_token_ids
 from specdec.metrics import DecodeStats, predicted_speedup
 from specdec.models import target_decoder
@@ -77,6 +77,7 @@ def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: 
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
+    check_job_config(cfg)
     k = cfg.drafter.k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")

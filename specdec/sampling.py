@@ -9,6 +9,8 @@ directly: :func:`specdec.verify.greedy_tree`, tested equal to the general rule).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +34,8 @@ class SamplingParams:
 
 def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise a ValueError naming the bad value and the valid range."""
-    if not (temperature >= 0):  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not (0 <= temperature < math.inf):  # also rejects NaN
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if int(top_k) != top_k or top_k < 0:
         raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
     if not (0.0 < top_p <= 1.0):

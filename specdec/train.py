@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import config_dir
+from specdec.jobs import check_target_choice
 from specdec.training.config import register_train_configs
 from specdec.training.trainer import train
 
@@ -28,6 +29,7 @@ register_train_configs()
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
+    check_target_choice(dict_cfg)
     cfg = OmegaConf.to_object(dict_cfg)
     metrics = train(cfg)
     print(json.dumps(metrics, indent=1))

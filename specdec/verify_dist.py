@@ -73,7 +73,7 @@ from specdec.loading import load_target, resolve_device
 from specdec.metrics import DecodeStats
 from specdec.models.shared_prefill import fast_decoder
 from specdec.io import save_figure, write_json
-from specdec.jobs import config_fields, machine_description, run_task
+from specdec.jobs import check_job_config, config_fields, machine_description, run_task
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.stats import (TokenScores, Verdict, chi2_two_sample, detectable_tv, exactness_test_from_scores, holm,
                            pit_from_scores, token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
@@ -428,6 +428,7 @@ def _banner(bug: str) -> str:
 
 
 def run(cfg: DictConfig) -> VerifyResult:
+    check_job_config(cfg)
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)

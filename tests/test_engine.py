@@ -96,7 +96,7 @@ def test_bad_lookahead(tiny_target, k):
 
 
 def test_bad_sampling_is_rejected_before_work(tiny_target):
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         speculative_generate(tiny_target, NgramDrafter(), torch.tensor([[1, 2]]), k=2, max_new_tokens=4,
                              temperature=-1.0)
     with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\]"):

@@ -60,13 +60,18 @@ def test_main_job_writes_results(tmp_path, coded):
 BAD_INPUTS = [  # (overrides, what the error must say)
     ("target.name=./no/such/model", "no/such/model"),
     ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
-    ("sampling.temperature=-0.5", "temperature must be >= 0"),
+    ("sampling.temperature=-0.5", "temperature must be a finite number >= 0"),
     ("sampling.top_p=1.5", "top_p must lie in (0, 1]"),
     ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
     ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
     ("data.max_new_tokens=100000", "exceeds the model's context of 2048 positions"),
     ("drafter=medusa drafter.heads=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
     ("target.compile=graphs", "target.compile='graphs' is not a mode"),
+    ("target=hub", "target=hub needs the model: add target.name="),
+    ("data.limit_per_source=0", "data.limit_per_source must be an integer >= 1 (prompts per source) or null"),
+    ("data.batch_size=0", "data.batch_size must be an integer >= 1"),
+    ("target.max_context=8", "raise target.max_context (at least 34, plus the longest prompt's length)"),
+    ("sampling.temperature=inf", "temperature must be a finite number >= 0 (0 = greedy), got inf"),
 ]
 
 

@@ -35,8 +35,9 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(temperature=-0.5), "temperature must be >= 0"),
+        (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
         (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0 .* got inf"),
         (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must lie in \(0, 1\]"),
         (dict(top_k=-1), "top_k must be a non-negative integer"),
