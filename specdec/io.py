@@ -54,14 +54,22 @@ def read_tensors(path: str | Path, *, what: str, hint: str) -> dict[str, torch.T
 # --- atomic writes: a crash mid-write never leaves a truncated results file, summary or plot ---------------
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[Any], None], binary: bool = False) -> Path:
-    """Write through ``write(file)`` into a temp file beside ``path``, then rename it over ``path``."""
+    """Write through ``write(file)`` into a temp file beside ``path``, then rename it over ``path``. The file
+    gets the permissions a plain ``open`` would give it (mkstemp's are owner-only)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -72,12 +80,14 @@ def atomic_write(path: str | Path, write: Callable[[Any], None], binary: bool = 
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Fill the yielded temporary directory beside ``path``; on success it replaces ``path`` (a directory
-    already there is moved aside, then removed), on failure it is removed and ``path`` is left as it was."""
+    already there is moved aside, then removed), on failure it is removed and ``path`` is left as it was. The
+    directory gets a plain ``mkdir``'s permissions."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))

@@ -235,3 +235,20 @@ def test_a_device_that_is_not_there_is_named_with_what_to_use_instead(monkeypatc
     assert loading.resolve_device("cuda:0") == torch.device("cuda", 0)
     with pytest.raises(ValueError, match=r"target.device='cuda:1' but 1 CUDA device\(s\) visible"):
         loading.resolve_device("cuda:1")
+
+
+def test_results_and_exports_get_the_permissions_a_plain_open_gives(tmp_path):
+    """Written atomically through a temp file (owner-only as mkstemp/mkdtemp make them), results and export
+    directories end with the umask's permissions, so others on a shared machine can read them."""
+    import os
+
+    from specdec.io import atomic_dir, write_json
+
+    mask = os.umask(0o022)
+    try:
+        assert (write_json(tmp_path / "results.json", {"a": 1}).stat().st_mode & 0o777) == 0o644
+        with atomic_dir(tmp_path / "export") as tmp:
+            (tmp / "f").write_text("x")
+        assert ((tmp_path / "export").stat().st_mode & 0o777) == 0o755
+    finally:
+        os.umask(mask)
