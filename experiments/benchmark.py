@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--num-layers", type=int, default=8, help="early-exit layers of the draft model")
     ap.add_argument("--min-ngram", type=int, default=None, help="n-gram drafter: shortest suffix matched")
     ap.add_argument("--source", default="humaneval")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompts", type=positive_int, default=8)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 from eagle_benchmark import parse_overrides  # experiments/ is on sys.path when this runs as a script
 
 from specdec import autoregressive_generate, load_target, speculative_generate
@@ -49,7 +50,7 @@ def main() -> None:
                     help="further specdec draft-model configs (overrides of configs/drafter/draft_model.yaml)")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers' rows out")
     ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=int, default=80)
+    ap.add_argument("--prompts", type=positive_int, default=80)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default="benchmarks")
@@ -92,7 +93,7 @@ def main() -> None:
         methods[f"draft K={k}"] = ours(DraftModelDrafter.from_config(cfg, target=model, tokenizer=tokenizer), k)
         ks[f"draft K={k}"] = k
     for spec in args.variants:
-        cfg = DraftModelDrafter.Config(**{"model": args.model, **parse_overrides(spec)})
+        cfg = DraftModelDrafter.Config(**{"model": args.model, **parse_overrides(spec, DraftModelDrafter.Config)})
         methods[f"draft {spec}"] = ours(DraftModelDrafter.from_config(cfg, target=model, tokenizer=tokenizer), cfg.k)
         ks[f"draft {spec}"] = cfg.k
     if not args.no_hf:

@@ -17,11 +17,12 @@ draws from its own generator seeded per prompt; outputs differ by design, exactn
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
-from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
@@ -29,11 +30,15 @@ from specdec.drafters import EagleDrafter, MedusaDrafter
 from specdec.jobs import machine_description
 
 
-def parse_overrides(spec: str) -> dict:
-    """"k=16,depth=7,tree=false" -> {"k": 16, "depth": 7, "tree": False}."""
+def parse_overrides(spec: str, config: type) -> dict:
+    """"k=16,depth=7,tree=false" -> {"k": 16, "depth": 7, "tree": False}, each key a field of ``config``."""
     out = {}
+    fields = {f.name for f in dataclasses.fields(config)}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"{spec!r}: {key!r} is not a field of {config.__qualname__}; use KEY=VALUE with KEY in "
+                             f"{sorted(fields)}")
         out[key] = {"true": True, "false": False, "null": None}.get(value.lower(), value)
         if isinstance(out[key], str):
             try:
@@ -53,7 +58,7 @@ def main() -> None:
     ap.add_argument("--medusa", nargs="*", default=[""], metavar="KEY=VALUE,...", help="Medusa configs, likewise")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
     ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=int, default=80)
+    ap.add_argument("--prompts", type=positive_int, default=80)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default="benchmarks")
@@ -65,10 +70,10 @@ def main() -> None:
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     methods: dict = {"plain": (None, 0)}
     for spec in args.medusa:
-        cfg = MedusaDrafter.Config(**parse_overrides(spec))
+        cfg = MedusaDrafter.Config(**parse_overrides(spec, MedusaDrafter.Config))
         methods[f"medusa {spec or 'default'}"] = (MedusaDrafter.from_config(cfg, target=model), cfg.k)
     for spec in args.eagle:
-        cfg = EagleDrafter.Config(**parse_overrides(spec))
+        cfg = EagleDrafter.Config(**parse_overrides(spec, EagleDrafter.Config))
         methods[f"eagle {spec or 'default'}"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
     if args.ngram_k:
         methods[f"ngram K={args.ngram_k}"] = (NgramDrafter(), args.ngram_k)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import left_pad
@@ -75,7 +75,7 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="mtbench", help="mtbench, humaneval, ... or mix (half each)")
-    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompts", type=positive_int, default=24)
     ap.add_argument("--prompt-file", default=None, help="JSON list of token-id lists (from --dump-prompts)")
     ap.add_argument("--dump-prompts", default=None, help="write the prompts' token ids to this file and stop")
     ap.add_argument("--new", type=int, default=128, help="max new tokens")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+from side_by_side import positive_int, side_by_side, spec_type  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
@@ -46,7 +46,7 @@ from specdec.models.llama import use_onednn
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default=None, help="heads.safetensors (default: the shipped heads)")
-    ap.add_argument("--trees", nargs="*", default=["4", "8"], metavar="K[+L]",
+    ap.add_argument("--trees", nargs="*", default=["4", "8"], metavar="K[+L]", type=spec_type(r"\d+(\+\d+)?", "K or K+L"),
                     help="trees of the first K paths (+ a prompt-lookup branch of up to L nodes)")
     ap.add_argument("--chains", type=int, nargs="*", default=[], help="chain lengths k (first k heads)")
     ap.add_argument("--dynamic", nargs="*", default=[], metavar="K:CONF[+L]",
@@ -55,7 +55,7 @@ def main() -> None:
                     help="the heads' dtype as drafter.dtype: auto (bf16 where fast, the default), float32, bfloat16")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
     ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--prompts", type=positive_int, default=24)
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--out", default="benchmarks")
     ap.add_argument("--cpu-linear", choices=["onednn", "mkl"], default="onednn",

@@ -3,9 +3,31 @@ so it runs where only torch and specdec are installed)."""
 
 from __future__ import annotations
 
+import argparse
+import re
 import time
 
 import torch
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of prompts, tokens, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def spec_type(pattern: str, form: str):
+    """argparse type: a string matching ``pattern`` (a regular expression), else an error showing ``form``."""
+    def check(text: str) -> str:
+        if not re.fullmatch(pattern, text):
+            raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}")
+        return text
+    return check
 
 
 def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: list | None = None,

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from side_by_side import side_by_side  # experiments/ is on sys.path when this runs as a script
+from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.data import encode_prompt, load_prompts
@@ -125,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", default=str(DEFAULT_VENV), help="vLLM's virtual environment (setup_venv.sh)")
     ap.add_argument("--sources", nargs="+", default=["mtbench", "humaneval"])
-    ap.add_argument("--prompts", type=int, default=24, help="prompts per source")
+    ap.add_argument("--prompts", type=positive_int, default=24, help="prompts per source")
     ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--methods", nargs="+", default=["plain", "ngram", "draft_model", "eagle"])
     ap.add_argument("--ngram-k", type=int, default=4)
