@@ -16,29 +16,48 @@ or ``LLM(model=DIR)`` alone, which reads the target from ``speculators_config.ve
 as the target's local directory) and K from ``--k``. Weights stay as stored (float16 for the shipped one;
 vLLM casts them to the target's dtype).
 
-Each directory is written atomically; an existing directory is replaced only with ``--force``, and only if it
-holds an earlier export.
+Each directory is written atomically (an earlier export stays until the new one is complete); an existing
+directory is replaced only with ``--force``, and only if this command wrote it (its config.json names the drafter
+it was exported from: ``specdec.exported_from``); never the ``--model`` directory itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from specdec.loading import DEFAULT_TARGET
 
 
-def _check_out(out: str | Path, force: bool) -> Path:
+def _check_out(out: str | Path, force: bool, source: Path) -> Path:
+    """``out`` once it is safe to write: new, or (with ``force``) an earlier export, never ``source`` (the
+    drafter read) nor a directory holding it."""
     out = Path(out).expanduser()
+    mine, theirs = out.resolve(), source.expanduser().resolve()
+    if mine == theirs or mine in theirs.parents:
+        raise FileExistsError(f"--out {str(out)!r} is (or holds) the drafter being exported, {str(source)!r}; "
+                              f"it is left as it is: choose another directory")
     if out.exists():
         if not force:
             raise FileExistsError(f"--out {str(out)!r} exists; pass --force to replace an earlier export, or "
                                   f"choose another directory")
-        if not (out / "config.json").is_file():
-            raise FileExistsError(f"--out {str(out)!r} exists and holds no exported model (no config.json); "
-                                  f"it is left as it is: choose another directory")
+        if not _is_export(out):
+            raise FileExistsError(f"--out {str(out)!r} exists and is not a directory this command wrote (its "
+                                  f"config.json has no specdec.exported_from); --force replaces only an earlier "
+                                  f"export, so it is left as it is: choose another directory, or remove it yourself")
     return out
+
+
+def _is_export(directory: Path) -> bool:
+    """Whether ``directory`` is one this command wrote: its config.json names the drafter it was exported from
+    (``export_hf`` and ``export_eagle`` write ``specdec.exported_from``)."""
+    try:
+        section = json.loads((directory / "config.json").read_text()).get("specdec")
+    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object: not an export
+        return False
+    return isinstance(section, dict) and "exported_from" in section
 
 
 def export_draft_model(out: str | Path, model: str = "default", target: str = DEFAULT_TARGET,
@@ -48,10 +67,10 @@ def export_draft_model(out: str | Path, model: str = "default", target: str = DE
     from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, export_hf, load_student
     from specdec.loading import load_target
 
-    out = _check_out(out, force)
+    path = default_student_path() if model == DEFAULT_DRAFT else Path(model).expanduser()
+    out = _check_out(out, force, path)
     target_model, tokenizer = load_target(target)
-    student = load_student(default_student_path() if model == DEFAULT_DRAFT else model, target_model)
-    return export_hf(out, student, tokenizer)
+    return export_hf(out, load_student(path, target_model), tokenizer, source=path)
 
 
 def export_eagle(out: str | Path, model: str = "default", target: str = DEFAULT_TARGET, force: bool = False,
@@ -65,9 +84,9 @@ def export_eagle(out: str | Path, model: str = "default", target: str = DEFAULT_
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"--k must be an integer >= 1 (draft tokens per step), got {k!r}")
-    out = _check_out(out, force)
-    target_model, _ = load_target(target)
     path = default_eagle_path() if model == "default" else Path(model).expanduser()
+    out = _check_out(out, force, path)
+    target_model, _ = load_target(target)
     drafter = load_eagle(path, target_config=target_model.config)
     verifier = str(getattr(target_model, "name_or_path", "") or target)
     with atomic_dir(out) as tmp:

@@ -299,6 +299,68 @@ def test_a_student_for_another_target_is_refused(target, tmp_path, monkeypatch):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
 
 
+# --- bad student directories, and what the export command may replace --------------------------------------
+
+
+def test_a_student_whose_config_disagrees_with_its_weights_is_named(target, tmp_path):
+    """A config.json whose shapes are not the weights' (intermediate_size edited) is named with the tensor and
+    both shapes, for the run and the export command alike, not transformers' raw size-mismatch error."""
+    save_student(tmp_path, init_student(target, [0, 3]), layers=[0, 3])
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    named = (r"model.safetensors': model.layers.0.mlp.(gate|up|down)_proj.weight has shape \[(64, 32|32, 64)\], its "
+             r"config \(.*config.json'\) implies \[(48, 32|32, 48)\].*restore the config.json")
+    with pytest.raises(CheckpointError, match=named):
+        load_student(tmp_path, target)
+    with pytest.raises(CheckpointError, match=named):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path)), target=target)
+
+
+@pytest.mark.parametrize("text", ['{"architectures": ["LlamaForCausalLM"], "hidden_si', "[1, 2]", "\xff\xfe"])
+def test_a_student_whose_config_cannot_be_read_is_named(target, tmp_path, text):
+    """A truncated or garbage config.json is reported as such, whatever drafter.draft_vocab asks of the directory
+    (not as a model directory without token counts)."""
+    save_student(tmp_path, init_student(target, [0]), layers=[0])
+    (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+    for draft_vocab in (8, 0):
+        with pytest.raises(CheckpointError, match=r"config.json' (is not readable JSON|holds a JSON list).*restore it"):
+            DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=draft_vocab),
+                                          target=target)
+    with pytest.raises(CheckpointError, match="restore it"):
+        load_student(tmp_path, target)
+
+
+def test_export_force_replaces_only_an_earlier_export(tmp_path, tiny_pair, capsys):
+    """--force replaces a directory the export command wrote (config.json's specdec.exported_from), never a full
+    model directory that merely has a config.json, nor the --model directory itself; a student whose config does
+    not match its weights is named, and nothing is written."""
+    from specdec.export import main
+
+    model, tokenizer = tiny_pair
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    (tmp_path / "target" / "NOTES.md").write_text("mine")
+    save_student(tmp_path / "student", trained_like(init_student(model, [0])), layers=[0])
+    before = {p.name: p.read_bytes() for d in ("target", "student") for p in (tmp_path / d).iterdir()}
+    args = ["draft_model", "--model", str(tmp_path / "student"), "--target", str(tmp_path / "target"), "--force",
+            "--out"]
+    capsys.readouterr()
+    assert main(args + [str(tmp_path / "target")]) == 2
+    assert "is not a directory this command wrote" in capsys.readouterr().err
+    for out in (tmp_path / "student", tmp_path / "target" / ".." / "student", tmp_path):
+        assert main(args + [str(out)]) == 2
+        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
+    assert before == {p.name: p.read_bytes() for d in ("target", "student") for p in (tmp_path / d).iterdir()}
+    assert main(args + [str(tmp_path / "hf")]) == 0 and main(args + [str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["specdec"]["exported_from"] == str(
+        tmp_path / "student")
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    (tmp_path / "student" / "config.json").write_text(json.dumps({**config, "intermediate_size": 24}))
+    capsys.readouterr()
+    assert main(args + [str(tmp_path / "new")]) == 2 and not (tmp_path / "new").exists()
+    assert "has shape" in capsys.readouterr().err
+
+
 def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, tiny_pair):
     """What ``python -m specdec.train method=draft_model ...`` runs: the composed config (the method's YAML
     over its schema), the target loaded from a model directory, a few steps, the lean student."""

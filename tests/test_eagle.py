@@ -321,6 +321,34 @@ def test_the_export_command_writes_the_speculators_format_vllm_serves(tiny_pair,
     assert "--model" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+def test_export_force_replaces_only_an_earlier_export(tiny_pair, tmp_path, capsys):  # noqa: F811
+    """--force replaces a directory the export command wrote (config.json's specdec.exported_from), never a model
+    directory that merely has a config.json, nor the --model directory itself (however the path is spelled)."""
+    from specdec.export import main
+
+    target, tokenizer = tiny_pair
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    (tmp_path / "target" / "NOTES.md").write_text("mine")
+    save_eagle(tmp_path / "trained", random_eagle(target, draft_vocab=8, aux=(0, 1, 1)))
+    before = {p.name: p.read_bytes() for d in ("target", "trained") for p in (tmp_path / d).iterdir()}
+    args = ["eagle", "--model", str(tmp_path / "trained"), "--target", str(tmp_path / "target"), "--force", "--out"]
+    capsys.readouterr()
+    assert main(args + [str(tmp_path / "target")]) == 2
+    assert "is not a directory this command wrote" in capsys.readouterr().err
+    for out in (tmp_path / "trained", tmp_path / "target" / ".." / "trained", tmp_path):
+        assert main(args + [str(out)]) == 2
+        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
+    assert before == {p.name: p.read_bytes() for d in ("target", "trained") for p in (tmp_path / d).iterdir()}
+    assert main(args + [str(tmp_path / "out")]) == 0 and main(args + [str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["specdec"]["exported_from"] == str(
+        tmp_path / "trained")
+    again = ["eagle", "--model", str(tmp_path / "out"), "--target", str(tmp_path / "target"), "--force", "--out"]
+    assert main(again + [str(tmp_path / "out")]) == 2  # an export is a drafter too: not replaced by itself
+    assert "is (or holds) the drafter being exported" in capsys.readouterr().err
+    assert main(again + [str(tmp_path / "again")]) == 0
+
+
 def test_drafter_for_another_target_is_refused(target, tmp_path):
     save_eagle(tmp_path, random_eagle(target))
     other = tiny_llama(vocab_size=80, layers=4, seed=1)
@@ -329,6 +357,44 @@ def test_drafter_for_another_target_is_refused(target, tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_eagle(tmp_path, target_config=target.config)
+
+
+def test_a_draft_vocabulary_without_its_map_is_refused(target, tmp_path):
+    """A drafter over Dv < V draft tokens needs ``d2t`` (or ``t2d``, from which d2t reads off) to map them to
+    target ids; without either it would draft target ids 0..Dv-1 (the shipped drafter: α 0.000 instead of
+    0.400), so it is refused by name. Either one alone is enough."""
+    model = random_eagle(target, draft_vocab=40)
+    save_eagle(tmp_path / "full", model)
+    tensors = load_file(str(tmp_path / "full" / "model.safetensors"))
+    config = (tmp_path / "full" / "config.json").read_text()
+
+    def saved(name, drop=(), **replace):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(config)
+        save_file({**{k: v for k, v in tensors.items() if k not in drop}, **replace},
+                  str(tmp_path / name / "model.safetensors"))
+        return tmp_path / name
+
+    for name, drop in (("no_t2d", ["t2d"]), ("no_d2t", ["d2t"])):
+        back = load_eagle(saved(name, drop), target_config=target.config)
+        assert torch.equal(back.token_ids, model.token_ids), name
+    with pytest.raises(CheckpointError, match=r"no_map/model.safetensors' has no d2t .*draft_vocab_size 40 is not "
+                                              r"its vocab_size 64.*restore the file"):
+        load_eagle(saved("no_map", ["d2t", "t2d"]), target_config=target.config)
+    with pytest.raises(CheckpointError, match=r"d2t \(shape \[39\]\) is not 40 offsets to target ids in \[0, 64\)"):
+        load_eagle(saved("short_d2t", d2t=tensors["d2t"][:39].contiguous()), target_config=target.config)
+
+
+def test_the_shipped_drafter_without_d2t_is_refused(tmp_path):
+    import shutil
+
+    from specdec.drafters.eagle.model import default_eagle_path
+
+    shutil.copytree(default_eagle_path(), tmp_path / "eagle")
+    weights = tmp_path / "eagle" / "model.safetensors"
+    save_file({k: v for k, v in load_file(str(weights)).items() if k not in ("d2t", "t2d")}, str(weights))
+    with pytest.raises(CheckpointError, match=r"has no d2t .*draft_vocab_size 8192 is not its vocab_size 49152"):
+        load_eagle(tmp_path / "eagle")
 
 
 def test_pack_keeps_sequences_whole_and_labels_shifted():

@@ -45,14 +45,23 @@ def default_student_path() -> Path:
 
 
 def is_student_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a directory written by :func:`save_student` (a config.json with a specdec section)."""
+    """Whether ``path`` is a directory written by :func:`save_student` (a config.json with a specdec section).
+    A config.json that cannot be read (truncated, not JSON, not an object) raises
+    :class:`~specdec.errors.CheckpointError` naming it: such a directory is no kind of model, and taking it for
+    another kind would blame the wrong thing."""
     config = Path(path).expanduser() / "config.json"
     if not config.is_file():
         return False
     try:
-        return json.loads(config.read_text()).get("specdec", {}).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+        raw = json.loads(config.read_text())
+    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{str(config)!r} is not readable JSON ({err}); it is truncated or corrupt: restore "
+                              f"it (an interrupted copy leaves truncated files), or {_HINT}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{str(config)!r} holds a JSON {type(raw).__name__}, not a model config (an object); "
+                              f"restore it, or {_HINT}")
+    section = raw.get("specdec")
+    return isinstance(section, dict) and section.get("format") == FORMAT
 
 
 def from_target(config: Any) -> list[str]:
@@ -171,24 +180,37 @@ def load_student(path: str | Path, target: nn.Module) -> nn.Module:
     _check_target(section, target.config, directory)
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     student = AutoModelForCausalLM.from_config(config)
-    tensors = read_tensors(directory / "model.safetensors", what="distilled draft model", hint=_HINT)
+    weights = directory / "model.safetensors"
+    tensors = read_tensors(weights, what="distilled draft model", hint=_HINT)
     taken = set(section["from_target"]) | {LM_HEAD}
     expected = set(student.state_dict()) - taken
     if set(tensors) != expected:
-        raise CheckpointError(f"{str(directory / 'model.safetensors')!r} does not match its config: missing "
+        raise CheckpointError(f"{str(weights)!r} does not match its config: missing "
                               f"{sorted(expected - set(tensors))[:6]}, unexpected {sorted(set(tensors) - expected)[:6]}; "
                               f"{_HINT}")
+    state = student.state_dict()
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise CheckpointError(f"{str(weights)!r}: {name} has shape {list(tensor.shape)}, its config "
+                                  f"({str(directory / 'config.json')!r}) implies {list(state[name].shape)}: the two "
+                                  f"were not written together; restore the config.json the training run wrote, or "
+                                  f"{_HINT}")
     student.load_state_dict(tensors, strict=False)
     student.to(device=target.device, dtype=target.dtype)
     _stitch(student, target)
     return student.eval()
 
 
-def export_hf(directory: str | Path, student: nn.Module, tokenizer: Any = None) -> Path:
+def export_hf(directory: str | Path, student: nn.Module, tokenizer: Any = None, source: str | Path = "") -> Path:
     """A standalone transformers model directory (every weight, embeddings included; the tokenizer's files
-    when given one), written to a temporary directory then renamed into place."""
+    when given one), written to a temporary directory then renamed into place. Its config.json names the
+    student it came from (``specdec.exported_from``: ``source``), the mark by which ``python -m specdec.export
+    --force`` knows a directory it may replace."""
     with atomic_dir(directory) as tmp:
         student.save_pretrained(tmp, safe_serialization=True)
+        config = json.loads((tmp / "config.json").read_text())
+        config["specdec"] = {"exported_from": str(source)}
+        write_json(tmp / "config.json", config)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(directory)
