@@ -92,7 +92,13 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
             os.replace(path, old / path.name)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:  # the directory that was there goes back
+                os.replace(old / path.name, path)
+                old.rmdir()
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

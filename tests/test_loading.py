@@ -252,3 +252,26 @@ def test_results_and_exports_get_the_permissions_a_plain_open_gives(tmp_path):
         assert ((tmp_path / "export").stat().st_mode & 0o777) == 0o755
     finally:
         os.umask(mask)
+
+
+def test_a_directory_replaced_atomically_comes_back_when_the_last_rename_fails(tmp_path, monkeypatch):
+    import os
+
+    import specdec.io
+    from specdec.io import atomic_dir
+
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "old").write_text("kept")
+    real, calls = os.replace, []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # moving the new directory into place
+            raise OSError("disk full")
+        return real(src, dst)
+
+    monkeypatch.setattr(specdec.io.os, "replace", flaky)
+    with pytest.raises(OSError, match="disk full"), atomic_dir(target) as tmp:
+        (tmp / "new").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"] and (target / "old").read_text() == "kept"
