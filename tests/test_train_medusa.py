@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_heads
+from specdec.errors import CheckpointError
 from specdec.training import checkpoint
 from specdec.training.checkpoint import load_checkpoint, save_checkpoint
 from specdec.config import TargetConfig
@@ -27,7 +30,9 @@ from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_la
 from specdec.training.methods.medusa import MedusaMethodConfig
 from specdec.training.methods.medusa.objective import (head_labels, medusa_loss, soft_targets, tree_from_ranks,
                                                        with_previous_token)
-from specdec.training.trainer import train
+from specdec.training import export as export_module
+from specdec.training.export import export
+from specdec.training.trainer import check_config, train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",
@@ -49,8 +54,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['cont
 
 
 def tiny_config(out: Path, **method) -> TrainConfig:
-    cfg = TrainConfig(method=MedusaMethodConfig(num_heads=3, tree_nodes=5, **method), target=TargetConfig(name="tiny"),
-                      output_dir=str(out), save_every=2, log_every=1)
+    method = {"num_heads": 3, "tree_nodes": 5, "draft_vocab": None, **method}  # the 34-token vocabulary, all of it
+    cfg = TrainConfig(method=MedusaMethodConfig(**method), target=TargetConfig(name="tiny"), output_dir=str(out),
+                      save_every=2, log_every=1)
     cfg.data.num_prompts, cfg.data.max_new_tokens, cfg.data.batch_size, cfg.data.text_seq_len = 6, 10, 4, 64
     cfg.eval.limit_per_source, cfg.eval.max_new_tokens = 2, 6
     cfg.optim.epochs, cfg.optim.batch_size, cfg.optim.warmup_steps, cfg.optim.lr = 3, 8, 2, 1e-2
@@ -129,6 +135,18 @@ def test_training_with_a_draft_vocabulary_decodes_exactly(tiny_pair, tmp_path):
     assert out.sequences == reference.sequences
 
 
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_any_work(tiny_pair, tmp_path):
+    labels = torch.tensor([[5, 5], [5, 7]])
+    with pytest.raises(ValueError, match=r"method.draft_vocab=11 must be null \(the whole vocabulary\) or in "
+                                         r"\[1, 10\]"):
+        draft_vocabulary(labels, vocab_size=10, size=11)
+    model, tokenizer = tiny_pair
+    cfg = tiny_config(tmp_path / "run", draft_vocab=len(WORDS) + 1)
+    with pytest.raises(ValueError, match=r"method.draft_vocab=35 .*\[1, 34\]: the target's vocabulary has 34 tokens"):
+        train(cfg, model, tokenizer)
+    assert not (tmp_path / "run" / "data.safetensors").exists()
+
+
 def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monkeypatch):
     model, tokenizer = tiny_pair
     straight = train(tiny_config(tmp_path / "straight"), model, tokenizer)
@@ -205,6 +223,55 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     for name, value in fresh.state_dict().items():
         assert torch.equal(value, saved[name])
     assert fresh_opt.state_dict()["state"][0]["exp_avg"].abs().sum() > 0
+
+
+def _checkpointed_heads(directory: Path, steps: tuple[int, ...] = (1,)) -> tuple[MedusaHeads, torch.optim.Optimizer]:
+    heads = MedusaHeads(8, 12, 2)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=0.1)
+    heads(torch.randn(3, 8), torch.randn(12, 8)).sum().backward()
+    optimizer.step()
+    for step in steps:
+        save_checkpoint(directory, step, heads, optimizer, {})
+    return heads, optimizer
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda step: _truncate(step / "model.safetensors"), "step-1/model.safetensors"),
+    (lambda step: _truncate(step / "optimizer.safetensors"), "step-1/optimizer.safetensors"),
+    (lambda step: (step / "state.json").write_text('{"format": "specdec-tr'), "step-1/state.json"),
+    (lambda step: (step / "state.json").write_text("[]"), "step-1/state.json"),
+    (lambda step: shutil.rmtree(step), "checkpoints/latest' names the checkpoint .*step-1"),
+], ids=["model", "optimizer", "state-json", "state-not-object", "latest-to-missing"])
+def test_a_damaged_checkpoint_is_named_with_a_remedy_that_works(tmp_path, damage, named):
+    """save_checkpoint prunes older steps, so the remedy for the only checkpoint is to start over (the data
+    kept), and doing what the error says lets the run start."""
+    heads, optimizer = _checkpointed_heads(tmp_path)
+    damage(tmp_path / "checkpoints" / "step-1")
+    root = tmp_path / "checkpoints"
+    with pytest.raises(CheckpointError, match=f"{named}.*no other checkpoint is left: delete '{re.escape(str(root))}' "
+                                              f"to start the run over .*data.safetensors', is kept"):
+        load_checkpoint(tmp_path, heads, optimizer)
+    shutil.rmtree(root)
+    assert load_checkpoint(tmp_path, heads, optimizer) == 0
+
+
+def test_a_damaged_checkpoint_names_the_older_one_left_and_resumes_from_it(tmp_path):
+    _checkpointed_heads(tmp_path / "old")
+    heads, optimizer = _checkpointed_heads(tmp_path, steps=(2,))
+    shutil.copytree(tmp_path / "old" / "checkpoints" / "step-1", tmp_path / "checkpoints" / "step-1")  # a crash
+    _truncate(tmp_path / "checkpoints" / "step-2" / "model.safetensors")  # between publishing and pruning
+    root = tmp_path / "checkpoints"
+    remedy = (f"resume from '{root / 'step-1'}' instead, delete '{root / 'step-2'}' and write 'step-1' into "
+              f"'{root / 'latest'}'")
+    with pytest.raises(CheckpointError, match=re.escape(remedy)):
+        load_checkpoint(tmp_path, heads, optimizer)
+    shutil.rmtree(root / "step-2")
+    (root / "latest").write_text("step-1")
+    assert load_checkpoint(tmp_path, heads, optimizer) == 1
 
 
 def test_data_cache_from_another_config_is_refused(tiny_pair, tmp_path):
@@ -343,6 +410,65 @@ def test_bad_export_dtype_is_refused_before_any_work(tiny_pair, tmp_path):
     with pytest.raises(ValueError, match="export_dtype='float17'"):
         train(cfg, model, tokenizer)
     assert not (tmp_path / "run" / "data.safetensors").exists() and not (tmp_path / "export").exists()
+
+
+class _FileMethod:
+    """What export asks of a method, writing ``model`` (a string) as its weight file."""
+
+    name, description, reference, weights_file = "file", "a text file", "", "weights.txt"
+
+    def save(self, model, path, target_name, metrics, dtype=None):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(model)
+
+
+def test_an_export_of_another_run_is_refused_before_any_work(tiny_pair, tmp_path):
+    """export= holding another run's weights + provenance.json: refused before the data are built, and again
+    at export time; the same run re-exports there, and a new or unrelated directory takes an export."""
+    model, tokenizer = tiny_pair
+    first = tiny_config(tmp_path / "first")
+    first.export = str(tmp_path / "export")
+    export(Path(first.export), _FileMethod(), "first's", first, {"times_s": {}}, {})
+    assert json.loads((tmp_path / "export" / "provenance.json").read_text())["output_dir"] == str(tmp_path / "first")
+    second = tiny_config(tmp_path / "second")
+    second.export, second.seed = first.export, 1
+    message = re.escape(f"export='{tmp_path / 'export'}' already holds the export of another run (output_dir="
+                        f"'{tmp_path / 'first'}', run_name='smollm2-135m')") + ".*another export= directory, or delete"
+    with pytest.raises(ValueError, match=message):
+        train(second, model, tokenizer)
+    assert not (tmp_path / "second" / "data.safetensors").exists()
+    with pytest.raises(ValueError, match=message):
+        export(Path(second.export), _FileMethod(), "second's", second, {"times_s": {}}, {})
+    assert (tmp_path / "export" / "weights.txt").read_text() == "first's"
+    export(Path(first.export), _FileMethod(), "first's again", first, {"times_s": {}}, {})  # the same run
+    assert (tmp_path / "export" / "weights.txt").read_text() == "first's again"
+    (tmp_path / "unrelated").mkdir()
+    (tmp_path / "unrelated" / "notes.txt").write_text("mine")
+    for directory in ("new", "unrelated"):
+        second.export = str(tmp_path / directory)
+        check_config(second)
+        export(Path(second.export), _FileMethod(), "second's", second, {"times_s": {}}, {})
+        assert (tmp_path / directory / "weights.txt").read_text() == "second's"
+    assert (tmp_path / "unrelated" / "notes.txt").read_text() == "mine"
+    (tmp_path / "export" / "provenance.json").write_text('{"config": ')
+    second.export = first.export
+    with pytest.raises(ValueError, match="provenance.json that cannot be read"):
+        check_config(second)
+
+
+def test_a_failed_export_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    cfg = tiny_config(tmp_path / "run")
+    export(tmp_path / "export", _FileMethod(), "old", cfg, {"times_s": {}, "score": 1.0}, {})
+
+    def crash(path, obj):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export_module, "write_json", crash)
+    with pytest.raises(OSError, match="disk full"):
+        export(tmp_path / "export", _FileMethod(), "new", cfg, {"times_s": {}, "score": 2.0}, {})
+    assert (tmp_path / "export" / "weights.txt").read_text() == "old"  # weights and provenance still a pair
+    assert json.loads((tmp_path / "export" / "provenance.json").read_text())["metrics"]["score"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["provenance.json", "weights.txt"]
 
 
 def test_soft_targets_are_the_targets_distribution_over_each_label():

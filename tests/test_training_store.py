@@ -4,6 +4,8 @@ prompt files is the one built from the corpora."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_train_medusa import tiny_config, tiny_pair  # noqa: F401  (tiny_pair: a fixture)
@@ -34,6 +36,22 @@ def test_stored_layers_and_topk_line_up_with_the_answers(tiny_pair, tmp_path):
     stored = load_splits(tmp_path / "data.safetensors")
     assert all(torch.equal(stored[n].features, s.features) and torch.equal(stored[n].topk_ids, s.topk_ids)
                for n, s in splits.items())
+
+
+@pytest.mark.parametrize("aux_layers, outside", [([0, 5], [5]), ([0, 1], [1])])  # 1: a hidden state, no layer
+def test_eagle_layers_beyond_the_target_are_refused_before_the_store_is_built(tiny_pair, tmp_path, aux_layers,
+                                                                              outside):
+    from specdec.training.methods.eagle import EagleMethodConfig
+    from specdec.training.trainer import train
+
+    model, tokenizer = tiny_pair  # one decoder layer
+    cfg = tiny_config(tmp_path / "run")
+    cfg.method = EagleMethodConfig(aux_layers=aux_layers, draft_vocab=None, chunk_len=32)
+    with pytest.raises(ValueError, match=re.escape(f"method.aux_layers={aux_layers} must be a non-empty list of "
+                                                   f"target layer ids in [0, 0] for this 1-layer target (outside "
+                                                   f"it: {outside})")):
+        train(cfg, model, tokenizer)
+    assert not (tmp_path / "run" / "data.safetensors").exists()
 
 
 def test_a_store_built_from_prompt_files_equals_the_generated_one(tiny_pair, tmp_path):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from specdec.errors import CheckpointError
 from specdec.io import read_tensors
 
 FORMAT = "specdec-train-1"
@@ -66,21 +67,48 @@ def _unaliased(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The latest checkpoint's directory and state, or None without one. Raises ValueError for a checkpoint
-    of another format."""
-    latest = directory / "checkpoints" / "latest"
+    """The latest checkpoint's directory and state, or None without one. Raises CheckpointError for a checkpoint
+    of another format, or one whose ``latest`` or ``state.json`` is missing or unreadable."""
+    root = directory / "checkpoints"
+    latest = root / "latest"
     if not latest.is_file():
         return None
-    ckpt = directory / "checkpoints" / latest.read_text().strip()
-    meta = json.loads((ckpt / "state.json").read_text())
+    ckpt = root / latest.read_text().strip()
+    state = ckpt / "state.json"
+    if not state.is_file():
+        raise CheckpointError(f"{str(latest)!r} names the checkpoint {str(ckpt)!r}, which has no state.json; "
+                              f"{_restart_hint(directory, ckpt)}")
+    try:
+        meta = json.loads(state.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{str(state)!r} is not readable JSON ({exc}): truncated or corrupt; "
+                              f"{_restart_hint(directory, ckpt)}") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{str(state)!r} holds a JSON {type(meta).__name__}, not a checkpoint's state; "
+                              f"{_restart_hint(directory, ckpt)}")
     if meta.get("format") != FORMAT:
         written_by = (f"format {meta['format']!r}" if "format" in meta else
                       "`python -m specdec.train_medusa` before the training package")
-        raise ValueError(f"the checkpoint in {str(ckpt)!r} was written by {written_by} and is not resumed by this "
-                         f"version ({FORMAT!r}); finish that run with the version that wrote it, or delete "
-                         f"{str(directory / 'checkpoints')!r} to train from the start, or use another run_name "
-                         f"(or output_dir)")
+        raise CheckpointError(f"the checkpoint in {str(ckpt)!r} was written by {written_by} and is not resumed by "
+                              f"this version ({FORMAT!r}); finish that run with the version that wrote it, or delete "
+                              f"{str(root)!r} to train from the start, or use another run_name (or output_dir)")
+    if not {"step", "param_groups"} <= set(meta):
+        raise CheckpointError(f"{str(state)!r} lacks {sorted({'step', 'param_groups'} - set(meta))}: truncated or "
+                              f"corrupt; {_restart_hint(directory, ckpt)}")
     return ckpt, meta
+
+
+def _restart_hint(directory: Path, bad: Path) -> str:
+    """What to do about the unusable checkpoint ``bad``: resume from an older complete one where one is left
+    (a crash between publishing a step and pruning the one before), else start the run over."""
+    root = directory / "checkpoints"
+    older = sorted((p for p in root.glob("step-*") if p != bad and (p / "state.json").is_file()
+                    and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
+    if older:
+        return (f"to resume from {str(older[-1])!r} instead, delete {str(bad)!r} and write {older[-1].name!r} into "
+                f"{str(root / 'latest')!r}; or delete {str(root)!r} to start the run over")
+    return (f"no other checkpoint is left: delete {str(root)!r} to start the run over (the built data, "
+            f"{str(directory / 'data.safetensors')!r}, is kept and reused)")
 
 
 def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -92,15 +120,15 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
         return 0
     ckpt, meta = found
     if expect is not None and meta.get("run") != expect:
-        raise ValueError(f"the checkpoint in {str(ckpt)!r} was written with another training configuration "
-                         f"({meta.get('run')} vs {expect}); use another run_name, or delete the directory to "
-                         f"start over")
-    hint = f"delete the checkpoint directory {str(ckpt)!r} to resume from the one before it, or start over"
+        raise CheckpointError(f"the checkpoint in {str(ckpt)!r} was written with another training configuration "
+                              f"({meta.get('run')} vs {expect}); use another run_name (or output_dir), or delete "
+                              f"{str(directory / 'checkpoints')!r} to start over")
+    hint = _restart_hint(directory, ckpt)
     tensors = read_tensors(ckpt / "model.safetensors", what="training checkpoint", hint=hint)
     expected = set(_unaliased_names(model.state_dict()))
     if set(tensors) != expected:
-        raise ValueError(f"the checkpoint in {str(ckpt)!r} holds other weights than this model "
-                         f"({sorted(set(tensors) ^ expected)[:6]} differ); {hint}")
+        raise CheckpointError(f"the checkpoint in {str(ckpt)!r} holds other weights than this model "
+                              f"({sorted(set(tensors) ^ expected)[:6]} differ); {hint}")
     model.load_state_dict(tensors, strict=False)  # aliases of a loaded tensor are loaded with it
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in read_tensors(ckpt / "optimizer.safetensors", what="training checkpoint", hint=hint).items():

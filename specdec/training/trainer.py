@@ -16,7 +16,7 @@ import torch
 
 from specdec.io import write_json
 from specdec.training.distill.store import Split, build_seconds, load_or_build
-from specdec.training.export import export, export_dtype, plain
+from specdec.training.export import check_export, export, export_dtype, plain
 from specdec.training.loop import fit
 from specdec.training.methods import TrainMethod, build_method
 
@@ -24,6 +24,7 @@ from specdec.training.methods import TrainMethod, build_method
 def check_config(cfg: Any) -> None:
     """Refuse bad values before any work (data, training) is done."""
     export_dtype(cfg.export_dtype)
+    check_export(cfg)
     if not 0.0 <= cfg.data.magpie_fraction <= 1.0:
         raise ValueError(f"data.magpie_fraction must be in [0, 1], got {cfg.data.magpie_fraction}")
     if cfg.data.prompts_file is not None:
@@ -74,6 +75,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     if target is None:
         target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=accelerator.device)
     target.requires_grad_(False)
+    method.check_target(target)
     with accelerator.main_process_first():  # the main process builds the data; the others read its store
         splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors")
     times["data_s"] = time.perf_counter() - start

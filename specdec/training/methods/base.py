@@ -45,6 +45,10 @@ class TrainMethod(ABC):
         """The settings a checkpoint must have been written with to be resumed (evaluation-only ones left out)."""
         return dict(vars(self.cfg))
 
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Refuse settings ``target`` cannot serve (layer ids, vocabulary sizes); called as soon as the target is
+        loaded, before any data are built."""
+
     @abstractmethod
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> torch.nn.Module:
         """Build the trainable model for ``target`` and prepare the training examples from ``splits``."""

@@ -17,7 +17,7 @@ import torch
 
 from specdec.drafters.eagle.model import EagleConfig, EagleModel, save_eagle
 from specdec.training.distill.store import DataNeeds, Split
-from specdec.training.distill.vocab import draft_vocabulary
+from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
 from specdec.training.distill.packing import chain_tau, pack, sequence_pairs
 from specdec.training.methods.eagle.objective import chain_matches, eagle_loss
@@ -56,12 +56,17 @@ class EagleMethod(TrainMethod):
     def run_config(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self.cfg).items() if k != "eval_depth"}
 
+    def check_target(self, target: torch.nn.Module) -> None:
+        layers, aux = target.config.num_hidden_layers, list(self.cfg.aux_layers)
+        outside = [i for i in aux if not 0 <= i < layers]
+        if not aux or outside:
+            raise ValueError(f"method.aux_layers={aux} must be a non-empty list of target layer ids in "
+                             f"[0, {layers - 1}] for this {layers}-layer target (outside it: {outside})")
+        check_draft_vocab(self.cfg.draft_vocab, target.get_output_embeddings().weight.shape[0])
+
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> EagleModel:
         cfg, train = self.cfg, splits["train"]
-        layers = target.config.num_hidden_layers
-        if max(cfg.aux_layers) >= layers or min(cfg.aux_layers) < 0:
-            raise ValueError(f"method.aux_layers={list(cfg.aux_layers)} must lie in [0, {layers - 1}] for this "
-                             f"{layers}-layer target")
+        self.check_target(target)
         full_lm_head = target.get_output_embeddings().weight.detach().to(device)  # [V, H], frozen
         vocab = full_lm_head.shape[0]
         self.token_ids = draft_vocabulary(torch.cat([train.context, train.tokens]), vocab, cfg.draft_vocab)

@@ -19,7 +19,7 @@ import torch
 
 from specdec.drafters.medusa import MedusaHeads, save_heads
 from specdec.training.distill.store import Split
-from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_labels
+from specdec.training.distill.vocab import IGNORE, check_draft_vocab, draft_vocabulary, to_draft_labels
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
 from specdec.training.methods.medusa.objective import (accuracies, head_labels, known_embeddings, label_ranks,
                                                        medusa_loss, soft_targets, tree_from_ranks, tree_tau,
@@ -54,6 +54,9 @@ class MedusaMethod(TrainMethod):
 
     def run_config(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self.cfg).items() if k not in ("tree_nodes", "max_rank")}
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        check_draft_vocab(self.cfg.draft_vocab, target.get_output_embeddings().weight.shape[0])
 
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> MedusaHeads:
         cfg = self.cfg
