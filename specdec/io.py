@@ -51,6 +51,20 @@ def read_tensors(path: str | Path, *, what: str, hint: str) -> dict[str, torch.T
         raise _unreadable(path, what, hint, exc) from exc
 
 
+def read_json_object(path: str | Path, *, hint: str, what: str = "a JSON object") -> dict[str, Any]:
+    """The JSON object in the file at ``path``; a :class:`~specdec.errors.CheckpointError` naming the file and
+    ``hint`` (what to do) when it cannot be read, is not JSON (truncated, corrupt) or holds something else
+    than an object (``what`` names what it should hold)."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{str(path)!r} is not readable JSON ({exc}): truncated or corrupt; {hint}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{str(path)!r} holds a JSON {type(value).__name__}, not {what}; {hint}")
+    return value
+
+
 # --- atomic writes: a crash mid-write never leaves a truncated results file, summary or plot ---------------
 
 

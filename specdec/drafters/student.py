@@ -30,7 +30,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from specdec.errors import CheckpointError, VocabMismatchError
-from specdec.io import atomic_dir, atomic_write, read_tensors, write_json
+from specdec.io import atomic_dir, atomic_write, read_json_object, read_tensors, write_json
 
 FORMAT = "specdec-draft-model-1"
 DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target
@@ -52,14 +52,8 @@ def is_student_dir(path: str | Path) -> bool:
     config = Path(path).expanduser() / "config.json"
     if not config.is_file():
         return False
-    try:
-        raw = json.loads(config.read_text())
-    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise CheckpointError(f"{str(config)!r} is not readable JSON ({err}); it is truncated or corrupt: restore "
-                              f"it (an interrupted copy leaves truncated files), or {_HINT}") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{str(config)!r} holds a JSON {type(raw).__name__}, not a model config (an object); "
-                              f"restore it, or {_HINT}")
+    raw = read_json_object(config, what="a model config (an object)",
+                           hint=f"restore it (an interrupted copy leaves truncated files), or {_HINT}")
     section = raw.get("specdec")
     return isinstance(section, dict) and section.get("format") == FORMAT
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import CheckpointError
-from specdec.io import read_tensors
+from specdec.io import read_json_object, read_tensors
 
 FORMAT = "specdec-train-1"
 
@@ -78,14 +78,7 @@ def _latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     if not state.is_file():
         raise CheckpointError(f"{str(latest)!r} names the checkpoint {str(ckpt)!r}, which has no state.json; "
                               f"{_restart_hint(directory, ckpt)}")
-    try:
-        meta = json.loads(state.read_text())
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise CheckpointError(f"{str(state)!r} is not readable JSON ({exc}): truncated or corrupt; "
-                              f"{_restart_hint(directory, ckpt)}") from exc
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{str(state)!r} holds a JSON {type(meta).__name__}, not a checkpoint's state; "
-                              f"{_restart_hint(directory, ckpt)}")
+    meta = read_json_object(state, what="a checkpoint's state", hint=_restart_hint(directory, ckpt))
     if meta.get("format") != FORMAT:
         written_by = (f"format {meta['format']!r}" if "format" in meta else
                       "`python -m specdec.train_medusa` before the training package")

@@ -15,7 +15,6 @@ repository's (``midlayer.*`` weights, a flat Llama config).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch import nn
 
 from specdec.cache import KVCache
 from specdec.errors import CheckpointError
-from specdec.io import read_tensors, write_json
+from specdec.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
 from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product, fusable_input
 
@@ -362,10 +361,7 @@ def load_eagle(path: str | Path, *, target_config: Any | None = None) -> EagleMo
     directory = path.parent if path.is_file() else path
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"no EAGLE drafter at {str(path)!r} (no config.json there); {_HINT}")
-    try:
-        raw = json.loads((directory / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{str(directory / 'config.json')!r} is not readable JSON ({err}); {_HINT}") from None
+    raw = read_json_object(directory / "config.json", what="a drafter config (an object)", hint=_HINT)
     cfg, prefix = _config_from_json(raw, directory)
     if target_config is not None:
         _check_target(cfg, target_config, directory)
