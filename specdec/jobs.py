@@ -146,18 +146,26 @@ def _kept_message(found: list[Path], key: str) -> str:
 
 class KeepEarlierResults(Callback):
     """Hydra callback: refuse a run whose ``hydra.run.dir`` (or a multirun whose ``hydra.sweep.dir``) already
-    holds results, before Hydra writes its own files there. Exits with status 1 and the reason (Hydra's
-    callback runner lets SystemExit through, and only warns about other exceptions)."""
+    holds results, or cannot be written, before Hydra writes its own files there. Exits with status 1 and the
+    reason (Hydra's callback runner lets SystemExit through, and only warns about other exceptions)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        found = earlier_results(config.hydra.run.dir, config.results_file)
-        if found:
-            raise SystemExit(_kept_message(found, "hydra.run.dir"))
+        _claim(config.hydra.run.dir, "hydra.run.dir", earlier_results(config.hydra.run.dir, config.results_file))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        found = earlier_results(config.hydra.sweep.dir, config.results_file, sweep=True)
-        if found:
-            raise SystemExit(_kept_message(found, "hydra.sweep.dir"))
+        _claim(config.hydra.sweep.dir, "hydra.sweep.dir",
+               earlier_results(config.hydra.sweep.dir, config.results_file, sweep=True))
+
+
+def _claim(directory: str, key: str, found: list[Path]) -> None:
+    if found:
+        raise SystemExit(_kept_message(found, key))
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise SystemExit(f"{key}={directory!r} cannot be written ({exc}); choose a directory you can write to")
 
 
 def check_results_path(results_path: Path, results_file: str) -> None:

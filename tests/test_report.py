@@ -314,6 +314,9 @@ def test_earlier_results_are_refused_not_replaced(tmp_path: Path) -> None:
     proc = _run(["app.py", f"hydra.run.dir={tmp_path / 'other'}", f"results_file={tmp_path / 'afile' / 'r.json'}"],
                 tmp_path)
     assert proc.returncode == 1 and "results_file=" in proc.stderr and "cannot write into" in proc.stderr
+    for key, mode in (("hydra.run.dir", []), ("hydra.sweep.dir", ["-m"])):  # under a file: no directory there
+        proc = _run(["app.py", *mode, f"{key}={tmp_path / 'afile' / 'sub'}"], tmp_path)
+        assert proc.returncode == 1 and f"{key}=" in proc.stderr and "cannot be written" in proc.stderr, proc.stderr
 
 
 def test_every_entry_point_keeps_earlier_results() -> None:
