@@ -157,13 +157,18 @@ class KeepEarlierResults(Callback):
                earlier_results(config.hydra.sweep.dir, config.results_file, sweep=True))
 
 
+def _try_writing(directory: str | Path) -> None:
+    """Create ``directory`` if need be and write a temporary file there: an OSError where that cannot be done."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory):
+        pass
+
+
 def _claim(directory: str, key: str, found: list[Path]) -> None:
     if found:
         raise SystemExit(_kept_message(found, key))
     try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
+        _try_writing(directory)
     except OSError as exc:
         raise SystemExit(f"{key}={directory!r} cannot be written ({exc}); choose a directory you can write to")
 
@@ -175,9 +180,7 @@ def check_results_path(results_path: Path, results_file: str) -> None:
     if found:
         raise FileExistsError(_kept_message(found, "the run's output directory"))
     try:
-        results_path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=results_path.parent):
-            pass
+        _try_writing(results_path.parent)
     except OSError as exc:
         raise ValueError(f"results_file={results_file!r}: cannot write into {str(results_path.parent)!r} ({exc}); "
                          f"set results_file to a name (or path) in a writable directory") from exc

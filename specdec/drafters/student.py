@@ -31,6 +31,7 @@ from torch import nn
 
 from specdec.errors import CheckpointError, VocabMismatchError
 from specdec.io import atomic_dir, atomic_write, read_json_object, read_tensors, write_json
+from specdec.models import check_layer_ids
 
 FORMAT = "specdec-draft-model-1"
 DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target
@@ -70,10 +71,7 @@ def init_student(target: nn.Module, layers: Sequence[int], dtype: torch.dtype | 
     differs from the target's, e.g. a float32 student of a bfloat16 target)."""
     from transformers import AutoModelForCausalLM
 
-    total = target.config.num_hidden_layers
-    if not layers or min(layers) < 0 or max(layers) >= total:
-        raise ValueError(f"student layers {list(layers)} must be a non-empty list of target layer ids in "
-                         f"[0, {total - 1}]")
+    check_layer_ids("student layers", layers, target.config.num_hidden_layers)
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = len(layers)
     if getattr(config, "layer_types", None) is not None:  # newer transformers: one attention type per layer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import nn
 
 from specdec.models.graphs import GraphedDecoder, target_decoder
@@ -25,4 +27,15 @@ def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
     return HFDecoder(model)
 
 
-__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "supports", "target_decoder"]
+def check_layer_ids(what: str, layers: Sequence[int], total: int) -> None:
+    """Refuse ``layers`` unless it is a non-empty list of ids of a ``total``-layer target's layers; ``what``
+    names the setting in the message (e.g. ``method.aux_layers``)."""
+    layers = list(layers)
+    outside = [i for i in layers if not 0 <= i < total]
+    if not layers or outside:
+        raise ValueError(f"{what}={layers} must be a non-empty list of target layer ids in [0, {total - 1}] for this "
+                         f"{total}-layer target (outside it: {outside})")
+
+
+__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "check_layer_ids", "supports",
+           "target_decoder"]

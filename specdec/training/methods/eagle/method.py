@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from specdec.drafters.eagle.model import EagleConfig, EagleModel, save_eagle
+from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
@@ -57,11 +58,7 @@ class EagleMethod(TrainMethod):
         return {k: v for k, v in vars(self.cfg).items() if k != "eval_depth"}
 
     def check_target(self, target: torch.nn.Module) -> None:
-        layers, aux = target.config.num_hidden_layers, list(self.cfg.aux_layers)
-        outside = [i for i in aux if not 0 <= i < layers]
-        if not aux or outside:
-            raise ValueError(f"method.aux_layers={aux} must be a non-empty list of target layer ids in "
-                             f"[0, {layers - 1}] for this {layers}-layer target (outside it: {outside})")
+        check_layer_ids("method.aux_layers", self.cfg.aux_layers, target.config.num_hidden_layers)
         check_draft_vocab(self.cfg.draft_vocab, target.get_output_embeddings().weight.shape[0])
 
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> EagleModel:
