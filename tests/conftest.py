@@ -82,6 +82,31 @@ def shipped_drafter_taus(real_target, real_prompts, cfg) -> list[float]:
     return tau
 
 
+def check_export_force(kind: str, source, tmp_path, capsys) -> list[str]:
+    """``python -m specdec.export <kind> --model source --force``: refused over a model directory holding a
+    config.json and NOTES.md (``tmp_path / "target"``, the target, saved there by the caller) and over the
+    --model directory however spelled (or a directory holding it), those files left as they were; a new --out
+    written and then replaced, its config.json naming the source. Returns the arguments before the --out value."""
+    import json
+
+    from specdec.export import main
+
+    (tmp_path / "target" / "NOTES.md").write_text("mine")
+    dirs = ("target", source.name)
+    before = {p.name: p.read_bytes() for d in dirs for p in (tmp_path / d).iterdir()}
+    args = [kind, "--model", str(source), "--target", str(tmp_path / "target"), "--force", "--out"]
+    capsys.readouterr()
+    assert main(args + [str(tmp_path / "target")]) == 2
+    assert "is not a directory this command wrote" in capsys.readouterr().err
+    for out in (source, tmp_path / "target" / ".." / source.name, tmp_path):
+        assert main(args + [str(out)]) == 2
+        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
+    assert before == {p.name: p.read_bytes() for d in dirs for p in (tmp_path / d).iterdir()}
+    assert main(args + [str(tmp_path / "out")]) == 0 and main(args + [str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["specdec"]["exported_from"] == str(source)
+    return args
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests run where CUDA is present and are skipped (not failed) elsewhere, e.g. in CI."""
     if torch.cuda.is_available():

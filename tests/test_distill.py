@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import shipped_drafter_taus, tiny_llama
+from conftest import check_export_force, shipped_drafter_taus, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
 from specdec.drafters.student import export_hf, init_student, load_student, save_student
@@ -339,21 +339,8 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path, tiny_pair, capsy
     model, tokenizer = tiny_pair
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    (tmp_path / "target" / "NOTES.md").write_text("mine")
     save_student(tmp_path / "student", trained_like(init_student(model, [0])), layers=[0])
-    before = {p.name: p.read_bytes() for d in ("target", "student") for p in (tmp_path / d).iterdir()}
-    args = ["draft_model", "--model", str(tmp_path / "student"), "--target", str(tmp_path / "target"), "--force",
-            "--out"]
-    capsys.readouterr()
-    assert main(args + [str(tmp_path / "target")]) == 2
-    assert "is not a directory this command wrote" in capsys.readouterr().err
-    for out in (tmp_path / "student", tmp_path / "target" / ".." / "student", tmp_path):
-        assert main(args + [str(out)]) == 2
-        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
-    assert before == {p.name: p.read_bytes() for d in ("target", "student") for p in (tmp_path / d).iterdir()}
-    assert main(args + [str(tmp_path / "hf")]) == 0 and main(args + [str(tmp_path / "hf")]) == 0
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["specdec"]["exported_from"] == str(
-        tmp_path / "student")
+    args = check_export_force("draft_model", tmp_path / "student", tmp_path, capsys)
     config = json.loads((tmp_path / "student" / "config.json").read_text())
     (tmp_path / "student" / "config.json").write_text(json.dumps({**config, "intermediate_size": 24}))
     capsys.readouterr()

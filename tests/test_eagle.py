@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import shipped_drafter_taus, tiny_llama
+from conftest import check_export_force, shipped_drafter_taus, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import round_weights
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
@@ -329,20 +329,8 @@ def test_export_force_replaces_only_an_earlier_export(tiny_pair, tmp_path, capsy
     target, tokenizer = tiny_pair
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
-    (tmp_path / "target" / "NOTES.md").write_text("mine")
     save_eagle(tmp_path / "trained", random_eagle(target, draft_vocab=8, aux=(0, 1, 1)))
-    before = {p.name: p.read_bytes() for d in ("target", "trained") for p in (tmp_path / d).iterdir()}
-    args = ["eagle", "--model", str(tmp_path / "trained"), "--target", str(tmp_path / "target"), "--force", "--out"]
-    capsys.readouterr()
-    assert main(args + [str(tmp_path / "target")]) == 2
-    assert "is not a directory this command wrote" in capsys.readouterr().err
-    for out in (tmp_path / "trained", tmp_path / "target" / ".." / "trained", tmp_path):
-        assert main(args + [str(out)]) == 2
-        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
-    assert before == {p.name: p.read_bytes() for d in ("target", "trained") for p in (tmp_path / d).iterdir()}
-    assert main(args + [str(tmp_path / "out")]) == 0 and main(args + [str(tmp_path / "out")]) == 0
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["specdec"]["exported_from"] == str(
-        tmp_path / "trained")
+    check_export_force("eagle", tmp_path / "trained", tmp_path, capsys)
     again = ["eagle", "--model", str(tmp_path / "out"), "--target", str(tmp_path / "target"), "--force", "--out"]
     assert main(again + [str(tmp_path / "out")]) == 2  # an export is a drafter too: not replaced by itself
     assert "is (or holds) the drafter being exported" in capsys.readouterr().err
