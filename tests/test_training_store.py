@@ -38,18 +38,21 @@ def test_stored_layers_and_topk_line_up_with_the_answers(tiny_pair, tmp_path):
                for n, s in splits.items())
 
 
-@pytest.mark.parametrize("aux_layers, outside", [([0, 5], [5]), ([0, 1], [1])])  # 1: a hidden state, no layer
-def test_eagle_layers_beyond_the_target_are_refused_before_the_store_is_built(tiny_pair, tmp_path, aux_layers,
-                                                                              outside):
+@pytest.mark.parametrize("method, layers, outside", [("eagle", [0, 5], [5]), ("eagle", [0, 1], [1]),  # 1: a
+                                                     ("draft_model", [0, 3], [3])])  # hidden state, no layer
+def test_layers_beyond_the_target_are_refused_before_the_store_is_built(tiny_pair, tmp_path, method, layers, outside):
+    from specdec.training.methods.draft_model import DraftModelMethodConfig
     from specdec.training.methods.eagle import EagleMethodConfig
     from specdec.training.trainer import train
 
     model, tokenizer = tiny_pair  # one decoder layer
     cfg = tiny_config(tmp_path / "run")
-    cfg.method = EagleMethodConfig(aux_layers=aux_layers, draft_vocab=None, chunk_len=32)
-    with pytest.raises(ValueError, match=re.escape(f"method.aux_layers={aux_layers} must be a non-empty list of "
-                                                   f"target layer ids in [0, 0] for this 1-layer target (outside "
-                                                   f"it: {outside})")):
+    if method == "eagle":
+        cfg.method, key = EagleMethodConfig(aux_layers=layers, draft_vocab=None, chunk_len=32), "method.aux_layers"
+    else:
+        cfg.method, key = DraftModelMethodConfig(layers=layers, chunk_len=32), "method.layers"
+    with pytest.raises(ValueError, match=re.escape(f"{key}={layers} must be a non-empty list of target layer ids in "
+                                                   f"[0, 0] for this 1-layer target (outside it: {outside})")):
         train(cfg, model, tokenizer)
     assert not (tmp_path / "run" / "data.safetensors").exists()
 

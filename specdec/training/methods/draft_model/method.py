@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from specdec.drafters.student import init_student, save_student, save_token_counts
+from specdec.models import check_layer_ids
 from specdec.training.distill.packing import chain_tau, pack
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
@@ -70,6 +71,9 @@ class DraftModelMethod(TrainMethod):
 
     def run_config(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self.cfg).items() if k not in ("eval_depth", "eval_batch")}
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        check_layer_ids("method.layers", self.cfg.layers, target.config.num_hidden_layers)
 
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> torch.nn.Module:
         train = splits["train"]
