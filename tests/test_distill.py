@@ -566,7 +566,7 @@ def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(missing), draft_vocab=8), target=target)
 
 
-def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair):
+def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair, capsys):
     from transformers import AutoModelForCausalLM
 
     from specdec.export import main
@@ -590,6 +590,11 @@ def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_th
     assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
     assert main(["draft_model", "--model", str(tmp_path / "nowhere"), "--target", str(tmp_path / "target"),
                  "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+    capsys.readouterr()
+    assert main(["draft_model", "--model", str(tmp_path / "target"), "--target", str(tmp_path / "target"),
+                 "--out", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()  # a directory of another kind
+    error = capsys.readouterr().err
+    assert "holds no distilled draft model" in error and "pass --model a directory written by" in error, error
 
 
 # --- the shipped student on the real default target ---------------------------------------------------------
