@@ -5,9 +5,13 @@ Methods, each run by both engines: plain decoding; n-gram prompt lookup (K ``--n
 both); the distilled draft model (``drafter=draft_model``'s shipped student, exported as a transformers
 directory, ``--draft-k``, full vocabulary in both); EAGLE-3 (the shipped drafter exported in the speculators
 format, a chain of ``--eagle-k``). specdec's own defaults where they differ from the matched settings (the
-EAGLE tree, the draft model's 8192-token head) run as extra rows. vLLM runs in its own virtual environment
-(``bash experiments/vllm/setup_venv.sh``), one subprocess per method (experiments/vllm/runner.py), fp32,
-eager, the same thread count; its τ and per-position acceptance come from its own counters.
+EAGLE tree, the draft model's 8192-token head) run as extra rows, and so do, on request, specdec's plain and
+n-gram rows with its C++ kernels off (``--without-kernels``) or with the target's weights streamed as float32
+values rather than as the exact 4/8-bit codes they are (``--float32-weights``; the products are the same bit
+for bit); an extra row's "specdec / vLLM" compares it with vLLM's row of its method. vLLM runs in its own
+virtual environment (``bash experiments/vllm/setup_venv.sh``), one subprocess per method
+(experiments/vllm/runner.py), fp32, eager, the same thread count; its τ and per-position acceptance come from
+its own counters.
 
 Per row: tokens/s (new tokens over the time of the generate calls, prefill included, start-up excluded), τ,
 acceptance per position, speed over specdec's plain decoding, how many outputs differ from the engine's own
@@ -40,6 +44,7 @@ from specdec.drafters import DraftModelDrafter, EagleDrafter
 from specdec.export import export_draft_model, export_eagle
 from specdec.jobs import machine_description
 from specdec.models import cpu_kernels
+from specdec.models.llama import use_coded_panels
 
 RUNNER = Path(__file__).parent / "vllm" / "runner.py"
 DEFAULT_VENV = Path(os.environ.get("SPECDEC_VLLM_VENV", "~/.cache/specdec/vllm-venv")).expanduser()
@@ -97,7 +102,7 @@ def write_report(summary: dict, out_dir: Path) -> None:
     base = rows[("specdec", "plain")]["tokens_per_second"]
     for (engine, name), r in rows.items():
         r["vs_specdec_plain"] = r["tokens_per_second"] / base
-        peer = rows.get(("vLLM", name))
+        peer = rows.get(("vLLM", name)) or rows.get(("vLLM", name.split(",")[0]))  # a variant: its method's row
         if engine == "specdec" and peer:
             r["vs_vllm_same"] = r["tokens_per_second"] / peer["tokens_per_second"]
             if r["tau"] and peer["tau"]:
@@ -134,6 +139,8 @@ def main() -> None:
     ap.add_argument("--no-extra", action="store_true", help="leave specdec's default-setting rows out")
     ap.add_argument("--without-kernels", action="store_true", help="also run specdec's plain and n-gram rows "
                     "with its C++ CPU kernels off (torch ops over oneDNN, as before them)")
+    ap.add_argument("--float32-weights", action="store_true", help="also run specdec's plain and n-gram rows "
+                    "with the target's weights streamed as float32 values (coded panels off), as vLLM streams them")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per vLLM method")
     ap.add_argument("--out", default="benchmarks/vllm")
     ap.add_argument("--render", metavar="JSON", help="rewrite the table (and the JSON) from a saved vllm_T0.json "
@@ -186,18 +193,21 @@ def main() -> None:
             cfg = EagleDrafter.Config()
             ours["eagle tree (specdec's default)"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
 
-    if args.without_kernels:
-        for name in [n for n in ours if n == "plain" or n.startswith("ngram")]:
-            ours[f"{name}, no specdec CPU kernels"] = (("no kernels", ours[name][0]), ours[name][1])
+    varied = [n for n in ours if n == "plain" or n.startswith("ngram")]
+    for name in varied if args.without_kernels else []:
+        ours[f"{name}, no specdec CPU kernels"] = (("no kernels", ours[name][0]), ours[name][1])
+    for name in varied if args.float32_weights else []:
+        ours[f"{name}, weights as float32"] = (("float32", ours[name][0]), ours[name][1])
 
     def run(drafter, k, ids):
         kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, temperature=0.0)
-        if isinstance(drafter, tuple):  # ("no kernels", drafter): the same method with the kernels off
-            cpu_kernels.enable(False)
+        if isinstance(drafter, tuple):  # ("no kernels" | "float32", drafter): the same method, kernels or codes off
+            switch = cpu_kernels.enable if drafter[0] == "no kernels" else use_coded_panels
+            switch(False)
             try:
                 return run(drafter[1], k, ids)
             finally:
-                cpu_kernels.enable(True)
+                switch(True)
         if drafter is None:
             return autoregressive_generate(model, ids, **kwargs)
         return speculative_generate(model, drafter, ids, k=k, **kwargs)
