@@ -1,0 +1,128 @@
+"""Where a drafter's step spends its time: per prompt, then under the profiler (not a test).
+
+On an H100 EAGLE's draft step took 74.6 ms (its draft layer eager, the target graphed), where ~219 aten ops a
+step at ~27 us of host time each explain ~6 ms and a 16-token profile counted ~13 ms of host time a step
+(experiments/README.md, 2026-11-24/25). This script separates what can explain that: the drafter's time per
+step prompt by prompt (a one-off cost shows as a slow first prompt), then one generation under
+``torch.profiler`` (CPU and, on a GPU, CUDA activities) with the drafter's calls and the verify steps marked
+(``draft.propose``, ``draft.observe``, ``verify``): the ops by self time on host and device, and how many
+synchronising copies and synchronisations a step makes. Writes ``profile_<drafter>.txt`` (and the trace with
+``--trace``) to --out.
+
+    python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --drafter eagle --out $OUT
+    SPECDEC_CPU_KERNEL=0 python experiments/gpu/profile_draft.py --drafter eagle --prompts 2 --new 16   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for side_by_side
+from side_by_side import positive_int  # noqa: E402
+
+from specdec import speculative_generate  # noqa: E402
+from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter  # noqa: E402
+from specdec.loading import load_target  # noqa: E402
+from specdec.models import GraphedDecoder, as_decoder  # noqa: E402
+
+DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "draft_model": DraftModelDrafter}
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy", "aten::item",
+         "aten::_local_scalar_dense")
+
+
+def mark(drafter) -> None:
+    """Wrap the drafter's calls and the engine's verify step in profiler ranges (in place, for this process)."""
+    import specdec.engine as engine
+
+    for name in ("propose", "observe"):
+        inner = getattr(drafter, name)
+
+        def call(*args, inner=inner, label=f"draft.{name}", **kwargs):
+            with record_function(label):
+                return inner(*args, **kwargs)
+
+        setattr(drafter, name, call)
+    step = engine.verify_step
+
+    def verify(*args, **kwargs):
+        with record_function("verify"):
+            return step(*args, **kwargs)
+
+    engine.verify_step = verify
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", choices=sorted(DRAFTERS), default="eagle")
+    ap.add_argument("--prompt-file", default=None, help="JSON list of token-id lists (kit.py pack writes one)")
+    ap.add_argument("--prompts", type=positive_int, default=4)
+    ap.add_argument("--new", type=positive_int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", help="on a GPU (CPU: float32)")
+    ap.add_argument("--eager-target", action="store_true", help="no CUDA graphs for the target")
+    ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
+    ap.add_argument("--out", default="benchmarks")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    model, tokenizer = load_target(dtype=args.dtype if cuda else "float32", device=device)
+    if args.prompt_file:
+        prompts = json.loads(Path(args.prompt_file).read_text())[: args.prompts]
+    else:
+        from specdec.data import encode_prompt, load_prompts
+        prompts = [encode_prompt(tokenizer, row) for row in load_prompts("mtbench", limit=args.prompts)]
+    prompts = [torch.tensor([p], device=device) for p in prompts]
+    cls = DRAFTERS[args.drafter]
+    cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()
+    k = 3 if cls is DraftModelDrafter else cfg.k
+    drafter = cls.from_config(cfg, target=model)
+    decoder = as_decoder(model) if args.eager_target or not cuda else GraphedDecoder(as_decoder(model))
+    eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
+    target = "eager" if args.eager_target or not cuda else "graphed"
+    lines = [f"{args.drafter} (k {k}) on {torch.cuda.get_device_name() if cuda else 'CPU'}, target {target}, "
+             f"{args.new} new tokens, torch {torch.__version__}"]
+
+    def generate(ids):
+        return speculative_generate(decoder, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
+
+    start = time.perf_counter()
+    generate(prompts[0][:, :32])  # warm-up: graphs captured, libraries initialised
+    lines.append(f"warm-up: {time.perf_counter() - start:.1f} s")
+    for i, ids in enumerate(prompts):
+        s = generate(ids).stats
+        lines.append(f"prompt {i} ({ids.shape[1]} tokens): {s.target_forwards} steps, τ {s.mean_accepted_length:.2f}, "
+                     f"draft {1000 * s.drafter_time_s / s.target_forwards:.1f} ms + verify "
+                     f"{1000 * s.target_time_s / s.target_forwards:.1f} ms a step, wall {s.wall_time_s:.2f} s")
+    mark(drafter)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        stats = generate(prompts[-1]).stats
+    steps = stats.target_forwards
+    events = prof.key_averages()
+    by_name = {e.key: e for e in events}
+    for label in ("draft.propose", "draft.observe", "verify"):
+        if label in by_name:
+            e = by_name[label]
+            lines.append(f"{label}: {e.count / steps:.1f} a step, host {e.cpu_time_total / 1000 / steps:.2f} ms a step")
+    lines.append("per step: " + ", ".join(f"{name} {by_name[name].count / steps:.1f}" for name in SYNCS
+                                          if name in by_name))
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    lines += ["", f"by {sort} ({steps} steps):", events.table(sort_by=sort, row_limit=30)]
+    if cuda:
+        lines += ["", "by self_cpu_time_total:", events.table(sort_by="self_cpu_time_total", row_limit=20)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile_{args.drafter}.txt").write_text("\n".join(lines) + "\n")
+    if args.trace:
+        prof.export_chrome_trace(str(out / f"trace_{args.drafter}.json"))
+    print("\n".join(lines[: len(lines) - (3 if cuda else 0)]))
+
+
+if __name__ == "__main__":
+    main()

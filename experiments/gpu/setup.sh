@@ -1,0 +1,10 @@
+# Source this at the start of every work call on the device machine (stage 3 on, experiments/gpu/README.md):
+# it installs the carried wheels, rebuilds the target from the parts copied to /tmp/kit by stages 1 and 2 (once
+# per machine), and points specdec at it. The machine stays warm 30 s after a call: a later call that finds a
+# fresh one fails here, naming the stages to run again.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpu/whl/*.whl || { echo "setup: no wheels under .gpu/whl: carry .gpu/whl (kit.py pack writes it)"; return 1; }
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+export SPECDEC_CACHE=/tmp/cache SPECDEC_CPU_KERNEL=0
+python3 experiments/gpu/kit.py unpack --kit /tmp/kit --to "$SPECDEC_CACHE/smollm2-135m-instruct" \
+    || { echo "setup: the target's parts are not on this machine (a fresh one?): run stages 1 and 2 again"; return 1; }
