@@ -186,7 +186,7 @@ def main() -> None:
                 DraftModelDrafter.from_config(cfg, target=model), args.draft_k)
     if "eagle" in args.methods:
         eagle_dir = export_eagle(work / "eagle", force=True, k=args.eagle_k)
-        cfg = EagleDrafter.Config(k=args.eagle_k, tree=False)
+        cfg = EagleDrafter.Config(k=args.eagle_k, tree=False, weight_bits=None)  # the weights the export holds
         ours[f"eagle chain K={args.eagle_k}"] = (EagleDrafter.from_config(cfg, target=model), args.eagle_k)
         theirs[f"eagle chain K={args.eagle_k}"] = {"method": "eagle3", "k": args.eagle_k, "draft": str(eagle_dir)}
         if not args.no_extra:
