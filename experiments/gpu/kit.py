@@ -1,16 +1,16 @@
-"""What a GPU session needs, packed here to travel in the device tool's calls, and rebuilt there (not a test).
+"""What GPU work needs, packed here for a GPU machine without network, and rebuilt there (not a test).
 
-The device machine has torch and transformers but none of specdec's other packages, no corpora, no network,
-and each call carries at most 64 MiB with the working tree (whose shipped drafters alone are 56 MB). The
-embedded target (its Q4_1 GGUF dequantised to float32: 538 MB) therefore travels as the exact block codes it
-is made of: per block of 32 weights along k, 4-bit codes with a float16 scale and an offset, or the
-embedding's 8-bit codes with a float16 scale (``specdec.models.cpu_kernels``' fit, the one the CPU kernels
-stream), ~96 MB in two parts. ``unpack`` rebuilds every tensor bit for bit (each one's SHA-256 is checked)
-with torch alone. The calls, stage by stage, are in experiments/gpu/README.md:
+The GPU machines this project borrows have torch and transformers but none of specdec's other packages, no
+corpora and no network, and each transfer to one carries at most 64 MiB with the working tree (whose shipped
+drafters alone are 56 MB). The embedded target (its Q4_1 GGUF dequantised to float32: 538 MB) therefore
+travels as the exact block codes it is made of: per block of 32 weights along k, 4-bit codes with a float16
+scale and an offset, or the embedding's 8-bit codes with a float16 scale (``specdec.models.cpu_kernels``' fit,
+the one the CPU kernels stream), ~96 MB in two parts. ``unpack`` rebuilds every tensor bit for bit (each one's
+SHA-256 is checked) with torch alone. The transfers, stage by stage, are in experiments/gpu/README.md:
 
     python experiments/gpu/kit.py pack                # here, once: .gpu/ (ignored by git)
-    python experiments/gpu/kit.py stage 1             # here, before each call: moves the shipped drafters
-                                                      # out of the tree or back, prints the call's carry list
+    python experiments/gpu/kit.py stage 1             # here, before each transfer: moves the shipped drafters
+                                                      # out of the tree or back, prints what to carry
     python3 experiments/gpu/kit.py unpack --kit /tmp/kit --to /tmp/cache/smollm2-135m-instruct   # there
 """
 

@@ -1,7 +1,7 @@
-# Source this at the start of every work call on the device machine (stage 3 on, experiments/gpu/README.md):
+# Source this at the start of every command of GPU work on the GPU machine (stage 3 on, experiments/gpu/README.md):
 # it installs the carried wheels, rebuilds the target from the parts copied to /tmp/kit by stages 1 and 2 (once
-# per machine), and points specdec at it. The machine stays warm 30 s after a call: a later call that finds a
-# fresh one fails here, naming the stages to run again.
+# per machine), and points specdec at it. A command that finds a fresh machine (the parts gone) fails here,
+# naming the stages to run again.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .gpu/whl/*.whl || { echo "setup: no wheels under .gpu/whl: carry .gpu/whl (kit.py pack writes it)"; return 1; }
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
