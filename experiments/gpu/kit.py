@@ -32,6 +32,7 @@ ASSETS = ROOT / "specdec" / "assets"
 HOLD = KIT / "hold"  # the shipped drafters while the target's parts travel
 BLOCK = 32
 MIB = 1 << 20
+LIMIT_MIB = 64  # what one transfer to the GPU machine carries, the working tree included
 # Packages specdec imports that the device image lacks (omegaconf for the configs, datasets for specdec.data,
 # hydra-core for the jobs); their versions are read from this environment.
 WHEELS = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess")
@@ -202,8 +203,22 @@ def stage(args) -> None:
         print(f"the shipped drafters are back in {ASSETS}")
         return
     carry, command = STAGES[args.stage]
-    print(f"specdec/assets: {'in the tree' if keep else 'held in ' + str(HOLD)}")
-    print(f"run: carry={json.dumps(carry)}, command: {command}")
+    size = transfer_bytes(carry) / MIB
+    print(f"specdec/assets: {'in the tree' if keep else 'held in ' + str(HOLD)}; this transfer: {size:.1f} MiB "
+          f"(the tree and what is carried; at most {LIMIT_MIB})")
+    print(f"carry {json.dumps(carry)}; the command: {command}")
+    if size > LIMIT_MIB:
+        raise SystemExit(f"{size:.1f} MiB is more than a transfer carries: pack again with a smaller --part-mib")
+
+
+def transfer_bytes(carry: list[str]) -> int:
+    """What travels: the files git tracks or does not ignore, as they are in the tree, and the carried paths."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    files = [ROOT / name for name in listed if name and (ROOT / name).is_file()]
+    for path in map(ROOT.joinpath, carry):
+        files += [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path] if path.is_file() else []
+    return sum(p.stat().st_size for p in files)
 
 
 def main() -> None:
