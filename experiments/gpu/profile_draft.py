@@ -6,7 +6,9 @@ step at ~27 us of host time each explain ~6 ms and a 16-token profile counted ~1
 step prompt by prompt (a one-off cost shows as a slow first prompt), then one generation under
 ``torch.profiler`` (CPU and, on a GPU, CUDA activities) with the drafter's calls and the verify steps marked
 (``draft.propose``, ``draft.observe``, ``verify``): the ops by self time on host and device, and how many
-synchronising copies and synchronisations a step makes. Writes ``profile_<drafter>.txt`` (and the trace with
+synchronising copies and synchronisations a step makes. Per prompt it also gives the drafter's proposal time by
+tens of steps (a cost growing with the text shows there) and, on a GPU, the caching allocator's device
+allocations and retries during the generation. Writes ``profile_<drafter>.txt`` (and the trace with
 ``--trace``) to --out.
 
     python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --drafter eagle --out $OUT
@@ -58,6 +60,39 @@ def mark(drafter) -> None:
     engine.verify_step = verify
 
 
+class _Timed(list):
+    """Seconds each call of the wrapped ``propose`` took (the device synchronised before and after)."""
+
+    inner = None
+
+
+def time_proposals(drafter, device: torch.device) -> _Timed:
+    timed = _Timed()
+    timed.inner = inner = drafter.propose
+
+    def propose(*args, **kwargs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            timed.append(time.perf_counter() - start)
+
+    drafter.propose = propose
+    return timed
+
+
+def allocator_counts(cuda: bool) -> dict[str, int]:
+    """The caching allocator's device allocations and retries (a retry frees cached blocks and synchronises)."""
+    if not cuda:
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {key: stats.get(key, 0) for key in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", choices=sorted(DRAFTERS), default="eagle")
@@ -94,11 +129,19 @@ def main() -> None:
     start = time.perf_counter()
     generate(prompts[0][:, :32])  # warm-up: graphs captured, libraries initialised
     lines.append(f"warm-up: {time.perf_counter() - start:.1f} s")
+    timed = time_proposals(drafter, device)
     for i, ids in enumerate(prompts):
+        timed.clear()
+        allocations = allocator_counts(cuda)
         s = generate(ids).stats
+        grown = {key: value - allocations[key] for key, value in allocator_counts(cuda).items()}
+        tens = [sum(timed[j: j + 10]) / len(timed[j: j + 10]) for j in range(0, len(timed), 10)]
         lines.append(f"prompt {i} ({ids.shape[1]} tokens): {s.target_forwards} steps, τ {s.mean_accepted_length:.2f}, "
                      f"draft {1000 * s.drafter_time_s / s.target_forwards:.1f} ms + verify "
-                     f"{1000 * s.target_time_s / s.target_forwards:.1f} ms a step, wall {s.wall_time_s:.2f} s")
+                     f"{1000 * s.target_time_s / s.target_forwards:.1f} ms a step, wall {s.wall_time_s:.2f} s; "
+                     f"propose ms by tens of steps {' '.join(f'{1000 * t:.1f}' for t in tens)}"
+                     + (f"; allocator {grown}" if grown else ""))
+    drafter.propose = timed.inner
     mark(drafter)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
