@@ -1,4 +1,7 @@
-"""The same guarantees on the CUDA path (skipped where no GPU is present)."""
+"""The same guarantees on the CUDA path (skipped where no GPU is present). The CUDA-graph tests (``graph_device``)
+also run on CPU through emulated graphs (:func:`specdec.models.graphs.emulated_graphs`: each capture records its
+ops and refuses host syncs, each replay must dispatch the same ops on the same memory), so CI checks the graphed
+code where it has no GPU."""
 
 import pytest
 import torch
@@ -8,11 +11,22 @@ from conftest import tiny_llama
 from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.models import GraphedDecoder, as_decoder
+from specdec.models.graphs import emulated_graphs
 
-pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
 
 
+@pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "cpu"], ids=["cuda", "cpu-emulated"])
+def graph_device(request):
+    """Where a graph test runs: the GPU, or the CPU with emulated graphs."""
+    if request.param == "cuda":
+        yield "cuda"
+        return
+    with emulated_graphs():
+        yield "cpu"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_greedy_speculative_equals_plain_on_cuda(dtype):
     model = tiny_llama(layers=3).to("cuda", dtype)
@@ -24,6 +38,7 @@ def test_greedy_speculative_equals_plain_on_cuda(dtype):
         assert out.sequences == ref.sequences
 
 
+@pytest.mark.gpu
 def test_sampling_on_cuda_is_seeded():
     model = tiny_llama(layers=2).cuda()
     ids = torch.tensor([PROMPTS[0]], device="cuda")
@@ -33,6 +48,7 @@ def test_sampling_on_cuda_is_seeded():
     assert runs[0] == runs[1]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("min_confidence", [0.0, 0.05])
 def test_greedy_medusa_with_lookup_and_auto_dtype_equals_plain_on_cuda(min_confidence, device="cuda"):
     """The default Medusa setting on CUDA: bf16 heads (dtype auto) over a float32 target, a dynamic or fixed
@@ -57,17 +73,17 @@ def _graphed(model):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype):
+def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, graph_device):
     """Replayed graphs equal eager forwards (greedy, chain and tree drafters, batch 1 and 3), across several
     generations of different lengths on one reused cache; a width is captured once, then only replayed."""
     from specdec.drafters.medusa import MedusaDrafter
     from test_medusa import PATHS, random_heads
 
-    model = tiny_llama(layers=3, seed=0).to("cuda", dtype)
+    model = tiny_llama(layers=3, seed=0).to(graph_device, dtype)
     graphed = _graphed(model)
-    heads = random_heads(scale=1.0).to("cuda")
+    heads = random_heads(scale=1.0).to(graph_device)
     for batch in (PROMPTS[:1], PROMPTS, PROMPTS[1:2]):
-        ids, mask = (t.cuda() for t in left_pad(batch))
+        ids, mask = (t.to(graph_device) for t in left_pad(batch))
         ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         plain = autoregressive_generate(graphed, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         assert plain.sequences == ref.sequences
@@ -78,62 +94,63 @@ def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype):
             assert out.sequences == ref.sequences
     captures = graphed.captures
     assert 0 < captures <= graphed.replays
-    ids, mask = (t.cuda() for t in left_pad(PROMPTS[1:2]))
+    ids, mask = (t.to(graph_device) for t in left_pad(PROMPTS[1:2]))
     autoregressive_generate(graphed, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
     speculative_generate(graphed, NgramDrafter(), ids, attention_mask=mask, k=4, max_new_tokens=24, eos_token_id=[])
     assert graphed.captures == captures  # nothing new to capture for widths already seen
 
 
-def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones():
-    """drafter.replay_graphs on CUDA: the draft's [B, 2] and [B, 1] forwards are captured once (then only
+def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_device):
+    """drafter.replay_graphs where graphs replay: the draft's [B, 2] and [B, 1] forwards are captured once (then only
     replayed, across generations of one batch size), the greedy outputs stay plain decoding's, with a full or
     a restricted draft head, at batch 1 and 3; at T=1 the graphed draft draws what the eager one draws."""
-    model = tiny_llama(layers=3, seed=0).cuda()
+    model = tiny_llama(layers=3, seed=0).to(graph_device)
     graphed = _graphed(model)
-    half = torch.arange(0, model.config.vocab_size, 2, device="cuda")
+    half = torch.arange(0, model.config.vocab_size, 2, device=graph_device)
     for vocab_ids in (None, half):
         drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids)
         drafter.replay_graphs("auto")
         assert isinstance(drafter.decoder, GraphedDecoder)
         for n, batch in enumerate((PROMPTS[:1], PROMPTS[1:2], PROMPTS)):
-            ids, mask = (t.cuda() for t in left_pad(batch))
+            ids, mask = (t.to(graph_device) for t in left_pad(batch))
             ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
             out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=3, max_new_tokens=24,
                                        eos_token_id=[])
             assert out.sequences == ref.sequences
             if n == 1:  # two generations at batch 1: two shapes captured, then replayed
                 assert drafter.decoder.captures == 2 and drafter.decoder.replays > 2
-    ids = torch.tensor([PROMPTS[0]], device="cuda")
+    ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = []
     for mode in ("none", "auto"):
         drafter = DraftModelDrafter(model, num_layers=1)
         drafter.replay_graphs(mode)
         runs.append(speculative_generate(graphed, drafter, ids, k=3, max_new_tokens=20, temperature=1.0,
-                                         generator=torch.Generator("cuda").manual_seed(1), eos_token_id=[]))
+                                         generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]))
     assert runs[0].sequences == runs[1].sequences
     assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
 
 
-def test_cuda_graphs_sample_as_eager_does():
+def test_cuda_graphs_sample_as_eager_does(graph_device):
     """At T=1 the graphed target draws the same tokens as the eager one from the same seed (sampling is
     outside the graph; the forward's numbers are the same)."""
-    model = tiny_llama(layers=2).cuda()
+    model = tiny_llama(layers=2).to(graph_device)
     graphed = _graphed(model)
-    ids = torch.tensor([PROMPTS[0]], device="cuda")
+    ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = [speculative_generate(target, DraftModelDrafter(model, num_layers=1), ids, k=3, max_new_tokens=20,
-                                 temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
+                                 temperature=1.0, generator=torch.Generator(graph_device).manual_seed(1),
                                  eos_token_id=[]).sequences for target in (model, graphed)]
     assert runs[0] == runs[1]
 
 
-def test_target_compile_auto_replays_graphs_on_cuda():
+def test_target_compile_auto_replays_graphs_on_cuda(graph_device):
     from specdec.models import target_decoder
 
-    model = tiny_llama(layers=1).cuda()
+    model = tiny_llama(layers=1).to(graph_device)
     assert isinstance(target_decoder(model, "auto"), GraphedDecoder)
     assert not isinstance(target_decoder(model, "none"), GraphedDecoder)
 
 
+@pytest.mark.gpu
 def test_compiled_graphs_give_the_eager_outputs_and_compile_each_shape_once():
     """target.compile=compiled_graphs: each captured forward compiled by torch.compile first. Greedy plain and
     n-gram outputs equal the eager ones (fp32, batch 3) while acceptance varies step by step; every captured
@@ -161,8 +178,8 @@ def test_compiled_graphs_give_the_eager_outputs_and_compile_each_shape_once():
 
 
 @pytest.mark.parametrize("planted", [False, True], ids=["exact", "planted-no-renormalisation"])
-def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
-    """T=1 on CUDA through the graphed target: a Medusa tree over the bigram Llama of test_medusa, 800 rows x 8
+def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted, graph_device):
+    """T=1 through the graphed target: a Medusa tree over the bigram Llama of test_medusa, 800 rows x 8
     tokens. The tokens pass the exactness test against the target's own conditionals; with the planted sampler
     bug (a rejected sibling's residual not renormalised) the same test rejects."""
     import numpy as np
@@ -172,16 +189,16 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
     from specdec.stats import exactness_test
     from test_medusa import PATHS, NoRenormalisation, make_markov_target, markov_heads, random_prompts
 
-    target = make_markov_target().cuda()
+    target = make_markov_target().to(graph_device)
     graphed = _graphed(target)
-    drafter = MedusaDrafter(markov_heads().cuda(), target.lm_head.weight, PATHS, 0.0)
-    ids = random_prompts(800, torch.Generator().manual_seed(1)).cuda()
+    drafter = MedusaDrafter(markov_heads().to(graph_device), target.lm_head.weight, PATHS, 0.0)
+    ids = random_prompts(800, torch.Generator().manual_seed(1)).to(graph_device)
     new = 8
     out = speculative_generate(graphed, drafter, ids, attention_mask=torch.ones_like(ids), k=len(PATHS),
-                               max_new_tokens=new, temperature=1.0, generator=torch.Generator("cuda").manual_seed(1),
+                               max_new_tokens=new, temperature=1.0, generator=torch.Generator(graph_device).manual_seed(1),
                                eos_token_id=[], rule=NoRenormalisation() if planted else None)
     assert graphed.replays > 0 and out.stats.mean_accepted_length > 1.3
-    seqs = torch.cat([ids, torch.tensor(out.sequences, device="cuda")], 1)
+    seqs = torch.cat([ids, torch.tensor(out.sequences, device=graph_device)], 1)
     with torch.no_grad():
         probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1].float(), 1.0)
     tokens = seqs[:, ids.shape[1]:].reshape(-1).cpu().numpy()
@@ -190,14 +207,14 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted):
     assert verdict.reject == planted, verdict
 
 
-def test_distillation_answers_replay_cuda_graphs_and_equal_the_eager_ones(monkeypatch):
-    """On a GPU the target answers the self-distillation prompts through CUDA graphs (one wrapper for every
+def test_distillation_answers_replay_cuda_graphs_and_equal_the_eager_ones(monkeypatch, graph_device):
+    """Where graphs replay, the target answers the self-distillation prompts through them (one wrapper for every
     batch, batches of different sizes and lengths): the answers and recorded hidden states are the eager
     decoder's."""
     import specdec.models
     from specdec.training.distill.answers import answer_sequences
 
-    model = tiny_llama(layers=2, seed=0).cuda()
+    model = tiny_llama(layers=2, seed=0).to(graph_device)
     prompts = PROMPTS + [[7, 8, 9, 10], [3] * 20]
     used = []
     graphed_decoder = specdec.models.target_decoder

@@ -60,3 +60,34 @@ def test_a_draft_models_forwards_stay_eager_on_cpu():
     with pytest.raises(ValueError, match="target.compile='graphs' is not a mode"):
         drafter.replay_graphs("graphs")
     NgramDrafter().replay_graphs("auto")  # drafters without a model of their own: nothing to do
+
+
+def test_emulated_graphs_fail_where_a_cuda_graph_would():
+    """emulated_graphs (the CPU stand-in the graph tests of test_gpu.py run on): a capture refuses a host sync or
+    a shape made from values; a replay rewrites the captured outputs in place, and refuses a function that
+    now reads other memory (a CUDA graph would read the captured addresses) or runs other ops."""
+    from specdec.models.graphs import EmulatedGraph, GraphCaptureError, emulated_graphs, record_graph, replays_graphs
+
+    assert not replays_graphs(torch.device("cpu"))
+    with emulated_graphs():
+        assert replays_graphs(torch.device("cpu"))
+        x = torch.arange(4.0)
+        for sync in (lambda: x * x.sum().item(), lambda: x.nonzero(), lambda: x[x > 1]):
+            with pytest.raises(GraphCaptureError, match="on the host"):
+                record_graph(sync, x.device, warmups=0)
+        graph, out = record_graph(lambda: x * 2, x.device)
+        x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+        graph.replay()
+        assert out.tolist() == [2.0] * 4  # the captured output, rewritten
+        held = {"x": x}
+        graph = EmulatedGraph()
+        graph.capture(lambda: held["x"] + 1)
+        held["x"] = torch.ones(4)
+        with pytest.raises(GraphCaptureError, match="captured memory"):
+            graph.replay()
+        held["x"] = x
+        graph.replay()
+        held["x"] = x[:2]
+        with pytest.raises(GraphCaptureError, match="other ops"):
+            graph.replay()
+    assert not replays_graphs(torch.device("cpu"))

@@ -33,7 +33,7 @@ from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
-from specdec.models.graphs import check_compile_mode
+from specdec.models.graphs import check_compile_mode, replays_graphs
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -159,7 +159,7 @@ class DraftModelDrafter(Drafter):
         from specdec.models import CompactLlama, GraphedDecoder
 
         check_compile_mode(mode)
-        if mode != "none" and isinstance(self.decoder, CompactLlama) and self.decoder.device.type == "cuda":
+        if mode != "none" and isinstance(self.decoder, CompactLlama) and replays_graphs(self.decoder.device):
             self.decoder = GraphedDecoder(self.decoder, compile=mode == "compiled_graphs")
 
     @staticmethod

@@ -15,14 +15,24 @@ length forward) and every forward on CPU run eagerly, unchanged. Widths are capt
 
 Use: ``speculative_generate(GraphedDecoder(as_decoder(model)), drafter, ...)``, the wrapper built once and
 reused across prompts so captures amortise; drafters that read the target's weights see through it.
+
+Without a GPU (CI, this project's CPU machines) :func:`emulated_graphs` lets tests run the graphed path on CPU:
+each capture records the forward's aten ops (:class:`EmulatedGraph`) and fails where a real capture would
+(a host sync such as ``.item()``, an op whose output shape depends on the data), and each replay runs the
+same recorded function again and fails unless it dispatches the same ops on the same shapes and reads the
+same outside tensors (the cache, the weights, the static inputs) as the capture did: what a CUDA graph, which
+replays the recorded kernels on the recorded addresses, would silently get wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec.cache import KVCache
 from specdec.models.llama import CompactLlama
@@ -31,9 +41,157 @@ CAPACITY_STEP = 256  # the reused cache grows in steps of this many slots
 MAX_COMPILED_SHAPES = 64  # compile=True: shapes torch.compile may specialise the forward for (dynamo's default: 8)
 
 
+_emulating = False  # :func:`emulated_graphs`
+
+
+class GraphCaptureError(RuntimeError):
+    """An emulated capture or replay did what a CUDA graph cannot (see :class:`EmulatedGraph`)."""
+
+
+# aten ops that read a tensor's values on the host (a sync, not allowed while a CUDA stream captures) or whose
+# output shape depends on the values (likewise)
+_HOST_READS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique2", "aten.unique_dim",
+               "aten.unique_consecutive", "aten.repeat_interleave.Tensor", "aten.equal", "aten.is_nonzero"}
+
+
+def _describe(value: Any, storages: set[int]) -> Any:
+    """What a replay must repeat of an op's argument: a tensor's shape and dtype (and, for a tensor made outside
+    the recorded function, the address of its memory, which a CUDA graph reads); a plain value as it is."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage().data_ptr()
+        return ("tensor", tuple(value.shape), value.dtype, None if storage in storages else storage)
+    if isinstance(value, (list, tuple)):
+        return tuple(_describe(v, storages) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _describe(v, storages)) for k, v in sorted(value.items()))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                           torch.memory_format)):
+        return value
+    return type(value).__name__
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op run under it (:func:`_describe` of its arguments); refuses host reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.storages: set[int] = set()  # memory made by the recorded ops (not read from outside)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        masked = str(func.overloadpacket) in ("aten.index", "aten.index_put", "aten.index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])  # x[mask]: nonzero inside
+        if masked or str(func.overloadpacket) in _HOST_READS or str(func) in _HOST_READS:
+            raise GraphCaptureError(f"{func} reads a tensor's values on the host (or makes a shape out of them) inside "
+                                    f"a graphed function: a CUDA graph cannot capture that; keep the work on device")
+        self.ops.append((str(func), _describe(args, self.storages), _describe(kwargs, self.storages)))
+        out = func(*args, **kwargs)
+        for tensor in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(tensor, torch.Tensor):
+                self.storages.add(tensor.untyped_storage().data_ptr())
+        return out
+
+
+class EmulatedGraph:
+    """A stand-in for ``torch.cuda.CUDAGraph`` on CPU, for tests (:func:`emulated_graphs`). :meth:`capture` runs
+    ``run`` once, recording its ops; :meth:`replay` runs it again, checks it dispatched the same ops on the same
+    shapes and outside memory, and copies its outputs into the captured ones (a CUDA graph writes its outputs
+    into the tensors of the capture). Raises :class:`GraphCaptureError` where a real capture would fail or a
+    replay would compute something else than the function."""
+
+    def __init__(self):
+        self.run: Callable[[], Any] | None = None
+        self.ops: list[tuple] = []
+        self.outputs: Any = None
+
+    def capture(self, run: Callable[[], Any]) -> Any:
+        recorder = _Recorder()
+        with recorder:
+            self.outputs = run()
+        self.run, self.ops = run, recorder.ops
+        return self.outputs
+
+    def replay(self) -> None:
+        recorder = _Recorder()
+        with recorder:
+            fresh = self.run()
+        if recorder.ops != self.ops:
+            first = next((i for i, (a, b) in enumerate(zip(recorder.ops, self.ops)) if a != b),
+                         min(len(recorder.ops), len(self.ops)))
+            seen = recorder.ops[first] if first < len(recorder.ops) else "nothing"
+            wanted = self.ops[first] if first < len(self.ops) else "nothing"
+            raise GraphCaptureError(f"a replay ran other ops than its capture (op {first}: {seen} where the capture ran "
+                                    f"{wanted}): a CUDA graph would replay the captured ones, on the captured memory")
+        for out, new in zip(_tensors(self.outputs), _tensors(fresh)):
+            out.copy_(new)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+@contextlib.contextmanager
+def emulated_graphs() -> Iterator[None]:
+    """Inside, CPU devices take the graphed paths as CUDA devices do (:func:`replays_graphs`), their graphs
+    :class:`EmulatedGraph`s, and specdec's CPU kernels and oneDNN's products are off (the forwards run the torch
+    ops a GPU runs): for tests of the graphed code on machines without a GPU. Not for speed: an emulated replay
+    is slower than an eager forward."""
+    global _emulating
+    from specdec.models import cpu_kernels, llama
+
+    before = _emulating, cpu_kernels._enabled, llama._ONEDNN
+    _emulating = True
+    cpu_kernels.enable(False)
+    llama.use_onednn(False)
+    try:
+        yield
+    finally:
+        _emulating = before[0]
+        cpu_kernels.enable(before[1])
+        llama.use_onednn(before[2])
+
+
+def replays_graphs(device: torch.device) -> bool:
+    """Whether forwards on ``device`` can replay graphs: a CUDA device, or the CPU inside :func:`emulated_graphs`."""
+    return device.type == "cuda" or (_emulating and device.type == "cpu")
+
+
+def record_graph(run: Callable[[], Any], device: torch.device, *, warmups: int = 2, pool: Any = None) -> tuple[Any, Any]:
+    """``run`` (a function of static tensors) warmed up, then captured as a graph on ``device``: (the graph, its
+    outputs). CUDA: warm-up on a side stream (lazy library initialisation must not happen inside a capture),
+    capture into the memory ``pool`` (:func:`graph_pool`). CPU under :func:`emulated_graphs`: an
+    :class:`EmulatedGraph`. Either replays with ``graph.replay()``, which rewrites the outputs in place."""
+    if device.type != "cuda":
+        for _ in range(warmups):
+            run()
+        graph = EmulatedGraph()
+        return graph, graph.capture(run)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            run()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    torch.cuda.synchronize(device)
+    return graph, outputs
+
+
+def graph_pool(device: torch.device) -> Any:
+    """A memory pool graphs captured on ``device`` can share (None off CUDA)."""
+    return torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph, or an EmulatedGraph
     input_ids: torch.Tensor  # [B, T] the static inputs the graph reads
     tree_mask: torch.Tensor | None  # [T, T]
     depths: torch.Tensor | None  # [T]
@@ -55,7 +213,7 @@ class GraphedDecoder:
             raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a Llama-family "
                             f"model), got {type(decoder).__name__}")
         self.decoder = decoder
-        self.enabled = decoder.device.type == "cuda"
+        self.enabled = replays_graphs(decoder.device)
         self.compile = compile
         self._forward = decoder.forward
         if compile:
@@ -126,18 +284,9 @@ class GraphedDecoder:
         def run():
             return self._forward(ids, self._cache, tree_mask=mask, depths=offsets, capture=capture)
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3 if self.compile else 2):
-                run()
-        torch.cuda.current_stream(device).wait_stream(side)
         if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = run()
-        torch.cuda.synchronize(device)
+            self._pool = graph_pool(device)
+        graph, outputs = record_graph(run, device, warmups=3 if self.compile else 2, pool=self._pool)
         self.captures += 1
         self.capture_time_s += time.perf_counter() - start
         return _Captured(graph, ids, mask, offsets, tuple(outputs))
@@ -161,7 +310,7 @@ def target_decoder(model, mode: str = "auto"):
     from specdec.models import as_decoder
 
     decoder = as_decoder(model)
-    graphable = isinstance(decoder, CompactLlama) and decoder.device.type == "cuda"
+    graphable = isinstance(decoder, CompactLlama) and replays_graphs(decoder.device)
     if check_compile_mode(mode) in ("cuda_graphs", "compiled_graphs") and not graphable:
         where = decoder.device if isinstance(decoder, CompactLlama) else f"the generic path ({type(decoder).__name__})"
         raise ValueError(f"target.compile={mode} needs a Llama-family target on a CUDA device, got {where}; "
