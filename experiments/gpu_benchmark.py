@@ -105,7 +105,14 @@ def main() -> None:
         return graphed[name]
 
     eagle = None if "eagle" in args.skip else EagleDrafter.from_config(EagleDrafter.Config(), target=model)
-    medusa = None if "medusa" in args.skip else MedusaDrafter.from_config(MedusaDrafter.Config(), target=model)
+
+    def medusa(graphs: bool, **settings):  # the shipped heads; their tree drafted eagerly or by replayed graphs
+        if "medusa" in args.skip:
+            return None
+        drafter = MedusaDrafter.from_config(MedusaDrafter.Config(**settings), target=model)
+        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        return drafter
+
     def draft_model(graphs: bool):  # the shipped distilled draft, 8192-token head; its own forwards eager or graphed
         if "draft_model" in args.skip:
             return None
@@ -119,7 +126,11 @@ def main() -> None:
         "ngram K=4 eager": (eager, NgramDrafter(), 4),
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
         "eagle default graphs": (target("eagle graphs"), eagle, EagleDrafter.Config().k),
-        "medusa default graphs": (target("medusa graphs"), medusa, MedusaDrafter.Config().k),
+        "medusa default graphs, heads eager": (target("medusa graphs, heads eager"), medusa(False),
+                                               MedusaDrafter.Config().k),
+        "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),
+        "medusa fixed tree graphs": (target("medusa fixed graphs"), medusa(True, min_confidence=0.0),
+                                     MedusaDrafter.Config().k),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
     }
@@ -165,7 +176,10 @@ def main() -> None:
         r["bandwidth_fraction"] = r["bandwidth_floor_ms"] / r["verify_step_ms"]
     by_name.update(results)
     write_report(args, device, len(prompts), bandwidth, by_name)  # batch 1 kept if what follows runs out of time
-    if args.batch > 1:
+    if args.batch > len(prompts):
+        print(f"--batch {args.batch}: more than the {len(prompts)} prompts; no batched rows (lower --batch or raise "
+              f"--prompts)")
+    elif args.batch > 1:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in

@@ -3,6 +3,8 @@ also run on CPU through emulated graphs (:func:`specdec.models.graphs.emulated_g
 ops and refuses host syncs, each replay must dispatch the same ops on the same memory), so CI checks the graphed
 code where it has no GPU."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -128,6 +130,54 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
                                          generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]))
     assert runs[0].sequences == runs[1].sequences
     assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
+
+
+@pytest.mark.parametrize("token_aware", [False, True], ids=["independent", "token-aware"])
+def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, graph_device):
+    """MedusaDrafter.replay_graphs: a fixed tree is drafted by one graph, a dynamic one by a graph per level (the
+    lookup branch merged in, batch 1 and 3, through the graphed target). The greedy outputs are plain decoding's
+    and the drafts the eager drafter's (the same acceptance); graphs are captured once per batch size (per level
+    of a dynamic token-aware tree), then only replayed; at T=1 the graphed drafter samples what the eager one does."""
+    from specdec.drafters.medusa import MedusaDrafter
+    from test_medusa import PATHS, random_heads, random_token_aware_heads
+
+    model = tiny_llama(layers=3, seed=0).to(graph_device)
+    heads = (random_token_aware_heads(scale=1.0) if token_aware else random_heads(scale=1.0)).to(graph_device)
+    embed = model.get_input_embeddings().weight if token_aware else None
+    graphed = _graphed(model)
+    levels = max(len(p) for p in PATHS)
+    for min_confidence in (0.0, 0.05):
+        drafters = [MedusaDrafter(heads, model.lm_head.weight, PATHS, min_confidence, embed, lookup=4)
+                    for _ in range(2)]
+        drafters[1].replay_graphs("auto")
+        drafters[0].replay_graphs("none")
+        graphs = drafters[1].drafting.candidates.graphs
+        assert graphs is not None and drafters[0].drafting.candidates.graphs is None
+        for batch in (PROMPTS[:1], PROMPTS, PROMPTS[:1]):
+            ids, mask = (t.to(graph_device) for t in left_pad(batch))
+            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+            runs = [speculative_generate(graphed, drafter, ids, attention_mask=mask, k=len(PATHS) + 4,
+                                         max_new_tokens=24, eos_token_id=[]) for drafter in drafters]
+            assert runs[0].sequences == runs[1].sequences == ref.sequences
+            assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
+            assert runs[1].stats.mean_accepted_length > 1.0
+        per_batch = levels if token_aware and min_confidence else 1
+        assert 2 <= graphs.captures <= 2 * per_batch and graphs.replays > 3 * graphs.captures
+    eager, replayed = (drafter.drafting.candidates for drafter in drafters)  # the drafts themselves, call by call
+    plan = drafters[1].drafting.plans.get(tuple(range(len(PATHS))), graph_device)
+    generator = torch.Generator().manual_seed(0)
+    for scale in (0.5, 1.0, 2.0, 4.0) * 3:  # confident levels, cut ones, none
+        state = SimpleNamespace(last_tokens=torch.randint(0, 64, (3,), generator=generator).to(graph_device))
+        hidden = (scale * torch.randn(3, heads.hidden_size, generator=generator)).to(graph_device)
+        for min_confidence in (None, 0.05, 0.2):
+            with torch.no_grad():  # as the drafter calls them
+                a, b = (c.tree(state, hidden, plan, min_confidence) for c in (eager, replayed))
+            assert torch.equal(a[0], b[0]) and (a[1] is None and b[1] is None or torch.equal(a[1], b[1]))
+    ids = torch.tensor([PROMPTS[0]], device=graph_device)
+    runs = [speculative_generate(graphed, drafter, ids, k=len(PATHS) + 4, max_new_tokens=20, temperature=1.0,
+                                 generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]).sequences
+            for drafter in drafters]
+    assert runs[0] == runs[1]
 
 
 def test_cuda_graphs_sample_as_eager_does(graph_device):

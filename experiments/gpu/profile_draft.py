@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--new", type=positive_int, default=64)
     ap.add_argument("--dtype", default="bfloat16", help="on a GPU (CPU: float32)")
     ap.add_argument("--eager-target", action="store_true", help="no CUDA graphs for the target")
+    ap.add_argument("--eager-draft", action="store_true", help="no CUDA graphs for the drafter's own work (the draft "
+                    "model's forwards, Medusa's tree; as the main job's target.compile=auto, it replays them by default)")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
     ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
@@ -112,10 +114,12 @@ def main() -> None:
     cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()
     k = 3 if cls is DraftModelDrafter else cfg.k
     drafter = cls.from_config(cfg, target=model)
+    drafter.replay_graphs("none" if args.eager_draft else "auto")
     decoder = as_decoder(model) if args.eager_target or not cuda else GraphedDecoder(as_decoder(model))
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     target = "eager" if args.eager_target or not cuda else "graphed"
     lines = [f"{args.drafter} (k {k}) on {torch.cuda.get_device_name() if cuda else 'CPU'}, target {target}, "
+             f"drafter {'eager' if args.eager_draft or not cuda else 'graphed where it runs a model or heads'}, "
              f"{args.new} new tokens, torch {torch.__version__}"]
 
     def generate(ids):

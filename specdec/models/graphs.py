@@ -292,6 +292,44 @@ class GraphedDecoder:
         return _Captured(graph, ids, mask, offsets, tuple(outputs))
 
 
+class GraphedCalls:
+    """Functions of a few tensors (a drafter's step that runs no decoder: Medusa's heads) replayed as graphs where
+    graphs replay (:func:`replays_graphs`), eagerly elsewhere. ``calls(fn, inputs, key=..., hold=...)`` returns
+    ``fn(*inputs)`` (a tuple of tensors, fresh): captured on the first call with that ``key`` and those inputs'
+    shapes and dtypes, replayed on the next ones with the new inputs copied into the captured ones. The caller
+    promises that ``key`` fixes everything else ``fn`` depends on (the Python values it closes over); ``hold``
+    is kept alive with the graph (e.g. the object whose ``id`` is in the key, so the id is not reused).
+    ``captures`` and ``replays`` count what happened."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.enabled = replays_graphs(self.device)
+        self._graphs: dict[tuple, tuple[Any, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]] = {}
+        self._pool = None
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], *, key: Any,
+                 hold: Any = None) -> tuple[torch.Tensor, ...]:
+        if not self.enabled:
+            return fn(*inputs)
+        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
+        entry = self._graphs.get(full)
+        if entry is None:
+            static = tuple(t.clone() for t in inputs)
+            if self._pool is None:
+                self._pool = graph_pool(self.device)
+            graph, outputs = record_graph(lambda: fn(*static), self.device, pool=self._pool)
+            entry = self._graphs[full] = (graph, static, tuple(outputs), hold)
+            self.captures += 1
+        else:
+            for target, value in zip(entry[1], inputs):
+                target.copy_(value)
+        entry[0].replay()
+        self.replays += 1
+        return tuple(out.clone() for out in entry[2])
+
+
 COMPILE_MODES = ("auto", "none", "cuda_graphs", "compiled_graphs")
 
 

@@ -14,6 +14,11 @@ and node i is rank ``plan.rank[i]`` of head ``plan.level[i]``. :class:`TokenAwar
 sequentially dependent heads) also read the embeddings of the emitted token and of the drafts before their
 own, so a chain is drafted head by head and a tree level by level: a node's candidates are the top tokens
 of its depth's head given the node's path, one small head call per level.
+
+Where graphs replay (a GPU; :meth:`MedusaDrafter.replay_graphs`), a tree's drafting is a few dozen small kernels
+that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.GraphedCalls`) then replays it, the whole
+tree in one graph for a fixed tree plan, one graph per level for a dynamic one (whose levels depend on which
+parents are confident, read on the host between levels; a level cut to its confident part runs eagerly).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import torch
 from specdec.drafters.base import DecodeState
 from specdec.drafters.medusa.heads import MedusaHeads
 from specdec.drafters.trees.dynamic import open_part, path_logprobs
-from specdec.drafters.trees.plan import TreePlan
+from specdec.drafters.trees.plan import Level, TreePlan
+from specdec.models.graphs import GraphedCalls
 from specdec.sampling import logits_to_probs, sample
 
 
@@ -35,6 +41,7 @@ class IndependentHeads:
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor):
         self.heads = heads
         self.lm_head_weight = lm_head_weight
+        self.graphs: GraphedCalls | None = None  # where set, trees are drafted by replayed graphs
 
     def chain(
         self,
@@ -57,11 +64,20 @@ class IndependentHeads:
         min_confidence: float | None = None,  # a dynamic tree's: the path log-probabilities are wanted
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [B, N], path log-probabilities [B, N] or None
         """Every node's token from one call of the heads (the path log-probabilities only when asked for)."""
+        wanted = min_confidence is not None
+
+        def draft(hidden):
+            return self._tree(hidden, plan, wanted)
+
+        out = draft(hidden) if self.graphs is None else self.graphs(draft, (hidden,), key=(id(plan), wanted), hold=plan)
+        return out[0], out[1] if wanted else None
+
+    def _tree(self, hidden: torch.Tensor, plan: TreePlan, wanted: bool) -> tuple[torch.Tensor, ...]:
         logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
         top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
         tokens = self.heads.to_token_ids(top.indices)[:, plan.level, plan.rank]  # [B, N]
-        if min_confidence is None:
-            return tokens, None
+        if not wanted:
+            return (tokens,)
         node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.level, plan.rank]  # [B, N]
         return tokens, path_logprobs(node_logp, plan.tree)
 
@@ -75,6 +91,7 @@ class TokenAwareHeads:
         self.lm_head_weight = lm_head_weight  # [V', H]
         self.embed_weight = embed_weight
         self.dtype = next(heads.parameters()).dtype
+        self.graphs: GraphedCalls | None = None  # where set, trees are drafted by replayed graphs
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [...] long -> [..., H] in the heads' dtype
         return self.embed_weight[tokens].to(self.dtype)
@@ -110,26 +127,50 @@ class TokenAwareHeads:
         pass :func:`~specdec.drafters.trees.dynamic.confident` are drafted (the others: token 0, path
         log-probability -inf); exactly the nodes that could pass themselves, as a path is never likelier
         than its parent, so an unpromising step costs one head call."""
-        batch, n = state.last_tokens.shape[0], plan.level.numel()
-        tokens = state.last_tokens.new_zeros(batch, n)
+        if self.graphs is not None and min_confidence is None:  # a fixed tree: one graph drafts it all
+
+            def draft(hidden, last_tokens):
+                return self._tree(hidden, last_tokens, plan, None, eager=True)
+
+            return self.graphs(draft, (hidden, state.last_tokens), key=id(plan), hold=plan)
+        return self._tree(hidden, state.last_tokens, plan, min_confidence, eager=self.graphs is None)
+
+    def _tree(self, hidden: torch.Tensor, last_tokens: torch.Tensor, plan: TreePlan, min_confidence: float | None,
+              eager: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`tree`'s work; ``eager``: no level through ``graphs`` (inside a graph, or none)."""
+        batch, n = last_tokens.shape[0], plan.level.numel()
+        tokens = last_tokens.new_zeros(batch, n)
         path_logp = hidden.new_full((batch, n), -math.inf, dtype=torch.float32)
-        known = self.embed(state.last_tokens)[:, None, None]  # [B, 1, 1, H]: the root's path
+        known = self.embed(last_tokens)[:, None, None]  # [B, 1, 1, H]: the root's path
         above_logp = path_logp.new_zeros(batch, 1)  # [B, 1]: the root's
         for depth, level in enumerate(plan.levels):
             part = level if min_confidence is None or not depth else open_part(
                 level, above_logp[:, level.above], min_confidence)
             if part is None:
                 break
-            parents = known[:, part.above]  # [B, P, depth+1, H]: the paths of the parents drafted from
-            expanded = hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
-            logits = self.heads(expanded, self.lm_head_weight, num_heads=depth + 1, known=parents,
-                                first=depth)[:, :, 0].float()  # [B, P, V']
-            top = logits.topk(part.top, dim=-1)  # [B, P, r]
-            drafted = self.heads.to_token_ids(top.indices[:, part.slot, part.rank])  # [B, n']
-            own = (top.values - logits.logsumexp(-1, keepdim=True))[:, part.slot, part.rank].clamp(max=0)
-            above_logp = above_logp[:, part.above][:, part.slot] + own  # [B, n']
+
+            def draft(hidden, known, above_logp, part=part, depth=depth):
+                return self._level(hidden, known, above_logp, part, depth)
+
+            graphed = not eager and part is level  # a whole level of the plan: the same each step
+            drafted, above_logp, known = (self.graphs(draft, (hidden, known, above_logp), key=id(level), hold=level)
+                                          if graphed else draft(hidden, known, above_logp))
             tokens[:, part.nodes], path_logp[:, part.nodes] = drafted, above_logp
-            known = torch.cat([parents[:, part.slot], self.embed(drafted)[:, :, None]], 2)  # [B, n', depth+2, H]
             if part is not level:  # the next level finds its parents by position in the whole level
                 known, above_logp = level.spread(known, part, 0.0), level.spread(above_logp, part, -math.inf)
         return tokens, path_logp
+
+    def _level(self, hidden: torch.Tensor, known: torch.Tensor, above_logp: torch.Tensor, part: Level,
+               depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The nodes of ``part`` (a level at ``depth``, or its part below confident parents) drafted from the paths
+        ``known`` [B, P', depth+1, H] and path log-probabilities ``above_logp`` [B, P'] of the level above: their
+        tokens [B, n'], path log-probabilities [B, n'] and paths [B, n', depth+2, H]."""
+        parents = known[:, part.above]  # [B, P, depth+1, H]: the paths of the parents drafted from
+        expanded = hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
+        logits = self.heads(expanded, self.lm_head_weight, num_heads=depth + 1, known=parents,
+                            first=depth)[:, :, 0].float()  # [B, P, V']
+        top = logits.topk(part.top, dim=-1)  # [B, P, r]
+        drafted = self.heads.to_token_ids(top.indices[:, part.slot, part.rank])  # [B, n']
+        own = (top.values - logits.logsumexp(-1, keepdim=True))[:, part.slot, part.rank].clamp(max=0)
+        path = above_logp[:, part.above][:, part.slot] + own  # [B, n']
+        return drafted, path, torch.cat([parents[:, part.slot], self.embed(drafted)[:, :, None]], 2)

@@ -52,6 +52,7 @@ from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
 from specdec.loading import resolve_dtype
+from specdec.models.graphs import GraphedCalls, check_compile_mode, replays_graphs
 from specdec.verify.tree import Tree
 from specdec.verify.lossy.typical import TypicalAcceptance
 
@@ -258,6 +259,16 @@ class MedusaDrafter(Drafter):
                 f"Medusa heads expect hidden size {self.heads.hidden_size} and vocabulary {self.heads.vocab_size}, "
                 f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
             )
+
+    def replay_graphs(self, mode: str) -> None:
+        """Where graphs replay (a GPU, unless ``mode`` is ``"none"``) a tree is drafted by replayed graphs of the
+        heads' work (:mod:`specdec.drafters.medusa.candidates`): a fixed tree in one graph, a dynamic one a graph
+        per level. ``"compiled_graphs"`` graphs them as they are (the heads are a few small products). Chains
+        (which sample inside) stay eager."""
+        check_compile_mode(mode)
+        device = self.lm_head_weight.device
+        if mode != "none" and replays_graphs(device) and isinstance(self.drafting, TreeDrafting):
+            self.drafting.candidates.graphs = GraphedCalls(device)
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
