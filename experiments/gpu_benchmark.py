@@ -104,7 +104,13 @@ def main() -> None:
             graphed[name] = GraphedDecoder(eager, compile=compiled)
         return graphed[name]
 
-    eagle = None if "eagle" in args.skip else EagleDrafter.from_config(EagleDrafter.Config(), target=model)
+    def eagle(graphs: bool):  # the shipped EAGLE layer; its forwards and logits eager or replaying graphs
+        if "eagle" in args.skip:
+            return None
+        drafter = EagleDrafter.from_config(EagleDrafter.Config(), target=model)
+        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        return drafter
+
 
     def medusa(graphs: bool, **settings):  # the shipped heads; their tree drafted eagerly or by replayed graphs
         if "medusa" in args.skip:
@@ -125,7 +131,9 @@ def main() -> None:
         "plain graphs": (target("plain graphs"), None, 0),
         "ngram K=4 eager": (eager, NgramDrafter(), 4),
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
-        "eagle default graphs": (target("eagle graphs"), eagle, EagleDrafter.Config().k),
+        "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
+                                              EagleDrafter.Config().k),
+        "eagle default graphs": (target("eagle graphs"), eagle(True), EagleDrafter.Config().k),
         "medusa default graphs, heads eager": (target("medusa graphs, heads eager"), medusa(False),
                                                MedusaDrafter.Config().k),
         "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),

@@ -180,6 +180,69 @@ def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, g
     assert runs[0] == runs[1]
 
 
+class _Twins:
+    """A drafter proposing what ``eager`` proposes while ``graphed`` (the same drafter replaying graphs, on its own
+    cache) drafts alongside: every step both must propose the same tokens, tree and q (greedy: sampled drafts
+    would each take their own draws from the shared generator)."""
+
+    def __init__(self, eager, graphed):
+        self.eager, self.graphed, self.steps = eager, graphed, 0
+        self.feature_layers, self.acceptance, self.forwards = eager.feature_layers, eager.acceptance, 0
+
+    def reset(self):
+        self.eager.reset(), self.graphed.reset()
+
+    def start(self, state):
+        self.eager.start(state), self.graphed.start(state)
+
+    def propose(self, state, k):
+        a, b = self.eager.propose(state, k), self.graphed.propose(state, k)
+        assert torch.equal(a.tokens, b.tokens) and a.num_proposed == b.num_proposed, self.steps
+        assert (a.tree is None) == (b.tree is None) and (a.tree is None or a.tree.parent_list == b.tree.parent_list)
+        assert (a.probs is None) == (b.probs is None) and (a.probs is None or torch.equal(a.probs, b.probs))
+        self.steps += 1
+        return a
+
+    def observe(self, state):
+        self.eager.observe(state), self.graphed.observe(state)
+
+
+@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, min_confidence=0.0), 12),
+                                        (dict(k_tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
+                         ids=["chain", "tree", "dynamic-tree"])
+def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
+    """EagleDrafter.replay_graphs: the draft layer's forwards and logits replay graphs over a draft cache kept across
+    generations. Step by step the graphed drafter proposes what the eager one does (a random draft layer, whose
+    outputs depend on all it attends: batch 1, 3, then 1 twice), the outputs stay plain decoding's, and a second
+    generation of a batch size already seen captures nothing; at T=1 both draw the same from the same seed."""
+    from specdec.drafters.eagle import EagleDrafter
+    from test_eagle import random_eagle
+
+    model = tiny_llama(layers=4, seed=0).to(graph_device)
+    graphed = _graphed(model)
+    layer = random_eagle(model).to(graph_device)
+    drafters = [EagleDrafter(layer, **options) for _ in range(2)]
+    drafters[1].replay_graphs("auto")
+    drafters[0].replay_graphs("none")
+    graphs = drafters[1].graphs
+    assert graphs is not None and drafters[0].graphs is None
+    twins = _Twins(*drafters)
+    for n, batch in enumerate((PROMPTS[:1], PROMPTS, PROMPTS[:1], PROMPTS[:1])):
+        ids, mask = (t.to(graph_device) for t in left_pad(batch))
+        ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+        out = speculative_generate(graphed, twins, ids, attention_mask=mask, k=k, max_new_tokens=24, eos_token_id=[])
+        assert out.sequences == ref.sequences
+        if n == 2:
+            captures = graphs.captures
+    assert graphs.captures == captures and graphs.replays > 2 * captures > 0 and twins.steps > 40
+    ids = torch.tensor([PROMPTS[0]], device=graph_device)  # T=1: each drafter on its own, from the same seed
+    runs = [speculative_generate(graphed, drafter, ids, k=k, max_new_tokens=20, temperature=1.0,
+                                 generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[])
+            for drafter in drafters]
+    assert runs[0].sequences == runs[1].sequences
+    assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
+
+
 def test_cuda_graphs_sample_as_eager_does(graph_device):
     """At T=1 the graphed target draws the same tokens as the eager one from the same seed (sampling is
     outside the graph; the forward's numbers are the same)."""

@@ -298,7 +298,9 @@ class GraphedCalls:
     ``fn(*inputs)`` (a tuple of tensors, fresh): captured on the first call with that ``key`` and those inputs'
     shapes and dtypes, replayed on the next ones with the new inputs copied into the captured ones. The caller
     promises that ``key`` fixes everything else ``fn`` depends on (the Python values it closes over); ``hold``
-    is kept alive with the graph (e.g. the object whose ``id`` is in the key, so the id is not reused).
+    is kept alive with the graph (e.g. the object whose ``id`` is in the key, so the id is not reused). ``fn``
+    runs more than once while it is captured (warm-up), so what it changes beyond its outputs must be what running
+    it again rewrites the same (cache slots past the committed ones), never an increment (commit outside it).
     ``captures`` and ``replays`` count what happened."""
 
     def __init__(self, device: torch.device):
@@ -308,6 +310,11 @@ class GraphedCalls:
         self._pool = None
         self.captures = 0
         self.replays = 0
+
+    def clear(self) -> None:
+        """Drop every graph (e.g. when the memory they read, a cache, is reallocated) and their memory pool."""
+        self._graphs.clear()
+        self._pool = None
 
     def __call__(self, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], *, key: Any,
                  hold: Any = None) -> tuple[torch.Tensor, ...]:

@@ -22,6 +22,12 @@ must not be dropped because of its own value, so a sampled tree keeps every draw
 that fit in k (whole depths; which nodes get children may depend on their values: that only decides the
 shape below them). Verification is multi-candidate recursive rejection sampling
 (:mod:`specdec.verify.tree`).
+
+Where graphs replay (a GPU; :meth:`EagleDrafter.replay_graphs`, which the main job calls with ``target.compile``),
+the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
+and its logits replay graphs (:class:`~specdec.models.graphs.GraphedCalls`): they attend over the draft cache's
+whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
+length. The tree's choices between levels (which nodes to expand) stay on the host.
 """
 
 from __future__ import annotations
@@ -40,9 +46,12 @@ from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.errors import VocabMismatchError
 from specdec.models import cpu_kernels
+from specdec.models.graphs import CAPACITY_STEP, GraphedCalls, check_compile_mode, replays_graphs
 from specdec.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
+
+GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, over the prompt: eager)
 
 
 def _without(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:  # q [..., V], drawn [..., n] -> [..., V]
@@ -96,6 +105,8 @@ class EagleDrafter(Drafter):
         self.cache = None
         self._drafted = 0
         self.forwards = 0
+        self.graphs: GraphedCalls | None = None  # :meth:`replay_graphs`
+        self._kept = None  # with graphs: the draft cache they read, kept across generations
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "EagleDrafter":
@@ -112,6 +123,33 @@ class EagleDrafter(Drafter):
         return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
                    lookup=cfg.lookup, min_confidence=cfg.min_confidence)
 
+    def replay_graphs(self, mode: str) -> None:
+        """Where graphs replay (a GPU, unless ``mode`` is ``"none"``) the draft layer's forwards and logits replay
+        graphs (see the module docstring); ``"compiled_graphs"`` graphs them as they are. Elsewhere: eager."""
+        check_compile_mode(mode)
+        device = self.model.fc.weight.device
+        if mode != "none" and replays_graphs(device):
+            self.graphs = GraphedCalls(device)
+
+    def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
+        """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
+        ``fn``), else eager."""
+        return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
+
+    def _new_cache(self, batch: int, capacity: int, pad: torch.Tensor):
+        """The draft cache of a generation: a new one, or with graphs the kept one (emptied, this batch's padding),
+        reallocated (its graphs dropped) only when the batch size changes or it is too small."""
+        if self.graphs is None:
+            return self.model.new_cache(batch, capacity, pad)
+        kept = self._kept
+        if kept is None or kept.keys[0].shape[0] != batch or kept.capacity < capacity:
+            self.graphs.clear()
+            self._kept = kept = self.model.new_cache(batch, -(-capacity // CAPACITY_STEP) * CAPACITY_STEP, pad)
+        else:
+            kept.lengths.zero_()
+            kept.pad.copy_(pad)
+        return kept
+
     # ---- one generation -------------------------------------------------------------------------------
 
     def start(self, state: DecodeState) -> None:
@@ -125,7 +163,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f"the EAGLE drafter reads {width} target features per position (layers "
                              f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
         margin = 2 * (self.depth * self.expand + state.features.shape[1] + 8)
-        self.cache = self.model.new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+        self.cache = self._new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
 
     def reset(self) -> None:
         self.cache = None
@@ -136,17 +174,24 @@ class EagleDrafter(Drafter):
         them) into the draft cache and commit them."""
         cache, feats = self.cache, state.features
         t = feats.shape[1]
-        base = cache.lengths.clone()
-        slots = (base[:, None] + 1 + torch.arange(t, device=base.device)).clamp_(max=state.capacity - 1)
+        slots = (cache.lengths[:, None] + 1 + torch.arange(t, device=feats.device)).clamp_(max=state.capacity - 1)
         tokens = state.seq.gather(1, slots)  # [B, T]: the token after each position
-        kv_len = state.max_seq_len + t
-        positions = cache.positions(torch.arange(t, device=base.device)).clamp_(min=0)
-        out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
-        count = (state.seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
+        graphed = self.graphs is not None
+        kv_len = None if graphed else state.max_seq_len + t  # graphs attend over the whole cache
+
+        def run(feats, tokens, seq_lens):  # no commit inside: a graph's warm-up runs it more than once
+            base = cache.lengths
+            positions = cache.positions(torch.arange(t, device=base.device)).clamp_(min=0)
+            out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
+            count = (seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
+            rows = torch.arange(out.shape[0], device=out.device)
+            return out[rows, (count - 1).clamp(min=0)], count
+
+        inputs = (feats, tokens, state.seq_lens)
+        out, count = self._call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
         cache.commit(count)
         self.forwards += 1
-        rows = torch.arange(out.shape[0], device=out.device)
-        return out[rows, (count - 1).clamp(min=0)]
+        return out
 
     def draft_probs(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:  # [B, n, Dv] -> [B, n, Dv]
         """The draft distribution q after the target's temperature/top-k/top-p (over the draft vocabulary:
@@ -179,22 +224,39 @@ class EagleDrafter(Drafter):
         [B, n] -> [B, n, H]. Written after the cache's (temporarily) committed entries and committed too
         (``propose`` rolls them back); ``tree`` [n, drafted + n]: which of this step's draft entries (those
         written before, then these) each sees (None: all before it, for a chain)."""
-        n = tokens.shape[1]
-        cache = self.cache
-        kv_len = min(state.max_seq_len + self._drafted + n + 1, cache.capacity)
-        first = cache.lengths - self._drafted - cache.pad  # [B] position of the first draft entry
-        positions = (first + level)[:, None].expand(-1, n)
-        out = self.model.step(hidden, tokens, cache, positions, kv_len, tree, self._drafted if tree is not None else 0)
+        n, cache, drafted = tokens.shape[1], self.cache, self._drafted
+        kv_len = None if self.graphs is not None else min(state.max_seq_len + drafted + n + 1, cache.capacity)
+
+        def run(hidden, tokens, *mask):
+            first = cache.lengths - drafted - cache.pad  # [B] position of the first draft entry
+            positions = (first + level)[:, None].expand(-1, n)
+            return (self.model.step(hidden, tokens, cache, positions, kv_len, mask[0] if mask else None,
+                                    drafted if mask else 0),)  # no commit inside (see catch_up)
+
+        out, = self._call(run, (hidden, tokens) if tree is None else (hidden, tokens, tree),
+                          key=("draft", level, drafted, tree is None))
         cache.commit(torch.full_like(cache.lengths, n))
         self._drafted += n
         self.forwards += 1
         return out
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, n, H] or [B, H] -> [..., Dv] float32
+        """The draft layer's logits over the draft vocabulary at ``hidden``."""
+        return self._call(lambda hidden: (self.model.logits(hidden),), (hidden,), key="logits")[0]
+
+    def top_candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # -> [B, P, top_k] x 2
+        """The ``top_k`` likeliest draft tokens at each of ``hidden`` [B, P, H]: their log-probabilities and
+        draft-vocabulary indices."""
+        def run(hidden):
+            return cpu_kernels.top_log_softmax(self.model.logits(hidden), self.top_k)
+
+        return self._call(run, (hidden,), key="top")
+
     def propose_chain(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
         greedy = state.sampling.greedy
         tokens, probs = [], []
         for i in range(k):
-            logits = self.model.logits(hidden)  # [B, Dv]
+            logits = self.logits(hidden)  # [B, Dv]
             if greedy:
                 index = logits.argmax(-1)
             else:
@@ -253,10 +315,9 @@ class _Growth:
         """Draft ``top_k`` children of each of ``parents`` (candidates; -1 = the root) from the draft layer's
         outputs ``hidden`` [B, P, H] at those parents: P·top_k new candidates, parent by parent."""
         d = self.d
-        logits = d.model.logits(hidden)  # [B, P, Dv]
-        base = logits.new_zeros(logits.shape[0], 1) if parents == [-1] else self.logp[:, parents]  # [B, P]
+        base = hidden.new_zeros(hidden.shape[0], 1, dtype=torch.float32) if parents == [-1] else self.logp[:, parents]
         if self.sampled:
-            q = d.draft_probs(logits, self.state)  # [B, P, Dv]
+            q = d.draft_probs(d.logits(hidden), self.state)  # [B, P, Dv]
             logq = q.clamp(min=1e-30).log()
             index, logp = [], []
             for j in range(len(parents)):
@@ -270,7 +331,7 @@ class _Growth:
                     law = _without(q[:, j], torch.stack(drawn, 1))
             index, logp = torch.stack(index, 1), torch.stack(logp, 1)
         else:
-            values, index = cpu_kernels.top_log_softmax(logits, d.top_k)  # [B, P, top_k]
+            values, index = d.top_candidates(hidden)  # [B, P, top_k]
             index, logp = index.flatten(1), (base[..., None] + values).flatten(1)
         self.parent += [p for p in parents for _ in range(d.top_k)]
         self.level += [level] * (len(parents) * d.top_k)
