@@ -66,3 +66,33 @@ def test_greedy_speculative_equals_plain(model, real_prompts, reference, drafter
     ids, mask = left_pad(real_prompts, pad_id=2)
     batched = speculative_generate(model, make(), ids, attention_mask=mask, k=k, max_new_tokens=NEW, eos_token_id=[])
     assert batched.sequences == reference
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa", "draft_model"])
+def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, real_prompts, name):
+    """What the main job runs on a GPU (target.compile=auto: the target's forwards and the shipped drafter's own
+    work replaying graphs), run on CPU through emulated graphs (specdec.models.graphs.emulated_graphs): captures
+    without host syncs, replays of the captured ops on the captured memory, and greedy outputs equal to plain
+    decoding's on the torch path a GPU runs (batch 1, then 2 left-padded), with as many drafts accepted as the
+    drafter accepts drafting eagerly."""
+    from specdec.drafters.base import DRAFTERS
+    from specdec.models import GraphedDecoder, target_decoder
+    from specdec.models.graphs import emulated_graphs
+
+    cls = DRAFTERS[name]
+    with emulated_graphs():
+        decoder = target_decoder(model, "auto")
+        drafter, eager = (cls.from_config(cls.Config(), target=model) for _ in range(2))
+        drafter.replay_graphs("auto")
+        assert isinstance(decoder, GraphedDecoder)
+        k = 3 if name == "draft_model" else cls.Config().k
+        for prompts in (real_prompts[:1], real_prompts[1:3]):
+            ids, mask = left_pad(prompts, pad_id=2)
+            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+            out, unreplayed = (speculative_generate(decoder, d, ids, attention_mask=mask, k=k, max_new_tokens=16,
+                                                    eos_token_id=[]) for d in (drafter, eager))
+            assert out.sequences == ref.sequences
+            assert out.stats.mean_accepted_length == unreplayed.stats.mean_accepted_length > 1.0  # the same drafts
+    graphs = drafter.decoder if name == "draft_model" else (
+        drafter.graphs if name == "eagle" else drafter.drafting.candidates.graphs)
+    assert graphs.replays > 0 and decoder.replays > 0
