@@ -83,13 +83,14 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also run plain decoding with torch.compile + graphs")
     ap.add_argument("--skip", nargs="*", default=[], metavar="WORD",
                     help="leave out the speculative methods whose name holds one of these words (eagle, medusa, ...)")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="the target's dtype on a GPU (off a GPU: float32)")
     ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
     ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_target(dtype=args.dtype if device.type == "cuda" else "float32", device=device)
+    args.dtype = str(model.dtype).removeprefix("torch.")  # as run (float32 off a GPU), for the report
     prompts = prompt_ids(args, tokenizer)
     if args.dump_prompts:
         Path(args.dump_prompts).write_text(json.dumps(prompts) + "\n")
