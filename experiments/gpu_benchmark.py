@@ -32,6 +32,7 @@ from specdec.data import left_pad
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
+from specdec.run import drafter_graph_fields
 from specdec.speed_of_light import probe_read_bandwidth, step_bytes
 
 
@@ -64,6 +65,8 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
         step = f"{r['verify_step_ms']:.2f} + {r['drafter_step_ms']:.2f}" if "step_ms" in r else "—"
         frac = f"{r['bandwidth_fraction']:.1%}" if "bandwidth_fraction" in r else "—"
         cap = f"{r['captures']} ({r['capture_time_s']:.1f})" if "captures" in r else "—"
+        if r.get("drafter_graph_captures") is not None:
+            cap += f" + draft {r['drafter_graph_captures']} ({r['drafter_graph_capture_time_s']:.1f})"
         speed = f"{r['speedup_vs_plain_eager']:.2f}x" if "speedup_vs_plain_eager" in r else "—"
         lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {step} | {frac} | "
                      f"{cap} | {r['mismatching_outputs']} |")
@@ -177,9 +180,11 @@ def main() -> None:
             "drafter_step_ms": 1000 * s.drafter_time_s / s.target_forwards, "mismatching_outputs": mismatches[name],
             "bandwidth_floor_ms": 1000 * step_bytes(model, context) / bandwidth,
         }
-        tgt = methods[name][0]
+        tgt, drafter = methods[name][:2]
         if isinstance(tgt, GraphedDecoder):
             results[name].update(captures=tgt.captures, capture_time_s=tgt.capture_time_s)
+        if drafter is not None and drafter.graph_runners():
+            results[name].update(drafter_graph_fields(drafter))
     for r in results.values():
         r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]
         r["bandwidth_fraction"] = r["bandwidth_floor_ms"] / r["verify_step_ms"]

@@ -154,6 +154,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "lossy": bool(getattr(drafter, "lossy", False)),
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
         "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # inside the timings above
+        **drafter_graph_fields(drafter),
         "device": machine_description(device),
     }
     if "target_step_time_s" in results:  # plain decoding ran: the steps' times against the bandwidth floor
@@ -161,6 +162,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
                                       results["verify_step_time_s"], device))
     return results
+
+
+def drafter_graph_fields(drafter) -> dict[str, Any]:
+    """The drafter's own graphs (:meth:`~specdec.drafters.base.Drafter.graph_runners`): how many shapes were captured
+    and the seconds that took, inside the timings as the target's are; None where its work ran eagerly."""
+    runners = drafter.graph_runners()
+    return {"drafter_graph_captures": sum(r.captures for r in runners) if runners else None,
+            "drafter_graph_capture_time_s": sum(r.capture_time_s for r in runners) if runners else None}
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -187,6 +196,11 @@ def format_table(results: dict[str, Any]) -> str:
                      f"{results['read_bandwidth_GBps']:.1f} GB/s (probe) the floor is "
                      f"{1000 * results['bandwidth_floor_s']:.1f} ms: plain steps at {results['bandwidth_fraction']:.0%} "
                      f"of it, verify steps at {results['bandwidth_fraction_verify']:.0%}")
+    graphs = [f"{who} {results[f'{key}captures']} shapes in {results[f'{key}capture_time_s']:.1f} s"
+              for who, key in (("target", "cuda_graph_"), ("drafter", "drafter_graph_"))
+              if results.get(f"{key}captures") is not None]
+    if graphs:
+        lines.append(f"graphs captured (inside the timings above): {', '.join(graphs)}")
     if results.get("lossy"):
         lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
                      "> 0 the output is not distributed as the target's")

@@ -78,6 +78,7 @@ def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, r
     from specdec.drafters.base import DRAFTERS
     from specdec.models import GraphedDecoder, target_decoder
     from specdec.models.graphs import emulated_graphs
+    from specdec.run import drafter_graph_fields
 
     cls = DRAFTERS[name]
     with emulated_graphs():
@@ -93,6 +94,9 @@ def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, r
                                                     eos_token_id=[]) for d in (drafter, eager))
             assert out.sequences == ref.sequences
             assert out.stats.mean_accepted_length == unreplayed.stats.mean_accepted_length > 1.0  # the same drafts
-    graphs = drafter.decoder if name == "draft_model" else (
-        drafter.graphs if name == "eagle" else drafter.drafting.candidates.graphs)
-    assert graphs.replays > 0 and decoder.replays > 0
+    runners = drafter.graph_runners()  # what the main job reports of the drafter's graphs
+    assert len(runners) == 1 and runners[0].replays > 0 and decoder.replays > 0 and not eager.graph_runners()
+    assert drafter_graph_fields(drafter) == {"drafter_graph_captures": runners[0].captures,
+                                             "drafter_graph_capture_time_s": runners[0].capture_time_s}
+    assert runners[0].captures > 0 and runners[0].capture_time_s > 0
+    assert drafter_graph_fields(eager) == {"drafter_graph_captures": None, "drafter_graph_capture_time_s": None}

@@ -55,6 +55,26 @@ def test_main_job_writes_results(tmp_path, coded):
     assert 0 < results["bandwidth_fraction"] and (100e6 < results["step_bytes"] < 130e6 if coded
                                                   else results["step_bytes"] > 500e6)
     assert "speed of light: a step reads" in proc.stdout
+    assert results["cuda_graph_captures"] is None and results["drafter_graph_captures"] is None  # eager on CPU
+    assert "graphs captured" not in proc.stdout
+
+
+def test_the_table_names_the_graphs_captured_where_they_ran():
+    """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (inside
+    the timings), for whichever replayed graphs; no line for an eager run."""
+    from specdec.run import format_table
+
+    row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
+               baseline_tokens_per_second=8.0, speedup=1.25, predicted_speedup=1.3)
+    results = {**row, "per_category": {"chat": row}, "acceptance_per_position": [0.5], "cost_ratio": 0.1,
+               "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
+               "drafter_graph_captures": None, "drafter_graph_capture_time_s": None}
+    assert "graphs captured" not in format_table(results)
+    results.update(cuda_graph_captures=5, cuda_graph_capture_time_s=1.3)  # a drafter without graphs (n-gram)
+    assert "graphs captured (inside the timings above): target 5 shapes in 1.3 s\n" in format_table(results) + "\n"
+    results.update(drafter_graph_captures=12, drafter_graph_capture_time_s=0.5)
+    assert ("graphs captured (inside the timings above): target 5 shapes in 1.3 s, drafter 12 shapes in 0.5 s"
+            in format_table(results))
 
 
 BAD_INPUTS = [  # (overrides, what the error must say)

@@ -93,9 +93,16 @@ class Drafter(ABC):
         """Drop all per-generation state."""
 
     def replay_graphs(self, mode: str) -> None:
-        """Run the drafter's own model forwards the way the target's run (``target.compile``'s ``mode``, see
-        :func:`specdec.models.target_decoder`): replayed CUDA graphs on a GPU where the drafter runs a
-        Llama-family decoder of its own. Called once, after the drafter is built; here, nothing to replay."""
+        """Run the drafter's own work the way the target's forwards run (``target.compile``'s ``mode``, see
+        :func:`specdec.models.target_decoder`): replayed CUDA graphs on a GPU where the drafter runs a model of
+        its own (a draft model's forwards, Medusa's tree drafting, EAGLE's draft layer). Called once, after the
+        drafter is built; here, nothing to replay."""
+
+    def graph_runners(self) -> list:
+        """What replays the drafter's graphs since :meth:`replay_graphs` (each a
+        :class:`~specdec.models.GraphedDecoder` or :class:`~specdec.models.graphs.GraphedCalls`, counting its
+        ``captures``, ``replays`` and ``capture_time_s``); empty where the drafter's work runs eagerly."""
+        return []
 
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),

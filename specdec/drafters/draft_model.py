@@ -162,6 +162,11 @@ class DraftModelDrafter(Drafter):
         if mode != "none" and isinstance(self.decoder, CompactLlama) and replays_graphs(self.decoder.device):
             self.decoder = GraphedDecoder(self.decoder, compile=mode == "compiled_graphs")
 
+    def graph_runners(self) -> list:
+        from specdec.models import GraphedDecoder
+
+        return [self.decoder] if isinstance(self.decoder, GraphedDecoder) else []
+
     @staticmethod
     def _options(cfg, path) -> dict:
         from specdec.drafters.student import frequent_tokens

@@ -301,7 +301,7 @@ class GraphedCalls:
     is kept alive with the graph (e.g. the object whose ``id`` is in the key, so the id is not reused). ``fn``
     runs more than once while it is captured (warm-up), so what it changes beyond its outputs must be what running
     it again rewrites the same (cache slots past the committed ones), never an increment (commit outside it).
-    ``captures`` and ``replays`` count what happened."""
+    ``captures``, ``replays`` and ``capture_time_s`` count what happened, as :class:`GraphedDecoder`'s do."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -310,6 +310,7 @@ class GraphedCalls:
         self._pool = None
         self.captures = 0
         self.replays = 0
+        self.capture_time_s = 0.0
 
     def clear(self) -> None:
         """Drop every graph (e.g. when the memory they read, a cache, is reallocated) and their memory pool."""
@@ -323,12 +324,14 @@ class GraphedCalls:
         full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
         entry = self._graphs.get(full)
         if entry is None:
+            start = time.perf_counter()
             static = tuple(t.clone() for t in inputs)
             if self._pool is None:
                 self._pool = graph_pool(self.device)
             graph, outputs = record_graph(lambda: fn(*static), self.device, pool=self._pool)
             entry = self._graphs[full] = (graph, static, tuple(outputs), hold)
             self.captures += 1
+            self.capture_time_s += time.perf_counter() - start
         else:
             for target, value in zip(entry[1], inputs):
                 target.copy_(value)

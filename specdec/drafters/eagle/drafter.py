@@ -131,6 +131,9 @@ class EagleDrafter(Drafter):
         if mode != "none" and replays_graphs(device):
             self.graphs = GraphedCalls(device)
 
+    def graph_runners(self) -> list:
+        return [self.graphs] if self.graphs is not None else []
+
     def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
         """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
         ``fn``), else eager."""

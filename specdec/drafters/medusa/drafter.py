@@ -270,6 +270,10 @@ class MedusaDrafter(Drafter):
         if mode != "none" and replays_graphs(device) and isinstance(self.drafting, TreeDrafting):
             self.drafting.candidates.graphs = GraphedCalls(device)
 
+    def graph_runners(self) -> list:
+        graphs = self.drafting.candidates.graphs
+        return [graphs] if graphs is not None else []
+
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         hidden = state.last_hidden.to(self.dtype)  # [B, H]
