@@ -34,7 +34,8 @@ def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: li
                  ) -> tuple[dict, dict, dict, dict]:
     """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
     ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
-    the reference. Returns per method: seconds, new tokens, merged DecodeStats, outputs differing from the reference;
+    the reference. Returns per method: seconds (graph captures left out: their time is the stats' ``capture_time_s``),
+    new tokens, merged DecodeStats, outputs differing from the reference;
     ``references``, if given a list, receives the reference's new tokens per prompt."""
     for drafter, k in methods.values():  # warm-up, untimed
         run(drafter, k, prompts[0][:, :32])
@@ -46,7 +47,7 @@ def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: li
             for name, (drafter, k) in methods.items():
                 start = time.perf_counter()
                 out = run(drafter, k, ids)
-                seconds[name] += time.perf_counter() - start
+                seconds[name] += time.perf_counter() - start - out.stats.capture_time_s  # graph captures: one-off
                 tokens[name] += len(out.sequences[0])
                 stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)
                 if reference is None:

@@ -48,6 +48,8 @@ class DecodeStats:
     prefill_time_s: float = 0.0
     drafter_time_s: float = 0.0
     wall_time_s: float = 0.0
+    # graph captures (torch.compile's compiling with them) during the run: one-off costs, left out of the times above
+    capture_time_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.proposed_per_position:
@@ -125,6 +127,7 @@ class DecodeStats:
             prefill_time_s=self.prefill_time_s + other.prefill_time_s,
             drafter_time_s=self.drafter_time_s + other.drafter_time_s,
             wall_time_s=self.wall_time_s + other.wall_time_s,
+            capture_time_s=self.capture_time_s + other.capture_time_s,
         )
         return merged
 
@@ -145,5 +148,6 @@ class DecodeStats:
             "prefill_time_s": self.prefill_time_s,
             "drafter_time_s": self.drafter_time_s,
             "wall_time_s": self.wall_time_s,
+            "capture_time_s": self.capture_time_s,
             "tokens_per_second": self.tokens_per_second,
         }

@@ -153,7 +153,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
         "lossy": bool(getattr(drafter, "lossy", False)),
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
-        "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # inside the timings above
+        "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # left out of the timings above
         **drafter_graph_fields(drafter),
         "device": machine_description(device),
     }
@@ -166,7 +166,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def drafter_graph_fields(drafter) -> dict[str, Any]:
     """The drafter's own graphs (:meth:`~specdec.drafters.base.Drafter.graph_runners`): how many shapes were captured
-    and the seconds that took, inside the timings as the target's are; None where its work ran eagerly."""
+    and the seconds that took (the warm-up's included), left out of the timings as the target's are; None where its
+    work ran eagerly."""
     runners = drafter.graph_runners()
     return {"drafter_graph_captures": sum(r.captures for r in runners) if runners else None,
             "drafter_graph_capture_time_s": sum(r.capture_time_s for r in runners) if runners else None}
@@ -200,7 +201,7 @@ def format_table(results: dict[str, Any]) -> str:
               for who, key in (("target", "cuda_graph_"), ("drafter", "drafter_graph_"))
               if results.get(f"{key}captures") is not None]
     if graphs:
-        lines.append(f"graphs captured (inside the timings above): {', '.join(graphs)}")
+        lines.append(f"graphs captured (one-off, left out of the timings above): {', '.join(graphs)}")
     if results.get("lossy"):
         lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
                      "> 0 the output is not distributed as the target's")

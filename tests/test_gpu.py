@@ -206,6 +206,9 @@ class _Twins:
     def observe(self, state):
         self.eager.observe(state), self.graphed.observe(state)
 
+    def graph_runners(self):
+        return self.graphed.graph_runners()
+
 
 @pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, min_confidence=0.0), 12),
                                         (dict(k_tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
@@ -253,6 +256,34 @@ def test_cuda_graphs_sample_as_eager_does(graph_device):
                                  temperature=1.0, generator=torch.Generator(graph_device).manual_seed(1),
                                  eos_token_id=[]).sequences for target in (model, graphed)]
     assert runs[0] == runs[1]
+
+
+def test_graph_captures_are_left_out_of_the_decode_times(graph_device):
+    """A generation's graph captures (the target's and the drafter's) are one-off costs: their seconds are in
+    ``capture_time_s``, out of the wall, target and drafter times, which then hold only the decoding; a
+    generation that captures nothing new counts none."""
+    import time
+
+    from specdec.drafters.medusa import MedusaDrafter
+    from test_medusa import PATHS, random_heads
+
+    model = tiny_llama(layers=2, seed=0).to(graph_device)
+    graphed = _graphed(model)
+    drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS, 0.0)
+    drafter.replay_graphs("auto")
+    ids = torch.tensor([PROMPTS[0]], device=graph_device)
+    runs = []
+    for first in (True, False):
+        before = graphed.capture_time_s + drafter.graph_runners()[0].capture_time_s
+        start = time.perf_counter()
+        stats = speculative_generate(graphed, drafter, ids, k=len(PATHS), max_new_tokens=12, eos_token_id=[]).stats
+        outside = time.perf_counter() - start
+        captured = graphed.capture_time_s + drafter.graph_runners()[0].capture_time_s - before
+        assert stats.capture_time_s == pytest.approx(captured) and (captured > 0) == first
+        assert 0 < stats.wall_time_s <= outside - captured
+        assert 0 < stats.target_time_s + stats.drafter_time_s + stats.prefill_time_s <= stats.wall_time_s
+        runs.append(stats)
+    assert runs[0].merge(runs[1]).capture_time_s == runs[0].capture_time_s > 0
 
 
 def test_target_compile_auto_replays_graphs_on_cuda(graph_device):

@@ -60,8 +60,8 @@ def test_main_job_writes_results(tmp_path, coded):
 
 
 def test_the_table_names_the_graphs_captured_where_they_ran():
-    """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (inside
-    the timings), for whichever replayed graphs; no line for an eager run."""
+    """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (left out
+    of the timings), for whichever replayed graphs; no line for an eager run."""
     from specdec.run import format_table
 
     row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
@@ -71,9 +71,9 @@ def test_the_table_names_the_graphs_captured_where_they_ran():
                "drafter_graph_captures": None, "drafter_graph_capture_time_s": None}
     assert "graphs captured" not in format_table(results)
     results.update(cuda_graph_captures=5, cuda_graph_capture_time_s=1.3)  # a drafter without graphs (n-gram)
-    assert "graphs captured (inside the timings above): target 5 shapes in 1.3 s\n" in format_table(results) + "\n"
+    assert "graphs captured (one-off, left out of the timings above): target 5 shapes in 1.3 s\n" in format_table(results) + "\n"
     results.update(drafter_graph_captures=12, drafter_graph_capture_time_s=0.5)
-    assert ("graphs captured (inside the timings above): target 5 shapes in 1.3 s, drafter 12 shapes in 0.5 s"
+    assert ("graphs captured (one-off, left out of the timings above): target 5 shapes in 1.3 s, drafter 12 shapes in 0.5 s"
             in format_table(results))
 
 
