@@ -59,6 +59,31 @@ def test_main_job_writes_results(tmp_path, coded):
     assert "graphs captured" not in proc.stdout
 
 
+@pytest.mark.real_model
+@pytest.mark.parametrize("drafter", ["eagle", "medusa", "draft_model", "ngram"])
+def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
+    """The main job as it runs on a GPU (target.compile=auto: the target's forwards and the drafter's own work
+    replaying graphs), in process on CPU through emulated graphs: plain decoding's greedy outputs, the captures
+    of each reported in results.json and under the table (ngram runs no model: no drafter graphs)."""
+    from specdec.config import config_dir
+    from specdec.models.graphs import emulated_graphs
+    from specdec.run import format_table, run
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("run", overrides=[f"drafter={drafter}", "data.sources=[mtbench]", *TINY])
+    with emulated_graphs():
+        results = run(cfg)
+    assert results["greedy_mismatches"] == 0 and results["cuda_graph_captures"] > 0
+    assert results["cuda_graph_capture_time_s"] > 0
+    graphed = drafter != "ngram"
+    assert (results["drafter_graph_captures"] is not None) == graphed
+    assert not graphed or results["drafter_graph_captures"] > 0 and results["drafter_graph_capture_time_s"] > 0
+    line, = (line for line in format_table(results).splitlines() if line.startswith("graphs captured"))
+    assert line.startswith("graphs captured (one-off, left out of the timings above): target ")
+    assert ("drafter" in line) == graphed
+
+
 def test_the_table_names_the_graphs_captured_where_they_ran():
     """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (left out
     of the timings), for whichever replayed graphs; no line for an eager run."""
