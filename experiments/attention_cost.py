@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from forward_cost import median_ms  # experiments/ is the script's directory
-from specdec.cache import KVCache
-from specdec.jobs import machine_description
+
+from specdec.decode.cache import KVCache
+from specdec.jobs.runs import machine_description
 from specdec.models import cpu_kernels
 
 HEADS, KV_HEADS, DIM, LAYERS, CAPACITY = 9, 3, 64, 30, 2048

@@ -26,8 +26,8 @@ import torch
 from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, load_target, speculative_generate
-from specdec.data import encode_prompt, load_prompts
-from specdec.jobs import machine_description
+from specdec.jobs.data import encode_prompt, load_prompts
+from specdec.jobs.runs import machine_description
 
 
 def early_exit_hf(model, num_layers: int):

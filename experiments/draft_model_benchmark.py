@@ -30,14 +30,14 @@ import time
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 from eagle_benchmark import parse_overrides  # experiments/ is on sys.path when this runs as a script
+from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 
 from specdec import autoregressive_generate, load_target, speculative_generate
-from specdec.data import encode_prompt, load_prompts
 from specdec.drafters import DraftModelDrafter
 from specdec.export import export_draft_model
-from specdec.jobs import machine_description
+from specdec.jobs.data import encode_prompt, load_prompts
+from specdec.jobs.runs import machine_description
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ import torch
 from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
-from specdec.data import encode_prompt, load_prompts
 from specdec.drafters import EagleDrafter, MedusaDrafter
-from specdec.jobs import machine_description
+from specdec.jobs.data import encode_prompt, load_prompts
+from specdec.jobs.runs import machine_description
 
 
 def parse_overrides(spec: str, config: type) -> dict:

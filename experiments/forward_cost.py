@@ -22,9 +22,8 @@ import time
 import torch
 
 from specdec import load_target
-from specdec.jobs import machine_description
-from specdec.models import as_decoder
-from specdec.models import cpu_kernels, llama
+from specdec.jobs.runs import machine_description
+from specdec.models import as_decoder, cpu_kernels, llama
 
 
 def median_ms(fn, reps: int) -> float:

@@ -7,7 +7,7 @@ turn. The target runs in bf16 on the GPU; "graphs" replays CUDA graphs of its fo
 reported apart), "compiled" also runs each captured forward through ``torch.compile`` first.
 
 Speed of light: a plain decode step must read the target's weights once and the KV cache it attends; the
-floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.speed_of_light``).
+floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.decode.speed_of_light``).
 ``bandwidth_fraction`` = floor / measured target step (plain step, or verify step: it reads the same bytes). Writes ``gpu_<source>.json`` / ``.md`` to --out.
 
     python experiments/gpu_benchmark.py --prompts 24 --new 128
@@ -28,18 +28,18 @@ import torch
 from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
-from specdec.data import left_pad
+from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
-from specdec.jobs import machine_description
+from specdec.jobs.data import left_pad
+from specdec.jobs.runs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
 from specdec.run import drafter_graph_fields
-from specdec.speed_of_light import probe_read_bandwidth, step_bytes
 
 
 def prompt_ids(args, tokenizer) -> list[list[int]]:
     if args.prompt_file:
         return json.loads(Path(args.prompt_file).read_text())[: args.prompts]
-    from specdec.data import encode_prompt, load_prompt_mix, load_prompts
+    from specdec.jobs.data import encode_prompt, load_prompt_mix, load_prompts
 
     if args.source == "mix":  # half MT-Bench, half HumanEval
         rows = load_prompt_mix(["mtbench", "humaneval"], limit_per_source=args.prompts // 2)

@@ -33,13 +33,12 @@ from functools import partial
 from pathlib import Path
 
 import torch
-
 from side_by_side import positive_int, side_by_side, spec_type  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
-from specdec.data import encode_prompt, load_prompts
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
-from specdec.jobs import machine_description
+from specdec.jobs.data import encode_prompt, load_prompts
+from specdec.jobs.runs import machine_description
 from specdec.models.llama import use_onednn
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from specdec.data import encode_prompt, load_prompt_mix
+from specdec.decode.engine import autoregressive_generate
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.engine import autoregressive_generate
-from specdec.loading import load_target
+from specdec.jobs.data import encode_prompt, load_prompt_mix
+from specdec.models.loading import load_target
 from specdec.verify.tree import residual_after_rejection
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from specdec.loading import load_target
+
+from specdec.models.loading import load_target
 from specdec.training.distill.store import load_splits
 from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_labels
 from specdec.training.methods.medusa.objective import head_labels, with_previous_token

@@ -18,8 +18,8 @@ from side_by_side import positive_int  # experiments/ is on sys.path when this r
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec import autoregressive_generate, load_target, speculative_generate
-from specdec.data import encode_prompt, load_prompts
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec.jobs.data import encode_prompt, load_prompts
 
 
 class OpCount(TorchDispatchMode):

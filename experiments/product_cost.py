@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from specdec.jobs import machine_description
+from specdec.jobs.runs import machine_description
 from specdec.models import cpu_kernels
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [N, K] of one SmolLM2-135M layer's products

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the tiny models and planted-bug cases
 
 from test_verify_dist import BUG_CASES, check, noisy_copy, peaked_llama  # noqa: E402
 
-from specdec.stats import holm  # noqa: E402
+from specdec.exactness.stats import holm  # noqa: E402
 
 NULL_SETTINGS = [("draft_model", 4, 1.0, 0, 1.0), ("ngram", 3, 0.7, 0, 0.9), ("draft_model_far", 2, 0.7, 10, 1.0),
                  ("ngram", 4, 1.0, 0, 1.0), ("medusa_tree", 8, 1.0, 0, 1.0)]

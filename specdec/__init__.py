@@ -11,11 +11,11 @@ from typing import Any
 _EXPORTS = {
     "DraftModelDrafter": "specdec.drafters",
     "NgramDrafter": "specdec.drafters",
-    "GenerationOutput": "specdec.engine",
-    "autoregressive_generate": "specdec.engine",
-    "speculative_generate": "specdec.engine",
-    "load_target": "specdec.loading",
-    "logits_to_probs": "specdec.sampling",
+    "GenerationOutput": "specdec.decode.engine",
+    "autoregressive_generate": "specdec.decode.engine",
+    "speculative_generate": "specdec.decode.engine",
+    "load_target": "specdec.models.loading",
+    "logits_to_probs": "specdec.decode.sampling",
     "rejection_sample": "specdec.verify",
 }
 

@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdec.loading import DEFAULT_TARGET
+from specdec.models.loading import DEFAULT_TARGET
 
 
 def _check_out(out: str | Path, force: bool, source: Path) -> Path:
@@ -64,8 +64,8 @@ def export_draft_model(out: str | Path, model: str = "default", target: str = DE
                        force: bool = False) -> Path:
     """Write the student ``model`` (``default``: the one shipped for the default target) of ``target`` to
     ``out`` as a transformers directory; see the module docstring."""
-    from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, export_hf, load_student
-    from specdec.loading import load_target
+    from specdec.drafters.draft_model.student import DEFAULT_DRAFT, default_student_path, export_hf, load_student
+    from specdec.models.loading import load_target
 
     path = default_student_path() if model == DEFAULT_DRAFT else Path(model).expanduser()
     out = _check_out(out, force, path)
@@ -79,8 +79,8 @@ def export_eagle(out: str | Path, model: str = "default", target: str = DEFAULT_
     to ``out`` in the speculators format, the target's local directory as its verifier and ``k`` draft tokens
     as its default proposal; see the module docstring."""
     from specdec.drafters.eagle.model import default_eagle_path, load_eagle, save_eagle
-    from specdec.io import atomic_dir
-    from specdec.loading import load_target
+    from specdec.jobs.io import atomic_dir
+    from specdec.models.loading import load_target
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"--k must be an integer >= 1 (draft tokens per step), got {k!r}")

@@ -21,18 +21,18 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from specdec.config import config_dir, register_configs
-from specdec.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
+from specdec.decode.engine import autoregressive_generate, speculative_generate
+from specdec.decode.metrics import DecodeStats, predicted_speedup
+from specdec.decode.sampling import SamplingParams
+from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
-from specdec.engine import autoregressive_generate, speculative_generate
-from specdec.io import write_json
-from specdec.jobs import check_job_config, config_fields, machine_description, run_task
-from specdec.loading import load_target, resolve_device, stop_token_ids
-from specdec.metrics import DecodeStats, predicted_speedup
+from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
+from specdec.jobs.io import write_json
+from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
 from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
 from specdec.models.llama import use_coded_panels
-from specdec.sampling import SamplingParams
-from specdec.speed_of_light import speed_of_light
+from specdec.models.loading import load_target, resolve_device, stop_token_ids
 
 register_configs()
 

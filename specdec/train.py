@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import config_dir
-from specdec.jobs import check_target_choice
+from specdec.jobs.runs import check_target_choice
 from specdec.training.config import register_train_configs
 from specdec.training.trainer import train
 

@@ -48,7 +48,7 @@ def tiny_draft() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def real_target():
     """SmolLM2-135M-Instruct, the embedded default (converted once to a local safetensors cache)."""
-    from specdec.loading import load_target
+    from specdec.models.loading import load_target
 
     return load_target()
 
@@ -56,7 +56,7 @@ def real_target():
 @pytest.fixture(scope="session")
 def real_prompts(real_target):
     """Token ids of a few real prompts: MT-Bench questions (chat template) and HumanEval problems."""
-    from specdec.data import encode_prompt, load_prompt_mix
+    from specdec.jobs.data import encode_prompt, load_prompt_mix
 
     _, tokenizer = real_target
     rows = load_prompt_mix(["mtbench", "humaneval"], 3)
@@ -67,8 +67,8 @@ def shipped_drafter_taus(real_target, real_prompts, cfg) -> list[float]:
     """A shipped drafter (``cfg``) on the real target, batch 1 then batch 2 (left-padded), 24 tokens: asserts
     greedy output equal to plain decoding's and returns τ of each batch."""
     from specdec import autoregressive_generate, speculative_generate
-    from specdec.data import left_pad
     from specdec.drafters import build_drafter
+    from specdec.jobs.data import left_pad
 
     model, tokenizer = real_target
     drafter = build_drafter(cfg, model, tokenizer)

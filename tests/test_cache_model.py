@@ -4,16 +4,14 @@ import inspect
 
 import pytest
 import torch
+from conftest import tiny_llama
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_llama
-
-from specdec.data import left_pad
-from specdec.cache import KVCache
-from specdec.models import CompactLlama, HFDecoder, as_decoder
-from specdec.models.hf import cache_keyword
-from specdec.models import cpu_kernels
+from specdec.decode.cache import KVCache
+from specdec.jobs.data import left_pad
+from specdec.models import CompactLlama, HFDecoder, as_decoder, cpu_kernels
 from specdec.models import llama as llama_module
+from specdec.models.hf import cache_keyword
 
 
 def hf_logits(model, ids, mask):

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import coded_weight, tiny_llama
 
-from specdec.models import cpu_kernels, as_decoder
+from specdec.models import as_decoder, cpu_kernels
 from specdec.models import llama as llama_module
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.enabled(), reason="specdec's CPU kernel is not built here "
@@ -429,7 +428,7 @@ def test_top_log_softmax_is_torch_s_log_softmax_topk(rows, vocab, k):
 def test_fused_forward_matches_the_unfused_one(kernel_restored, last_only):
     """The forward with the fused C++ small ops (kernel on) against torch's ops over oneDNN (kernel off):
     batch 2 left-padded, a prefill then a verification block, the captured hidden states EAGLE reads."""
-    from specdec.data import left_pad
+    from specdec.jobs.data import left_pad
 
     model = tiny_llama(layers=3, seed=3)
     decoder = as_decoder(model)
@@ -468,7 +467,7 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, recent
     KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree, and a
     tree whose mask decides the last few committed slots too (EAGLE's drafting: each new entry sees the
     draft entries of its ancestors only)."""
-    from specdec.cache import KVCache
+    from specdec.decode.cache import KVCache
 
     torch.manual_seed(len(parents or []) + recent)
     batch, heads, kv_heads, capacity = 3, 6, 2, 40
@@ -502,7 +501,7 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, recent
 def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(parents, dim, isa):
     """Each query of a step over its ancestors equals, bit for bit, a one-token step made after those
     ancestors were committed one by one: verification scores a position exactly as plain decoding does."""
-    from specdec.cache import KVCache
+    from specdec.decode.cache import KVCache
 
     torch.manual_seed(11)
     heads, kv_heads, capacity = 4, 2, 48

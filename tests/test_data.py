@@ -11,8 +11,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specdec import data
-from specdec.data import KINDS, SOURCES, encode_prompt, load_prompt_mix, load_prompts
+from specdec.jobs import data
+from specdec.jobs.data import KINDS, SOURCES, encode_prompt, load_prompt_mix, load_prompts
 
 COLUMNS = ["id", "source", "category", "kind", "text"]
 MTBENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -171,7 +171,7 @@ def test_encode_prompt_without_chat_template_falls_back_to_plain_text():
 def test_encode_prompt_with_smollm2_chat_template():
     from transformers import AutoTokenizer
 
-    from specdec.loading import ensure_smollm2_cache
+    from specdec.models.loading import ensure_smollm2_cache
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_smollm2_cache())
     ids = encode_prompt(tokenizer, load_prompts("mtbench", limit=1)[0])

@@ -10,18 +10,23 @@ import math
 
 import pytest
 import torch
-
 from conftest import check_export_force, shipped_drafter_taus, tiny_llama
+from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
+
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
-from specdec.drafters.student import export_hf, init_student, load_student, save_student
+from specdec.drafters.draft_model.student import export_hf, init_student, load_student, save_student
 from specdec.errors import CheckpointError, VocabMismatchError
 from specdec.models import cpu_kernels
 from specdec.training.distill.packing import pack
 from specdec.training.distill.store import Split
-from specdec.training.methods.draft_model.objective import (acceptance, chain_matches, divergence, packed_hidden,
-                                                            student_pairs)
-from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
+from specdec.training.methods.draft_model.objective import (
+    acceptance,
+    chain_matches,
+    divergence,
+    packed_hidden,
+    student_pairs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +216,7 @@ def test_lean_save_load_and_hf_export_give_identical_logits(target, tmp_path, ti
 
 
 def test_a_failed_export_leaves_the_earlier_one(tmp_path):
-    from specdec.io import atomic_dir
+    from specdec.jobs.io import atomic_dir
 
     with atomic_dir(tmp_path / "out") as tmp:
         (tmp / "a.txt").write_text("first")
@@ -280,7 +285,7 @@ def test_num_layers_cuts_the_target_only_by_default(target, monkeypatch):
     big = tiny_llama(layers=10, seed=1)
     assert layers(model="target") == 4 and layers(model="target", num_layers=1) == 1
     assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target"), target=big).decoder.layers) == 8
-    monkeypatch.setattr("specdec.loading.load_target", lambda name, **kwargs: (big, None))
+    monkeypatch.setattr("specdec.models.loading.load_target", lambda name, **kwargs: (big, None))
     assert layers(model="another/model") == 10 and layers(model="another/model", num_layers=3) == 3
 
 
@@ -294,7 +299,7 @@ def test_a_student_for_another_target_is_refused(target, tmp_path, monkeypatch):
         load_student(tmp_path / "nowhere", target)
     with pytest.raises(VocabMismatchError, match="drafter.model=target"):  # the shipped default is SmolLM2's
         DraftModelDrafter.from_config(DraftModelDrafter.Config(), target=target)
-    monkeypatch.setattr("specdec.drafters.student.default_student_path", lambda: tmp_path / "nowhere")
+    monkeypatch.setattr("specdec.drafters.draft_model.student.default_student_path", lambda: tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="the shipped distilled draft model is missing"):
         DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
 
@@ -355,9 +360,9 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
     from test_train_medusa import CHAT_TEMPLATE
-    from specdec.drafters.student import is_student_dir
+
+    from specdec.drafters.draft_model.student import is_student_dir
     from specdec.training.config import register_train_configs
     from specdec.training.trainer import train
 
@@ -384,6 +389,7 @@ def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
     """python -m specdec.train method=draft_model on a tiny target: prompt positions and on-policy samples in
     the loss, held-out τ and acceptance per epoch, a lean student the drafter decodes exactly with."""
     from test_train_medusa import CHAT_TEMPLATE, tiny_config
+
     from specdec.training.methods.draft_model import DraftModelMethodConfig
     from specdec.training.trainer import train
 
@@ -498,7 +504,8 @@ def test_a_restricted_draft_that_misreports_q_is_caught(markov_target):
     """Power for the restricted head: a draft that samples from its N tokens but tells the verifier the whole
     vocabulary's softmax (the zeros off the N tokens forgotten) is rejected by the same test."""
     from test_eagle import exact_verdict
-    from specdec.sampling import logits_to_probs, sample
+
+    from specdec.decode.sampling import logits_to_probs, sample
 
     class Misreported(DraftModelDrafter):
         def draw(self, logits, params, generator):
@@ -544,7 +551,7 @@ def test_confidence_stops_drafting_and_the_heuristic_moves_k(target):
 
 
 def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
-    from specdec.drafters.student import frequent_tokens, save_token_counts
+    from specdec.drafters.draft_model.student import frequent_tokens, save_token_counts
 
     save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
     cfg = DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=8)
@@ -601,7 +608,7 @@ def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_th
 
 
 def test_shipped_student_exists_lean_with_provenance():
-    from specdec.drafters.student import default_student_path, is_student_dir
+    from specdec.drafters.draft_model.student import default_student_path, is_student_dir
 
     path = default_student_path()
     assert is_student_dir(path), "shipped draft model missing: run the command in its provenance.json"

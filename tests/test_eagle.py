@@ -8,16 +8,16 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import check_export_force, shipped_drafter_taus, tiny_llama
+from safetensors.torch import load_file, save_file
+from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
+
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import round_weights
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
 from specdec.drafters.eagle.drafter import _Growth, _without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder, cpu_kernels
-from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
 from specdec.training.distill.packing import Packed, pack
 from specdec.training.methods.eagle.objective import ttt_mask, unroll
 
@@ -399,6 +399,7 @@ def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, tiny_pair):
     """python -m specdec.train method=eagle on a tiny target: data with context features, the training-time
     test, held-out τ per epoch, a speculators-format export that the drafter loads and decodes exactly with."""
     from test_train_medusa import CHAT_TEMPLATE, tiny_config
+
     from specdec.training.methods.eagle import EagleMethodConfig
     from specdec.training.trainer import train
 
@@ -452,7 +453,8 @@ def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
 
 def sample_and_score(target, drafter, k, rows=400, new=8, seed=0, rule=None):
     from test_medusa import random_prompts
-    from specdec.sampling import logits_to_probs
+
+    from specdec.decode.sampling import logits_to_probs
 
     g = torch.Generator().manual_seed(seed)
     ids = random_prompts(rows, g)
@@ -469,7 +471,8 @@ def sample_and_score(target, drafter, k, rows=400, new=8, seed=0, rule=None):
 
 def exact_verdict(target, drafter, k, seed=1, rule=None):
     import numpy as np
-    from specdec.stats import exactness_test
+
+    from specdec.exactness.stats import exactness_test
 
     tokens, probs, positions, stats = sample_and_score(target, drafter, k, seed=seed, rule=rule)
     return exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions), stats
@@ -498,7 +501,7 @@ def test_sampling_with_eagle_is_exact(markov_target, options, k, draft_vocab):
                          ids=["chain", "sampled-tree"])
 def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
     """The suite's planted verifier bugs (acceptance rules covering chains and trees) under EAGLE drafting."""
-    from specdec.planted import VERIFIER_BUGS
+    from specdec.exactness.planted import VERIFIER_BUGS
 
     drafter = EagleDrafter(markov_eagle(markov_target), **options)
     verdict, _ = exact_verdict(markov_target, drafter, k, rule=VERIFIER_BUGS[bug])
@@ -507,9 +510,9 @@ def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
 
 def test_wrapping_drafters_pass_the_feature_layers_through(target):
     """verify_dist's recorder and the planted draft-only-sampling wrapper run an EAGLE drafter inside."""
-    from specdec.planted import DraftOnlySampling
-    from specdec.sampling import SamplingParams
-    from specdec.strata import DraftRecorder
+    from specdec.decode.sampling import SamplingParams
+    from specdec.exactness.planted import DraftOnlySampling
+    from specdec.exactness.strata import DraftRecorder
 
     ref = autoregressive_generate(target, PROMPTS, max_new_tokens=10, attention_mask=MASK, eos_token_id=[])
     for wrap in (DraftRecorder, lambda d: DraftOnlySampling(d, SamplingParams(0.0, 0, 1.0))):

@@ -3,13 +3,12 @@ acceptance rule it verifies chains and trees with."""
 
 import pytest
 import torch
-
 from conftest import tiny_llama
 
-from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.drafters.base import Drafter, Proposal
 from specdec.errors import VocabMismatchError
+from specdec.jobs.data import left_pad
 from specdec.verify import EXACT, Tree, rejection_sample
 from specdec.verify.lossy.typical import TypicalAcceptance
 
@@ -128,7 +127,7 @@ def test_draft_vocabulary_mismatch(tiny_target):
 
 
 def test_tree_levels_are_the_positions_of_per_position_acceptance():
-    from specdec.metrics import DecodeStats
+    from specdec.decode.metrics import DecodeStats
 
     s = DecodeStats(k=8)  # 8 tree nodes on 3 levels
     s.record_step([8, 8], [3, 1], [True, True], depth=3)

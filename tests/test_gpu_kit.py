@@ -58,7 +58,7 @@ def test_unpack_rebuilds_the_directory_and_refuses_a_damaged_part(tmp_path, monk
     tensors = weights()
     save_file(tensors, str(source / "model.safetensors"))
     (source / "config.json").write_text("{}")
-    monkeypatch.setattr("specdec.loading.ensure_smollm2_cache", lambda: source)
+    monkeypatch.setattr("specdec.models.loading.ensure_smollm2_cache", lambda: source)
     monkeypatch.setattr(kit.subprocess, "run", lambda *args, **kwargs: None)  # the prompts' dump: not here
     kit.pack(SimpleNamespace(out=str(tmp_path / "kit"), part_mib=0.004, no_wheels=True))
     parts = sorted(p.name for p in (tmp_path / "kit").glob("target-*"))

@@ -14,8 +14,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdec import loading
-from specdec.loading import (
+from specdec.models import loading
+from specdec.models.loading import (
     ModelLoadError,
     VocabMismatchError,
     _atomic_dir,
@@ -208,7 +208,7 @@ def test_embedded_default_loads_then_comes_from_the_cache(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_two_processes_converting_at_once_both_succeed(tmp_path, monkeypatch):
-    code = "from specdec.loading import ensure_smollm2_cache; print(ensure_smollm2_cache())"
+    code = "from specdec.models.loading import ensure_smollm2_cache; print(ensure_smollm2_cache())"
     env = {**os.environ, "SPECDEC_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
     repo = Path(__file__).resolve().parents[1]
     command = [sys.executable, "-c", code]
@@ -242,7 +242,7 @@ def test_results_and_exports_get_the_permissions_a_plain_open_gives(tmp_path):
     directories end with the umask's permissions, so others on a shared machine can read them."""
     import os
 
-    from specdec.io import atomic_dir, write_json
+    from specdec.jobs.io import atomic_dir, write_json
 
     mask = os.umask(0o022)
     try:
@@ -257,8 +257,8 @@ def test_results_and_exports_get_the_permissions_a_plain_open_gives(tmp_path):
 def test_a_directory_replaced_atomically_comes_back_when_the_last_rename_fails(tmp_path, monkeypatch):
     import os
 
-    import specdec.io
-    from specdec.io import atomic_dir
+    import specdec.jobs.io
+    from specdec.jobs.io import atomic_dir
 
     target = tmp_path / "export"
     target.mkdir()
@@ -271,7 +271,7 @@ def test_a_directory_replaced_atomically_comes_back_when_the_last_rename_fails(t
             raise OSError("disk full")
         return real(src, dst)
 
-    monkeypatch.setattr(specdec.io.os, "replace", flaky)
+    monkeypatch.setattr(specdec.jobs.io.os, "replace", flaky)
     with pytest.raises(OSError, match="disk full"), atomic_dir(target) as tmp:
         (tmp / "new").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"] and (target / "old").read_text() == "kept"

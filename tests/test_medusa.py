@@ -12,18 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-import specdec.drafters.medusa.drafter
 from conftest import tiny_llama
 
-from specdec.data import left_pad
+import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate
+from specdec.decode.sampling import logits_to_probs
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
 from specdec.drafters.medusa.candidates import TokenAwareHeads
 from specdec.drafters.trees.plan import plan_tree
-from specdec.sampling import logits_to_probs
-from specdec.stats import exactness_test
+from specdec.exactness.stats import exactness_test
+from specdec.jobs.data import left_pad
 from specdec.verify import ExactRule, verify_tree
 
 PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
@@ -398,7 +397,7 @@ def test_shipped_heads_exist_with_provenance():
                                  MedusaDrafter.Config()],
                          ids=["chain", "fixed-tree", "default-dynamic-tree-with-lookup"])
 def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, real_prompts, cfg):
-    from specdec.data import left_pad as pad
+    from specdec.jobs.data import left_pad as pad
 
     model, tokenizer = real_target
     drafter = build_drafter(cfg, model, tokenizer)

@@ -8,17 +8,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_medusa import (  # noqa: F401 (a fixture)
+    PATHS,
+    VOCAB,
+    NoRenormalisation,
+    markov_heads,
+    markov_target,
+    random_heads,
+    sample_and_score,
+    successor,
+)
 
 import specdec.drafters.medusa.drafter
-from specdec.data import left_pad
 from specdec import autoregressive_generate, speculative_generate
+from specdec.decode.sampling import SamplingParams
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.sampling import SamplingParams
-from specdec.stats import exactness_test
+from specdec.exactness.stats import exactness_test
+from specdec.jobs.data import left_pad
 from specdec.verify import Tree
-from test_medusa import (PATHS, VOCAB, NoRenormalisation, markov_heads, markov_target,  # noqa: F401 (a fixture)
-                         random_heads, sample_and_score, successor)
 
 # Prompts that repeat themselves, so the lookup finds continuations from the first step on.
 REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]

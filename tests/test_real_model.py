@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specdec.data import left_pad
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.jobs.data import left_pad
 from specdec.models import CompactLlama, as_decoder
 
 pytestmark = pytest.mark.real_model

@@ -14,8 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from specdec import report
-from specdec.jobs import failed_result
-from specdec.metrics import predicted_speedup
+from specdec.decode.metrics import predicted_speedup
+from specdec.jobs.runs import failed_result
 from specdec.report.plots import _series
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,14 +243,14 @@ def test_cli(sweep: Path, capsys) -> None:
 HYDRA_APP = '''
 import hydra
 from hydra.core.config_store import ConfigStore
-from specdec.io import write_json
-from specdec.jobs import config_fields, run_task
+from specdec.jobs.io import write_json
+from specdec.jobs.runs import config_fields, run_task
 
 ConfigStore.instance().store(name="cfg", node={
     "target": {"name": "tiny"}, "drafter": {"name": "ngram", "k": 1},
     "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, "data": {"sources": ["x"]},
     "logger": {"name": "none"}, "fail_at_k": 2, "results_file": "results.json",
-    "hydra": {"callbacks": {"keep_results": {"_target_": "specdec.jobs.KeepEarlierResults"},
+    "hydra": {"callbacks": {"keep_results": {"_target_": "specdec.jobs.runs.KeepEarlierResults"},
                             "summary": {"_target_": "specdec.report.SweepSummaryCallback"}}}})
 
 def task(cfg, results_path):
@@ -329,7 +329,7 @@ def test_every_entry_point_keeps_earlier_results() -> None:
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
         for name in ("run", "verify_dist"):
             cfg = compose(name, return_hydra_config=True)
-            assert cfg.hydra.callbacks.keep_results._target_ == "specdec.jobs.KeepEarlierResults", name
+            assert cfg.hydra.callbacks.keep_results._target_ == "specdec.jobs.runs.KeepEarlierResults", name
 
 
 def _python3_kernel_available() -> bool:

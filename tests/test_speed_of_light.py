@@ -4,10 +4,9 @@ import json
 
 import pytest
 import torch
-
 from conftest import coded_weight, tiny_llama
 
-from specdec import speed_of_light as sol
+from specdec.decode import speed_of_light as sol
 
 
 def test_step_bytes_counts_each_weight_once_and_the_kv_cache():

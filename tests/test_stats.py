@@ -1,4 +1,4 @@
-"""Tests for specdec.stats: calibration under H0, power against planted biases, interval coverage,
+"""Tests for specdec.exactness.stats: calibration under H0, power against planted biases, interval coverage,
 power-analysis consistency. Every random quantity comes from a fixed seed, so the suite is deterministic.
 
 Calibration tolerance: over R repetitions at level α the number of rejections of a calibrated test is
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specdec import stats
+from specdec.exactness import stats
 
 V = 1000
 

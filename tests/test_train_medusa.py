@@ -12,26 +12,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_llama
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import tiny_llama
 from specdec import autoregressive_generate, speculative_generate
+from specdec.config import TargetConfig
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_heads
 from specdec.errors import CheckpointError
 from specdec.training import checkpoint
+from specdec.training import export as export_module
 from specdec.training.checkpoint import load_checkpoint, save_checkpoint
-from specdec.config import TargetConfig
 from specdec.training.config import TrainConfig
 from specdec.training.distill import prompts, store
 from specdec.training.distill.prompts import magpie_prompts
 from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_labels
-from specdec.training.methods.medusa import MedusaMethodConfig
-from specdec.training.methods.medusa.objective import (head_labels, medusa_loss, soft_targets, tree_from_ranks,
-                                                       with_previous_token)
-from specdec.training import export as export_module
 from specdec.training.export import export
+from specdec.training.methods.medusa import MedusaMethodConfig
+from specdec.training.methods.medusa.objective import (
+    head_labels,
+    medusa_loss,
+    soft_targets,
+    tree_from_ranks,
+    with_previous_token,
+)
 from specdec.training.trainer import check_config, train
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -505,7 +510,7 @@ def test_training_with_soft_labels_learns_other_weights(tiny_pair, tmp_path):
 
 
 def test_generated_prompts_sharing_8_words_with_a_benchmark_prompt_are_caught():
-    from specdec.data import load_prompts
+    from specdec.jobs.data import load_prompts
     from specdec.training.distill.prompts import _ngrams, benchmark_ngrams
 
     forbidden = benchmark_ngrams()

@@ -4,7 +4,7 @@ Statistical setup as in ``test_verify.py``: a context-free "model" whose target 
 depend only on the output position t (cycling through M tables), so token t ~ P[t mod M] independently.
 Many rows run the tree verifier in parallel over several steps; a chi-square goodness-of-fit test per
 output position and on adjacent pairs, Holm-corrected, must not reject the exact rule and must reject the
-planted bugs (no renormalisation after a rejected sibling; the tree versions of :mod:`specdec.planted`'s
+planted bugs (no renormalisation after a rejected sibling; the tree versions of :mod:`specdec.exactness.planted`'s
 verifier bugs). Then: tree geometry, greedy paths, the cache's
 compaction, and greedy equality of tree drafting with plain decoding through the engine.
 """
@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import autoregressive_generate, planted, speculative_generate
-from specdec.cache import KVCache
+from specdec import autoregressive_generate, speculative_generate
+from specdec.decode.cache import KVCache
+from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal
-from specdec.sampling import logits_to_probs, sample
-from specdec.stats import chi2_goodness_of_fit, holm
+from specdec.exactness import planted
+from specdec.exactness.stats import chi2_goodness_of_fit, holm
+from specdec.jobs.data import left_pad
 from specdec.verify import Tree, greedy_tree, residual_after_rejection, verify_tree
-from specdec.data import left_pad
 
 V, M, LENGTH = 8, 3, 6
 # Root with three children; the first has two, one of which has a child; the second has one.

@@ -8,14 +8,14 @@ i.e. the statistical test has the power to see what the rule costs.
 import numpy as np
 import pytest
 import torch
+from test_medusa import PATHS, markov_heads, markov_target, random_heads, sample_and_score  # noqa: F401
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.stats import exactness_test
+from specdec.exactness.stats import exactness_test
+from specdec.jobs.data import left_pad
 from specdec.verify import Tree
 from specdec.verify.lossy.typical import TypicalAcceptance
-from specdec.data import left_pad
-from test_medusa import PATHS, markov_heads, markov_target, random_heads, sample_and_score  # noqa: F401
 
 UNIFORM = [0.2] * 5
 

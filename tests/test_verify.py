@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import planted
-from specdec.sampling import logits_to_probs, sample
-from specdec.stats import chi2_goodness_of_fit, holm
+from specdec.decode.sampling import logits_to_probs, sample
+from specdec.exactness import planted
+from specdec.exactness.stats import chi2_goodness_of_fit, holm
 from specdec.verify import greedy_chain, rejection_sample
 
 V, M, LENGTH = 8, 3, 6

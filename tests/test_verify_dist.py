@@ -27,15 +27,15 @@ import torch
 from scipy import stats as sps
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec import planted, stats, strata
+from specdec.decode.engine import speculative_generate
+from specdec.decode.sampling import SamplingParams
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel
 from specdec.drafters.medusa import MedusaHeads
-from specdec.engine import speculative_generate
+from specdec.exactness import planted, stats, strata
+from specdec.exactness.shared_prefill import SharedPrefillLlama
 from specdec.models import as_decoder
-from specdec.sampling import SamplingParams
 from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
-from specdec.models.shared_prefill import SharedPrefillLlama
 from specdec.verify_dist import EXIT_REJECTED, verify_distribution
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,7 +143,7 @@ def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
     assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
     assert report["mean_accepted_length"] > 1.0  # drafts really were accepted (and so verified)
     assert report["strata"][0]["stratum"] == "drafted"
-    # the draft-match test has no law for sampled tree nodes (specdec/strata.py), so none for EAGLE's T > 0 tree
+    # the draft-match test has no law for sampled tree nodes (specdec/exactness/strata.py), so none for EAGLE's T > 0 tree
     assert report["strata"][0]["draft_match"]["test"] if drafter != "eagle_tree" else True
 
 
@@ -457,7 +457,8 @@ def test_bad_arguments_are_named(models):
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """The tiny target saved with a character-level tokenizer, and a prompt file: the CLI end to end."""
-    from tokenizers import Regex, Tokenizer, models as tok_models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers import models as tok_models
     from transformers import PreTrainedTokenizerFast
 
     root = tmp_path_factory.mktemp("tiny")

@@ -33,7 +33,7 @@ HOLD = KIT / "hold"  # the shipped drafters while the target's parts travel
 BLOCK = 32
 MIB = 1 << 20
 LIMIT_MIB = 64  # what one transfer to the GPU machine carries, the working tree included
-# Packages specdec imports that the device image lacks (omegaconf for the configs, datasets for specdec.data,
+# Packages specdec imports that the device image lacks (omegaconf for the configs, datasets for specdec.jobs.data,
 # hydra-core for the jobs); their versions are read from this environment.
 WHEELS = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess")
 DEVICE_PYTHON = "3.12"
@@ -88,7 +88,7 @@ def decode(form: str, stored: dict[str, torch.Tensor], shape) -> torch.Tensor:
 def pack(args) -> None:
     from safetensors.torch import load_file, save_file
 
-    from specdec.loading import ensure_smollm2_cache
+    from specdec.models.loading import ensure_smollm2_cache
 
     source = ensure_smollm2_cache()
     tensors = load_file(str(source / "model.safetensors"))

@@ -31,8 +31,8 @@ from side_by_side import positive_int  # noqa: E402
 
 from specdec import speculative_generate  # noqa: E402
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter  # noqa: E402
-from specdec.loading import load_target  # noqa: E402
 from specdec.models import GraphedDecoder, as_decoder  # noqa: E402
+from specdec.models.loading import load_target  # noqa: E402
 
 DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "draft_model": DraftModelDrafter}
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy", "aten::item",
@@ -41,7 +41,7 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "c
 
 def mark(drafter) -> None:
     """Wrap the drafter's calls and the engine's verify step in profiler ranges (in place, for this process)."""
-    import specdec.engine as engine
+    import specdec.decode.engine as engine
 
     for name in ("propose", "observe"):
         inner = getattr(drafter, name)
@@ -107,7 +107,7 @@ def main() -> None:
     if args.prompt_file:
         prompts = json.loads(Path(args.prompt_file).read_text())[: args.prompts]
     else:
-        from specdec.data import encode_prompt, load_prompts
+        from specdec.jobs.data import encode_prompt, load_prompts
         prompts = [encode_prompt(tokenizer, row) for row in load_prompts("mtbench", limit=args.prompts)]
     prompts = [torch.tensor([p], device=device) for p in prompts]
     cls = DRAFTERS[args.drafter]

@@ -1,7 +1,7 @@
 """Drafting strategies behind one protocol (:class:`Drafter`), registered by name."""
 
 from specdec.drafters.base import DRAFTERS, DecodeState, Drafter, Proposal, build_drafter, register
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.ngram import NgramDrafter

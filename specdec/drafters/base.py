@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
-from specdec.sampling import SamplingParams
+from specdec.decode.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Proposal:
 class DecodeState:
     """What the decode loop shares with a drafter. Updated in place after every verify step.
 
-    Slot layout as in :class:`specdec.cache.KVCache`: row b's tokens sit at slots ``pad[b] ..
+    Slot layout as in :class:`specdec.decode.cache.KVCache`: row b's tokens sit at slots ``pad[b] ..
     seq_lens[b] - 1`` of ``seq``; the target cache holds all of them but the last (``last_tokens``).
     """
 

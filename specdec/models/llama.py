@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.cache import KVCache
+from specdec.decode.cache import KVCache
 from specdec.models import cpu_kernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")

@@ -16,13 +16,21 @@ predicted speedup and cost ratio are the ones the run computed for it); nothing 
 Entry points: :func:`collect_runs`, :func:`summarize` (``summary.py``), :func:`make_plots` (``plots.py``),
 :func:`write_summary`, the Hydra callback :class:`SweepSummaryCallback` and the CLI
 ``python -m specdec.report <sweep_dir>`` (``sweep.py``); :func:`wandb_log_run` for the run entry points
-(``wandb.py``). Every file is written atomically (:mod:`specdec.io`), so a crash never leaves a
+(``wandb.py``). Every file is written atomically (:mod:`specdec.jobs.io`), so a crash never leaves a
 half-written summary.
 """
 
 from specdec.report.plots import PLOTS, make_plots
-from specdec.report.summary import (ALL, COLUMNS, NO_RESULTS_ERROR, RESULTS_FILE, collect_runs, load_summary,
-                                    markdown_summary, summarize)
+from specdec.report.summary import (
+                                    ALL,
+                                    COLUMNS,
+                                    NO_RESULTS_ERROR,
+                                    RESULTS_FILE,
+                                    collect_runs,
+                                    load_summary,
+                                    markdown_summary,
+                                    summarize,
+)
 from specdec.report.sweep import SweepSummaryCallback, latest_sweep_dir, main, report_sweep, write_summary
 from specdec.report.wandb import wandb_log_run, wandb_log_summary
 

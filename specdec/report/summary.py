@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
-from specdec.jobs import failed_result
+from specdec.jobs.runs import failed_result
 
 RESULTS_FILE = "results.json"
 NO_RESULTS_ERROR = "no results.json (run crashed before writing)"

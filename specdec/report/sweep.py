@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.io import atomic_write, save_figure, write_text
+from specdec.jobs.io import atomic_write, save_figure, write_text
 from specdec.report.plots import make_plots
 from specdec.report.summary import RESULTS_FILE, collect_runs, load_summary, markdown_summary, summarize
 from specdec.report.wandb import wandb_log_summary

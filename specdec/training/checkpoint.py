@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import CheckpointError
-from specdec.io import read_json_object, read_tensors
+from specdec.jobs.io import read_json_object, read_tensors
 
 FORMAT = "specdec-train-1"
 

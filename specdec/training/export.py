@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from specdec.io import write_json
-from specdec.jobs import machine_description
+from specdec.jobs.io import write_json
+from specdec.jobs.runs import machine_description
 from specdec.training.distill.store import Split
 from specdec.training.methods.base import TrainMethod
 

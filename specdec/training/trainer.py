@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.io import write_json
+from specdec.jobs.io import write_json
 from specdec.training.distill.store import Split, build_seconds, load_or_build
 from specdec.training.export import check_export, export, export_dtype, plain
 from specdec.training.loop import fit
@@ -61,7 +61,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     model (tests); default: ``load_target(cfg.target.name)``."""
     from accelerate import Accelerator
 
-    from specdec.loading import load_target
+    from specdec.models.loading import load_target
 
     check_config(cfg)
     method = build_method(cfg.method)

@@ -17,10 +17,10 @@ Vocabulary, used the same way across specdec:
 
 The exact rule (:mod:`specdec.verify.chain` for chains, :mod:`specdec.verify.tree` for trees) emits tokens
 distributed exactly as sampling from the target alone, whatever q is, provided p and q went through the
-same sampling processing (:func:`specdec.sampling.logits_to_probs`). The decode loop calls one
+same sampling processing (:func:`specdec.decode.sampling.logits_to_probs`). The decode loop calls one
 :class:`~specdec.verify.rules.AcceptanceRule` object, :data:`EXACT` unless told otherwise; the lossy rule
 (Medusa's typical acceptance) lives in :mod:`specdec.verify.lossy`, and planted bugs are rules too
-(:mod:`specdec.planted`).
+(:mod:`specdec.exactness.planted`).
 
 At temperature 0 the decode loop verifies under the exact rule from the target's argmax tokens alone
 (:func:`greedy_chain`, :func:`greedy_tree`: the one-hot case without building [B, K+1, V] one-hot

@@ -4,7 +4,7 @@ A rule has two methods, one per proposal shape, taking probabilities and a ``tor
 :mod:`specdec.verify`), and says whether it is ``lossy`` (changes the output distribution by design).
 :data:`EXACT` is the default everywhere; Medusa's typical acceptance
 (:class:`specdec.verify.lossy.typical.TypicalAcceptance`) is the lossy one, and the planted verifier bugs
-(:mod:`specdec.planted`) are rules too, so whatever the loop verifies with reaches chains and trees alike.
+(:mod:`specdec.exactness.planted`) are rules too, so whatever the loop verifies with reaches chains and trees alike.
 """
 
 from __future__ import annotations

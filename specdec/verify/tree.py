@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from specdec.sampling import sample
+from specdec.decode.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
+from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
@@ -47,7 +48,6 @@ from specdec.drafters.trees.plan import TreeCache
 from specdec.errors import VocabMismatchError
 from specdec.models import cpu_kernels
 from specdec.models.graphs import CAPACITY_STEP, GraphedCalls, check_compile_mode, replays_graphs
-from specdec.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 

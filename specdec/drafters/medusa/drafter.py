@@ -51,10 +51,10 @@ from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_he
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
-from specdec.loading import resolve_dtype
 from specdec.models.graphs import GraphedCalls, check_compile_mode, replays_graphs
-from specdec.verify.tree import Tree
+from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
+from specdec.verify.tree import Tree
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdec.errors import CheckpointError
-from specdec.io import read_metadata, read_tensors
+from specdec.jobs.io import read_metadata, read_tensors
 from specdec.models import cpu_kernels
 from specdec.models.llama import _linear
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.data import left_pad
 from specdec.drafters.base import DecodeState, Drafter, Proposal
-from specdec.loading import stop_token_ids
+from specdec.jobs.data import left_pad
+from specdec.models.loading import stop_token_ids
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,34 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.training.distill.templates import (
-    ANIMALS, AUDIENCES, CATEGORIES, CHOICES, CONCEPTS, DATA_STRUCTURES, DOC_TYPES, EVENTS, GENRES, GOALS, KEYWORDS,
-    MATERIALS, NAMES, PERSONAS, PLACES, PRODUCTS, QUERIES, REVIEWS, SCHOOLS, SEASONS, SENTENCES, SHELL, SKILLS, TASKS,
-    THINGS, TONES, VALUES)
+    ANIMALS,
+    AUDIENCES,
+    CATEGORIES,
+    CHOICES,
+    CONCEPTS,
+    DATA_STRUCTURES,
+    DOC_TYPES,
+    EVENTS,
+    GENRES,
+    GOALS,
+    KEYWORDS,
+    MATERIALS,
+    NAMES,
+    PERSONAS,
+    PLACES,
+    PRODUCTS,
+    QUERIES,
+    REVIEWS,
+    SCHOOLS,
+    SEASONS,
+    SENTENCES,
+    SHELL,
+    SKILLS,
+    TASKS,
+    THINGS,
+    TONES,
+    VALUES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +92,7 @@ def _docstrings(skip_files: set[str], limit: int = 5000) -> list[tuple[str, str]
 
 
 def _news(skip_first: int) -> list[str]:
-    from specdec.data import _package_file
+    from specdec.jobs.data import _package_file
 
     path = _package_file("gensim", "gensim", "test/test_data/lee_background.cor")
     lines = path.read_text(errors="replace").splitlines()[skip_first:]
@@ -75,7 +100,7 @@ def _news(skip_first: int) -> list[str]:
 
 
 def _slot_filler(rng: random.Random, skip_first: int) -> Callable[[], dict[str, str]]:
-    from specdec.data import load_prompts
+    from specdec.jobs.data import load_prompts
 
     wiki, code, verse = (list(load_prompts(s, seed=0))[skip_first:] for s in ("wikipedia", "stdlib", "shakespeare"))
     wiki_sentences = _sentences([row["text"] for row in wiki])
@@ -115,7 +140,7 @@ def _slot_filler(rng: random.Random, skip_first: int) -> Callable[[], dict[str, 
 
 def instruction_prompts(num: int, skip_first: int, seed: int,
                         completion_fraction: float = 0.05) -> list[dict[str, str]]:
-    """``num`` prompt rows (as :mod:`specdec.data` rows): chat instructions from the templates above
+    """``num`` prompt rows (as :mod:`specdec.jobs.data` rows): chat instructions from the templates above
     (categories weighted as in ``CATEGORIES``), and a ``completion_fraction`` of raw Wikipedia passages
     and Python modules to continue."""
     rng = random.Random(seed)
@@ -194,14 +219,14 @@ def _ngrams(text: str, n: int = 8) -> set[tuple[str, ...]]:
 def benchmark_ngrams(n: int = 8) -> set[tuple[str, ...]]:
     """Every run of ``n`` words in MT-Bench's and HumanEval's prompts: a generated prompt sharing one is not
     held out from them."""
-    from specdec.data import load_prompts
+    from specdec.jobs.data import load_prompts
 
     return {g for source in ("mtbench", "humaneval") for row in load_prompts(source) for g in _ngrams(row["text"], n)}
 
 
 def write_jsonl(path: str | Path, rows) -> Path:
     """Prompt rows (dicts, or a dataset's rows) as JSONL, one row a line, written atomically."""
-    from specdec.io import write_text
+    from specdec.jobs.io import write_text
 
     return write_text(path, "".join(json.dumps(dict(row)) + "\n" for row in rows))
 
@@ -212,7 +237,7 @@ def write_prompt_files(out: str | Path, num: int, seed: int = 0, skip_first: int
     held-out sets there: ``mtbench.jsonl`` and ``humaneval.jsonl`` (every prompt; ``eval.answer_sources``) and
     ``wikipedia.jsonl`` (the corpus's first ``skip_first`` rows; ``eval.text_sources``). A training run on a
     machine without the corpora's packages (a GPU machine, say) reads them instead. Returns the paths."""
-    from specdec.data import load_prompts
+    from specdec.jobs.data import load_prompts
 
     written = [write_jsonl(out, instruction_prompts(num, skip_first, seed))]
     if held_out is not None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specdec.io import read_metadata, read_tensors
+from specdec.jobs.io import read_metadata, read_tensors
 from specdec.training.distill.answers import Sequence, answer_sequences, text_sequences
 from specdec.training.distill.prompts import instruction_prompts, magpie_prompts, write_jsonl
 
@@ -91,7 +91,7 @@ def split_name(kind: str, source: str) -> str:
 
 def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None) -> list[Sequence]:
     """The sequences ``train`` and ``val`` are split from (``data.mode``: self_distill or text)."""
-    from specdec.data import encode_prompt, load_prompts
+    from specdec.jobs.data import encode_prompt, load_prompts
 
     data = cfg.data
     if data.mode == "text":
@@ -116,7 +116,7 @@ def training_sequences(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_pa
 def file_prompts(path: str, num: int) -> list[dict[str, str]]:
     """The first ``num`` prompt rows of the JSONL file ``path`` (``data.prompts_file``); an error naming both
     counts where it holds fewer."""
-    from specdec.data import load_prompts
+    from specdec.jobs.data import load_prompts
 
     rows = [dict(row) for row in load_prompts(path, limit=num)]
     if len(rows) < num:
@@ -129,7 +129,7 @@ def file_prompts(path: str, num: int) -> list[dict[str, str]]:
 def build_splits(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Path | None = None,
                  ) -> dict[str, Split]:
     """Every split (see the module docstring). ``prompts_path``: where to keep the generated prompts."""
-    from specdec.data import encode_prompt, load_prompts
+    from specdec.jobs.data import encode_prompt, load_prompts
 
     data = cfg.data
     seqs = training_sequences(cfg, target, tokenizer, needs, prompts_path)

@@ -8,7 +8,7 @@ to that hidden state. Examples are chunks of packed token sequences (prompt + an
 ``on_policy_fraction`` > 0 that share of each batch is replaced by sequences the student samples from
 training prompts, scored by the target on the spot (DistillSpec's on-policy data). Held-out figures: the
 greedy chain's expected τ and α per depth replayed on the target's answers, and the expected acceptance at
-T=1, Σ min(p, q). The student is written lean (:mod:`specdec.drafters.student`): its layers and final norm,
+T=1, Σ min(p, q). The student is written lean (:mod:`specdec.drafters.draft_model.student`): its layers and final norm,
 the target's embeddings and LM head stitched back in at load.
 """
 
@@ -20,13 +20,19 @@ from typing import Any
 
 import torch
 
-from specdec.drafters.student import init_student, save_student, save_token_counts
+from specdec.drafters.draft_model.student import init_student, save_student, save_token_counts
 from specdec.models import check_layer_ids
 from specdec.training.distill.packing import chain_tau, pack
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
-from specdec.training.methods.draft_model.objective import (LOSSES, chain_matches, distill_loss, sample_continuations,
-                                                            scored_pairs, student_pairs)
+from specdec.training.methods.draft_model.objective import (
+    LOSSES,
+    chain_matches,
+    distill_loss,
+    sample_continuations,
+    scored_pairs,
+    student_pairs,
+)
 
 
 @dataclass

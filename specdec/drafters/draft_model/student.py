@@ -30,7 +30,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from specdec.errors import CheckpointError, VocabMismatchError
-from specdec.io import atomic_dir, atomic_write, read_json_object, read_tensors, write_json
+from specdec.jobs.io import atomic_dir, atomic_write, read_json_object, read_tensors, write_json
 from specdec.models import check_layer_ids
 
 FORMAT = "specdec-draft-model-1"

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specdec.io import write_json
+from specdec.jobs.io import write_json
 from specdec.models.llama import streamed_bytes
 
 PROBE_BYTES = {"cpu": 512 * 2**20, "cuda": 2 * 2**30}  # far beyond the caches (last-level or L2)
@@ -51,8 +51,8 @@ def read_bandwidth(device: torch.device | str = "cpu", at_least: float = 0.0) ->
     """This machine's read bandwidth in bytes/s: probed on first use, then read from the cache. ``at_least``:
     a rate this machine was seen to read at (a decode step's bytes over its time); a cached figure below it
     is probed again, and the higher of the probe and ``at_least`` is kept."""
-    from specdec.jobs import machine_description
-    from specdec.loading import cache_root
+    from specdec.jobs.runs import machine_description
+    from specdec.models.loading import cache_root
 
     device = torch.device(device)
     key = machine_description(device)

@@ -1,6 +1,6 @@
 """The decode loop: speculative generation and its reference, plain autoregressive generation.
 
-Both run on the same static-cache path (:mod:`specdec.cache`, :mod:`specdec.models`); plain decoding is
+Both run on the same static-cache path (:mod:`specdec.decode.cache`, :mod:`specdec.models`); plain decoding is
 speculative decoding with a drafter that proposes nothing, so the two differ only in the drafts. One
 step: the drafter proposes up to K tokens, the target scores [last token, drafts] in one forward, the
 acceptance rule's ``chain`` (:class:`specdec.verify.AcceptanceRule`; the exact one unless told otherwise)
@@ -10,7 +10,7 @@ host-side drafters and stats need it).
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
-gathers the accepted path into contiguous slots (:meth:`specdec.cache.KVCache.compact`).
+gathers the accepted path into contiguous slots (:meth:`specdec.decode.cache.KVCache.compact`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Iterator, Sequence
 
 import torch
 
+from specdec.decode.metrics import DecodeStats
+from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal
-from specdec.loading import stop_token_ids
-from specdec.metrics import DecodeStats
 from specdec.models import as_decoder
-from specdec.sampling import SamplingParams, logits_to_probs, sample
+from specdec.models.loading import stop_token_ids
 from specdec.verify import EXACT, AcceptanceRule, ExactRule, greedy_chain, greedy_tree
 
 
@@ -307,7 +307,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
     generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
     and distributed as it under sampling. ``rule`` (an :class:`~specdec.verify.AcceptanceRule`, for chains
-    and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.planted`); None means
+    and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.exactness.planted`); None means
     the drafter's own rule, which is the exact one unless the drafter was built with a lossy one
     (``drafter.lossy``, e.g. Medusa's typical acceptance: then only greedy output keeps the promise). An
     explicit ``rule`` for a drafter built with its own rule is refused (ValueError).

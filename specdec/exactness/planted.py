@@ -54,11 +54,11 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from specdec.cache import KVCache
+from specdec.decode.cache import KVCache
+from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.models.llama import CompactLlama, supports
-from specdec.sampling import SamplingParams, logits_to_probs, sample
 from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
 from specdec.verify.tree import walk_tree
 

@@ -10,7 +10,6 @@ directly: :func:`specdec.verify.greedy_tree`, tested equal to the general rule).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from specdec.io import write_json
+from specdec.jobs.io import write_json
 
 T = TypeVar("T")
 

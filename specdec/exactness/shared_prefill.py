@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.cache import KVCache
+from specdec.decode.cache import KVCache
 from specdec.models import as_decoder
 from specdec.models.llama import CompactLlama, supports
 

@@ -7,7 +7,7 @@ every slot below that bound holds a committed token (the drafts it kept were the
 
 A distilled student (``python -m specdec.train method=draft_model``) is a lean directory holding its own
 layers only; ``model=<that directory>`` loads it with the target's embeddings and LM head stitched in
-(:mod:`specdec.drafters.student`).
+(:mod:`specdec.drafters.draft_model.student`).
 
 **Draft length.** ``k`` drafts per step, or fewer: with ``confidence`` > 0 a step stops drafting once the
 draft's probability of its own last draft falls below it in every row (transformers'
@@ -30,12 +30,11 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
+from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.models.graphs import check_compile_mode, replays_graphs
-from specdec.sampling import SamplingParams, logits_to_probs, sample
-
 
 EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
 
@@ -46,7 +45,7 @@ class DraftModelDrafter(Drafter):
 
     ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
     this is a self-speculative early-exit drafter that needs no extra weights. A distilled student (a
-    directory :func:`~specdec.drafters.student.save_student` wrote) runs all its layers.
+    directory :func:`~specdec.drafters.draft_model.student.save_student` wrote) runs all its layers.
     """
 
     @dataclass
@@ -104,8 +103,13 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
-        from specdec.drafters.student import DEFAULT_DRAFT, default_student_path, is_student_dir, load_student
-        from specdec.loading import check_same_vocab, load_target, looks_like_path
+        from specdec.drafters.draft_model.student import (
+            DEFAULT_DRAFT,
+            default_student_path,
+            is_student_dir,
+            load_student,
+        )
+        from specdec.models.loading import check_same_vocab, load_target, looks_like_path
 
         student = cfg.model == DEFAULT_DRAFT or (cfg.model not in (None, "", "target") and is_student_dir(cfg.model))
         if student and cfg.num_layers is not None:
@@ -169,7 +173,7 @@ class DraftModelDrafter(Drafter):
 
     @staticmethod
     def _options(cfg, path) -> dict:
-        from specdec.drafters.student import frequent_tokens
+        from specdec.drafters.draft_model.student import frequent_tokens
 
         return {"confidence": cfg.confidence, "schedule": cfg.schedule,
                 "vocab_ids": frequent_tokens(path, cfg.draft_vocab) if cfg.draft_vocab else None}

@@ -23,7 +23,7 @@ from) the draft token. At a drafted position with draft x drawn from q, an exact
 probability min(1, p(x) / q(x)) given x (accept, or recover from a residual that has no mass at x); for
 a deterministic draft (q one-hot) that is p(x), and at a tree node with deterministic children the
 emitted token is one of them with probability Σ p(child). So the number of matches is tested against the
-sum of those probabilities (:func:`specdec.stats.hit_rate_test`), with p from the teacher-forced target.
+sum of those probabilities (:func:`specdec.exactness.stats.hit_rate_test`), with p from the teacher-forced target.
 Note that for a *sampled* draft P(emit x | x) is not p(x): Σ p(x) would under-predict the matches of an
 exact verifier (E_q p(x) ≤ Σ min(p, q)). Sampled tree nodes are left out of it (their law is not one
 probability).
@@ -43,9 +43,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec import stats
 from specdec.drafters.base import DecodeState, Drafter, Proposal
-from specdec.stats import TokenScores, Verdict
+from specdec.exactness import stats
+from specdec.exactness.stats import TokenScores, Verdict
 
 PLAN_POWER = 0.9  # the power the budget planner plans for
 _Entry = tuple[int, int, tuple[int, ...], float]  # (depth, accepted before it in the step, candidates, q)
@@ -247,7 +247,7 @@ def continuations_needed(delta: float, *, drafted_share: float, length: int, lev
                          power: float = PLAN_POWER) -> int:
     """Continuations (all prompts together) for the ``drafted`` stratum's PIT chi-square to detect a TV bias
     ``delta`` at drafted positions with ``power`` at ``level``, whatever its shape: the drafted tokens
-    :func:`specdec.stats.samples_needed` asks for, of which a continuation of ``length`` tokens gives
+    :func:`specdec.exactness.stats.samples_needed` asks for, of which a continuation of ``length`` tokens gives
     ``drafted_share`` · ``length`` on average (``drafted_share``: the drafter's measured proposal rate, the
     share of emitted tokens drawn at a drafted position)."""
     if not 0.0 < drafted_share <= 1.0:
