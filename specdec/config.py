@@ -1,7 +1,7 @@
 """Typed configs for every Hydra group, registered with the ConfigStore.
 
 YAML under ``configs/`` only composes and overrides these. Groups: ``target``, ``drafter``, ``sampling``,
-``data``, ``logger`` (and Hydra's own ``hydra/launcher``); ``experiment`` holds override files.
+``data``, ``logger`` (and Hydra's own ``hydra/launcher`` and ``hydra/help``); ``experiment`` holds override files.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 def config_dir() -> str:
@@ -103,10 +103,41 @@ class RunConfig(JobConfig):
     results_file: str = "results.json"
 
 
+# Each entry point's --help (hydra/help=specdec in its YAML): Hydra's own template, whose group list would also
+# offer the typed schemas (stored beside the YAML options they extend, e.g. drafter/eagle_schema) and every
+# other entry point's groups (train's method group in run's help); this one lists only the groups the entry
+# point composes, each with its YAML options.
+HELP_TEMPLATE = """${hydra.help.header}
+== Configuration groups ==
+Compose your configuration from those groups (group=option)
+
+${specdec_help_groups:}
+
+== Config ==
+Override anything in the config (foo.bar=value)
+
+$CONFIG
+
+${hydra.help.footer}
+"""
+
+
+def help_groups() -> str:
+    """The groups of the job being composed (Hydra's runtime choices), one line each with its options: the
+    YAML files in ``configs/<group>/``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    groups = sorted(g for g in HydraConfig.get().runtime.choices if not g.startswith("hydra/"))
+    return "\n".join(f"{g}: {', '.join(sorted(p.stem for p in Path(config_dir(), g).glob('*.yaml')))}"
+                     for g in groups)
+
+
 def register_configs() -> None:
     from specdec.drafters import DRAFTERS
 
     cs = ConfigStore.instance()
+    OmegaConf.register_new_resolver("specdec_help_groups", help_groups, replace=True)
+    cs.store(group="hydra/help", name="specdec", node={"defaults": ["default", "_self_"], "template": HELP_TEMPLATE})
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="target", name="target_schema", node=TargetConfig)
     for name, drafter in DRAFTERS.items():

@@ -39,6 +39,24 @@ def test_every_config_composes(group):
             assert cfg.drafter.k >= 1 and cfg.data.max_new_tokens >= 1
 
 
+@pytest.mark.parametrize("entry, groups", [
+    ("run", ["data", "drafter", "experiment", "logger", "sampling", "target"]),
+    ("verify_dist", ["data", "drafter", "logger", "sampling", "target"]),
+    ("train", ["logger", "method", "target"]),
+])
+def test_help_lists_only_the_choices_a_user_can_make(entry, groups):
+    """Each entry point's --help lists the groups it composes (train's method group only in train's), each with
+    its YAML options: no typed schema (drafter/eagle_schema, ...) offered as a choice."""
+    proc = subprocess.run([sys.executable, "-m", f"specdec.{entry}", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    lines = [line for line in listed.splitlines()[1:] if ": " in line]
+    assert {line.split(": ")[0]: line.split(": ")[1].split(", ") for line in lines} == {
+        group: group_options(group) for group in groups}
+    assert "_schema" not in listed
+
+
 @pytest.mark.real_model
 @pytest.mark.parametrize("coded", [True, False])
 def test_main_job_writes_results(tmp_path, coded):
