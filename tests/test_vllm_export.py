@@ -17,9 +17,8 @@ import torch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))
-from vllm_benchmark import DEFAULT_VENV, run_vllm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments package
+from experiments.benchmarks.vs_vllm import DEFAULT_VENV, run_vllm  # noqa: E402
 
 K = 3
 NEW = 48

@@ -123,7 +123,7 @@ def pack(args) -> None:
     print(f"target {source}: {len(manifest)} tensors ({forms}) in {len(parts)} parts of "
           f"{', '.join(f'{s:.1f}' for s in sizes)} MiB under {out}")
     # the benchmark's prompts as token ids (the device has neither the corpora nor the datasets package)
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_benchmark.py"), "--dump-prompts",
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "benchmarks" / "gpu.py"), "--dump-prompts",
                     str(out / "prompts.json"), "--source", "mix", "--prompts", "24"], check=True)
     if not args.no_wheels:
         wheels(out / "whl")

@@ -17,7 +17,6 @@ allocations and retries during the generation. Writes ``profile_<drafter>.txt`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,13 +25,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for side_by_side
-from side_by_side import positive_int  # noqa: E402
+from specdec import speculative_generate
+from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec.models import GraphedDecoder, as_decoder
+from specdec.models.loading import load_target
 
-from specdec import speculative_generate  # noqa: E402
-from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter  # noqa: E402
-from specdec.models import GraphedDecoder, as_decoder  # noqa: E402
-from specdec.models.loading import load_target  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser  # noqa: E402
 
 DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "draft_model": DraftModelDrafter}
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy", "aten::item",
@@ -89,17 +88,13 @@ def allocator_counts(cuda: bool) -> dict[str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = benchmark_parser(__doc__, prompts=4, new=64, prompt_file=True)
     ap.add_argument("--drafter", choices=sorted(DRAFTERS), default="eagle")
-    ap.add_argument("--prompt-file", default=None, help="JSON list of token-id lists (kit.py pack writes one)")
-    ap.add_argument("--prompts", type=positive_int, default=4)
-    ap.add_argument("--new", type=positive_int, default=64)
     ap.add_argument("--dtype", default="bfloat16", help="on a GPU (CPU: float32)")
     ap.add_argument("--eager-target", action="store_true", help="no CUDA graphs for the target")
     ap.add_argument("--eager-draft", action="store_true", help="no CUDA graphs for the drafter's own work (the draft "
                     "model's forwards, Medusa's tree; as the main job's target.compile=auto, it replays them by default)")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
-    ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -108,7 +103,7 @@ def main() -> None:
         prompts = json.loads(Path(args.prompt_file).read_text())[: args.prompts]
     else:
         from specdec.jobs.data import encode_prompt, load_prompts
-        prompts = [encode_prompt(tokenizer, row) for row in load_prompts("mtbench", limit=args.prompts)]
+        prompts = [encode_prompt(tokenizer, row) for row in load_prompts(args.source, limit=args.prompts)]
     prompts = [torch.tensor([p], device=device) for p in prompts]
     cls = DRAFTERS[args.drafter]
     cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()

@@ -1,6 +1,6 @@
 """One vLLM method over a list of prompts, batch 1, greedy: runs inside vLLM's own virtual environment
 (experiments/vllm/setup_venv.sh) and imports nothing from specdec, which drives it
-(experiments/vllm_benchmark.py). Not a test.
+(experiments/benchmarks/vs_vllm.py). Not a test.
 
     VENV/bin/python experiments/vllm/runner.py JOB.json RESULT.json
 
@@ -48,6 +48,9 @@ def _delta(after: dict, before: dict) -> dict:
 
 
 def main() -> int:
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):  # the usage is the docstring
+        print(__doc__)
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
     job_path, result_path = sys.argv[1], sys.argv[2]
     job = json.load(open(job_path))
     from vllm import LLM, SamplingParams

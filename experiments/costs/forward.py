@@ -8,16 +8,17 @@ and specdec's C++ CPU kernels (the default where they build: the few-row product
 are codes (the default, ``target.coded_weights``; the embedded target's are). Prints the median ms per forward for each token count, and the marginal cost
 per extra token (the slope from 1 to the largest count).
 
-    python experiments/forward_cost.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
-    python experiments/forward_cost.py --tokens 1 8 16 --context 500
-    python experiments/forward_cost.py --kernels-only          # specdec's kernels, float32 values vs codes
+    python experiments/costs/forward.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
+    python experiments/costs/forward.py --tokens 1 8 16 --context 500
+    python experiments/costs/forward.py --kernels-only          # specdec's kernels, float32 values vs codes
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
@@ -25,15 +26,8 @@ from specdec import load_target
 from specdec.jobs.runs import machine_description
 from specdec.models import as_decoder, cpu_kernels, llama
 
-
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import median_ms  # noqa: E402
 
 
 def main() -> None:

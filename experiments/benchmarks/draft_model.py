@@ -17,21 +17,19 @@ decoding, how many outputs differ from plain decoding's (must be 0 for all, tran
 every method draws from its own seeded generator: outputs differ by design (exactness is verify_dist's job).
 Writes ``draft_model_<source>_T<t>.json`` / ``.md`` to --out.
 
-    python experiments/draft_model_benchmark.py --source mtbench --prompts 80 --new 128 --k 2 3 4 5
-    python experiments/draft_model_benchmark.py --source humaneval --prompts 40 --k 4 --variants confidence=0.4
-    python experiments/draft_model_benchmark.py --temperature 1.0 --prompts 24 --k 3
+    python experiments/benchmarks/draft_model.py --source mtbench --prompts 80 --new 128 --k 2 3 4 5
+    python experiments/benchmarks/draft_model.py --source humaneval --prompts 40 --k 4 --variants confidence=0.4
+    python experiments/benchmarks/draft_model.py --temperature 1.0 --prompts 24 --k 3
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from eagle_benchmark import parse_overrides  # experiments/ is on sys.path when this runs as a script
-from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 
 from specdec import autoregressive_generate, load_target, speculative_generate
 from specdec.drafters import DraftModelDrafter
@@ -39,9 +37,12 @@ from specdec.export import export_draft_model
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, parse_overrides  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = benchmark_parser(__doc__, prompts=80, temperature=True)
     ap.add_argument("--model", default="default", help="drafter.model: 'default' (shipped) or a student directory")
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths, each run by both engines")
     ap.add_argument("--draft-vocab", type=int, default=0,
@@ -49,11 +50,6 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=[], metavar="KEY=VALUE,...",
                     help="further specdec draft-model configs (overrides of configs/drafter/draft_model.yaml)")
     ap.add_argument("--no-hf", action="store_true", help="leave transformers' rows out")
-    ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=positive_int, default=80)
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
 
     out_dir = Path(args.out)

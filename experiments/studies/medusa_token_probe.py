@@ -11,7 +11,7 @@ on the cache's held-out answers:
   E the target's input embeddings, the path tokens teacher-forced (so the accuracy is conditional on a
   correct path — what a tree node needs).
 
-    python experiments/medusa_token_probe.py outputs/train/medusa/smollm2-135m/data.safetensors --head 0
+    python experiments/studies/medusa_token_probe.py outputs/train/medusa/smollm2-135m/data.safetensors --head 0
 
 The first row of each answer is left out (its previous token is not in the store). Labels are those of
 the default config's 4 heads (the draft vocabulary counts them all).

@@ -10,22 +10,21 @@ Speed of light: a plain decode step must read the target's weights once and the 
 floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.decode.speed_of_light``).
 ``bandwidth_fraction`` = floor / measured target step (plain step, or verify step: it reads the same bytes). Writes ``gpu_<source>.json`` / ``.md`` to --out.
 
-    python experiments/gpu_benchmark.py --prompts 24 --new 128
-    python experiments/gpu_benchmark.py --prompts 16 --new 128 --compile --skip eagle   # the slowest left out
-    python experiments/gpu_benchmark.py --prompts 4 --new 32 --skip eagle medusa draft_model   # --skip: by word
-    python experiments/gpu_benchmark.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
-    python experiments/gpu_benchmark.py --prompt-file prompts.json                  # on a GPU machine without datasets
+    python experiments/benchmarks/gpu.py --prompts 24 --new 128
+    python experiments/benchmarks/gpu.py --prompts 16 --new 128 --compile --skip eagle   # the slowest left out
+    python experiments/benchmarks/gpu.py --prompts 4 --new 32 --skip eagle medusa draft_model   # --skip: by word
+    python experiments/benchmarks/gpu.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
+    python experiments/benchmarks/gpu.py --prompt-file prompts.json                  # on a GPU machine without datasets
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
@@ -34,6 +33,9 @@ from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
 from specdec.run import drafter_graph_fields
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, side_by_side  # noqa: E402
 
 
 def prompt_ids(args, tokenizer) -> list[list[int]]:
@@ -76,19 +78,14 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", default="mtbench", help="mtbench, humaneval, ... or mix (half each)")
-    ap.add_argument("--prompts", type=positive_int, default=24)
-    ap.add_argument("--prompt-file", default=None, help="JSON list of token-id lists (from --dump-prompts)")
+    ap = benchmark_parser(__doc__, prompts=24, prompt_file=True)  # --source mix: half MT-Bench, half HumanEval
     ap.add_argument("--dump-prompts", default=None, help="write the prompts' token ids to this file and stop")
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
     ap.add_argument("--batch", type=int, default=8, help="the batched comparison's batch size (0: skip it)")
     ap.add_argument("--compile", action="store_true", help="also run plain decoding with torch.compile + graphs")
     ap.add_argument("--skip", nargs="*", default=[], metavar="WORD",
                     help="leave out the speculative methods whose name holds one of these words (eagle, medusa, ...)")
     ap.add_argument("--dtype", default="bfloat16", help="the target's dtype on a GPU (off a GPU: float32)")
     ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
-    ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

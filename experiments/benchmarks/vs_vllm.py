@@ -22,12 +22,11 @@ kept as ``tau_vllm_own`` in the JSON. Writes ``vllm_T0.json`` / ``.md`` to --out
 the table from a saved JSON without running anything.
 
     bash experiments/vllm/setup_venv.sh
-    python experiments/vllm_benchmark.py --sources mtbench humaneval --prompts 24 --new 128
+    python experiments/benchmarks/vs_vllm.py --sources mtbench humaneval --prompts 24 --new 128
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -36,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.drafters import DraftModelDrafter, EagleDrafter
@@ -46,7 +44,10 @@ from specdec.jobs.runs import machine_description
 from specdec.models import cpu_kernels
 from specdec.models.llama import use_coded_panels
 
-RUNNER = Path(__file__).parent / "vllm" / "runner.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, side_by_side  # noqa: E402
+
+RUNNER = Path(__file__).resolve().parents[1] / "vllm" / "runner.py"
 DEFAULT_VENV = Path(os.environ.get("SPECDEC_VLLM_VENV", "~/.cache/specdec/vllm-venv")).expanduser()
 
 
@@ -127,11 +128,8 @@ def write_report(summary: dict, out_dir: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--venv", default=str(DEFAULT_VENV), help="vLLM's virtual environment (setup_venv.sh)")
-    ap.add_argument("--sources", nargs="+", default=["mtbench", "humaneval"])
-    ap.add_argument("--prompts", type=positive_int, default=24, help="prompts per source")
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
+    ap = benchmark_parser(__doc__, source=["mtbench", "humaneval"], prompts=24, out="benchmarks/vllm")
+    ap.add_argument("--venv", default=str(DEFAULT_VENV), help="vLLM's virtual environment (vllm/setup_venv.sh)")
     ap.add_argument("--methods", nargs="+", default=["plain", "ngram", "draft_model", "eagle"])
     ap.add_argument("--ngram-k", type=int, default=4)
     ap.add_argument("--draft-k", type=int, default=1)
@@ -142,7 +140,6 @@ def main() -> None:
     ap.add_argument("--float32-weights", action="store_true", help="also run specdec's plain and n-gram rows "
                     "with the target's weights streamed as float32 values (coded panels off), as vLLM streams them")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per vLLM method")
-    ap.add_argument("--out", default="benchmarks/vllm")
     ap.add_argument("--render", metavar="JSON", help="rewrite the table (and the JSON) from a saved vllm_T0.json "
                     "into --out, running nothing")
     args = ap.parse_args()

@@ -5,21 +5,25 @@ is before any GPU is at hand. Counted on the torch path (run with ``SPECDEC_CPU_
 kernels replace whole blocks of ops by one call) over one MT-Bench prompt, greedy; views and shape ops are
 counted too (they launch nothing), so the figures are upper bounds on launches.
 
-    SPECDEC_CPU_KERNEL=0 python experiments/op_count.py --new 32
+    SPECDEC_CPU_KERNEL=0 python experiments/costs/op_count.py --new 32
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import sys
+from pathlib import Path
 
 import torch
-from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec import autoregressive_generate, load_target, speculative_generate
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs.data import encode_prompt, load_prompts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import positive_int  # noqa: E402
 
 
 class OpCount(TorchDispatchMode):

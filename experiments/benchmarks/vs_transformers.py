@@ -12,22 +12,24 @@ in machine load hit all alike):
 Reports tokens/s and ratios, checks that all four produce identical tokens, and writes
 ``benchmark.json`` / ``benchmark.md`` to --out.
 
-    python experiments/benchmark.py --drafter ngram --k 4 --source humaneval --prompts 8 --new 128
+    python experiments/benchmarks/vs_transformers.py --drafter ngram --k 4 --source humaneval --prompts 8 --new 128
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int  # experiments/ is on sys.path when this runs as a script
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser  # noqa: E402
 
 
 def early_exit_hf(model, num_layers: int):
@@ -41,15 +43,11 @@ def early_exit_hf(model, num_layers: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = benchmark_parser(__doc__, source="humaneval", prompts=8)
     ap.add_argument("--drafter", choices=["ngram", "draft_model"], default="ngram")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--num-layers", type=int, default=8, help="early-exit layers of the draft model")
     ap.add_argument("--min-ngram", type=int, default=None, help="n-gram drafter: shortest suffix matched")
-    ap.add_argument("--source", default="humaneval")
-    ap.add_argument("--prompts", type=positive_int, default=8)
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
-    ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
 
     torch.manual_seed(0)

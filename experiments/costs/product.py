@@ -5,8 +5,8 @@ forward uses), for each instruction set the CPU has, interleaved in one process.
 The weights are 8 layers of SmolLM2-135M's shapes (q|k|v 960x576, o 576x576, gate|up 3072x576, down
 576x1536; 113 MB, more than the caches hold), random. Prints the median ms over the 8 layers per row count.
 
-    python experiments/product_cost.py                          # 1..32 rows, avx512 and avx2 where present
-    python experiments/product_cost.py --rows 1 16 --isa avx2
+    python experiments/costs/product.py                          # 1..32 rows, avx512 and avx2 where present
+    python experiments/costs/product.py --rows 1 16 --isa avx2
 """
 
 from __future__ import annotations

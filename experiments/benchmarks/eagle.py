@@ -1,7 +1,7 @@
 """EAGLE side by side (not a test): plain decoding vs the EAGLE drafter vs the shipped Medusa default vs n-gram.
 
 In one process, on the same prompts, batch 1, each prompt runs every method in turn after an untimed
-warm-up (``medusa_benchmark.side_by_side``), so machine drifts hit all alike. Medusa and EAGLE run with
+warm-up (``experiments.common.side_by_side``), so machine drifts hit all alike. Medusa and EAGLE run with
 their configs' defaults (configs/drafter/*.yaml) unless told otherwise. For each method: τ, α per draft
 position (the share of steps whose i-th draft was accepted, given it was proposed and every one before it
 accepted — :meth:`DecodeStats.acceptance_per_position`), tokens/s, speedup over plain decoding, and the
@@ -9,59 +9,34 @@ speedup predicted from costs measured in this run (τ × plain step / (verify st
 greedy decoding, how many outputs differ from plain decoding's (must be 0). At temperature > 0 each method
 draws from its own generator seeded per prompt; outputs differ by design, exactness is verify_dist's job.
 
-    python experiments/eagle_benchmark.py --source mtbench --prompts 80 --new 128
-    python experiments/eagle_benchmark.py --eagle k=16 k=24,depth=7 tree=false,k=4 --prompts 16
-    python experiments/eagle_benchmark.py --temperature 1.0 --prompts 80
+    python experiments/benchmarks/eagle.py --source mtbench --prompts 80 --new 128
+    python experiments/benchmarks/eagle.py --eagle k=16 k=24,depth=7 tree=false,k=4 --prompts 16
+    python experiments/benchmarks/eagle.py --temperature 1.0 --prompts 80
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int, side_by_side  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.drafters import EagleDrafter, MedusaDrafter
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
 
-
-def parse_overrides(spec: str, config: type) -> dict:
-    """"k=16,depth=7,tree=false" -> {"k": 16, "depth": 7, "tree": False}, each key a field of ``config``."""
-    out = {}
-    fields = {f.name for f in dataclasses.fields(config)}
-    for item in filter(None, spec.split(",")):
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"{spec!r}: {key!r} is not a field of {config.__qualname__}; use KEY=VALUE with KEY in "
-                             f"{sorted(fields)}")
-        out[key] = {"true": True, "false": False, "null": None}.get(value.lower(), value)
-        if isinstance(out[key], str):
-            try:
-                out[key] = int(value)
-            except ValueError:
-                try:
-                    out[key] = float(value)
-                except ValueError:
-                    pass
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, parse_overrides, side_by_side  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = benchmark_parser(__doc__, prompts=80, temperature=True)
     ap.add_argument("--eagle", nargs="*", default=[""], metavar="KEY=VALUE,...",
                     help="EAGLE drafter configs, each as overrides of configs/drafter/eagle.yaml ('' = the defaults)")
     ap.add_argument("--medusa", nargs="*", default=[""], metavar="KEY=VALUE,...", help="Medusa configs, likewise")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
-    ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=positive_int, default=80)
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--out", default="benchmarks")
     args = ap.parse_args()
 
     model, tokenizer = load_target()

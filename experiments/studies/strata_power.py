@@ -1,8 +1,8 @@
 """Power of each exactness test against each planted bug, and the false rejections of the exact verifier,
 over seeds, on the tiny models of tests/test_verify_dist.py (peaked target, close and far drafts).
 
-    python experiments/strata_power.py                          # 20 seeds per bug, 200 exact seeds, α 0.01
-    python experiments/strata_power.py --seeds 5 --null-seeds 20 --out /tmp/quick.json
+    python experiments/studies/strata_power.py                  # 20 seeds per bug, 200 exact seeds, α 0.01
+    python experiments/studies/strata_power.py --seeds 5 --null-seeds 20 --out /tmp/quick.json
 
 A test "rejects" when its Holm-adjusted p (over the whole family, as verify_dist reports it) is ≤ α.
 Groups: the tests verify_dist had before the strata (pooled, per position, first-tokens two-sample) and
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # the tiny models and planted-bug cases live with the tests
 
 from test_verify_dist import BUG_CASES, check, noisy_copy, peaked_llama  # noqa: E402

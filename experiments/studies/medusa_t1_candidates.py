@@ -2,7 +2,7 @@
 are the head's top r tokens (what specdec drafts now: deterministic, accepted with probability p(x)) vs r
 draws without replacement from the head's q (accepted with min(1, p/q), then against the residual).
 
-    python experiments/medusa_t1_candidates.py [--prompts 12] [--tokens 48]
+    python experiments/studies/medusa_t1_candidates.py [--prompts 12] [--tokens 48]
 
 Plain T=1 generations of MT-Bench prompts by the default target; at each position, p = the target's next
 distribution after the emitted token, q = the shipped token-aware head 0 given that token. A measurement to

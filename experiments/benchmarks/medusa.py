@@ -13,7 +13,7 @@ decoding, and two predictions of that speedup, both from costs measured in this 
 
 Checks that every method's tokens equal plain decoding's, writes ``medusa_<source>.json`` / ``.md`` to --out.
 
-    python experiments/medusa_benchmark.py --trees 4 7 15 --dynamic 15:0.2 --chains 2 --source mtbench --prompts 16
+    python experiments/benchmarks/medusa.py --trees 4 7 15 --dynamic 15:0.2 --chains 2 --source mtbench --prompts 16
 
 ``--dynamic K:CONF`` runs a dynamic tree (``MedusaDrafter(min_confidence=CONF)``): of the first K paths,
 the ones whose confidence reaches CONF. A tree written ``K+L`` (``--trees 15+8``, ``--dynamic 15:0.3+4``)
@@ -21,19 +21,18 @@ adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.
 ``drafter.dtype`` (default ``auto``: bfloat16 where it is fast; the target stays float32). ``--cpu-linear mkl``
 runs the target's linear layers through MKL instead of oneDNN (``specdec.models.llama.use_onednn``), as before.
 
-    python experiments/medusa_benchmark.py --trees 15 15+8 --dynamic 15:0.4+4 --dtype bfloat16 --prompts 16
+    python experiments/benchmarks/medusa.py --trees 15 15+8 --dynamic 15:0.4+4 --dtype bfloat16 --prompts 16
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import sys
 from functools import partial
 from pathlib import Path
 
 import torch
-from side_by_side import positive_int, side_by_side, spec_type  # experiments/ is on sys.path when this runs as a script
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
@@ -41,9 +40,12 @@ from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
 from specdec.models.llama import use_onednn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, side_by_side, spec_type  # noqa: E402
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = benchmark_parser(__doc__, prompts=24)
     ap.add_argument("--heads", default=None, help="heads.safetensors (default: the shipped heads)")
     ap.add_argument("--trees", nargs="*", default=["4", "8"], metavar="K[+L]", type=spec_type(r"\d+(\+\d+)?", "K or K+L"),
                     help="trees of the first K paths (+ a prompt-lookup branch of up to L nodes)")
@@ -53,10 +55,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto",
                     help="the heads' dtype as drafter.dtype: auto (bf16 where fast, the default), float32, bfloat16")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
-    ap.add_argument("--source", default="mtbench")
-    ap.add_argument("--prompts", type=positive_int, default=24)
-    ap.add_argument("--new", type=int, default=128, help="max new tokens")
-    ap.add_argument("--out", default="benchmarks")
     ap.add_argument("--cpu-linear", choices=["onednn", "mkl"], default="onednn",
                     help="the target's linear layers on CPU: oneDNN with packed weights (default) or MKL's W·xᵀ")
     args = ap.parse_args()

@@ -7,23 +7,26 @@ shapes (9 query heads, 3 key/value heads, 64 wide) and 30 layers.
 ``specdec_cpu_kernels.so`` of an older commit, e.g.): run it once per build, one after the other on a quiet
 machine, and compare each run's ratio to SDPA rather than absolute times.
 
-    python experiments/attention_cost.py                      # 1..32 queries, 200 and 600 tokens of context
-    python experiments/attention_cost.py --queries 1 16 --context 1000
+    python experiments/costs/attention.py                      # 1..32 queries, 200 and 600 tokens of context
+    python experiments/costs/attention.py --queries 1 16 --context 1000
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from forward_cost import median_ms  # experiments/ is the script's directory
 
 from specdec.decode.cache import KVCache
 from specdec.jobs.runs import machine_description
 from specdec.models import cpu_kernels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import median_ms  # noqa: E402
 
 HEADS, KV_HEADS, DIM, LAYERS, CAPACITY = 9, 3, 64, 30, 2048
 

@@ -1,0 +1,1 @@
+"""The side-by-side benchmarks (each prompt runs every method in turn, one process)."""
