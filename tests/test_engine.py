@@ -179,6 +179,8 @@ def test_the_rule_verifies_chains_and_trees(tiny_target, drafter, shape):
                                eos_token_id=[], rule=rule)
     assert rule.calls and set(rule.calls) == {shape}
     assert out.sequences == ref.sequences
+    # what tells the run table whether Leviathan's chain formula applies
+    assert out.stats.tree_steps == (out.stats.target_forwards if shape == "tree" else 0)
 
 
 def test_an_explicit_rule_cannot_replace_a_lossy_drafters_own(tiny_target):

@@ -29,7 +29,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
         cat: {"num_prompts": 2, "acceptance_rate": alpha * f, "acceptance_per_position": [a * f for a in alpha_i],
               "mean_accepted_length": 1 + (tau - 1) * f, "tokens_per_second": 30.0 * f,
               "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0,
-              "predicted_speedup": predicted_speedup(alpha * f, k, 0.1 * f), "cost_ratio": 0.1 * f}
+              "predicted_speedup": predicted_speedup(alpha * f, k, 0.1 * f),
+              "predicted_speedup_measured_costs": 1.05 * 30.0 * f / 19.0, "cost_ratio": 0.1 * f}
         for cat, f in (("coding", 1.1), ("writing", 0.7))
     }
     return {
@@ -38,7 +39,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
         "num_prompts": 4, "max_new_tokens": 64, "batch_size": 1, "acceptance_rate": alpha,
         "acceptance_per_position": alpha_i, "mean_accepted_length": tau, "tokens_per_second": 25.0 + k / 3,
         "baseline_tokens_per_second": 19.0, "speedup": (25.0 + k / 3) / 19.0,
-        "predicted_speedup": predicted_speedup(alpha, k, 0.1), "cost_ratio": 0.1,
+        "predicted_speedup": predicted_speedup(alpha, k, 0.1),
+        "predicted_speedup_measured_costs": 1.05 * (25.0 + k / 3) / 19.0, "drafting": "chain", "cost_ratio": 0.1,
         "target_forwards": 100, "drafter_forwards": 100 * k, "new_tokens": int(100 * tau),
         "wall_time_s": 10.0, "baseline_wall_time_s": 13.0, "per_category": categories, "lossy": False,
         "device": "cpu", "overrides": [f"drafter={drafter}", f"drafter.k={k}", f"sampling.temperature={temperature}"],
@@ -109,6 +111,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
         assert row["mean_accepted_length"] == res["mean_accepted_length"]
         assert row["acceptance_rate"] == res["acceptance_rate"]
         assert row["speedup"] == res["speedup"] and row["predicted_speedup"] == res["predicted_speedup"]
+        assert row["predicted_speedup_measured_costs"] == res["predicted_speedup_measured_costs"]
         assert [row[f"alpha_{i}"] for i in range(1, res["k"] + 1)] == res["acceptance_per_position"]
         assert all(math.isnan(row[f"alpha_{i}"]) for i in range(res["k"] + 1, 5))
         for cat, metrics in res["per_category"].items():
@@ -116,6 +119,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
             assert [rows.loc[cat, f"alpha_{i}"] for i in range(1, res["k"] + 1)] == metrics["acceptance_per_position"]
             # copied, not recomputed (the run computes each category's from its own α and cost ratio)
             assert rows.loc[cat, "predicted_speedup"] == metrics["predicted_speedup"]
+            assert rows.loc[cat, "predicted_speedup_measured_costs"] == metrics["predicted_speedup_measured_costs"]
             assert rows.loc[cat, "cost_ratio"] == metrics["cost_ratio"]
 
 
@@ -183,6 +187,23 @@ def test_jobs_told_apart_only_by_other_overrides_get_their_own_rows_and_lines(sw
     df = report.summarize(report.collect_runs(sweep))
     labels = set(_series(df[(df["category"] == report.ALL) & (df["status"] == "ok")]))
     assert {"draft_model T=0 drafter.schedule=constant", "draft_model T=0 drafter.schedule=heuristic"} <= labels
+
+
+def test_the_predicted_speedup_is_the_one_from_measured_costs_and_leviathans_only_for_chains(sweep: Path) -> None:
+    """summary.md's "predicted speedup" and speedup_vs_k.png's predicted line come from measured costs (they fit
+    trees too); Leviathan's chain formula is shown for chain runs only."""
+    tree = {**OK_RUNS["2"], "drafter": "eagle", "drafting": "tree"}
+    (sweep / "2" / "results.json").write_text(json.dumps(tree))
+    runs = report.collect_runs(sweep)
+    md = report.markdown_summary(report.summarize(runs))
+    chain, measured = OK_RUNS["1"], tree["predicted_speedup_measured_costs"]
+    assert (f"| {chain['speedup']:.2f} | {chain['predicted_speedup_measured_costs']:.2f} | "
+            f"{chain['predicted_speedup']:.2f} | ok |") in md
+    assert f"| {tree['speedup']:.2f} | {measured:.2f} | – | ok |" in md  # no chain formula for a tree
+    fig = report.make_plots(report.summarize(runs))["speedup_vs_k"]
+    lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert lines["eagle T=0 predicted"] == [measured]
+    assert lines["ngram T=0 predicted"] == [OK_RUNS[j]["predicted_speedup_measured_costs"] for j in ("0", "1")]
 
 
 def test_predicted_speedup_formula() -> None:

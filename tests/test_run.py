@@ -102,16 +102,36 @@ def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
     assert ("drafter" in line) == graphed
 
 
+def table_results(**fields) -> dict:
+    """What run() hands format_table, for a chain drafter on one category of prompts."""
+    row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
+               baseline_tokens_per_second=8.0, speedup=1.25, predicted_speedup=2.33,
+               predicted_speedup_measured_costs=1.07, drafting="chain")
+    return {**row, "per_category": {"chat": row}, "acceptance_per_position": [0.5], "cost_ratio": 0.1,
+            "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
+            "drafter_graph_captures": None, "drafter_graph_capture_time_s": None, **fields}
+
+
+def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_chains():
+    """The predicted column holds the prediction from measured costs, which fits trees too; Leviathan's chain
+    formula, from results.json, is shown under the table for chain drafting only."""
+    from specdec.run import format_table
+
+    for drafting in ("chain", "tree"):
+        results = table_results(drafting=drafting, verify_step_time_s=0.012, target_step_time_s=0.01)
+        lines = format_table(results).splitlines()
+        assert lines[0].split()[-1] == "predicted"
+        assert all(line.endswith("1.07x") for line in lines[2:4])  # the chat row and ALL
+        assert ("Leviathan's chain formula (verify at a plain step's cost): 2.33x" in lines) == (drafting == "chain")
+        assert ("2.33" in format_table(results)) == (drafting == "chain")
+
+
 def test_the_table_names_the_graphs_captured_where_they_ran():
     """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (left out
     of the timings), for whichever replayed graphs; no line for an eager run."""
     from specdec.run import format_table
 
-    row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
-               baseline_tokens_per_second=8.0, speedup=1.25, predicted_speedup=1.3)
-    results = {**row, "per_category": {"chat": row}, "acceptance_per_position": [0.5], "cost_ratio": 0.1,
-               "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
-               "drafter_graph_captures": None, "drafter_graph_capture_time_s": None}
+    results = table_results()
     assert "graphs captured" not in format_table(results)
     results.update(cuda_graph_captures=5, cuda_graph_capture_time_s=1.3)  # a drafter without graphs (n-gram)
     target = "graphs captured (one-off, left out of the timings above): target 5 shapes in 1.3 s"

@@ -40,6 +40,7 @@ class DecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [K]
     proposed_tokens: int = 0  # genuine drafts proposed (a drafter may propose fewer than K)
     verify_steps: int = 0
+    tree_steps: int = 0  # target forwards that verified a tree of drafts (0: chain drafting throughout)
     verified_tokens: int = 0  # accepted + 1 per verify step (bonus or recovered included)
     new_tokens: int = 0  # tokens returned to the caller (after EOS / max_new_tokens truncation)
     target_forwards: int = 0
@@ -61,6 +62,7 @@ class DecodeStats:
         """One target verify forward: per row, drafts proposed and accepted (host ints). ``depth``: for a
         tree of drafts, its number of levels (a position is then a level: reached while every level above
         it was accepted, and only when it exists); None for a chain (depth = drafts proposed)."""
+        self.tree_steps += depth is not None
         for proposed, accepted, on in zip(num_proposed, num_accepted, active):
             if not on:
                 continue
@@ -119,6 +121,7 @@ class DecodeStats:
             accepted_per_position=[a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
             proposed_tokens=self.proposed_tokens + other.proposed_tokens,
             verify_steps=self.verify_steps + other.verify_steps,
+            tree_steps=self.tree_steps + other.tree_steps,
             verified_tokens=self.verified_tokens + other.verified_tokens,
             new_tokens=self.new_tokens + other.new_tokens,
             target_forwards=self.target_forwards + other.target_forwards,
@@ -141,6 +144,7 @@ class DecodeStats:
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
             "verify_steps": self.verify_steps,
+            "tree_steps": self.tree_steps,
             "new_tokens": self.new_tokens,
             "target_forwards": self.target_forwards,
             "drafter_forwards": self.drafter_forwards,

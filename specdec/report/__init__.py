@@ -8,7 +8,10 @@ the verifier keeps an *accepted* prefix, then emits a *recovered* token (at the 
 - α_i, ``acceptance_per_position[i-1]`` (``alpha_i`` in the CSV): P(draft token i accepted | reached).
 - τ, ``mean_accepted_length``: tokens emitted per target forward, **bonus included** (so τ ≥ 1).
 - c, ``cost_ratio``: drafter step time / target step time, measured.
-- predicted speedup: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8).
+- predicted speedup, ``predicted_speedup_measured_costs``: τ · plain step time / (verify + draft time per step),
+  from measured costs: it holds for trees as well as chains.
+- ``predicted_speedup``: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8), which assumes a
+  chain of k drafts verified at a plain step's cost: shown only for runs whose ``drafting`` is ``chain``.
 
 Every number in the summary is copied from ``results.json``, category rows included (each category's
 predicted speedup and cost ratio are the ones the run computed for it); nothing is recomputed.

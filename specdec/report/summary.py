@@ -26,14 +26,15 @@ COLUMNS = [
     "job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
     "num_prompts", "max_new_tokens", "batch_size", "category",
     "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second",
-    "speedup", "predicted_speedup", "cost_ratio", "target_forwards", "drafter_forwards", "new_tokens",
-    "wall_time_s", "baseline_wall_time_s", "lossy", "device", "overrides", "run_dir",
+    "speedup", "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
+    "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "lossy", "device", "overrides", "run_dir",
 ]  # then alpha_1 .. alpha_<max k>
 # What a category row copies from its run; its metrics come from per_category.
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
-                   "max_new_tokens", "batch_size", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
+                   "max_new_tokens", "batch_size", "drafting", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-                    "baseline_tokens_per_second", "speedup", "predicted_speedup", "cost_ratio"]
+                    "baseline_tokens_per_second", "speedup", "predicted_speedup_measured_costs", "predicted_speedup",
+                    "cost_ratio"]
 
 
 def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
@@ -136,11 +137,12 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     floats = [c for c in df.columns if c.startswith("alpha_")] + [
         "temperature", "top_p", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-        "baseline_tokens_per_second", "speedup", "predicted_speedup", "cost_ratio", "wall_time_s",
-        "baseline_wall_time_s"]
+        "baseline_tokens_per_second", "speedup", "predicted_speedup_measured_costs", "predicted_speedup",
+        "cost_ratio", "wall_time_s", "baseline_wall_time_s"]
     for c in floats:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    for c in ("job", "status", "error", "target", "drafter", "sources", "category", "device", "overrides", "run_dir"):
+    for c in ("job", "status", "error", "target", "drafter", "sources", "category", "drafting", "device", "overrides",
+              "run_dir"):
         df[c] = df[c].astype("string")
     df["lossy"] = df["lossy"].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
     return df
@@ -164,6 +166,11 @@ def _drafter(row: pd.Series) -> str:
     """The drafter's name, marked where its acceptance rule is lossy (e.g. Medusa's typical acceptance)."""
     lossy = row["lossy"] is not pd.NA and bool(row["lossy"])
     return str(row["drafter"]) + (" (LOSSY)" if lossy else "")
+
+
+def _chain_formula(row: pd.Series) -> float | None:
+    """Leviathan et al.'s predicted speedup where the run drafted chains, the shape it assumes; None for trees."""
+    return row["predicted_speedup"] if row["drafting"] is not pd.NA and row["drafting"] == "chain" else None
 
 
 def _varying(runs: pd.DataFrame, keys: Sequence[str]) -> list[str]:
@@ -196,17 +203,21 @@ def markdown_summary(df: pd.DataFrame) -> str:
         return [_fmt(other[i])] if varied else []
 
     header = ["job", *extra, *varied, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
-              "speedup", "predicted speedup", "status"]
+              "speedup", "predicted speedup", "Leviathan (chain)", "status"]
     lines = ["# Sweep summary", "",
              f"{len(runs)} runs, {int((runs['status'] != 'ok').sum())} failed. α: acceptance rate; "
-             "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline.", "",
+             "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline; "
+             "predicted speedup: from measured costs, τ · plain step / (verify + draft time per step); "
+             "Leviathan (chain): Leviathan et al.'s formula, for chain drafting only (it assumes a chain verified "
+             "at a plain step's cost).", "",
              _md_row(header), _md_row(["---"] * len(header))]
     for i, r in runs.iterrows():
         lines.append(_md_row([
             _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *others(i), _fmt(_drafter(r)), _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
-            _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup"], ".2f"), _fmt(r["status"]),
+            _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup_measured_costs"], ".2f"),
+            _fmt(_chain_formula(r), ".2f"), _fmt(r["status"]),
         ]))
     if runs["lossy"].fillna(False).any():
         lines += ["", "LOSSY: a run marked so verified with a lossy acceptance rule (typical acceptance); its "
