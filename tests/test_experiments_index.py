@@ -44,3 +44,13 @@ def test_docs_cite_only_existing_experiments_paths(doc):
     cited = set(re.findall(r"experiments/[\w./-]*\w\.(?:py|sh|md)\b", doc.read_text()))
     missing = sorted(path for path in cited if not (ROOT / path).is_file())
     assert not missing, f"{doc.relative_to(ROOT)} cites experiments paths that do not exist: {missing}"
+
+
+def test_links_to_studies_reach_an_anchor():
+    """The question index and README.md link studies by anchor (``<a id="...">`` above each study)."""
+    text = (EXPERIMENTS / "README.md").read_text()
+    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', text))
+    linked = set(re.findall(r"\]\(#([\w-]+)\)", text))
+    linked |= set(re.findall(r"\]\(experiments/README\.md#([\w-]+)\)", (ROOT / "README.md").read_text()))
+    assert linked, "no study links found"
+    assert not sorted(linked - anchors), f"links to studies without an anchor: {sorted(linked - anchors)}"
