@@ -37,13 +37,17 @@ from specdec.models.loading import load_target, resolve_device, stop_token_ids
 register_configs()
 
 
-def _rate(stats: DecodeStats) -> float:
-    return stats.new_tokens / stats.wall_time_s if stats.wall_time_s > 0 else math.nan
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan  # no decode steps (max_new_tokens=1): no decode-only rate
 
 
 def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: int) -> dict[str, Any]:
     """The metrics of results.json for one group of prompts (all of them, or one category).
 
+    Rates and speedups come twice (:mod:`specdec.decode.metrics`): ``tokens_per_second``,
+    ``baseline_tokens_per_second`` and ``speedup`` end to end, the prompt's prefill included (as they always
+    were); ``decode_tokens_per_second``, ``baseline_decode_tokens_per_second`` and ``decode_speedup`` decode
+    only, the prefill's time and its token left out (on long prompts the prefill can take most of the time).
     Two predictions of the speedup: ``predicted_speedup_measured_costs`` (the table's ``predicted`` column) holds
     for any proposal shape; ``predicted_speedup`` is Leviathan et al.'s formula, which assumes a chain of k drafts
     (``drafting`` says which shape the drafter proposed) verified at a plain step's cost."""
@@ -53,9 +57,12 @@ def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: 
         "acceptance_rate_conditional": spec.acceptance_rate_conditional,
         "acceptance_per_position": spec.acceptance_per_position,
         "mean_accepted_length": spec.mean_accepted_length,
-        "tokens_per_second": _rate(spec),
+        "tokens_per_second": spec.tokens_per_second,
         "baseline_tokens_per_second": math.nan,
         "speedup": math.nan,
+        "decode_tokens_per_second": spec.decode_tokens_per_second,
+        "baseline_decode_tokens_per_second": math.nan,
+        "decode_speedup": math.nan,
         "predicted_speedup": math.nan,
         "predicted_speedup_measured_costs": math.nan,
         "drafting": "tree" if spec.tree_steps else "chain",
@@ -67,8 +74,10 @@ def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: 
         per_step = spec.target_time_per_forward + (spec.drafter_time_s / spec.target_forwards
                                                    if spec.target_forwards else math.nan)
         out.update(
-            baseline_tokens_per_second=_rate(base),
-            speedup=_rate(spec) / _rate(base),
+            baseline_tokens_per_second=base.tokens_per_second,
+            speedup=_ratio(spec.tokens_per_second, base.tokens_per_second),
+            baseline_decode_tokens_per_second=base.decode_tokens_per_second,
+            decode_speedup=_ratio(spec.decode_tokens_per_second, base.decode_tokens_per_second),
             cost_ratio=cost,
             # Leviathan et al.'s formula: a chain of k drafts, verification costing one target step.
             predicted_speedup=predicted_speedup(spec.acceptance_rate_conditional, k, cost),
@@ -150,8 +159,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "target_forwards": spec_all.target_forwards,
         "drafter_forwards": spec_all.drafter_forwards,
         "new_tokens": spec_all.new_tokens,
-        "wall_time_s": spec_all.wall_time_s,
+        "wall_time_s": spec_all.wall_time_s,  # end to end, the prefill included
         "baseline_wall_time_s": base_all.wall_time_s if base_all else math.nan,
+        "prefill_time_s": spec_all.prefill_time_s,  # the target's forwards over the prompts, part of wall_time_s
+        "baseline_prefill_time_s": base_all.prefill_time_s if base_all else math.nan,
         "per_category": {
             cat: summarize(total(group), total(base_by_category[cat]) if cfg.baseline else None, k, len(group) * bs)
             for cat, group in sorted(by_category.items())
@@ -181,15 +192,18 @@ def drafter_graph_fields(drafter) -> dict[str, Any]:
 
 def format_table(results: dict[str, Any]) -> str:
     # predicted: from measured costs, which fits trees as well as chains (Leviathan's formula, under the table,
-    # assumes a chain verified at a plain step's cost)
-    head = f"{'category':<14}{'prompts':>8}{'α':>8}{'τ':>8}{'tok/s':>9}{'base tok/s':>12}{'speedup':>9}{'predicted':>11}"
-    lines = [head, "-" * len(head)]
+    # assumes a chain verified at a plain step's cost); like decode only, it leaves the prefill out
+    rates = f"{'tok/s':>9}{'base tok/s':>12}{'speedup':>9}"
+    head = f"{'category':<14}{'prompts':>8}{'α':>8}{'τ':>8}{rates}{rates}{'predicted':>11}"
+    groups = f"{'':<38}{'end to end (with prefill)':^30}{'decode only (no prefill)':^30}"
+    lines = [groups.rstrip(), head, "-" * len(head)]
     rows = list(results["per_category"].items()) + [("ALL", results)]
     for name, r in rows:
         lines.append(
             f"{name:<14}{r['num_prompts']:>8}{r['acceptance_rate']:>8.3f}{r['mean_accepted_length']:>8.2f}"
             f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>12.1f}{r['speedup']:>8.2f}x"
-            f"{r['predicted_speedup_measured_costs']:>10.2f}x"
+            f"{r['decode_tokens_per_second']:>9.1f}{r['baseline_decode_tokens_per_second']:>12.1f}"
+            f"{r['decode_speedup']:>8.2f}x{r['predicted_speedup_measured_costs']:>10.2f}x"
         )
     measured = list(results["acceptance_per_position"])
     while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
@@ -200,6 +214,11 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms; predicted = τ · plain step / (verify + draft "
                      f"time per step)")
+    if results.get("wall_time_s", 0) > 0:
+        share = f"prefill: {results['prefill_time_s'] / results['wall_time_s']:.0%} of the end-to-end time"
+        if results["baseline_wall_time_s"] > 0:
+            share += f" ({results['baseline_prefill_time_s'] / results['baseline_wall_time_s']:.0%} for plain decoding)"
+        lines.append(share + ", left out of the decode-only figures with the token it gives")
     if results.get("drafting") == "chain" and not math.isnan(results["predicted_speedup"]):
         lines.append(f"Leviathan's chain formula (verify at a plain step's cost): {results['predicted_speedup']:.2f}x")
     if "bandwidth_fraction" in results:

@@ -83,6 +83,11 @@ def test_stats_are_consistent(tiny_target):
     assert s.mean_accepted_length == pytest.approx(1 + s.accepted_tokens / s.verify_steps)
     assert s.proposed_per_position[0] == s.verify_steps  # position 0 is reached at every verify step
     assert s.drafter_forwards > 0 and s.target_forwards < 90
+    # decode only: the prefill's time and the token it gave each row left out of the end-to-end figures
+    assert s.prefill_tokens == 3 and 0 < s.prefill_time_s < s.wall_time_s and s.decode_time_s == pytest.approx(
+        s.wall_time_s - s.prefill_time_s)
+    assert s.decode_tokens_per_second == pytest.approx((90 - 3) / s.decode_time_s)
+    assert s.merge(s).decode_tokens_per_second == pytest.approx(s.decode_tokens_per_second)
 
 
 # --- bad input: each names the value and what to do -------------------------------------------

@@ -28,7 +28,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
     categories = {
         cat: {"num_prompts": 2, "acceptance_rate": alpha * f, "acceptance_per_position": [a * f for a in alpha_i],
               "mean_accepted_length": 1 + (tau - 1) * f, "tokens_per_second": 30.0 * f,
-              "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0,
+              "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0, "decode_tokens_per_second": 45.0 * f,
+              "baseline_decode_tokens_per_second": 25.0, "decode_speedup": 45.0 * f / 25.0,
               "predicted_speedup": predicted_speedup(alpha * f, k, 0.1 * f),
               "predicted_speedup_measured_costs": 1.05 * 30.0 * f / 19.0, "cost_ratio": 0.1 * f}
         for cat, f in (("coding", 1.1), ("writing", 0.7))
@@ -39,6 +40,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
         "num_prompts": 4, "max_new_tokens": 64, "batch_size": 1, "acceptance_rate": alpha,
         "acceptance_per_position": alpha_i, "mean_accepted_length": tau, "tokens_per_second": 25.0 + k / 3,
         "baseline_tokens_per_second": 19.0, "speedup": (25.0 + k / 3) / 19.0,
+        "decode_tokens_per_second": 40.0 + k / 3, "baseline_decode_tokens_per_second": 25.0,
+        "decode_speedup": (40.0 + k / 3) / 25.0, "prefill_time_s": 3.0, "baseline_prefill_time_s": 3.0,
         "predicted_speedup": predicted_speedup(alpha, k, 0.1),
         "predicted_speedup_measured_costs": 1.05 * (25.0 + k / 3) / 19.0, "drafting": "chain", "cost_ratio": 0.1,
         "target_forwards": 100, "drafter_forwards": 100 * k, "new_tokens": int(100 * tau),
@@ -112,6 +115,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
         assert row["acceptance_rate"] == res["acceptance_rate"]
         assert row["speedup"] == res["speedup"] and row["predicted_speedup"] == res["predicted_speedup"]
         assert row["predicted_speedup_measured_costs"] == res["predicted_speedup_measured_costs"]
+        assert row["decode_speedup"] == res["decode_speedup"] and row["prefill_time_s"] == res["prefill_time_s"]
         assert [row[f"alpha_{i}"] for i in range(1, res["k"] + 1)] == res["acceptance_per_position"]
         assert all(math.isnan(row[f"alpha_{i}"]) for i in range(res["k"] + 1, 5))
         for cat, metrics in res["per_category"].items():
@@ -120,6 +124,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
             # copied, not recomputed (the run computes each category's from its own α and cost ratio)
             assert rows.loc[cat, "predicted_speedup"] == metrics["predicted_speedup"]
             assert rows.loc[cat, "predicted_speedup_measured_costs"] == metrics["predicted_speedup_measured_costs"]
+            assert rows.loc[cat, "decode_speedup"] == metrics["decode_speedup"]
             assert rows.loc[cat, "cost_ratio"] == metrics["cost_ratio"]
 
 
@@ -197,13 +202,33 @@ def test_the_predicted_speedup_is_the_one_from_measured_costs_and_leviathans_onl
     runs = report.collect_runs(sweep)
     md = report.markdown_summary(report.summarize(runs))
     chain, measured = OK_RUNS["1"], tree["predicted_speedup_measured_costs"]
-    assert (f"| {chain['speedup']:.2f} | {chain['predicted_speedup_measured_costs']:.2f} | "
+    assert (f"| {chain['decode_speedup']:.2f} | {chain['predicted_speedup_measured_costs']:.2f} | "
             f"{chain['predicted_speedup']:.2f} | ok |") in md
-    assert f"| {tree['speedup']:.2f} | {measured:.2f} | – | ok |" in md  # no chain formula for a tree
+    assert f"| {tree['decode_speedup']:.2f} | {measured:.2f} | – | ok |" in md  # no chain formula for a tree
     fig = report.make_plots(report.summarize(runs))["speedup_vs_k"]
     lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
     assert lines["eagle T=0 predicted"] == [measured]
     assert lines["ngram T=0 predicted"] == [OK_RUNS[j]["predicted_speedup_measured_costs"] for j in ("0", "1")]
+
+
+def test_the_summary_shows_end_to_end_and_decode_only_rates(sweep: Path) -> None:
+    """summary.md and speedup_vs_k.png: tokens/s and speedup end to end (results.json's tokens_per_second, speedup)
+    and decode only (decode_tokens_per_second, decode_speedup), per run and per category."""
+    runs = report.collect_runs(sweep)
+    md = report.markdown_summary(report.summarize(runs))
+    header = next(line for line in md.splitlines() if line.startswith("| job"))
+    assert "| tok/s | baseline tok/s | speedup | decode tok/s | baseline decode tok/s | decode speedup |" in header
+    assert "end to end, the prompt's prefill included" in md and "decode only, the prefill's time" in md
+    res = OK_RUNS["2"]
+    assert (f"| 2 | ngram | 4 | 0 | 0.767 | 2.90 | {res['tokens_per_second']:.1f} | 19.0 | {res['speedup']:.2f} | "
+            f"{res['decode_tokens_per_second']:.1f} | 25.0 | {res['decode_speedup']:.2f} |") in md
+    coding = res["per_category"]["coding"]
+    assert f"| coding | 2 | {coding['acceptance_rate']:.3f} | {coding['mean_accepted_length']:.2f} | " \
+           f"{coding['speedup']:.2f} | {coding['decode_speedup']:.2f} |" in md
+    fig = report.make_plots(report.summarize(runs))["speedup_vs_k"]
+    lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert lines["ngram T=0 measured, end to end"] == [OK_RUNS[j]["speedup"] for j in ("0", "1", "2")]
+    assert lines["ngram T=0 measured, decode only"] == [OK_RUNS[j]["decode_speedup"] for j in ("0", "1", "2")]
 
 
 def test_predicted_speedup_formula() -> None:

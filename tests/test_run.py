@@ -15,7 +15,9 @@ from specdec.models import cpu_kernels
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 REQUIRED = ["drafter", "k", "temperature", "acceptance_rate", "acceptance_per_position", "mean_accepted_length",
-            "tokens_per_second", "baseline_tokens_per_second", "speedup", "predicted_speedup", "num_prompts"]
+            "tokens_per_second", "baseline_tokens_per_second", "speedup", "predicted_speedup", "num_prompts",
+            "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup", "prefill_time_s",
+            "predicted_speedup_measured_costs", "drafting"]
 TINY = ["data.limit_per_source=1", "data.max_new_tokens=8", "warmup=false"]
 
 
@@ -105,11 +107,45 @@ def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
 def table_results(**fields) -> dict:
     """What run() hands format_table, for a chain drafter on one category of prompts."""
     row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
-               baseline_tokens_per_second=8.0, speedup=1.25, predicted_speedup=2.33,
+               baseline_tokens_per_second=8.0, speedup=1.25, decode_tokens_per_second=24.0,
+               baseline_decode_tokens_per_second=16.0, decode_speedup=1.5, predicted_speedup=2.33,
                predicted_speedup_measured_costs=1.07, drafting="chain")
     return {**row, "per_category": {"chat": row}, "acceptance_per_position": [0.5], "cost_ratio": 0.1,
             "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
-            "drafter_graph_captures": None, "drafter_graph_capture_time_s": None, **fields}
+            "drafter_graph_captures": None, "drafter_graph_capture_time_s": None, "wall_time_s": 4.0,
+            "prefill_time_s": 2.6, "baseline_wall_time_s": 5.0, "baseline_prefill_time_s": 2.6, **fields}
+
+
+def test_the_table_shows_end_to_end_and_decode_only_figures():
+    """Tokens/s and speedup end to end (the prompt's prefill included) and decode only (left out), named so over
+    the columns, from results.json's keys; the prefill's share of the time under the table."""
+    from specdec.run import format_table
+
+    lines = format_table(table_results()).splitlines()
+    assert "end to end (with prefill)" in lines[0]
+    assert lines[0].index("end to end") < lines[0].index("decode only (no prefill)")
+    assert lines[1].split() == ["category", "prompts", "α", "τ", "tok/s", "base", "tok/s", "speedup", "tok/s", "base",
+                                "tok/s", "speedup", "predicted"]
+    for row in lines[3:5]:
+        assert row.split()[4:] == ["10.0", "8.0", "1.25x", "24.0", "16.0", "1.50x", "1.07x"]
+    assert "prefill: 65% of the end-to-end time (52% for plain decoding), left out of the decode-only figures " \
+           "with the token it gives" in lines
+
+
+def test_summarize_gives_end_to_end_and_decode_only_rates():
+    """results.json: tokens_per_second / speedup end to end as before, decode_* without the prefill and its token."""
+    from specdec.decode.metrics import DecodeStats
+    from specdec.run import summarize
+
+    def stats(wall, forwards):
+        return DecodeStats(k=2, new_tokens=40, prefill_tokens=4, wall_time_s=wall, prefill_time_s=1.0,
+                           target_forwards=forwards, target_time_s=0.1 * forwards, verify_steps=forwards,
+                           verified_tokens=36)
+
+    out = summarize(stats(2.0, 12), stats(3.0, 36), k=2, num_prompts=4)
+    assert out["tokens_per_second"] == 20.0 and out["baseline_tokens_per_second"] == 40 / 3
+    assert out["speedup"] == pytest.approx(1.5) and out["decode_speedup"] == pytest.approx(2.0)
+    assert out["decode_tokens_per_second"] == 36.0 and out["baseline_decode_tokens_per_second"] == 18.0
 
 
 def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_chains():
@@ -120,8 +156,8 @@ def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_ch
     for drafting in ("chain", "tree"):
         results = table_results(drafting=drafting, verify_step_time_s=0.012, target_step_time_s=0.01)
         lines = format_table(results).splitlines()
-        assert lines[0].split()[-1] == "predicted"
-        assert all(line.endswith("1.07x") for line in lines[2:4])  # the chat row and ALL
+        assert lines[1].split()[-1] == "predicted"
+        assert all(line.endswith("1.07x") for line in lines[3:5])  # the chat row and ALL
         assert ("Leviathan's chain formula (verify at a plain step's cost): 2.33x" in lines) == (drafting == "chain")
         assert ("2.33" in format_table(results)) == (drafting == "chain")
 

@@ -272,7 +272,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
             drafter.observe(state)
     # 4) Totals.
     stats.drafter_forwards = drafter.forwards
-    stats.new_tokens += len(out)  # the prefill's token
+    stats.prefill_tokens = len(out)  # the first token of each row, from the prefill's last position
+    stats.new_tokens += stats.prefill_tokens
     stats.wall_time_s = time.perf_counter() - wall_start
     _leave_out_captures(stats, captured, _capture_times(decoder, drafter))
     return GenerationOutput(sequences=out, stats=stats)

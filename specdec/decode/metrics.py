@@ -5,6 +5,10 @@ Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
 - a *verify step* is one row taking part in one target forward over [last token, K drafts];
   ``target_forwards`` and ``target_time_s`` count those forwards (batched: one per step), the prompt's
   prefill is timed apart in ``prefill_time_s``;
+- *end to end* (``wall_time_s``, ``tokens_per_second``): the whole generation, the prompt's prefill and the
+  token it gives included; *decode only* (``decode_time_s``, ``decode_tokens_per_second``): the prefill's time
+  and its token left out (the drafter's start on the prompt stays in: it is drafting work), so long prompts
+  do not hide what the decode loop achieves;
 - α (``acceptance_rate``) = accepted draft tokens / proposed draft tokens;
 - α_i (``acceptance_per_position[i]``) = P(draft i accepted | drafts 0..i-1 accepted), i.e. accepted at
   i / verify steps that reached i (for a tree: level i, with any of its candidates; levels below the
@@ -43,6 +47,7 @@ class DecodeStats:
     tree_steps: int = 0  # target forwards that verified a tree of drafts (0: chain drafting throughout)
     verified_tokens: int = 0  # accepted + 1 per verify step (bonus or recovered included)
     new_tokens: int = 0  # tokens returned to the caller (after EOS / max_new_tokens truncation)
+    prefill_tokens: int = 0  # of new_tokens, those the prefill gave (one per row)
     target_forwards: int = 0
     drafter_forwards: int = 0
     target_time_s: float = 0.0
@@ -101,6 +106,15 @@ class DecodeStats:
         return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else math.nan
 
     @property
+    def decode_time_s(self) -> float:
+        return self.wall_time_s - self.prefill_time_s
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        decode_time = self.decode_time_s
+        return (self.new_tokens - self.prefill_tokens) / decode_time if decode_time > 0 else math.nan
+
+    @property
     def target_time_per_forward(self) -> float:
         return self.target_time_s / self.target_forwards if self.target_forwards else math.nan
 
@@ -124,6 +138,7 @@ class DecodeStats:
             tree_steps=self.tree_steps + other.tree_steps,
             verified_tokens=self.verified_tokens + other.verified_tokens,
             new_tokens=self.new_tokens + other.new_tokens,
+            prefill_tokens=self.prefill_tokens + other.prefill_tokens,
             target_forwards=self.target_forwards + other.target_forwards,
             drafter_forwards=self.drafter_forwards + other.drafter_forwards,
             target_time_s=self.target_time_s + other.target_time_s,
@@ -146,6 +161,7 @@ class DecodeStats:
             "verify_steps": self.verify_steps,
             "tree_steps": self.tree_steps,
             "new_tokens": self.new_tokens,
+            "prefill_tokens": self.prefill_tokens,
             "target_forwards": self.target_forwards,
             "drafter_forwards": self.drafter_forwards,
             "target_time_s": self.target_time_s,
@@ -154,4 +170,6 @@ class DecodeStats:
             "wall_time_s": self.wall_time_s,
             "capture_time_s": self.capture_time_s,
             "tokens_per_second": self.tokens_per_second,
+            "decode_time_s": self.decode_time_s,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
         }

@@ -8,6 +8,8 @@ the verifier keeps an *accepted* prefix, then emits a *recovered* token (at the 
 - α_i, ``acceptance_per_position[i-1]`` (``alpha_i`` in the CSV): P(draft token i accepted | reached).
 - τ, ``mean_accepted_length``: tokens emitted per target forward, **bonus included** (so τ ≥ 1).
 - c, ``cost_ratio``: drafter step time / target step time, measured.
+- ``tokens_per_second``, ``speedup`` (and the baseline's): end to end, the prompt's prefill included;
+  ``decode_tokens_per_second``, ``decode_speedup``: decode only, the prefill's time and its token left out.
 - predicted speedup, ``predicted_speedup_measured_costs``: τ · plain step time / (verify + draft time per step),
   from measured costs: it holds for trees as well as chains.
 - ``predicted_speedup``: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8), which assumes a

@@ -25,16 +25,19 @@ INT_COLUMNS = ["k", "top_k", "num_prompts", "max_new_tokens", "batch_size",
 COLUMNS = [
     "job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
     "num_prompts", "max_new_tokens", "batch_size", "category",
-    "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second",
-    "speedup", "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
-    "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "lossy", "device", "overrides", "run_dir",
-]  # then alpha_1 .. alpha_<max k>
+    "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second", "speedup",
+    "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup",
+    "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
+    "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s", "baseline_prefill_time_s",
+    "lossy", "device", "overrides", "run_dir",
+]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill
 # What a category row copies from its run; its metrics come from per_category.
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
                    "max_new_tokens", "batch_size", "drafting", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-                    "baseline_tokens_per_second", "speedup", "predicted_speedup_measured_costs", "predicted_speedup",
-                    "cost_ratio"]
+                    "baseline_tokens_per_second", "speedup", "decode_tokens_per_second",
+                    "baseline_decode_tokens_per_second", "decode_speedup", "predicted_speedup_measured_costs",
+                    "predicted_speedup", "cost_ratio"]
 
 
 def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
@@ -137,8 +140,9 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     floats = [c for c in df.columns if c.startswith("alpha_")] + [
         "temperature", "top_p", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-        "baseline_tokens_per_second", "speedup", "predicted_speedup_measured_costs", "predicted_speedup",
-        "cost_ratio", "wall_time_s", "baseline_wall_time_s"]
+        "baseline_tokens_per_second", "speedup", "decode_tokens_per_second", "baseline_decode_tokens_per_second",
+        "decode_speedup", "predicted_speedup_measured_costs", "predicted_speedup", "cost_ratio", "wall_time_s",
+        "baseline_wall_time_s", "prefill_time_s", "baseline_prefill_time_s"]
     for c in floats:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in ("job", "status", "error", "target", "drafter", "sources", "category", "drafting", "device", "overrides",
@@ -203,10 +207,13 @@ def markdown_summary(df: pd.DataFrame) -> str:
         return [_fmt(other[i])] if varied else []
 
     header = ["job", *extra, *varied, "drafter", "k", "temperature", "α", "τ", "tok/s", "baseline tok/s",
-              "speedup", "predicted speedup", "Leviathan (chain)", "status"]
+              "speedup", "decode tok/s", "baseline decode tok/s", "decode speedup", "predicted speedup",
+              "Leviathan (chain)", "status"]
     lines = ["# Sweep summary", "",
              f"{len(runs)} runs, {int((runs['status'] != 'ok').sum())} failed. α: acceptance rate; "
              "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline; "
+             "tok/s and speedup: end to end, the prompt's prefill included; decode tok/s and decode speedup: "
+             "decode only, the prefill's time and its token left out; "
              "predicted speedup: from measured costs, τ · plain step / (verify + draft time per step); "
              "Leviathan (chain): Leviathan et al.'s formula, for chain drafting only (it assumes a chain verified "
              "at a plain step's cost).", "",
@@ -216,7 +223,9 @@ def markdown_summary(df: pd.DataFrame) -> str:
             _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *others(i), _fmt(_drafter(r)), _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
-            _fmt(r["speedup"], ".2f"), _fmt(r["predicted_speedup_measured_costs"], ".2f"),
+            _fmt(r["speedup"], ".2f"), _fmt(r["decode_tokens_per_second"], ".1f"),
+            _fmt(r["baseline_decode_tokens_per_second"], ".1f"), _fmt(r["decode_speedup"], ".2f"),
+            _fmt(r["predicted_speedup_measured_costs"], ".2f"),
             _fmt(_chain_formula(r), ".2f"), _fmt(r["status"]),
         ]))
     if runs["lossy"].fillna(False).any():
@@ -224,14 +233,15 @@ def markdown_summary(df: pd.DataFrame) -> str:
                   "output is not distributed as the target's at temperature > 0."]
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
-        header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup"]
+        header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup",
+                  "decode speedup"]
         lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
         for i, r in cats.iterrows():
             lines.append(_md_row([
                 _fmt(r["job"]), *others(i), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"),
                 _fmt(r["category"]),
                 _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
-                _fmt(r["speedup"], ".2f"),
+                _fmt(r["speedup"], ".2f"), _fmt(r["decode_speedup"], ".2f"),
             ]))
     failed = runs[runs["status"] != "ok"]
     if len(failed):
