@@ -365,6 +365,21 @@ def test_draft_match_catches_the_recovered_token_bug_at_a_small_budget(models):
     assert result.reject
 
 
+def test_the_picture_shows_the_test_that_decided_a_rejection(models):
+    """verify.png draws the tests with the smallest Holm-adjusted p-values: on a planted bug that only the drafted
+    stratum's tests see, the deciding one is there, its bar beyond the α line."""
+    from specdec.report.exactness import plot_result
+
+    result = check(models, "ngram", bug="recovered_from_target", n=100)
+    decider = min(result.report["tests"], key=lambda t: t["p_holm"])
+    assert result.reject and decider["reject"] and "stratum=" in decider["name"]
+    fig = plot_result(result)
+    panel = [ax for ax in fig.axes if ax.get_title().startswith("deciding tests")]
+    drawn = {label.get_text(): bar.get_width() for ax in panel for label, bar in zip(ax.get_yticklabels(), ax.patches)}
+    assert drawn[decider["name"]] == pytest.approx(-np.log10(max(decider["p_holm"], 1e-300)))
+    assert drawn[decider["name"]] > -np.log10(result.report["alpha"])
+
+
 def test_a_run_too_small_to_detect_any_bias_is_inconclusive_not_a_pass(models):
     """One continuation of one token per prompt: no TV shift (at most 1) is detectable, so no pass is claimed;
     the verdict says so with its own exit code and what to raise. The same drafter with power passes."""

@@ -1,5 +1,6 @@
 """The figure of one ``python -m specdec.verify_dist`` run (verify.png): the PIT histogram, each position's
-PIT ECDF in the KS band, and −log10 p per position."""
+PIT ECDF in the KS band, −log10 p per position, and the tests that decide the verdict (the family's smallest
+Holm-adjusted p-values, the strata's tests included: a verifier bug often shows only there)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,26 @@ import numpy as np
 from scipy import stats as sps
 
 
+DECIDING_TESTS = 12  # the tests with the smallest Holm-adjusted p-values drawn in the last panel
+
+
+def deciding_tests(report: dict, count: int = DECIDING_TESTS) -> list[dict]:
+    """The ``count`` tests of the family (``report["tests"]``) with the smallest Holm-adjusted p-values, smallest
+    first (ties, as at Holm's cap of 1, by raw p): the verdict rejects exactly when the first is ≤ α."""
+    return sorted(report["tests"], key=lambda t: (t["p_holm"], t["p_value"]))[:count]
+
+
 def plot_result(result):  # a specdec.verify_dist.VerifyResult
-    """Three panels: the pooled PIT histogram; each position's PIT ECDF minus the uniform CDF, within the
-    KS band of the level one test is held to; −log10 p per position. Returns a matplotlib Figure."""
+    """Four panels: the pooled PIT histogram; each position's PIT ECDF minus the uniform CDF, within the
+    KS band of the level one test is held to; −log10 p per position; the deciding tests (:func:`deciding_tests`),
+    −log10 of their Holm-adjusted p against α. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     report, pit = result.report, result.pit
     rows, length = pit.shape
     level = report["detectable_tv"]["level"]
-    fig = Figure(figsize=(15, 4.2))
-    ax_hist, ax_ecdf, ax_p = fig.subplots(1, 3)
+    fig = Figure(figsize=(21, 4.6))
+    ax_hist, ax_ecdf, ax_p, ax_holm = fig.subplots(1, 4, width_ratios=[1, 1, 1, 1.3])
 
     bins = 20
     counts = np.bincount(np.minimum((pit.ravel() * bins).astype(int), bins - 1), minlength=bins)
@@ -50,6 +61,7 @@ def plot_result(result):  # a specdec.verify_dist.VerifyResult
                     [str(t) for t in range(0, length, max(1, length // 8))] + ["all", "joint"])
     ax_p.set(title="tests per position, pooled (all), two-sample (joint)", xlabel="position t", ylabel="−log10 p")
     ax_p.legend()
+    _plot_deciding_tests(ax_holm, report)
 
     title = (f"{report.get('drafter', 'drafter')} K={report.get('k', '?')}: "
              f"{report['verdict'].upper()} at α={report['alpha']} (p = {report['p_value']:.2g}); "
@@ -59,6 +71,20 @@ def plot_result(result):  # a specdec.verify_dist.VerifyResult
     fig.suptitle(title, color="red" if report["planted_bug"] else "black")
     fig.tight_layout()
     return fig
+
+
+def _plot_deciding_tests(ax, report: dict) -> None:
+    """−log10 of the smallest Holm-adjusted p-values, one bar per test (red where it rejects), against −log10 α:
+    whichever test decided the verdict (a stratum's draft-match test, say) is the top bar."""
+    tests = deciding_tests(report)
+    heights = -np.log10(np.maximum([t["p_holm"] for t in tests], 1e-300))
+    ax.barh(range(len(tests)), heights, color=["tab:red" if t["reject"] else "tab:grey" for t in tests])
+    ax.set_yticks(range(len(tests)), [t["name"] for t in tests], fontsize="small")
+    ax.invert_yaxis()  # the smallest p on top
+    ax.axvline(-math.log10(report["alpha"]), color="red", ls="--", label=f"α = {report['alpha']} (reject beyond)")
+    ax.set(title=f"deciding tests: the {len(tests)} smallest Holm-adjusted p of {report['num_tests']}",
+           xlabel="−log10 p (Holm-adjusted)")
+    ax.legend(loc="lower right")
 
 
 def _colour(t: int, length: int):
