@@ -28,8 +28,8 @@ COLUMNS = [
     "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second", "speedup",
     "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup",
     "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
-    "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s", "baseline_prefill_time_s",
-    "lossy", "device", "overrides", "run_dir",
+    "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s",
+    "baseline_prefill_time_s", "lossy", "device", "overrides", "run_dir",
 ]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill
 # What a category row copies from its run; its metrics come from per_category.
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
