@@ -4,35 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama, tiny_train_pair
+from transformers import LlamaForCausalLM
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
-
-
-def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-               seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
-                         max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
-
-
-def coded_weight(shape: tuple[int, int], bits: int, seed: int = 0) -> torch.Tensor:
-    """Values as a GGUF model dequantised to float32 holds them: in each block of 32 along k, 4-bit codes with a
-    float16 scale and offset (Q4_1: the block's smallest value has code 0, its largest 15) or 8-bit codes with a
-    float16 scale (Q8_0: the largest magnitude has code ±127)."""
-    generator = torch.Generator().manual_seed(seed)
-    n, k = shape
-    scale = (torch.rand(n, k // 32, 1, generator=generator) * 0.02).half().float()
-    if bits == 4:
-        codes = torch.randint(0, 16, (n, k // 32, 32), generator=generator).float()
-        codes[..., 5], codes[..., 17] = 0, 15
-        offset = (-torch.rand(n, k // 32, 1, generator=generator) * 0.1).half().float()
-        return (scale * codes + offset).view(n, k)
-    codes = torch.randint(-127, 128, (n, k // 32, 32), generator=generator).float()
-    codes[..., 9] = -127
-    return (scale * codes).view(n, k)
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +18,12 @@ def tiny_target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def tiny_draft() -> LlamaForCausalLM:
     return tiny_llama(hidden=16, layers=1, heads=2, kv_heads=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny target and tokenizer the training tests use (a fresh pair per module: tests set its chat template)."""
+    return tiny_train_pair()
 
 
 @pytest.fixture(scope="session")
@@ -61,50 +42,6 @@ def real_prompts(real_target):
     _, tokenizer = real_target
     rows = load_prompt_mix(["mtbench", "humaneval"], 3)
     return [encode_prompt(tokenizer, row) for row in rows]
-
-
-def shipped_drafter_taus(real_target, real_prompts, cfg) -> list[float]:
-    """A shipped drafter (``cfg``) on the real target, batch 1 then batch 2 (left-padded), 24 tokens: asserts
-    greedy output equal to plain decoding's and returns τ of each batch."""
-    from specdec import autoregressive_generate, speculative_generate
-    from specdec.drafters import build_drafter
-    from specdec.jobs.data import left_pad
-
-    model, tokenizer = real_target
-    drafter = build_drafter(cfg, model, tokenizer)
-    tau = []
-    for batch in ([real_prompts[0]], [real_prompts[1], real_prompts[2]]):
-        ids, mask = left_pad(batch, tokenizer.pad_token_id)
-        reference = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24)
-        out = speculative_generate(model, drafter, ids, attention_mask=mask, k=cfg.k, max_new_tokens=24)
-        assert out.sequences == reference.sequences
-        tau.append(out.stats.mean_accepted_length)
-    return tau
-
-
-def check_export_force(kind: str, source, tmp_path, capsys) -> list[str]:
-    """``python -m specdec.export <kind> --model source --force``: refused over a model directory holding a
-    config.json and NOTES.md (``tmp_path / "target"``, the target, saved there by the caller) and over the
-    --model directory however spelled (or a directory holding it), those files left as they were; a new --out
-    written and then replaced, its config.json naming the source. Returns the arguments before the --out value."""
-    import json
-
-    from specdec.export import main
-
-    (tmp_path / "target" / "NOTES.md").write_text("mine")
-    dirs = ("target", source.name)
-    before = {p.name: p.read_bytes() for d in dirs for p in (tmp_path / d).iterdir()}
-    args = [kind, "--model", str(source), "--target", str(tmp_path / "target"), "--force", "--out"]
-    capsys.readouterr()
-    assert main(args + [str(tmp_path / "target")]) == 2
-    assert "is not a directory this command wrote" in capsys.readouterr().err
-    for out in (source, tmp_path / "target" / ".." / source.name, tmp_path):
-        assert main(args + [str(out)]) == 2
-        assert "is (or holds) the drafter being exported" in capsys.readouterr().err
-    assert before == {p.name: p.read_bytes() for d in dirs for p in (tmp_path / d).iterdir()}
-    assert main(args + [str(tmp_path / "out")]) == 0 and main(args + [str(tmp_path / "out")]) == 0
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["specdec"]["exported_from"] == str(source)
-    return args
 
 
 def pytest_collection_modifyitems(config, items):

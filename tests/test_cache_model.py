@@ -4,7 +4,6 @@ import inspect
 
 import pytest
 import torch
-from conftest import tiny_llama
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from specdec.decode.cache import KVCache

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import coded_weight, tiny_llama
+from helpers import coded_weight, tiny_llama
 
 from specdec.models import as_decoder, cpu_kernels
 from specdec.models import llama as llama_module

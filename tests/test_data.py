@@ -8,8 +8,7 @@ import time
 
 import datasets
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from helpers import word_tokenizer
 
 from specdec.jobs import data
 from specdec.jobs.data import KINDS, SOURCES, encode_prompt, load_prompt_mix, load_prompts
@@ -18,13 +17,7 @@ COLUMNS = ["id", "source", "category", "kind", "text"]
 MTBENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 
-def tiny_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    words = ["[UNK]", "<eos>", "<user>", "<bot>", "hello", "world", "def", "f"]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")
-    tokenizer.chat_template = chat_template
-    return tokenizer
+WORDS = ["[UNK]", "<eos>", "<user>", "<bot>", "hello", "world", "def", "f"]
 
 
 @pytest.mark.parametrize("source", sorted(SOURCES))
@@ -155,7 +148,7 @@ def test_hub_source_reads_like_a_user_file(monkeypatch):
 
 
 def test_encode_prompt_chat_and_completion():
-    tokenizer = tiny_tokenizer("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
+    tokenizer = word_tokenizer(WORDS, chat_template="{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
                                "{% if add_generation_prompt %}<bot>{% endif %}")
     assert encode_prompt(tokenizer, {"kind": "chat", "text": "hello world"}) == [2, 4, 5, 3]
     assert encode_prompt(tokenizer, {"kind": "completion", "text": "def f"}) == [6, 7]
@@ -164,7 +157,7 @@ def test_encode_prompt_chat_and_completion():
 
 
 def test_encode_prompt_without_chat_template_falls_back_to_plain_text():
-    assert encode_prompt(tiny_tokenizer(), {"kind": "chat", "text": "hello world"}) == [4, 5]
+    assert encode_prompt(word_tokenizer(WORDS), {"kind": "chat", "text": "hello world"}) == [4, 5]
 
 
 @pytest.mark.real_model

@@ -10,8 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import check_export_force, shipped_drafter_taus, tiny_llama
-from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
+from helpers import check_export_force, shipped_drafter_taus, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
@@ -360,7 +359,7 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-    from test_train_medusa import CHAT_TEMPLATE
+    from helpers import CHAT_TEMPLATE
 
     from specdec.drafters.draft_model.student import is_student_dir
     from specdec.training.config import register_train_configs
@@ -388,7 +387,7 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
 def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
     """python -m specdec.train method=draft_model on a tiny target: prompt positions and on-policy samples in
     the loss, held-out τ and acceptance per epoch, a lean student the drafter decodes exactly with."""
-    from test_train_medusa import CHAT_TEMPLATE, tiny_config
+    from helpers import CHAT_TEMPLATE, tiny_config
 
     from specdec.training.methods.draft_model import DraftModelMethodConfig
     from specdec.training.trainer import train

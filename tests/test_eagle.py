@@ -8,9 +8,8 @@ import json
 
 import pytest
 import torch
-from conftest import check_export_force, shipped_drafter_taus, tiny_llama
+from helpers import check_export_force, shipped_drafter_taus, tiny_llama
 from safetensors.torch import load_file, save_file
-from test_train_medusa import tiny_pair  # noqa: F401  (a fixture: the tiny target and tokenizer training uses)
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import round_weights
@@ -398,7 +397,7 @@ def test_pack_keeps_sequences_whole_and_labels_shifted():
 def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, tiny_pair):
     """python -m specdec.train method=eagle on a tiny target: data with context features, the training-time
     test, held-out τ per epoch, a speculators-format export that the drafter loads and decodes exactly with."""
-    from test_train_medusa import CHAT_TEMPLATE, tiny_config
+    from helpers import CHAT_TEMPLATE, tiny_config
 
     from specdec.training.methods.eagle import EagleMethodConfig
     from specdec.training.trainer import train

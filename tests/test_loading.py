@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from helpers import tiny_llama, word_tokenizer
 
 from specdec.models import loading
 from specdec.models.loading import (
@@ -24,24 +23,6 @@ from specdec.models.loading import (
     load_target,
     resolve_dtype,
 )
-
-
-def tiny_llama(vocab_size: int = 64) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-    )
-    return LlamaForCausalLM(config)
-
-
-def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=words[0], eos_token=words[1])
 
 
 WORDS = ["[UNK]", "<eos>", "hello", "world"]
@@ -65,15 +46,15 @@ def test_check_same_vocab_models():
 
 
 def test_check_same_vocab_tokenizers_and_pairs():
-    check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer(WORDS))
+    check_same_vocab(word_tokenizer(WORDS), word_tokenizer(WORDS))
     with pytest.raises(VocabMismatchError, match=r"tokenizer size: target 4, draft 5"):
-        check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer([*WORDS, "extra"]))
+        check_same_vocab(word_tokenizer(WORDS), word_tokenizer([*WORDS, "extra"]))
     with pytest.raises(VocabMismatchError, match="same size but different token ids"):
-        check_same_vocab(tiny_tokenizer(WORDS), tiny_tokenizer([WORDS[0], WORDS[1], "world", "hello"]))
+        check_same_vocab(word_tokenizer(WORDS), word_tokenizer([WORDS[0], WORDS[1], "world", "hello"]))
     with pytest.raises(VocabMismatchError, match="model vocab_size"):
-        check_same_vocab((tiny_llama(64), tiny_tokenizer(WORDS)), (tiny_llama(80), tiny_tokenizer(WORDS)))
+        check_same_vocab((tiny_llama(64), word_tokenizer(WORDS)), (tiny_llama(80), word_tokenizer(WORDS)))
     with pytest.raises(TypeError, match="two models, two tokenizers"):
-        check_same_vocab(tiny_llama(64), tiny_tokenizer(WORDS))
+        check_same_vocab(tiny_llama(64), word_tokenizer(WORDS))
 
 
 # --- local directories and hub ids -----------------------------------------------------------------------
@@ -81,7 +62,7 @@ def test_check_same_vocab_tokenizers_and_pairs():
 
 def test_local_directory_loads_in_eval_mode_with_left_padding(tmp_path):
     tiny_llama(64).save_pretrained(tmp_path)
-    tiny_tokenizer(WORDS).save_pretrained(tmp_path)
+    word_tokenizer(WORDS).save_pretrained(tmp_path)
     model, tokenizer = load_target(str(tmp_path), dtype="bfloat16")
     assert not model.training
     assert model.dtype == torch.bfloat16
@@ -106,7 +87,7 @@ def test_directory_with_corrupt_weights_is_named(tmp_path):
     from specdec.errors import CheckpointError
 
     tiny_llama(64).save_pretrained(tmp_path)
-    tiny_tokenizer(WORDS).save_pretrained(tmp_path)
+    word_tokenizer(WORDS).save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-64])  # an interrupted copy
     with pytest.raises(CheckpointError, match=rf"model directory '{tmp_path}' .* re-export it with save_pretrained"):

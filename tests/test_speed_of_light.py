@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import coded_weight, tiny_llama
+from helpers import coded_weight, tiny_llama
 
 from specdec.decode import speed_of_light as sol
 

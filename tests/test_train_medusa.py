@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import CHAT_TEMPLATE, CONFIGS, TRAIN_WORDS, tiny_config
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.config import TargetConfig
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_heads
 from specdec.errors import CheckpointError
 from specdec.training import checkpoint
@@ -38,35 +35,6 @@ from specdec.training.methods.medusa.objective import (
     with_previous_token,
 )
 from specdec.training.trainer import check_config, train
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",
-         "the", "of", "and", "a", "to", "in", "is", "was", "for", "on", "as", "by", "with", "that",
-         "def", "return", "self", "import", "=", "(", ")", ":", "if", "not", "write", "what", "explain", "code"]
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>",
-                                        pad_token="<eos>")
-    return tiny_llama(vocab_size=len(WORDS), hidden=16, layers=1, heads=2, kv_heads=1, seed=4), tokenizer
-
-
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
-
-
-def tiny_config(out: Path, **method) -> TrainConfig:
-    method = {"num_heads": 3, "tree_nodes": 5, "draft_vocab": None, **method}  # the 34-token vocabulary, all of it
-    cfg = TrainConfig(method=MedusaMethodConfig(**method), target=TargetConfig(name="tiny"), output_dir=str(out),
-                      save_every=2, log_every=1)
-    cfg.data.num_prompts, cfg.data.max_new_tokens, cfg.data.batch_size, cfg.data.text_seq_len = 6, 10, 4, 64
-    cfg.eval.limit_per_source, cfg.eval.max_new_tokens = 2, 6
-    cfg.optim.epochs, cfg.optim.batch_size, cfg.optim.warmup_steps, cfg.optim.lr = 3, 8, 2, 1e-2
-    return cfg
-
 
 def test_head_labels_shift_by_head():
     tokens = torch.tensor([10, 11, 12, 13, 14, 20, 21, 30])  # three sequences back to back: 5, 2 and 1 tokens
@@ -101,9 +69,9 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
         assert len(metrics["eval"][split]["top1"]) == 3 and metrics["eval"][split]["positions"] > 0
         assert len(metrics["eval"][split]["expected_tau_greedy"]) == len(metrics["tree"])  # the val tree, there
     assert metrics["eval"]["val"]["expected_tau_greedy"] == metrics["expected_tau_greedy"]
-    heads, meta = load_heads(tmp_path / "export" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    heads, meta = load_heads(tmp_path / "export" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     assert meta["tree"] == metrics["tree"] and heads.num_heads == 3
-    trained, _ = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    trained, _ = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     stored = load_file(str(tmp_path / "export" / "heads.safetensors"))
     assert stored["blocks.0.linear.weight"].dtype == torch.float16 and heads.blocks[0].linear.weight.dtype == torch.float32
     assert torch.allclose(heads.blocks[0].linear.weight, trained.blocks[0].linear.weight, atol=1e-3)
@@ -131,7 +99,7 @@ def test_training_with_a_draft_vocabulary_decodes_exactly(tiny_pair, tmp_path):
     metrics = train(cfg, model, tokenizer)
     assert metrics["draft_vocab_size"] == 12
     assert all(0 < split["in_draft_vocab"] <= 1 for split in metrics["eval"].values())
-    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     assert heads.token_ids.numel() == 12 == meta["draft_vocab_size"]
     ids = torch.tensor([[2, 3, 4, 5]])
     reference = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
@@ -146,7 +114,7 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_any_work(t
                                          r"\[1, 10\]"):
         draft_vocabulary(labels, vocab_size=10, size=11)
     model, tokenizer = tiny_pair
-    cfg = tiny_config(tmp_path / "run", draft_vocab=len(WORDS) + 1)
+    cfg = tiny_config(tmp_path / "run", draft_vocab=len(TRAIN_WORDS) + 1)
     with pytest.raises(ValueError, match=r"method.draft_vocab=35 .*\[1, 34\]: the target's vocabulary has 34 tokens"):
         train(cfg, model, tokenizer)
     assert not (tmp_path / "run" / "data.safetensors").exists()
@@ -179,8 +147,8 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_pair, tmp_path, monke
     cfg.stop_after_steps = None
     resumed = train(cfg, model, tokenizer)
     assert resumed["finished"] and resumed["total_steps"] == straight["total_steps"]
-    a, _ = load_heads(tmp_path / "straight" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
-    b, _ = load_heads(tmp_path / "resumed" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    a, _ = load_heads(tmp_path / "straight" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
+    b, _ = load_heads(tmp_path / "resumed" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name
     assert resumed["eval"] == straight["eval"]
@@ -504,8 +472,8 @@ def test_training_with_soft_labels_learns_other_weights(tiny_pair, tmp_path):
     soft = train(tiny_config(tmp_path / "soft", soft_labels=True), model, tokenizer)
     hard = train(tiny_config(tmp_path / "hard"), model, tokenizer)
     assert soft["finished"] and hard["finished"]
-    a, _ = load_heads(tmp_path / "soft" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
-    b, _ = load_heads(tmp_path / "hard" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    a, _ = load_heads(tmp_path / "soft" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
+    b, _ = load_heads(tmp_path / "hard" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     assert not torch.equal(a.blocks[0].linear.weight, b.blocks[0].linear.weight)
 
 
@@ -532,7 +500,7 @@ def test_token_aware_training_decodes_exactly(tiny_pair, tmp_path):
     cfg.method.token_aware = True
     metrics = train(cfg, model, tokenizer)
     assert metrics["finished"] and metrics["eval"]["val"]["positions"] > 0
-    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(WORDS))
+    heads, meta = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
     assert heads.token_aware and meta["token_aware"]
     ids = torch.tensor([[6, 7, 8, 9]])
     reference = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from test_train_medusa import tiny_config, tiny_pair  # noqa: F401  (tiny_pair: a fixture)
+from helpers import tiny_config
 
 from specdec.training.distill.prompts import main as write_prompts
 from specdec.training.distill.store import DataNeeds, _fingerprint, load_or_build, load_splits
