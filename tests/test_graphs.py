@@ -91,3 +91,35 @@ def test_emulated_graphs_fail_where_a_cuda_graph_would():
         with pytest.raises(GraphCaptureError, match="other ops"):
             graph.replay()
     assert not replays_graphs(torch.device("cpu"))
+
+
+def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
+    """Graphs, the one capture/replay primitive (the target's wrapper and every drafter's graphs): a function is
+    captured once per key and input shapes, then replayed on the new inputs copied into the captured ones; the
+    kept cache is reused by a generation that fits it, and reallocating it drops the graphs."""
+    from specdec.decode.cache import KVCache
+    from specdec.models.graphs import CAPACITY_STEP, Graphs, emulated_graphs
+
+    def make(batch, capacity, pad):
+        return KVCache.allocate(1, batch, 1, capacity, 2, pad, dtype=torch.float32, device="cpu")
+
+    with emulated_graphs():
+        graphs = Graphs("cpu")
+        pad = torch.zeros(2, dtype=torch.long)
+        cache = graphs.cache(make, 2, 10, pad)
+        double = lambda x: (x * 2,)  # noqa: E731
+        for x in (torch.arange(3.0), torch.ones(3), torch.arange(4.0), torch.full((3,), 5.0)):
+            assert torch.equal(graphs(double, (x,), key="double")[0], x * 2)
+        assert (graphs.captures, graphs.replays) == (2, 4) and graphs.capture_time_s > 0
+        graphs(double, (torch.ones(3),), key="other")
+        assert graphs.captures == 3
+        assert cache.capacity == CAPACITY_STEP and graphs.cache(make, 2, CAPACITY_STEP, pad + 1) is cache
+        assert cache.pad.tolist() == [1, 1] and graphs.cache(make, 2, 10, pad, limit=5) is cache
+        graphs(double, (torch.ones(3),), key="double")
+        assert graphs.captures == 3  # a generation that fits the kept cache keeps its graphs
+        assert graphs.cache(make, 3, 10, pad.new_zeros(3)) is not cache
+        graphs(double, (torch.ones(3),), key="double")
+        assert graphs.captures == 4  # reallocated: captured again
+        assert graphs.cache(make, 3, CAPACITY_STEP + 1, pad.new_zeros(3), limit=300).capacity == CAPACITY_STEP + 1
+    eager = Graphs("cpu")  # no graphs replay here: the function runs as it is
+    assert torch.equal(eager(double, (torch.ones(3),), key="double")[0], torch.full((3,), 2.0)) and not eager.captures

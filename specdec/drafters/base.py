@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 
 from specdec.decode.sampling import SamplingParams
+from specdec.models.graphs import Graphs, check_compile_mode, replays_graphs
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Drafter(ABC):
     # ids as :meth:`specdec.models.llama.CompactLlama.forward`'s ``capture``), e.g. EAGLE-3's low, middle and
     # high layer. () = none: the target's final hidden state (``DecodeState.last_hidden``) is always there.
     feature_layers: tuple[int, ...] = ()
+    graphs: Graphs | None = None  # what replays the drafter's own work (:meth:`replay_graphs`); None = eager
 
     @property
     def lossy(self) -> bool:
@@ -92,17 +94,29 @@ class Drafter(ABC):
     def reset(self) -> None:
         """Drop all per-generation state."""
 
+    def graph_device(self) -> torch.device | None:
+        """Where the drafter's own work could replay graphs (its model's device); None: it has none worth it."""
+        return None
+
+    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
+        """Route the drafter's own work through ``graphs`` (``compile``: also compile what is captured, where
+        the drafter can); called by :meth:`replay_graphs`, which has set :attr:`graphs`."""
+
     def replay_graphs(self, mode: str) -> None:
         """Run the drafter's own work the way the target's forwards run (``target.compile``'s ``mode``, see
-        :func:`specdec.models.target_decoder`): replayed CUDA graphs on a GPU where the drafter runs a model of
-        its own (a draft model's forwards, Medusa's tree drafting, EAGLE's draft layer). Called once, after the
-        drafter is built; here, nothing to replay."""
+        :func:`specdec.models.target_decoder`): replayed graphs (:class:`~specdec.models.graphs.Graphs`) where
+        graphs replay on :meth:`graph_device` (a GPU) unless ``mode`` is ``"none"``, else eager. Called once,
+        after the drafter is built."""
+        check_compile_mode(mode)
+        device = self.graph_device()
+        if mode != "none" and device is not None and replays_graphs(device):
+            self.graphs = Graphs(device)
+            self.use_graphs(self.graphs, compile=mode == "compiled_graphs")
 
-    def graph_runners(self) -> list:
-        """What replays the drafter's graphs since :meth:`replay_graphs` (each a
-        :class:`~specdec.models.GraphedDecoder` or :class:`~specdec.models.graphs.GraphedCalls`, counting its
-        ``captures``, ``replays`` and ``capture_time_s``); empty where the drafter's work runs eagerly."""
-        return []
+    def graph_runners(self) -> list[Graphs]:
+        """What replays the drafter's graphs since :meth:`replay_graphs`, counting its ``captures``, ``replays``
+        and ``capture_time_s``; empty where the drafter's work runs eagerly (a wrapper passes its inner's on)."""
+        return [] if self.graphs is None else [self.graphs]
 
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),

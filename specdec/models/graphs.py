@@ -13,6 +13,9 @@ its tensors by address): one generation at a time per wrapper. Prefill (a once-p
 length forward) and every forward on CPU run eagerly, unchanged. Widths are captured on first use and kept
 (at most ``k + 1`` per drafter setting); ``capture_time_s`` says what that cost, apart from decoding.
 
+Capturing, replaying, timing and keeping the cache live in one place, :class:`Graphs`, which the target's wrapper
+and the drafters' own graphs (:meth:`specdec.drafters.base.Drafter.replay_graphs`) share.
+
 Use: ``speculative_generate(GraphedDecoder(as_decoder(model)), drafter, ...)``, the wrapper built once and
 reused across prompts so captures amortise; drafters that read the target's weights see through it.
 
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -189,125 +191,29 @@ def graph_pool(device: torch.device) -> Any:
     return torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
 
-@dataclass
-class _Captured:
-    graph: Any  # torch.cuda.CUDAGraph, or an EmulatedGraph
-    input_ids: torch.Tensor  # [B, T] the static inputs the graph reads
-    tree_mask: torch.Tensor | None  # [T, T]
-    depths: torch.Tensor | None  # [T]
-    outputs: tuple[torch.Tensor, ...]  # the static outputs the graph writes
+class Graphs:
+    """Functions of a few tensors replayed as graphs where graphs replay (:func:`replays_graphs`), eagerly
+    elsewhere: the one place graphs are captured, replayed and timed, for the target's forwards
+    (:class:`GraphedDecoder`) and a drafter's own work alike.
 
+    ``graphs(fn, inputs, key=...)`` returns ``fn(*inputs)`` (a tuple of tensors, fresh): captured on the first
+    call with that ``key`` and those inputs' shapes and dtypes, replayed on the next ones with the new inputs
+    copied into the captured ones. The caller promises that ``key`` fixes everything else ``fn`` depends on (the
+    Python values it closes over); ``hold`` is kept alive with the graph (e.g. the object whose ``id`` is in the
+    key, so the id is not reused). ``fn`` runs more than once while it is captured (warm-up), so what it changes
+    beyond its outputs must be what running it again rewrites the same (cache slots past the committed ones),
+    never an increment (commit outside it).
 
-class GraphedDecoder:
-    """A :class:`CompactLlama` whose fixed-shape forwards replay CUDA graphs (eager on CPU: a no-op there).
+    A graph reads the memory it was captured on, so the cache it attends over is kept across generations
+    (:meth:`cache`); reallocating it drops every graph. ``captures``, ``replays`` and ``capture_time_s`` count
+    what happened (the capture time is a one-off cost, reported apart from decoding)."""
 
-    ``compile=True`` also runs each captured forward through ``torch.compile`` first (fused kernels, one
-    compilation per captured shape, ~9 s each for SmolLM2-135M on an H100, then a step ~1.9x faster than graphs
-    of the eager forward), which costs compile time up front; the number of shapes dynamo may compile one
-    function for is raised to :data:`MAX_COMPILED_SHAPES` (a tree drafter captures up to ~k + 1 widths).
-    ``captures``, ``replays`` and ``capture_time_s`` count what happened.
-    """
-
-    def __init__(self, decoder: CompactLlama, *, compile: bool = False):
-        if not isinstance(decoder, CompactLlama):
-            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a Llama-family "
-                            f"model), got {type(decoder).__name__}")
-        self.decoder = decoder
-        self.enabled = replays_graphs(decoder.device)
-        self.compile = compile
-        self._forward = decoder.forward
-        if compile:
-            dynamo = torch._dynamo.config
-            dynamo.recompile_limit = max(dynamo.recompile_limit, MAX_COMPILED_SHAPES)
-            self._forward = torch.compile(decoder.forward, fullgraph=True, dynamic=False)
-        self._cache: KVCache | None = None
-        self._graphs: dict[tuple, _Captured] = {}
-        self._pool = None
-        self.captures = 0
-        self.replays = 0
-        self.capture_time_s = 0.0
-
-    def __getattr__(self, name: str):  # device, dtype, vocab_size, config, layers, lm_head, ...: the decoder's
-        try:
-            decoder = self.__dict__["decoder"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(decoder, name)
-
-    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
-        """The wrapper's cache, emptied and given this batch's padding; reallocated (and the graphs dropped)
-        only when the batch size changes or the generation needs more slots than it has."""
-        if not self.enabled:
-            return self.decoder.new_cache(batch_size, capacity, pad)
-        cache = self._cache
-        if cache is None or cache.keys[0].shape[0] != batch_size or cache.capacity < capacity:
-            rounded = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
-            size = rounded if rounded <= self.decoder.max_positions else capacity
-            self._graphs.clear()
-            self._pool = None  # the dropped graphs' memory pool goes with them
-            self._cache = cache = self.decoder.new_cache(batch_size, size, pad)
-        else:
-            cache.lengths.zero_()
-            cache.pad.copy_(pad)
-        return cache
-
-    def __call__(self, input_ids: torch.Tensor, cache: KVCache, *, kv_len: int | None = None,
-                 tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
-                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
-        """As :meth:`CompactLlama.forward`; the outputs are fresh tensors (safe to keep across steps)."""
-        if not self.enabled or cache is not self._cache or last_only:
-            return self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
-                                last_only=last_only, capture=capture)
-        key = (tuple(input_ids.shape), tree_mask is not None, depths is not None, tuple(capture))
-        entry = self._graphs.get(key)
-        if entry is None:
-            entry = self._graphs[key] = self._capture(input_ids, tree_mask, depths, tuple(capture))
-        entry.input_ids.copy_(input_ids)
-        if tree_mask is not None:
-            entry.tree_mask.copy_(tree_mask)
-        if depths is not None:
-            entry.depths.copy_(depths)
-        entry.graph.replay()
-        self.replays += 1
-        return tuple(out.clone() for out in entry.outputs)
-
-    def _capture(self, input_ids, tree_mask, depths, capture) -> _Captured:
-        """Warm the forward up on a side stream (lazy library initialisation must not happen inside a capture),
-        then record it. Warm-up and capture write only uncommitted cache slots, which the replay that follows
-        overwrites."""
-        start = time.perf_counter()
-        device = input_ids.device
-        ids = input_ids.clone()
-        mask = None if tree_mask is None else tree_mask.clone()
-        offsets = None if depths is None else depths.clone()
-
-        def run():
-            return self._forward(ids, self._cache, tree_mask=mask, depths=offsets, capture=capture)
-
-        if self._pool is None:
-            self._pool = graph_pool(device)
-        graph, outputs = record_graph(run, device, warmups=3 if self.compile else 2, pool=self._pool)
-        self.captures += 1
-        self.capture_time_s += time.perf_counter() - start
-        return _Captured(graph, ids, mask, offsets, tuple(outputs))
-
-
-class GraphedCalls:
-    """Functions of a few tensors (a drafter's step that runs no decoder: Medusa's heads) replayed as graphs where
-    graphs replay (:func:`replays_graphs`), eagerly elsewhere. ``calls(fn, inputs, key=..., hold=...)`` returns
-    ``fn(*inputs)`` (a tuple of tensors, fresh): captured on the first call with that ``key`` and those inputs'
-    shapes and dtypes, replayed on the next ones with the new inputs copied into the captured ones. The caller
-    promises that ``key`` fixes everything else ``fn`` depends on (the Python values it closes over); ``hold``
-    is kept alive with the graph (e.g. the object whose ``id`` is in the key, so the id is not reused). ``fn``
-    runs more than once while it is captured (warm-up), so what it changes beyond its outputs must be what running
-    it again rewrites the same (cache slots past the committed ones), never an increment (commit outside it).
-    ``captures``, ``replays`` and ``capture_time_s`` count what happened, as :class:`GraphedDecoder`'s do."""
-
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.enabled = replays_graphs(self.device)
         self._graphs: dict[tuple, tuple[Any, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]] = {}
         self._pool = None
+        self.kept: KVCache | None = None  # :meth:`cache`
         self.captures = 0
         self.replays = 0
         self.capture_time_s = 0.0
@@ -317,8 +223,24 @@ class GraphedCalls:
         self._graphs.clear()
         self._pool = None
 
+    def cache(self, make: Callable[[int, int, torch.Tensor], KVCache], batch_size: int, capacity: int,
+              pad: torch.Tensor, *, limit: int | None = None) -> KVCache:  # pad [B]
+        """The kept cache for a generation, emptied and given this batch's padding. ``make(batch_size,
+        capacity, pad)`` reallocates it (and every graph is dropped) only when the batch size changes or the
+        generation needs more slots than it has, rounded up to :data:`CAPACITY_STEP` slots so that slightly
+        longer generations reuse it (but not past ``limit``, e.g. the model's positions)."""
+        kept = self.kept
+        if kept is None or kept.keys[0].shape[0] != batch_size or kept.capacity < capacity:
+            rounded = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+            self.clear()
+            self.kept = kept = make(batch_size, rounded if limit is None or rounded <= limit else capacity, pad)
+        else:
+            kept.lengths.zero_()
+            kept.pad.copy_(pad)
+        return kept
+
     def __call__(self, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], *, key: Any,
-                 hold: Any = None) -> tuple[torch.Tensor, ...]:
+                 hold: Any = None, warmups: int = 2) -> tuple[torch.Tensor, ...]:
         if not self.enabled:
             return fn(*inputs)
         full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
@@ -328,7 +250,7 @@ class GraphedCalls:
             static = tuple(t.clone() for t in inputs)
             if self._pool is None:
                 self._pool = graph_pool(self.device)
-            graph, outputs = record_graph(lambda: fn(*static), self.device, pool=self._pool)
+            graph, outputs = record_graph(lambda: fn(*static), self.device, warmups=warmups, pool=self._pool)
             entry = self._graphs[full] = (graph, static, tuple(outputs), hold)
             self.captures += 1
             self.capture_time_s += time.perf_counter() - start
@@ -338,6 +260,78 @@ class GraphedCalls:
         entry[0].replay()
         self.replays += 1
         return tuple(out.clone() for out in entry[2])
+
+
+class GraphedDecoder:
+    """A :class:`CompactLlama` whose fixed-shape forwards replay CUDA graphs (eager on CPU: a no-op there).
+
+    ``compile=True`` also runs each captured forward through ``torch.compile`` first (fused kernels, one
+    compilation per captured shape, ~9 s each for SmolLM2-135M on an H100, then a step ~1.9x faster than graphs
+    of the eager forward), which costs compile time up front; the number of shapes dynamo may compile one
+    function for is raised to :data:`MAX_COMPILED_SHAPES` (a tree drafter captures up to ~k + 1 widths).
+    ``graphs`` (a :class:`Graphs`, made here unless given: a drafter passes its own) captures, replays and
+    keeps the cache; ``captures``, ``replays`` and ``capture_time_s`` are its counts.
+    """
+
+    def __init__(self, decoder: CompactLlama, *, compile: bool = False, graphs: Graphs | None = None):
+        if not isinstance(decoder, CompactLlama):
+            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a Llama-family "
+                            f"model), got {type(decoder).__name__}")
+        self.decoder = decoder
+        self.graphs = Graphs(decoder.device) if graphs is None else graphs
+        self.enabled = self.graphs.enabled
+        self.compile = compile
+        self._forward = decoder.forward
+        if compile:
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, MAX_COMPILED_SHAPES)
+            self._forward = torch.compile(decoder.forward, fullgraph=True, dynamic=False)
+
+    def __getattr__(self, name: str):  # device, dtype, vocab_size, config, layers, lm_head, ...: the decoder's
+        try:
+            decoder = self.__dict__["decoder"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(decoder, name)
+
+    @property
+    def captures(self) -> int:
+        return self.graphs.captures
+
+    @property
+    def replays(self) -> int:
+        return self.graphs.replays
+
+    @property
+    def capture_time_s(self) -> float:
+        return self.graphs.capture_time_s
+
+    def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
+        """The wrapper's cache (:meth:`Graphs.cache`: reused across generations that fit it); a new one where
+        graphs do not replay."""
+        if not self.enabled:
+            return self.decoder.new_cache(batch_size, capacity, pad)
+        return self.graphs.cache(self.decoder.new_cache, batch_size, capacity, pad, limit=self.decoder.max_positions)
+
+    def __call__(self, input_ids: torch.Tensor, cache: KVCache, *, kv_len: int | None = None,
+                 tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        """As :meth:`CompactLlama.forward`; the outputs are fresh tensors (safe to keep across steps). Forwards on
+        the kept cache replay a graph per input shape; warm-up and capture write only uncommitted cache slots,
+        which the replay that follows overwrites."""
+        if not self.enabled or cache is not self.graphs.kept or last_only:
+            return self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
+                                last_only=last_only, capture=capture)
+        capture = tuple(capture)
+        masked, offset = tree_mask is not None, depths is not None
+
+        def run(ids, *rest):
+            mask = rest[0] if masked else None
+            offsets = rest[-1] if offset else None
+            return self._forward(ids, cache, tree_mask=mask, depths=offsets, capture=capture)
+
+        inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ())
+        return self.graphs(run, inputs, key=("forward", masked, offset, capture), warmups=3 if self.compile else 2)
 
 
 COMPILE_MODES = ("auto", "none", "cuda_graphs", "compiled_graphs")

@@ -34,7 +34,7 @@ from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
-from specdec.models.graphs import check_compile_mode, replays_graphs
+from specdec.models.graphs import Graphs
 
 EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
 
@@ -155,21 +155,19 @@ class DraftModelDrafter(Drafter):
                       what="draft model")
         return self
 
-    def replay_graphs(self, mode: str) -> None:
-        """On a GPU (unless ``mode`` is ``"none"``) the draft's decode forwards replay CUDA graphs, as the
-        target's do: a [B, 2] and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step
-        is all kernel launches: a K-token draft would cost more than the graphed verify). ``"compiled_graphs"``
-        compiles them first. Elsewhere, and for a draft off the compact Llama path, the forwards stay eager."""
-        from specdec.models import CompactLlama, GraphedDecoder
+    def graph_device(self) -> torch.device | None:
+        """The draft's decode forwards replay graphs as the target's do, on the compact Llama path only: a [B, 2]
+        and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step is all kernel
+        launches: a K-token draft would cost more than the graphed verify)."""
+        from specdec.models import CompactLlama
 
-        check_compile_mode(mode)
-        if mode != "none" and isinstance(self.decoder, CompactLlama) and replays_graphs(self.decoder.device):
-            self.decoder = GraphedDecoder(self.decoder, compile=mode == "compiled_graphs")
+        return self.decoder.device if isinstance(self.decoder, CompactLlama) else None
 
-    def graph_runners(self) -> list:
+    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
+        """The draft's decoder wrapped to replay ``graphs`` (compiled first for ``compile``)."""
         from specdec.models import GraphedDecoder
 
-        return [self.decoder] if isinstance(self.decoder, GraphedDecoder) else []
+        self.decoder = GraphedDecoder(self.decoder, compile=compile, graphs=graphs)
 
     @staticmethod
     def _options(cfg, path) -> dict:

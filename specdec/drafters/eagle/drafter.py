@@ -25,7 +25,7 @@ shape below them). Verification is multi-candidate recursive rejection sampling
 
 Where graphs replay (a GPU; :meth:`EagleDrafter.replay_graphs`, which the main job calls with ``target.compile``),
 the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
-and its logits replay graphs (:class:`~specdec.models.graphs.GraphedCalls`): they attend over the draft cache's
+and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
 whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
 length. The tree's choices between levels (which nodes to expand) stay on the host.
 """
@@ -47,7 +47,6 @@ from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.errors import VocabMismatchError
 from specdec.models import cpu_kernels
-from specdec.models.graphs import CAPACITY_STEP, GraphedCalls, check_compile_mode, replays_graphs
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,6 @@ class EagleDrafter(Drafter):
         self.cache = None
         self._drafted = 0
         self.forwards = 0
-        self.graphs: GraphedCalls | None = None  # :meth:`replay_graphs`
-        self._kept = None  # with graphs: the draft cache they read, kept across generations
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "EagleDrafter":
@@ -123,16 +120,10 @@ class EagleDrafter(Drafter):
         return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
                    lookup=cfg.lookup, min_confidence=cfg.min_confidence)
 
-    def replay_graphs(self, mode: str) -> None:
-        """Where graphs replay (a GPU, unless ``mode`` is ``"none"``) the draft layer's forwards and logits replay
-        graphs (see the module docstring); ``"compiled_graphs"`` graphs them as they are. Elsewhere: eager."""
-        check_compile_mode(mode)
-        device = self.model.fc.weight.device
-        if mode != "none" and replays_graphs(device):
-            self.graphs = GraphedCalls(device)
-
-    def graph_runners(self) -> list:
-        return [self.graphs] if self.graphs is not None else []
+    def graph_device(self) -> torch.device | None:
+        """The draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
+        compiled or not, the same graphs."""
+        return self.model.fc.weight.device
 
     def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
         """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
@@ -140,18 +131,10 @@ class EagleDrafter(Drafter):
         return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
 
     def _new_cache(self, batch: int, capacity: int, pad: torch.Tensor):
-        """The draft cache of a generation: a new one, or with graphs the kept one (emptied, this batch's padding),
-        reallocated (its graphs dropped) only when the batch size changes or it is too small."""
+        """The draft cache of a generation: a new one, or with graphs the one they keep (:meth:`Graphs.cache`)."""
         if self.graphs is None:
             return self.model.new_cache(batch, capacity, pad)
-        kept = self._kept
-        if kept is None or kept.keys[0].shape[0] != batch or kept.capacity < capacity:
-            self.graphs.clear()
-            self._kept = kept = self.model.new_cache(batch, -(-capacity // CAPACITY_STEP) * CAPACITY_STEP, pad)
-        else:
-            kept.lengths.zero_()
-            kept.pad.copy_(pad)
-        return kept
+        return self.graphs.cache(self.model.new_cache, batch, capacity, pad)
 
     # ---- one generation -------------------------------------------------------------------------------
 

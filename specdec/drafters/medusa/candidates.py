@@ -16,7 +16,7 @@ own, so a chain is drafted head by head and a tree level by level: a node's cand
 of its depth's head given the node's path, one small head call per level.
 
 Where graphs replay (a GPU; :meth:`MedusaDrafter.replay_graphs`), a tree's drafting is a few dozen small kernels
-that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.GraphedCalls`) then replays it, the whole
+that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.Graphs`) then replays it, the whole
 tree in one graph for a fixed tree plan, one graph per level for a dynamic one (whose levels depend on which
 parents are confident, read on the host between levels; a level cut to its confident part runs eagerly).
 """
@@ -32,7 +32,7 @@ from specdec.drafters.base import DecodeState
 from specdec.drafters.medusa.heads import MedusaHeads
 from specdec.drafters.trees.dynamic import open_part, path_logprobs
 from specdec.drafters.trees.plan import Level, TreePlan
-from specdec.models.graphs import GraphedCalls
+from specdec.models.graphs import Graphs
 
 
 class IndependentHeads:
@@ -41,7 +41,7 @@ class IndependentHeads:
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor):
         self.heads = heads
         self.lm_head_weight = lm_head_weight
-        self.graphs: GraphedCalls | None = None  # where set, trees are drafted by replayed graphs
+        self.graphs: Graphs | None = None  # where set, trees are drafted by replayed graphs
 
     def chain(
         self,
@@ -91,7 +91,7 @@ class TokenAwareHeads:
         self.lm_head_weight = lm_head_weight  # [V', H]
         self.embed_weight = embed_weight
         self.dtype = next(heads.parameters()).dtype
-        self.graphs: GraphedCalls | None = None  # where set, trees are drafted by replayed graphs
+        self.graphs: Graphs | None = None  # where set, trees are drafted by replayed graphs
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [...] long -> [..., H] in the heads' dtype
         return self.embed_weight[tokens].to(self.dtype)

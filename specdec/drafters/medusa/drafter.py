@@ -51,7 +51,7 @@ from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_he
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
-from specdec.models.graphs import GraphedCalls, check_compile_mode, replays_graphs
+from specdec.models.graphs import Graphs
 from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
 from specdec.verify.tree import Tree
@@ -260,19 +260,15 @@ class MedusaDrafter(Drafter):
                 f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
             )
 
-    def replay_graphs(self, mode: str) -> None:
-        """Where graphs replay (a GPU, unless ``mode`` is ``"none"``) a tree is drafted by replayed graphs of the
-        heads' work (:mod:`specdec.drafters.medusa.candidates`): a fixed tree in one graph, a dynamic one a graph
-        per level. ``"compiled_graphs"`` graphs them as they are (the heads are a few small products). Chains
-        (which sample inside) stay eager."""
-        check_compile_mode(mode)
-        device = self.lm_head_weight.device
-        if mode != "none" and replays_graphs(device) and isinstance(self.drafting, TreeDrafting):
-            self.drafting.candidates.graphs = GraphedCalls(device)
+    def graph_device(self) -> torch.device | None:
+        """A tree is drafted by replayed graphs of the heads' work (:mod:`specdec.drafters.medusa.candidates`): a
+        fixed tree in one graph, a dynamic one a graph per level; compiled or not, the same graphs (the heads are
+        a few small products). Chains (which sample inside) stay eager."""
+        return self.lm_head_weight.device if isinstance(self.drafting, TreeDrafting) else None
 
-    def graph_runners(self) -> list:
-        graphs = self.drafting.candidates.graphs
-        return [graphs] if graphs is not None else []
+    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
+        """The tree's candidates drafted through ``graphs``."""
+        self.drafting.candidates.graphs = graphs
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
