@@ -411,6 +411,17 @@ def test_detect_tv_plans_the_budget(models):
                             sampling=SamplingParams(1.0, 0, 1.0), detect_tv=1.5)
 
 
+def test_each_phase_shows_its_progress(models, capsys):
+    """A progress bar per phase (a real run samples for minutes): the pilot detect_tv plans from, speculative
+    sampling, plain sampling and scoring, each over its batches."""
+    verify_distribution(models["target"], FACTORIES["ngram"](models), PROMPTS, k=4, length=4, samples_per_prompt=1,
+                        sampling=SamplingParams(1.0, 0, 1.0), batch_size=32, detect_tv=0.5)
+    err = capsys.readouterr().err
+    assert "pilot (planning detect_tv): 100%|" in err and "| 2/2 [" in err  # the pilot's 64 continuations, 32 a batch
+    for phase in ("speculative sampling", "plain sampling", "scoring"):
+        assert f"{phase}: 100%|" in err, phase
+
+
 # --- building blocks ---------------------------------------------------------------------------------------
 
 

@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from scipy import stats as sps
+from tqdm import tqdm
 
 from specdec.decode.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats
@@ -108,13 +109,16 @@ class Continuations:
 
 def sample_continuations(generate: Callable[..., GenerationOutput], prompts: Sequence[Sequence[int]],
                          prompt_index: np.ndarray, *, length: int, batch_size: int, seed: int, stream: str,
-                         pad_id: int, device: torch.device, recorder: DraftRecorder | None = None) -> Continuations:
+                         pad_id: int, device: torch.device, recorder: DraftRecorder | None = None,
+                         desc: str = "sampling") -> Continuations:
     """Continue ``prompts[prompt_index[r]]`` by ``length`` tokens for every row r, ``batch_size`` rows at a
     time, with ``generate(ids, mask, generator)`` (EOS disabled, so every row gets ``length`` tokens); with
-    ``recorder`` (the drafter ``generate`` runs), what the drafter did before each token too."""
+    ``recorder`` (the drafter ``generate`` runs), what the drafter did before each token too. ``desc`` names
+    the phase on the progress bar."""
     start_time = time.perf_counter()
     out, stats, records = [], None, []
-    for b, start in enumerate(range(0, len(prompt_index), batch_size)):
+    batches = range(0, len(prompt_index), batch_size)
+    for b, start in enumerate(tqdm(batches, desc=desc, unit="batch")):
         ids, mask = left_pad([list(prompts[i]) for i in prompt_index[start:start + batch_size]], pad_id, device)
         generator = torch.Generator(device=device).manual_seed(_seed(seed, stream, b))
         gen = generate(ids, mask, generator)
@@ -130,8 +134,8 @@ def sample_continuations(generate: Callable[..., GenerationOutput], prompts: Seq
 
 @torch.no_grad()
 def score_continuations(scorer: torch.nn.Module, prompts: Sequence[Sequence[int]], cont: Continuations,
-                        params: SamplingParams, *, batch_size: int,
-                        pad_id: int) -> tuple[TokenScores, np.ndarray]:  # scores, [R·L, W] p at the drafts
+                        params: SamplingParams, *, batch_size: int, pad_id: int,
+                        desc: str = "scoring") -> tuple[TokenScores, np.ndarray]:  # scores, [R·L, W] p at the drafts
     """Every emitted token against the target's exact conditional (teacher forcing on a fresh cache, the
     logits processed like in decoding), and that conditional's probability of each draft token recorded at
     the position (``cont.record.candidates``; W = 0 without a record). ``scorer``: the correct target's
@@ -139,7 +143,7 @@ def score_continuations(scorer: torch.nn.Module, prompts: Sequence[Sequence[int]
     device, length = scorer.device, cont.tokens.shape[1]
     candidates = np.zeros((*cont.tokens.shape, 0), np.int64) if cont.record is None else cont.record.candidates
     parts, at_drafts = [], []
-    for start in range(0, len(cont.prompt_index), batch_size):
+    for start in tqdm(range(0, len(cont.prompt_index), batch_size), desc=desc, unit="batch"):
         ids, mask = left_pad([list(prompts[i]) for i in cont.prompt_index[start:start + batch_size]], pad_id, device)
         tokens = torch.from_numpy(cont.tokens[start:start + batch_size]).to(device)  # [B, L]
         batch, width = ids.shape
@@ -264,16 +268,16 @@ def verify_distribution(
     if detect_tv is not None:
         pilot_index = np.tile(np.arange(len(prompts)), math.ceil(_PILOT_CONTINUATIONS / len(prompts)))
         pilot = sample_continuations(speculative, prompts, pilot_index, length=length, stream="pilot",
-                                     recorder=recorder, **common)
+                                     recorder=recorder, desc="pilot (planning detect_tv)", **common)
         samples_per_prompt, plan = strata.plan_samples_per_prompt(
             pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=alpha, bins=PIT_BINS,
             max_samples_per_prompt=max_samples_per_prompt)
         log.info("detect_tv %s: %s", detect_tv, plan)
     prompt_index = np.tile(np.arange(len(prompts)), samples_per_prompt)  # batches mix prompts
     spec = sample_continuations(speculative, prompts, prompt_index, length=length, stream="speculative",
-                                recorder=recorder, **common)
-    ref = sample_continuations(plain, prompts, prompt_index, length=joint_tokens, stream="plain", **common) \
-        if joint_tokens else None
+                                recorder=recorder, desc="speculative sampling", **common)
+    ref = sample_continuations(plain, prompts, prompt_index, length=joint_tokens, stream="plain",
+                               desc="plain sampling", **common) if joint_tokens else None
     t0 = time.perf_counter()
     scores, p_drafts = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
     scoring_s = time.perf_counter() - t0
