@@ -168,7 +168,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             for cat, group in sorted(by_category.items())
         },
         "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
-        "lossy": bool(getattr(drafter, "lossy", False)),
+        "lossy": drafter.lossy,
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
         "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # left out of the timings above
         **drafter_graph_fields(drafter),

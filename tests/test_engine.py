@@ -149,8 +149,15 @@ class FixedTreeDrafter(Drafter):
 
     tree = Tree.from_parents([-1, -1, 0])
 
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None):
+        return cls()
+
     def propose(self, state, k):
         return Proposal(tokens=torch.tensor([[5, 9, 3]]).expand(len(state.active), 3), tree=self.tree)
+
+    def observe(self, state):
+        pass
 
 
 class LossyTreeDrafter(FixedTreeDrafter):

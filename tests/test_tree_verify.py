@@ -220,6 +220,13 @@ class OracleTreeDrafter(Drafter):
         self.rng = np.random.default_rng(seed)
         self.leaves = [i for i in range(len(PARENTS)) if i not in PARENTS]
 
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None):
+        raise TypeError("built from a reference continuation, not a config")
+
+    def observe(self, state: DecodeState) -> None:
+        pass
+
     def propose(self, state: DecodeState, k: int) -> Proposal:
         rows = []
         for b, tokens in enumerate(state.tokens):

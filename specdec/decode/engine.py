@@ -41,8 +41,15 @@ class _NoDrafter(Drafter):
 
     name = "none"
 
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None) -> "_NoDrafter":
+        return cls()
+
     def propose(self, state: DecodeState, k: int) -> Proposal:
         return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
+
+    def observe(self, state: DecodeState) -> None:
+        """Nothing drafted, nothing to roll back."""
 
 
 @contextmanager

@@ -1,10 +1,13 @@
 """The drafter protocol and registry.
 
-A drafter is three calls (after transformers' ``CandidateGenerator``): :meth:`Drafter.propose` gives up
-to K draft tokens per row with the distribution each was drawn from (or ``None`` when it chose them
-deterministically, i.e. one-hot q); :meth:`Drafter.observe` hears what the verifier kept, so the drafter
-can roll its own state back; :meth:`Drafter.start` / :meth:`Drafter.reset` bracket one generation. The
-decode loop never branches on which drafter it runs.
+A drafter is two calls and a constructor (after transformers' ``CandidateGenerator``): :meth:`Drafter.propose`
+gives up to K draft tokens per row with the distribution each was drawn from (or ``None`` when it chose them
+deterministically, i.e. one-hot q); :meth:`Drafter.observe` hears what the verifier kept, so the drafter can roll
+its own state back or adapt; :meth:`Drafter.from_config` builds it from its config. Everything else is an
+optional hook with a default, declared on :class:`Drafter`: :meth:`~Drafter.start` / :meth:`~Drafter.reset`
+bracket one generation, ``acceptance`` names a lossy rule, ``feature_layers`` asks for target features,
+:meth:`~Drafter.graph_device` lets the drafter's own model replay graphs. The decode loop never branches on which
+drafter it runs, and never probes one for a member.
 """
 
 from __future__ import annotations
@@ -62,19 +65,39 @@ class DecodeState:
 
 
 class Drafter(ABC):
-    """Base class of every drafting strategy; see the module docstring for the protocol."""
+    """Base class of every drafting strategy (see the module docstring). Every drafter implements
+    :meth:`from_config`, :meth:`propose` and :meth:`observe`; the other members are hooks whose defaults suit a
+    drafter with no model of its own, no target features to read and the exact acceptance rule."""
+
+    # ---- what every drafter implements ----------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
+        """The drafter ``cfg`` (its :attr:`Config`) describes, drafting for ``target`` (and its ``tokenizer``)."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        """Up to ``k`` draft tokens per row continuing ``state``."""
+
+    @abstractmethod
+    def observe(self, state: DecodeState) -> None:
+        """The verifier kept ``state.num_accepted`` drafts per row and the state now includes them."""
+
+    # ---- hooks, with their defaults -------------------------------------------------------------------
 
     name: ClassVar[str] = ""
-    Config: ClassVar[type]  # the drafter's typed Hydra config (a specdec.config.DrafterConfig subclass)
-    # None = exact verification (always, unless asked otherwise); else a LOSSY rule the decode loop verifies
-    # with instead, e.g. Medusa's typical acceptance (specdec.verify.lossy.typical.TypicalAcceptance)
+    """The name configs build the drafter by (set by :func:`register`)."""
+    Config: ClassVar[type]
+    """The drafter's typed Hydra config, a :class:`specdec.config.DrafterConfig` subclass."""
     acceptance: AcceptanceRule | None = None
-    forwards: int = 0  # drafter model forward passes so far (0 for model-free drafters)
-    # Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``;
-    # ids as :meth:`specdec.models.llama.CompactLlama.forward`'s ``capture``), e.g. EAGLE-3's low, middle and
-    # high layer. () = none: the target's final hidden state (``DecodeState.last_hidden``) is always there.
+    """None: exact verification; else a LOSSY rule verified with instead (Medusa's typical acceptance)."""
+    forwards: int = 0
+    """The drafter's model forwards this generation (the decode loop zeroes it; 0 for model-free drafters)."""
     feature_layers: tuple[int, ...] = ()
-    graphs: Graphs | None = None  # what replays the drafter's own work (:meth:`replay_graphs`); None = eager
+    """Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``)."""
+    graphs: Graphs | None = None
+    """What replays the drafter's own work as graphs (set by :meth:`replay_graphs`); None: it runs eagerly."""
 
     @property
     def lossy(self) -> bool:
@@ -84,13 +107,6 @@ class Drafter(ABC):
     def start(self, state: DecodeState) -> None:
         """A generation begins: the prompt is in the target's cache and its first token emitted."""
 
-    @abstractmethod
-    def propose(self, state: DecodeState, k: int) -> Proposal:
-        """Up to ``k`` draft tokens per row continuing ``state``."""
-
-    def observe(self, state: DecodeState) -> None:
-        """The verifier kept ``state.num_accepted`` drafts per row and the state now includes them."""
-
     def reset(self) -> None:
         """Drop all per-generation state."""
 
@@ -99,24 +115,66 @@ class Drafter(ABC):
         return None
 
     def use_graphs(self, graphs: Graphs, compile: bool) -> None:
-        """Route the drafter's own work through ``graphs`` (``compile``: also compile what is captured, where
-        the drafter can); called by :meth:`replay_graphs`, which has set :attr:`graphs`."""
+        """Route the drafter's work through ``graphs`` (``compile``: compile what is captured, where it can)."""
 
     def replay_graphs(self, mode: str) -> None:
-        """Run the drafter's own work the way the target's forwards run (``target.compile``'s ``mode``, see
-        :func:`specdec.models.target_decoder`): replayed graphs (:class:`~specdec.models.graphs.Graphs`) where
-        graphs replay on :meth:`graph_device` (a GPU) unless ``mode`` is ``"none"``, else eager. Called once,
-        after the drafter is built."""
-        check_compile_mode(mode)
+        """Run the drafter's own work as the target's forwards run (``target.compile``'s ``mode``), once built."""
+        check_compile_mode(mode)  # see specdec.models.target_decoder
         device = self.graph_device()
         if mode != "none" and device is not None and replays_graphs(device):
             self.graphs = Graphs(device)
             self.use_graphs(self.graphs, compile=mode == "compiled_graphs")
 
     def graph_runners(self) -> list[Graphs]:
-        """What replays the drafter's graphs since :meth:`replay_graphs`, counting its ``captures``, ``replays``
-        and ``capture_time_s``; empty where the drafter's work runs eagerly (a wrapper passes its inner's on)."""
+        """What replays the drafter's graphs (their ``captures``, ``replays``, ``capture_time_s``); [] if eager."""
         return [] if self.graphs is None else [self.graphs]
+
+
+class DrafterWrapper(Drafter):
+    """A drafter around ``inner`` (to record or alter what it sees): every member is ``inner``'s unless the
+    subclass overrides it, so the decode loop verifies with ``inner``'s rule, gives it its feature layers and
+    counts its forwards and graph captures. Built around a drafter, never from a config."""
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+
+    @classmethod
+    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
+        raise TypeError(f"{cls.__name__} wraps a drafter: build the inner one (build_drafter) and pass it in")
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return self.inner.propose(state, k)
+
+    def observe(self, state: DecodeState) -> None:
+        self.inner.observe(state)
+
+    @property
+    def acceptance(self) -> AcceptanceRule | None:
+        return self.inner.acceptance
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.inner.feature_layers
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    @forwards.setter
+    def forwards(self, value: int) -> None:
+        self.inner.forwards = value
+
+    def start(self, state: DecodeState) -> None:
+        self.inner.start(state)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def replay_graphs(self, mode: str) -> None:
+        self.inner.replay_graphs(mode)
+
+    def graph_runners(self) -> list[Graphs]:
+        return self.inner.graph_runners()
 
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),

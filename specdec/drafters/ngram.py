@@ -67,3 +67,6 @@ class NgramDrafter(Drafter):
         padded = [np.concatenate([f, np.full(width - len(f), row[-1], np.int64)]) for f, row in zip(found, state.tokens)]
         tokens = torch.from_numpy(np.stack(padded)).to(state.last_tokens.device)
         return Proposal(tokens=tokens, num_proposed=[len(f) for f in found])
+
+    def observe(self, state: DecodeState) -> None:
+        """Nothing to roll back: each proposal is looked up afresh in ``state.tokens``."""

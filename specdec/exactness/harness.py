@@ -291,7 +291,7 @@ def verify_distribution(
         "exit_code": EXIT_REJECTED if reject else EXIT_INCONCLUSIVE if blind else 0,
         "planted_bug": planted_bug,
         **({"WARNING": _banner(planted_bug)} if planted_bug else {}),
-        "lossy_drafter": bool(getattr(drafter, "lossy", False)),
+        "lossy_drafter": drafter.lossy,
         "alpha": alpha,
         **report,
         "num_prompts": len(prompts),

@@ -56,7 +56,7 @@ from torch import nn
 
 from specdec.decode.cache import KVCache
 from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
-from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.models.llama import CompactLlama, supports
 from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
@@ -117,28 +117,16 @@ VERIFIER_BUGS: dict[str, AcceptanceRule] = {
 # --- the drafter ------------------------------------------------------------------------------------------
 
 
-class DraftOnlySampling(Drafter):
+class DraftOnlySampling(DrafterWrapper):
     """Bug (``top_p_draft_only``, drafter half): ``inner`` drafts under ``sampling`` (q honestly reported),
-    while the decode loop — hence the target's p and the verifier — runs under other settings."""
+    while the decode loop — hence the target's p and the verifier — runs under other settings. The rest (the
+    inner drafter's rule, a lossy one staying lossy; its feature layers, forwards and graphs) is ``inner``'s."""
 
     name = "planted:draft_only_sampling"
 
     def __init__(self, inner: Drafter, sampling: SamplingParams):
-        self.inner = inner
+        super().__init__(inner)
         self.sampling = sampling
-        self.acceptance = inner.acceptance  # the inner drafter's rule (a lossy one stays lossy)
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:  # the target layers the inner drafter reads
-        return self.inner.feature_layers
-
-    @property
-    def forwards(self) -> int:  # the decode loop resets and reads the inner drafter's count
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, value: int) -> None:
-        self.inner.forwards = value
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(replace(state, sampling=self.sampling))
@@ -148,12 +136,6 @@ class DraftOnlySampling(Drafter):
 
     def observe(self, state: DecodeState) -> None:
         self.inner.observe(replace(state, sampling=self.sampling))
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def graph_runners(self) -> list:  # the inner drafter's graphs (their captures are left out of the timings)
-        return self.inner.graph_runners()
 
 
 class TemperatureIgnoredDraftModel(DraftModelDrafter):

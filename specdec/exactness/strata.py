@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.exactness import stats
 from specdec.exactness.stats import TokenScores, Verdict
 
@@ -118,40 +118,19 @@ def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], s
     return out
 
 
-class DraftRecorder(Drafter):
+class DraftRecorder(DrafterWrapper):
     """Wraps ``inner`` and records, for every token a generation emits, its :class:`DraftRecord` entry:
-    :meth:`take` returns them per row after the generation. Drafts and the verdicts are ``inner``'s."""
+    :meth:`take` returns them per row after the generation. Drafts and the verdicts are ``inner``'s (its rule,
+    feature layers, forwards and graphs too)."""
 
     name = "recorder"
 
     def __init__(self, inner: Drafter):
-        self.inner = inner
+        super().__init__(inner)
         self.rows: list[list[_Entry]] = []
         self._seen: list[int] = []  # per row, host tokens already recorded
         self._proposal: Proposal | None = None
         self._q: torch.Tensor | None = None  # [B, K'] q at each draft token (sampled drafts)
-
-    @property
-    def acceptance(self):  # the decode loop verifies with the inner drafter's rule
-        return self.inner.acceptance
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:  # the target layers the inner drafter reads
-        return self.inner.feature_layers
-
-    @property
-    def forwards(self) -> int:
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, value: int) -> None:
-        self.inner.forwards = value
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def graph_runners(self) -> list:  # the inner drafter's graphs (their captures are left out of the timings)
-        return self.inner.graph_runners()
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)

@@ -154,6 +154,9 @@ class EagleDrafter(Drafter):
     def reset(self) -> None:
         self.cache = None
 
+    def observe(self, state: DecodeState) -> None:
+        """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
+
     @torch.no_grad()
     def catch_up(self, state: DecodeState) -> torch.Tensor:  # -> [B, H]: the draft layer at the newest position
         """Feed the positions committed since the last step (their features and the tokens that followed

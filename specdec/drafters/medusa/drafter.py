@@ -275,3 +275,6 @@ class MedusaDrafter(Drafter):
         hidden = state.last_hidden.to(self.dtype)  # [B, H]
         self.forwards += 1
         return self.drafting.propose(state, hidden, k)
+
+    def observe(self, state: DecodeState) -> None:
+        """Nothing to roll back: the heads read only the target's newest hidden state."""

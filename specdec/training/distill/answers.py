@@ -37,6 +37,10 @@ class HiddenRecorder(Drafter):
     """A drafter that proposes nothing and records, at each step, the hidden state that predicted each
     row's newest token: plain decoding on the engine's fast path, with the hidden states for free."""
 
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None) -> "HiddenRecorder":
+        return cls()
+
     def propose(self, state: DecodeState, k: int) -> Proposal:
         return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
 
