@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import round_weights
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
-from specdec.drafters.eagle.drafter import _Growth, _without
+from specdec.drafters.eagle.growth import TreeGrowth, without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder, cpu_kernels
 from specdec.training.distill.packing import Packed, pack
@@ -41,9 +41,9 @@ PROMPTS = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
 MASK = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
 
 
-@pytest.mark.parametrize("options", [dict(k_tree=False), dict(k_tree=True), dict(k_tree=True, depth=3, top_k=2, expand=1),
-                                     dict(k_tree=True, lookup=3), dict(k_tree=True, min_confidence=0.05),
-                                     dict(k_tree=True, min_confidence=0.9, lookup=2)])
+@pytest.mark.parametrize("options", [dict(tree=False), dict(tree=True), dict(tree=True, depth=3, top_k=2, expand=1),
+                                     dict(tree=True, lookup=3), dict(tree=True, min_confidence=0.05),
+                                     dict(tree=True, min_confidence=0.9, lookup=2)])
 def test_greedy_output_equals_plain_decoding(target, options):
     ref = autoregressive_generate(target, PROMPTS, max_new_tokens=24, attention_mask=MASK, eos_token_id=[])
     drafter = EagleDrafter(random_eagle(target, draft_vocab=40), **options)
@@ -106,7 +106,7 @@ def test_pruned_growth_selects_the_same_trees(target, options, monkeypatch):
     trees full growth selects, in fewer draft-layer forwards."""
     runs = []
     for prune in (False, True):
-        monkeypatch.setattr(_Growth, "prune", prune)
+        monkeypatch.setattr(TreeGrowth, "prune", prune)
         drafter = _Recording(random_eagle(target, draft_vocab=40, seed=5), **options)
         drafter.seen = []
         speculative_generate(target, drafter, PROMPTS, k=6 + options.get("lookup", 0), max_new_tokens=24,
@@ -132,7 +132,7 @@ def test_decode_drafts_are_the_training_time_test(target):
             captured.append((state.tokens[0][:], proposal.tokens[0].tolist()))
             return proposal
 
-    spy = Spy(model, k_tree=False)
+    spy = Spy(model, tree=False)
     out = speculative_generate(target, spy, prompt, k=depth, max_new_tokens=12, eos_token_id=[])
     assert captured
     text = captured[-1][0]  # the committed text at the last step; replay drafting from its end
@@ -210,7 +210,7 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
     if fused and not cpu_kernels.enabled():
         pytest.skip("specdec's CPU kernels are not built here")
     cpu_kernels.enable(fused)
-    grow, select, checked = _Growth.grow, _Growth.select, []
+    grow, select, checked = TreeGrowth.grow, TreeGrowth.select, []
 
     def keep_root(self, hidden, k):
         self.root = hidden
@@ -219,7 +219,7 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
     def replay(self, k):
         d, cache = self.d, self.d.cache
         end = cache.lengths.clone()
-        start = end - d._drafted
+        start = end - len(self.entries)
         for node, output in self.output.items():
             path = [node]
             while self.parent[path[0]] >= 0:
@@ -235,9 +235,9 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
         cache.rollback_to(end)
         return select(self, k)
 
-    monkeypatch.setattr(_Growth, "grow", keep_root)
-    monkeypatch.setattr(_Growth, "select", replay)
-    monkeypatch.setattr(_Growth, "prune", False)  # every level grown: paths of 3 expanded nodes
+    monkeypatch.setattr(TreeGrowth, "grow", keep_root)
+    monkeypatch.setattr(TreeGrowth, "select", replay)
+    monkeypatch.setattr(TreeGrowth, "prune", False)  # every level grown: paths of 3 expanded nodes
     drafter = EagleDrafter(random_eagle(target, draft_vocab=40, seed=7), depth=4, top_k=3, expand=3)
     with torch.no_grad():
         speculative_generate(target, drafter, PROMPTS, k=8, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
@@ -260,7 +260,7 @@ def test_ttt_mask_sees_committed_then_own_drafts():
 
 def test_without_replacement_law():
     q = torch.tensor([[0.5, 0.3, 0.2]])
-    assert torch.allclose(_without(q, torch.tensor([[0]])), torch.tensor([[0.0, 0.6, 0.4]]))
+    assert torch.allclose(without(q, torch.tensor([[0]])), torch.tensor([[0.0, 0.6, 0.4]]))
 
 
 def test_speculators_round_trip_and_eagle_format(target, tmp_path):
@@ -484,8 +484,8 @@ def markov_target():
     return make_markov_target()
 
 
-@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, depth=3, top_k=2, expand=2), 12),
-                                        (dict(k_tree=True, depth=3, top_k=3, expand=2, sampled=False), 8)],
+@pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, depth=3, top_k=2, expand=2), 12),
+                                        (dict(tree=True, depth=3, top_k=3, expand=2, sampled=False), 8)],
                          ids=["chain", "sampled-tree", "fixed-tree"])
 @pytest.mark.parametrize("draft_vocab", [None, torch.arange(48)], ids=["full-vocab", "draft-vocab"])
 def test_sampling_with_eagle_is_exact(markov_target, options, k, draft_vocab):
@@ -496,7 +496,7 @@ def test_sampling_with_eagle_is_exact(markov_target, options, k, draft_vocab):
 
 
 @pytest.mark.parametrize("bug", ["recovered_from_target", "bonus_from_wrong_position"])
-@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, depth=3, top_k=2, expand=2), 12)],
+@pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, depth=3, top_k=2, expand=2), 12)],
                          ids=["chain", "sampled-tree"])
 def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
     """The suite's planted verifier bugs (acceptance rules covering chains and trees) under EAGLE drafting."""

@@ -212,8 +212,8 @@ class _Twins:
         return self.graphed.graph_runners()
 
 
-@pytest.mark.parametrize("options, k", [(dict(k_tree=False), 4), (dict(k_tree=True, min_confidence=0.0), 12),
-                                        (dict(k_tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
+@pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
+                                        (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
                          ids=["chain", "tree", "dynamic-tree"])
 def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     """EagleDrafter.replay_graphs: the draft layer's forwards and logits replay graphs over a draft cache kept across

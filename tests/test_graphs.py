@@ -100,6 +100,9 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
     from specdec.decode.cache import KVCache
     from specdec.models.graphs import CAPACITY_STEP, Graphs, emulated_graphs
 
+    def double(x):
+        return (x * 2,)
+
     def make(batch, capacity, pad):
         return KVCache.allocate(1, batch, 1, capacity, 2, pad, dtype=torch.float32, device="cpu")
 
@@ -107,7 +110,6 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
         graphs = Graphs("cpu")
         pad = torch.zeros(2, dtype=torch.long)
         cache = graphs.cache(make, 2, 10, pad)
-        double = lambda x: (x * 2,)  # noqa: E731
         for x in (torch.arange(3.0), torch.ones(3), torch.arange(4.0), torch.full((3,), 5.0)):
             assert torch.equal(graphs(double, (x,), key="double")[0], x * 2)
         assert (graphs.captures, graphs.replays) == (2, 4) and graphs.capture_time_s > 0

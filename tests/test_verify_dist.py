@@ -88,7 +88,7 @@ FACTORIES = {
     "medusa_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE),
     "medusa_dynamic_tree": lambda m: MedusaDrafter(random_heads(num_heads=3), m["target"].lm_head.weight, TREE,
                                                    min_confidence=0.02),
-    "eagle": lambda m: EagleDrafter(random_eagle(m["target"]), k_tree=False),  # chain
+    "eagle": lambda m: EagleDrafter(random_eagle(m["target"]), tree=False),  # chain
     "eagle_tree": lambda m: EagleDrafter(random_eagle(m["target"]), depth=3, top_k=2, expand=2),  # sampled at T > 0
 }
 

@@ -11,7 +11,8 @@ forward; the output at the newest position gives the first draft distribution. T
   through the draft layer together, each giving ``top_k`` children; after ``depth`` levels the ``k`` most
   confident nodes form the tree the target verifies. In a batch the rows share one tree shape (nodes are
   named by their candidate ranks, as :mod:`specdec.drafters.trees.plan`'s paths, and ranked by confidence
-  averaged over the rows, as :mod:`specdec.drafters.trees.dynamic` does); each row has its own tokens.
+  averaged over the rows, as :mod:`specdec.drafters.trees.dynamic` does); each row has its own tokens. The
+  growth is :class:`~specdec.drafters.eagle.growth.TreeGrowth`.
 
 Exactness at temperature > 0. The draft probabilities go through the target's temperature/top-k/top-p. A
 chain draws each draft from q and reports q. A tree's children are either the ``top_k`` likeliest tokens
@@ -42,6 +43,7 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
@@ -51,13 +53,7 @@ from specdec.models import cpu_kernels
 log = logging.getLogger(__name__)
 
 GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, over the prompt: eager)
-
-
-def _without(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:  # q [..., V], drawn [..., n] -> [..., V]
-    """q with the ``drawn`` tokens' mass removed, renormalised (the law of the next draw without replacement)."""
-    left = q.scatter(-1, drawn, 0.0)
-    total = left.sum(-1, keepdim=True)
-    return torch.where(total > 0, left / total.clamp(min=torch.finfo(q.dtype).tiny), q)
+MAX_TREES = 1024  # tree shapes cached per drafter
 
 
 @register("eagle")
@@ -86,7 +82,7 @@ class EagleDrafter(Drafter):
         # null = as trained. 4: drafting ~15% cheaper on a 2-core Xeon, τ within 0.02 (experiments/README.md)
         weight_bits: Optional[int] = 4
 
-    def __init__(self, model: EagleModel, *, k_tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
+    def __init__(self, model: EagleModel, *, tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
         for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -96,13 +92,13 @@ class EagleDrafter(Drafter):
         if model.embed_weight is None:
             raise ValueError("the EAGLE model needs the target's input embeddings: call model.attach(embed_weight)")
         self.model = model.eval()
-        self.tree, self.depth, self.top_k, self.expand = k_tree, depth, top_k, min(expand, top_k)
+        self.tree, self.depth, self.top_k, self.expand = tree, depth, top_k, min(expand, top_k)
         self.sampled, self.lookup, self.min_confidence = sampled, lookup, min_confidence
         self.feature_layers = tuple(model.cfg.aux_layers)
         self.token_ids = model.token_ids  # [Dv]
-        self.trees = TreeCache(1024)
+        self.trees = TreeCache(MAX_TREES)  # the trees verified, by parent list
+        self.masks = TreeCache(MAX_TREES)  # the trees of a step's draft entries (:class:`TreeGrowth`)
         self.cache = None
-        self._drafted = 0
         self.forwards = 0
 
     @classmethod
@@ -117,7 +113,7 @@ class EagleDrafter(Drafter):
         round_weights(model, cfg.weight_bits, keep=(embed,), what="EAGLE drafter")
         log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
                  model.cfg.draft_vocab_size)
-        return cls(model, k_tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
+        return cls(model, tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
                    lookup=cfg.lookup, min_confidence=cfg.min_confidence)
 
     def graph_device(self) -> torch.device | None:
@@ -199,7 +195,6 @@ class EagleDrafter(Drafter):
     def propose(self, state: DecodeState, k: int) -> Proposal:
         hidden = self.catch_up(state)  # [B, H]
         committed = self.cache.lengths.clone()
-        self._drafted = 0  # draft entries written past ``committed`` this step
         try:
             if self.tree:
                 return self.propose_tree(state, hidden, k)
@@ -207,13 +202,13 @@ class EagleDrafter(Drafter):
         finally:
             self.cache.rollback_to(committed)  # the drafts' entries are forgotten; catch_up rewrites them
 
-    def _one(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int,
-             tree: torch.Tensor | None = None) -> torch.Tensor:
+    def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int, drafted: int,
+               tree: torch.Tensor | None = None) -> torch.Tensor:
         """Draft entries for tokens at ``level`` past the newest committed position: hidden [B, n, H], tokens
-        [B, n] -> [B, n, H]. Written after the cache's (temporarily) committed entries and committed too
-        (``propose`` rolls them back); ``tree`` [n, drafted + n]: which of this step's draft entries (those
-        written before, then these) each sees (None: all before it, for a chain)."""
-        n, cache, drafted = tokens.shape[1], self.cache, self._drafted
+        [B, n] -> [B, n, H]. Written after the cache's (temporarily) committed entries, the ``drafted`` this step
+        wrote before them, and committed too (``propose`` rolls them back); ``tree`` [n, drafted + n]: which of
+        this step's draft entries (those written before, then these) each sees (None: all before it, a chain)."""
+        n, cache = tokens.shape[1], self.cache
         kv_len = None if self.graphs is not None else min(state.max_seq_len + drafted + n + 1, cache.capacity)
 
         def run(hidden, tokens, *mask):
@@ -225,7 +220,6 @@ class EagleDrafter(Drafter):
         out, = self._call(run, (hidden, tokens) if tree is None else (hidden, tokens, tree),
                           key=("draft", level, drafted, tree is None))
         cache.commit(torch.full_like(cache.lengths, n))
-        self._drafted += n
         self.forwards += 1
         return out
 
@@ -254,7 +248,7 @@ class EagleDrafter(Drafter):
                 probs.append(q)
             tokens.append(self.token_ids[index])
             if i + 1 < k:
-                hidden = self._one(hidden[:, None], tokens[-1][:, None], state, i)[:, 0]
+                hidden = self.extend(hidden[:, None], tokens[-1][:, None], state, i, drafted=i)[:, 0]
         drafts = torch.stack(tokens, 1)
         return Proposal(tokens=drafts, num_proposed=[k] * drafts.shape[0],
                         probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
@@ -267,7 +261,7 @@ class EagleDrafter(Drafter):
         wanted = (not self.lookup) if self.sampled is None else self.sampled
         sampled = wanted and not state.sampling.greedy
         lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
-        tree = _Growth(self, state, sampled)
+        tree = TreeGrowth(self, state, sampled, self.masks)
         tree.grow(hidden, k - lookup)
         tokens, parents, probs = tree.select(k - lookup)
         filler = [0] * tokens.shape[0]
@@ -280,134 +274,3 @@ class EagleDrafter(Drafter):
         return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler],
                         probs=None if probs is None else self.full_vocab(probs, state.vocab_size),
                         tree=self.trees.get(tuple(parents), tokens.device))
-
-
-class _Growth:
-    """One step's EAGLE-2 tree, grown level by level (see the module docstring). Candidates are numbered in
-    draw order: column i of ``index`` [B, n] (draft-vocabulary ids) and ``logp`` [B, n] (path log-confidences)
-    is candidate i's, appended a level at a time; ``parent[i]`` (-1 = the root), ``level[i]`` (0 = the root's
-    children) and, in a sampled tree, ``q[i]`` [B, Dv], the law it was drawn from."""
-
-    prune = True  # leave unexpanded the nodes with no selectable descendant (:meth:`open`)
-
-    def __init__(self, drafter: EagleDrafter, state: DecodeState, sampled: bool):
-        self.d, self.state, self.sampled = drafter, state, sampled
-        self.index: torch.Tensor | None = None  # [B, n] long
-        self.logp: torch.Tensor | None = None  # [B, n]
-        self.parent: list[int] = []
-        self.level: list[int] = []
-        self.q: list[torch.Tensor] = []
-        self.entry: dict[int, int] = {}  # expanded candidate -> its entry's offset past the committed cache
-        self.output: dict[int, torch.Tensor] = {}  # expanded candidate -> the draft layer's output there [B, H]
-
-    def children(self, hidden: torch.Tensor, parents: list[int], level: int) -> None:
-        """Draft ``top_k`` children of each of ``parents`` (candidates; -1 = the root) from the draft layer's
-        outputs ``hidden`` [B, P, H] at those parents: P·top_k new candidates, parent by parent."""
-        d = self.d
-        base = hidden.new_zeros(hidden.shape[0], 1, dtype=torch.float32) if parents == [-1] else self.logp[:, parents]
-        if self.sampled:
-            q = d.draft_probs(d.logits(hidden), self.state)  # [B, P, Dv]
-            logq = q.clamp(min=1e-30).log()
-            index, logp = [], []
-            for j in range(len(parents)):
-                law, drawn = q[:, j], []
-                for _ in range(d.top_k):
-                    x = sample(law, self.state.generator)  # [B]
-                    index.append(x)
-                    logp.append(base[:, j] + logq[:, j].gather(1, x[:, None])[:, 0])
-                    self.q.append(law)
-                    drawn.append(x)
-                    law = _without(q[:, j], torch.stack(drawn, 1))
-            index, logp = torch.stack(index, 1), torch.stack(logp, 1)
-        else:
-            values, index = d.top_candidates(hidden)  # [B, P, top_k]
-            index, logp = index.flatten(1), (base[..., None] + values).flatten(1)
-        self.parent += [p for p in parents for _ in range(d.top_k)]
-        self.level += [level] * (len(parents) * d.top_k)
-        self.index = index if self.index is None else torch.cat([self.index, index], 1)
-        self.logp = logp if self.logp is None else torch.cat([self.logp, logp], 1)
-
-    def grow(self, hidden: torch.Tensor, k: int) -> None:  # hidden [B, H] at the newest committed position
-        d = self.d
-        self.children(hidden[:, None], [-1], 0)
-        levels = self.levels_fitting(k) if self.sampled else d.depth
-        for level in range(1, min(d.depth, levels)):
-            frontier = [i for i, lv in enumerate(self.level) if lv == level - 1]
-            if not self.sampled:
-                frontier = self.open(frontier, k)
-                if not frontier:
-                    break  # nothing below can be selected: the levels left are not drafted
-            confidence = self.logp[:, frontier].exp().mean(0)  # [n]: over the rows
-            chosen = sorted(frontier[i] for i in confidence.topk(min(d.expand, len(frontier))).indices.tolist())
-            tokens = d.token_ids[self.index[:, chosen]]  # [B, E]
-            inputs = torch.stack([hidden if self.parent[i] < 0 else self.output[self.parent[i]] for i in chosen], 1)
-            tree = self.mask(chosen)
-            for j, i in enumerate(chosen):
-                self.entry[i] = d._drafted + j
-            out = d._one(inputs, tokens, self.state, level - 1, tree=tree)  # [B, E, H]
-            for j, i in enumerate(chosen):
-                self.output[i] = out[:, j]
-            self.children(out, chosen, level)
-
-    def open(self, frontier: list[int], k: int) -> list[int]:
-        """Fixed-candidate trees: the ``frontier`` candidates whose children could still be selected. A child
-        is never more confident than its parent (in every row, so on average too), and :meth:`select` keeps
-        the k most confident candidates (ties to the shallower) reaching ``min_confidence``: a node below
-        ``min_confidence``, or not above the k-th best confidence drafted so far, has no selectable
-        descendant. Leaving them unexpanded (and stopping when none is left) changes no selected tree."""
-        if not self.prune:
-            return frontier
-        if k < 1:
-            return []
-        confidence = self.logp.exp().mean(0)  # [n]
-        bar = confidence.topk(k).values[-1] if confidence.numel() >= k else float("-inf")
-        selectable = ((confidence >= self.d.min_confidence) & (confidence > bar)).tolist()  # one read of the device
-        return [i for i in frontier if selectable[i]]
-
-    def mask(self, chosen: list[int]) -> torch.Tensor:  # -> [E, drafted + E] bool
-        """Which of the step's draft entries (those written so far, then the E new ones) each expanded
-        candidate sees: its ancestors' and its own (the committed entries before them, all of them)."""
-        drafted = self.d._drafted
-        allowed = [[False] * (drafted + len(chosen)) for _ in chosen]
-        for j, i in enumerate(chosen):
-            allowed[j][drafted + j] = True
-            a = self.parent[i]
-            while a >= 0:
-                allowed[j][self.entry[a]] = True
-                a = self.parent[a]
-        return torch.tensor(allowed, device=self.d.cache.lengths.device)
-
-    def levels_fitting(self, k: int) -> int:
-        """Sampled trees: how many whole levels fit in k nodes (at least one)."""
-        d, count, levels = self.d, 0, 0
-        for size in [d.top_k] + [d.top_k * d.expand] * (d.depth - 1):
-            if count + size > k and levels:
-                break
-            count += size
-            levels += 1
-        return levels
-
-    def select(self, k: int) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor | None]:
-        """The tree verified: tokens [B, N] (target ids), parents (node indices, -1 = the root), q [B, N, Dv]
-        (sampled trees) or None. Fixed candidates: the k most confident (EAGLE-2's rerank; a child is never
-        more confident than its parent, so parents come along), those reaching ``min_confidence`` only.
-        Sampled: every candidate drawn. N may be 0 (a plain step)."""
-        n = len(self.parent)
-        if self.sampled:
-            keep = [i for i in range(n) if self.level[i] < self.levels_fitting(k)]
-        else:
-            confidence = self.logp.exp().mean(0).tolist()  # [n]
-            best = [i for i in sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
-                    if confidence[i] >= self.d.min_confidence]
-            keep, kept = [], {-1}
-            for i in sorted(best, key=lambda i: (self.level[i], i)):
-                if self.parent[i] in kept:  # always, but for float ties between a parent and its child
-                    keep.append(i)
-                    kept.add(i)
-        if not keep:
-            return self.index[:, :0], (), None
-        position = {i: j for j, i in enumerate(keep)}
-        parents = tuple(position[self.parent[i]] if self.parent[i] >= 0 else -1 for i in keep)
-        tokens = self.d.token_ids[self.index[:, keep]]
-        probs = torch.stack([self.q[i] for i in keep], 1) if self.sampled else None
-        return tokens, parents, probs

@@ -38,6 +38,13 @@ def path_logprobs(
     return node_logp.clamp(max=0) @ ancestry.t()
 
 
+def mean_confidence(
+    path_logp: torch.Tensor,  # [B, N]: path log-probabilities, one row per batch row
+) -> torch.Tensor:  # [N]: each node's confidence, averaged over the rows
+    """The confidence a tree shared by the batch's rows ranks and keeps its nodes by (see :func:`confident`)."""
+    return path_logp.exp().mean(0)
+
+
 def confident(
     path_logp: torch.Tensor,  # [B, N]: path log-probabilities, one row per batch row
     min_confidence: float,
@@ -47,7 +54,7 @@ def confident(
     when the tokens it is expected to add across the rows reach ``min_confidence`` per row it costs; at
     batch 1 this is the node's own confidence. (Keeping a node confident in *any* row made the batch-4 tree
     on the real target ~4x wider.) A path's mean is never above its parent's, so pruning by parents is exact."""
-    return path_logp.exp().mean(0) >= min_confidence
+    return mean_confidence(path_logp) >= min_confidence
 
 
 def kept_nodes(
