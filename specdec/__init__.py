@@ -15,7 +15,7 @@ _EXPORTS = {
     "autoregressive_generate": "specdec.decode.engine",
     "speculative_generate": "specdec.decode.engine",
     "load_target": "specdec.models.loading",
-    "logits_to_probs": "specdec.decode.sampling",
+    "logits_to_probs": "specdec.verify.sampling",
     "rejection_sample": "specdec.verify",
 }
 

@@ -23,7 +23,6 @@ from tqdm import tqdm
 from specdec.config import config_dir, register_configs
 from specdec.decode.engine import autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, predicted_speedup
-from specdec.decode.sampling import SamplingParams
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
 from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
@@ -33,6 +32,7 @@ from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
 from specdec.models.llama import use_coded_panels
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.verify.sampling import SamplingParams
 
 register_configs()
 

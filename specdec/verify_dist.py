@@ -23,7 +23,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
-from specdec.decode.sampling import SamplingParams
 from specdec.drafters import build_drafter
 from specdec.exactness import strata
 from specdec.exactness.harness import EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, verify_distribution
@@ -31,6 +30,7 @@ from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room
 from specdec.jobs.io import save_figure, write_json
 from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
 from specdec.models.loading import load_target, resolve_device
+from specdec.verify.sampling import SamplingParams
 
 __all__ = ["EXIT_INCONCLUSIVE", "EXIT_REJECTED", "VerifyDistConfig", "run", "summary_text", "verify_distribution"]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from specdec.decode.cache import KVCache
 from specdec.jobs.data import left_pad
 from specdec.models import CompactLlama, HFDecoder, as_decoder, cpu_kernels
 from specdec.models import llama as llama_module
+from specdec.models.cache import KVCache
 from specdec.models.hf import cache_keyword
 
 

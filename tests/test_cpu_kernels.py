@@ -467,7 +467,7 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, recent
     KVCache.attention_mask: 3 rows with their own committed lengths and left padding, chain or tree, and a
     tree whose mask decides the last few committed slots too (EAGLE's drafting: each new entry sees the
     draft entries of its ancestors only)."""
-    from specdec.decode.cache import KVCache
+    from specdec.models.cache import KVCache
 
     torch.manual_seed(len(parents or []) + recent)
     batch, heads, kv_heads, capacity = 3, 6, 2, 40
@@ -501,7 +501,7 @@ def test_cache_attention_matches_the_cache_write_and_masked_sdpa(parents, recent
 def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(parents, dim, isa):
     """Each query of a step over its ancestors equals, bit for bit, a one-token step made after those
     ancestors were committed one by one: verification scores a position exactly as plain decoding does."""
-    from specdec.decode.cache import KVCache
+    from specdec.models.cache import KVCache
 
     torch.manual_seed(11)
     heads, kv_heads, capacity = 4, 2, 48

@@ -357,9 +357,9 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
     over its schema), the target loaded from a model directory, a few steps, the lean student."""
     from pathlib import Path
 
+    from helpers import CHAT_TEMPLATE
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-    from helpers import CHAT_TEMPLATE
 
     from specdec.drafters.draft_model.student import is_student_dir
     from specdec.training.config import register_train_configs
@@ -504,7 +504,7 @@ def test_a_restricted_draft_that_misreports_q_is_caught(markov_target):
     vocabulary's softmax (the zeros off the N tokens forgotten) is rejected by the same test."""
     from test_eagle import exact_verdict
 
-    from specdec.decode.sampling import logits_to_probs, sample
+    from specdec.verify.sampling import logits_to_probs, sample
 
     class Misreported(DraftModelDrafter):
         def draw(self, logits, params, generator):

@@ -453,7 +453,7 @@ def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
 def sample_and_score(target, drafter, k, rows=400, new=8, seed=0, rule=None):
     from test_medusa import random_prompts
 
-    from specdec.decode.sampling import logits_to_probs
+    from specdec.verify.sampling import logits_to_probs
 
     g = torch.Generator().manual_seed(seed)
     ids = random_prompts(rows, g)
@@ -509,9 +509,9 @@ def test_planted_verifier_bugs_are_caught(markov_target, bug, options, k):
 
 def test_wrapping_drafters_pass_the_feature_layers_through(target):
     """verify_dist's recorder and the planted draft-only-sampling wrapper run an EAGLE drafter inside."""
-    from specdec.decode.sampling import SamplingParams
     from specdec.exactness.planted import DraftOnlySampling
     from specdec.exactness.strata import DraftRecorder
+    from specdec.verify.sampling import SamplingParams
 
     ref = autoregressive_generate(target, PROMPTS, max_new_tokens=10, attention_mask=MASK, eos_token_id=[])
     for wrap in (DraftRecorder, lambda d: DraftOnlySampling(d, SamplingParams(0.0, 0, 1.0))):

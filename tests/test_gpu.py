@@ -333,9 +333,9 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted, grap
     import numpy as np
     from test_medusa import PATHS, NoRenormalisation, make_markov_target, markov_heads, random_prompts
 
-    from specdec.decode.sampling import logits_to_probs
     from specdec.drafters.medusa import MedusaDrafter
     from specdec.exactness.stats import exactness_test
+    from specdec.verify.sampling import logits_to_probs
 
     target = make_markov_target().to(graph_device)
     graphed = _graphed(target)

@@ -3,7 +3,6 @@ eager decoder. Its CUDA behaviour is tested in test_gpu.py."""
 
 import pytest
 import torch
-
 from conftest import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, speculative_generate
@@ -97,7 +96,7 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
     """Graphs, the one capture/replay primitive (the target's wrapper and every drafter's graphs): a function is
     captured once per key and input shapes, then replayed on the new inputs copied into the captured ones; the
     kept cache is reused by a generation that fits it, and reallocating it drops the graphs."""
-    from specdec.decode.cache import KVCache
+    from specdec.models.cache import KVCache
     from specdec.models.graphs import CAPACITY_STEP, Graphs, emulated_graphs
 
     def double(x):

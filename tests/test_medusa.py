@@ -16,7 +16,6 @@ from conftest import tiny_llama
 
 import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate
-from specdec.decode.sampling import logits_to_probs
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
 from specdec.drafters.medusa.candidates import TokenAwareHeads
@@ -24,6 +23,7 @@ from specdec.drafters.trees.plan import plan_tree
 from specdec.exactness.stats import exactness_test
 from specdec.jobs.data import left_pad
 from specdec.verify import ExactRule, verify_tree
+from specdec.verify.sampling import logits_to_probs
 
 PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

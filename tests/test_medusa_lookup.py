@@ -21,12 +21,12 @@ from test_medusa import (  # noqa: F401 (a fixture)
 
 import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate
-from specdec.decode.sampling import SamplingParams
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.exactness.stats import exactness_test
 from specdec.jobs.data import left_pad
 from specdec.verify import Tree
+from specdec.verify.sampling import SamplingParams
 
 # Prompts that repeat themselves, so the lookup finds continuations from the first step on.
 REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [12, 13, 14, 12, 13]]

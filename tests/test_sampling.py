@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
 def test_temperature_zero_is_one_hot_argmax():

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.decode.cache import KVCache
-from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.exactness import planted
 from specdec.exactness.stats import chi2_goodness_of_fit, holm
 from specdec.jobs.data import left_pad
+from specdec.models.cache import KVCache
 from specdec.verify import Tree, greedy_tree, residual_after_rejection, verify_tree
+from specdec.verify.sampling import logits_to_probs, sample
 
 V, M, LENGTH = 8, 3, 6
 # Root with three children; the first has two, one of which has a child; the second has one.

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.decode.sampling import logits_to_probs, sample
 from specdec.exactness import planted
 from specdec.exactness.stats import chi2_goodness_of_fit, holm
 from specdec.verify import greedy_chain, rejection_sample
+from specdec.verify.sampling import logits_to_probs, sample
 
 V, M, LENGTH = 8, 3, 6
 

@@ -28,7 +28,6 @@ from scipy import stats as sps
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.decode.engine import speculative_generate
-from specdec.decode.sampling import SamplingParams
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel
 from specdec.drafters.medusa import MedusaHeads
@@ -36,6 +35,7 @@ from specdec.exactness import planted, stats, strata
 from specdec.exactness.shared_prefill import SharedPrefillLlama
 from specdec.models import as_decoder
 from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
+from specdec.verify.sampling import SamplingParams
 from specdec.verify_dist import EXIT_REJECTED, verify_distribution
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.decode.cache import KVCache
 from specdec.jobs.runs import machine_description
 from specdec.models import cpu_kernels
+from specdec.models.cache import KVCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
 from experiments.common import median_ms  # noqa: E402

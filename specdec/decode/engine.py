@@ -1,6 +1,6 @@
 """The decode loop: speculative generation and its reference, plain autoregressive generation.
 
-Both run on the same static-cache path (:mod:`specdec.decode.cache`, :mod:`specdec.models`); plain decoding is
+Both run on the same static-cache path (:mod:`specdec.models.cache`, :mod:`specdec.models`); plain decoding is
 speculative decoding with a drafter that proposes nothing, so the two differ only in the drafts. One
 step: the drafter proposes up to K tokens, the target scores [last token, drafts] in one forward, the
 acceptance rule's ``chain`` (:class:`specdec.verify.AcceptanceRule`; the exact one unless told otherwise)
@@ -10,7 +10,7 @@ host-side drafters and stats need it).
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
-gathers the accepted path into contiguous slots (:meth:`specdec.decode.cache.KVCache.compact`).
+gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVCache.compact`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Iterator, Sequence
 import torch
 
 from specdec.decode.metrics import DecodeStats
-from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal
 from specdec.models import as_decoder
 from specdec.models.loading import stop_token_ids
 from specdec.verify import EXACT, AcceptanceRule, ExactRule, greedy_chain, greedy_tree
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
-from specdec.decode.sampling import SamplingParams
 from specdec.models.graphs import Graphs, check_compile_mode, replays_graphs
+from specdec.verify.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Proposal:
 class DecodeState:
     """What the decode loop shares with a drafter. Updated in place after every verify step.
 
-    Slot layout as in :class:`specdec.decode.cache.KVCache`: row b's tokens sit at slots ``pad[b] ..
+    Slot layout as in :class:`specdec.models.cache.KVCache`: row b's tokens sit at slots ``pad[b] ..
     seq_lens[b] - 1`` of ``seq``; the target cache holds all of them but the last (``last_tokens``).
     """
 

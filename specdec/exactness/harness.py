@@ -8,7 +8,7 @@ Method
    tokens, and the target's conditional after an EOS is as well defined as before it.
 2. **Score against the exact conditionals.** The target runs once over prompt + continuation (teacher
    forcing, a fresh cache, one forward per batch), and its logits go through the same
-   :func:`~specdec.decode.sampling.logits_to_probs` as in decoding: row t is the exact law of token t given what
+   :func:`~specdec.verify.sampling.logits_to_probs` as in decoding: row t is the exact law of token t given what
    was emitted before it. Each token is reduced on the fly to what the tests need
    (:func:`specdec.exactness.stats.token_scores`: four numbers, not V), so [N·M, L, V] is never held.
 3. **Test.** :func:`specdec.exactness.stats.exactness_test_from_scores`: randomised PIT + Kolmogorov–Smirnov, and the
@@ -55,7 +55,6 @@ from tqdm import tqdm
 
 from specdec.decode.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats
-from specdec.decode.sampling import SamplingParams, logits_to_probs
 from specdec.drafters import Drafter
 from specdec.exactness import planted, strata
 from specdec.exactness.shared_prefill import fast_decoder
@@ -74,6 +73,7 @@ from specdec.exactness.stats import (
 )
 from specdec.exactness.strata import DraftRecord, DraftRecorder
 from specdec.jobs.data import left_pad
+from specdec.verify.sampling import SamplingParams, logits_to_probs
 
 log = logging.getLogger(__name__)
 

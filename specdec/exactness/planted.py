@@ -54,12 +54,12 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from specdec.decode.cache import KVCache
-from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
+from specdec.models.cache import KVCache
 from specdec.models.llama import CompactLlama, supports
 from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 from specdec.verify.tree import walk_tree
 
 # --- the verifier: acceptance rules for chains and trees (arguments and results: specdec.verify.AcceptanceRule)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.decode.cache import KVCache
 from specdec.models import as_decoder
+from specdec.models.cache import KVCache
 from specdec.models.llama import CompactLlama, supports
 
 

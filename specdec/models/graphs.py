@@ -4,7 +4,7 @@ A small model's decode step on a GPU is launch-bound: SmolLM2-135M's forward is 
 costing a launch from Python. :class:`GraphedDecoder` captures the forward of a
 :class:`~specdec.models.llama.CompactLlama` once per input shape (batch, width, chain or tree, captured
 feature layers) and replays it: one launch per step. What makes that possible is already in the cache's
-design (:mod:`specdec.decode.cache`): every piece of bookkeeping is an on-device tensor of fixed shape, updated in
+design (:mod:`specdec.models.cache`): every piece of bookkeeping is an on-device tensor of fixed shape, updated in
 place. A graphed forward attends over the cache's whole capacity (the slots past each row's block are
 masked out) instead of a host-side ``kv_len``.
 
@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specdec.decode.cache import KVCache
+from specdec.models.cache import KVCache
 from specdec.models.llama import CompactLlama
 
 CAPACITY_STEP = 256  # the reused cache grows in steps of this many slots

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 @dataclass
 class CroppedCache:
-    """A DynamicCache plus the bookkeeping :class:`specdec.decode.cache.KVCache` exposes to the decode loop."""
+    """A DynamicCache plus the bookkeeping :class:`specdec.models.cache.KVCache` exposes to the decode loop."""
 
     inner: DynamicCache
     lengths: torch.Tensor  # [1] long: committed tokens

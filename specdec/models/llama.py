@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.decode.cache import KVCache
 from specdec.models import cpu_kernels
+from specdec.models.cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

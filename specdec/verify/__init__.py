@@ -17,7 +17,7 @@ Vocabulary, used the same way across specdec:
 
 The exact rule (:mod:`specdec.verify.chain` for chains, :mod:`specdec.verify.tree` for trees) emits tokens
 distributed exactly as sampling from the target alone, whatever q is, provided p and q went through the
-same sampling processing (:func:`specdec.decode.sampling.logits_to_probs`). The decode loop calls one
+same sampling processing (:func:`specdec.verify.sampling.logits_to_probs`). The decode loop calls one
 :class:`~specdec.verify.rules.AcceptanceRule` object, :data:`EXACT` unless told otherwise; the lossy rule
 (Medusa's typical acceptance) lives in :mod:`specdec.verify.lossy`, and planted bugs are rules too
 (:mod:`specdec.exactness.planted`).

@@ -4,7 +4,7 @@ Terms as in :mod:`specdec.verify`. Each draft token x_i is accepted with probabi
 min(1, p_i(x_i) / q_i(x_i)); at the first rejection n the recovered token is drawn from
 norm(max(0, p_n − q_n)), and when all K drafts are accepted the bonus token is drawn from p_K. Together
 this emits tokens distributed exactly as sampling from the target alone, whatever q is, provided p and q
-went through the same sampling processing (:func:`specdec.decode.sampling.logits_to_probs`). Greedy decoding is
+went through the same sampling processing (:func:`specdec.verify.sampling.logits_to_probs`). Greedy decoding is
 the one-hot special case: a draft is accepted iff it is the target's argmax.
 
 Everything here is a pure function of probabilities and a ``torch.Generator``; there is no host sync.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.decode.sampling import sample
+from specdec.verify.sampling import sample
 
 
 def accept_drafts(

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from specdec.decode.sampling import sample
+from specdec.verify.sampling import sample
 
 
 @dataclass(frozen=True)

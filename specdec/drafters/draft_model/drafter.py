@@ -30,11 +30,11 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.decode.sampling import SamplingParams, logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.models.graphs import Graphs
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
 

@@ -41,7 +41,6 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
@@ -49,6 +48,7 @@ from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.errors import VocabMismatchError
 from specdec.models import cpu_kernels
+from specdec.verify.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.decode.sampling import sample
 from specdec.drafters.base import DecodeState
 from specdec.drafters.trees.dynamic import mean_confidence
 from specdec.drafters.trees.plan import TreeCache
+from specdec.verify.sampling import sample
 
 if TYPE_CHECKING:
     from specdec.drafters.eagle.drafter import EagleDrafter

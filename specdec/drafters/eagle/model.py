@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from specdec.decode.cache import KVCache
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
+from specdec.models.cache import KVCache
 from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product, fusable_input
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct

@@ -27,12 +27,12 @@ import math
 
 import torch
 
-from specdec.decode.sampling import logits_to_probs, sample
 from specdec.drafters.base import DecodeState
 from specdec.drafters.medusa.heads import MedusaHeads
 from specdec.drafters.trees.dynamic import open_part, path_logprobs
 from specdec.drafters.trees.plan import Level, TreePlan
 from specdec.models.graphs import Graphs
+from specdec.verify.sampling import logits_to_probs, sample
 
 
 class IndependentHeads:

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from specdec.decode.sampling import sample
+from specdec.verify.sampling import sample
 from specdec.verify.tree import Tree
 
 
