@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_llama, tiny_train_pair
+from helpers import make_markov_target, tiny_llama, tiny_train_pair
 from transformers import LlamaForCausalLM
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -24,6 +24,12 @@ def tiny_draft() -> LlamaForCausalLM:
 def tiny_pair():
     """The tiny target and tokenizer the training tests use (a fresh pair per module: tests set its chat template)."""
     return tiny_train_pair()
+
+
+@pytest.fixture(scope="module")
+def markov_target():
+    """A bigram Llama (:func:`helpers.make_markov_target`): exactness tests sample through it."""
+    return make_markov_target()
 
 
 @pytest.fixture(scope="session")

@@ -465,13 +465,6 @@ def markov_draft(markov_target):
     return draft
 
 
-@pytest.fixture(scope="module")
-def markov_target():
-    from test_medusa import make_markov_target
-
-    return make_markov_target()
-
-
 @pytest.mark.parametrize("options", [dict(confidence=0.9), dict(schedule="heuristic"),
                                      dict(vocab_ids=torch.arange(48)),
                                      dict(confidence=0.3, schedule="heuristic", vocab_ids=torch.arange(40, 64))],
@@ -491,7 +484,7 @@ def test_adaptive_and_restricted_drafting_keep_greedy_output(target, options):
                                      dict(confidence=0.5, schedule="heuristic", vocab_ids=torch.arange(16, 64))],
                          ids=["confidence", "heuristic", "draft-vocab", "all"])
 def test_sampling_with_adaptive_and_restricted_drafting_is_exact(markov_target, options):
-    from test_eagle import exact_verdict
+    from helpers import exact_verdict
 
     drafter = DraftModelDrafter(markov_draft(markov_target), **options)
     verdict, stats = exact_verdict(markov_target, drafter, 4)
@@ -502,7 +495,7 @@ def test_sampling_with_adaptive_and_restricted_drafting_is_exact(markov_target, 
 def test_a_restricted_draft_that_misreports_q_is_caught(markov_target):
     """Power for the restricted head: a draft that samples from its N tokens but tells the verifier the whole
     vocabulary's softmax (the zeros off the N tokens forgotten) is rejected by the same test."""
-    from test_eagle import exact_verdict
+    from helpers import exact_verdict
 
     from specdec.verify.sampling import logits_to_probs, sample
 

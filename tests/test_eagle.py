@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import check_export_force, shipped_drafter_taus, tiny_llama
+from helpers import check_export_force, exact_verdict, random_eagle, shipped_drafter_taus, tiny_llama
 from safetensors.torch import load_file, save_file
 
 from specdec import autoregressive_generate, speculative_generate
@@ -24,17 +24,6 @@ from specdec.training.methods.eagle.objective import ttt_mask, unroll
 @pytest.fixture(scope="module")
 def target():
     return tiny_llama(layers=4, seed=0)
-
-
-def random_eagle(target, draft_vocab=None, seed=0, aux=(1, 2, 3)) -> EagleModel:
-    model = EagleModel(EagleConfig.for_target(target.config, draft_vocab, aux))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    if draft_vocab:
-        model.set_token_ids(torch.randperm(target.config.vocab_size, generator=gen)[:draft_vocab].sort().values)
-    return model.attach(target.get_input_embeddings().weight)
 
 
 PROMPTS = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
@@ -435,7 +424,7 @@ class MarkovEagle(EagleModel):
 
 
 def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
-    from test_medusa import VOCAB
+    from helpers import VOCAB
 
     model = MarkovEagle(EagleConfig.for_target(target.config, None if draft_vocab is None else len(draft_vocab), (0,)))
     with torch.no_grad():
@@ -448,40 +437,6 @@ def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
     if draft_vocab is not None:
         model.set_token_ids(draft_vocab)
     return model.attach(target.get_input_embeddings().weight)
-
-
-def sample_and_score(target, drafter, k, rows=400, new=8, seed=0, rule=None):
-    from test_medusa import random_prompts
-
-    from specdec.verify.sampling import logits_to_probs
-
-    g = torch.Generator().manual_seed(seed)
-    ids = random_prompts(rows, g)
-    out = speculative_generate(target, drafter, ids, attention_mask=torch.ones_like(ids), k=k, max_new_tokens=new,
-                               temperature=1.0, generator=g, eos_token_id=[], rule=rule)
-    seqs = torch.cat([ids, torch.tensor(out.sequences)], 1)
-    with torch.no_grad():
-        probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1], 1.0)
-    import numpy as np
-
-    return (seqs[:, ids.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(),
-            np.tile(np.arange(new), rows), out.stats)
-
-
-def exact_verdict(target, drafter, k, seed=1, rule=None):
-    import numpy as np
-
-    from specdec.exactness.stats import exactness_test
-
-    tokens, probs, positions, stats = sample_and_score(target, drafter, k, seed=seed, rule=rule)
-    return exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions), stats
-
-
-@pytest.fixture(scope="module")
-def markov_target():
-    from test_medusa import make_markov_target
-
-    return make_markov_target()
 
 
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, depth=3, top_k=2, expand=2), 12),

@@ -3,7 +3,7 @@ acceptance rule it verifies chains and trees with."""
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.drafters.base import Drafter, Proposal

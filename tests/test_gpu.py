@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.jobs.data import left_pad
@@ -54,7 +54,7 @@ def test_sampling_on_cuda_is_seeded():
 def test_greedy_medusa_with_lookup_and_auto_dtype_equals_plain_on_cuda(min_confidence, device="cuda"):
     """The default Medusa setting on CUDA: bf16 heads (dtype auto) over a float32 target, a dynamic or fixed
     tree, and the prompt-lookup branch (merged at batch 1, its own chain at batch 3)."""
-    from test_medusa import PATHS, random_heads
+    from helpers import PATHS, random_heads
 
     from specdec.drafters.medusa import MedusaDrafter
 
@@ -78,7 +78,7 @@ def _graphed(model):
 def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, graph_device):
     """Replayed graphs equal eager forwards (greedy, chain and tree drafters, batch 1 and 3), across several
     generations of different lengths on one reused cache; a width is captured once, then only replayed."""
-    from test_medusa import PATHS, random_heads
+    from helpers import PATHS, random_heads
 
     from specdec.drafters.medusa import MedusaDrafter
 
@@ -139,7 +139,7 @@ def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, g
     lookup branch merged in, batch 1 and 3, through the graphed target). The greedy outputs are plain decoding's
     and the drafts the eager drafter's (the same acceptance); graphs are captured once per batch size (per level
     of a dynamic token-aware tree), then only replayed; at T=1 the graphed drafter samples what the eager one does."""
-    from test_medusa import PATHS, random_heads, random_token_aware_heads
+    from helpers import PATHS, random_heads, random_token_aware_heads
 
     from specdec.drafters.medusa import MedusaDrafter
 
@@ -220,7 +220,7 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     generations. Step by step the graphed drafter proposes what the eager one does (a random draft layer, whose
     outputs depend on all it attends: batch 1, 3, then 1 twice), the outputs stay plain decoding's, and a second
     generation of a batch size already seen captures nothing; at T=1 both draw the same from the same seed."""
-    from test_eagle import random_eagle
+    from helpers import random_eagle
 
     from specdec.drafters.eagle import EagleDrafter
 
@@ -267,7 +267,7 @@ def test_graph_captures_are_left_out_of_the_decode_times(graph_device):
     generation that captures nothing new counts none."""
     import time
 
-    from test_medusa import PATHS, random_heads
+    from helpers import PATHS, random_heads
 
     from specdec.drafters.medusa import MedusaDrafter
 
@@ -331,7 +331,7 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted, grap
     tokens. The tokens pass the exactness test against the target's own conditionals; with the planted sampler
     bug (a rejected sibling's residual not renormalised) the same test rejects."""
     import numpy as np
-    from test_medusa import PATHS, NoRenormalisation, make_markov_target, markov_heads, random_prompts
+    from helpers import PATHS, NoRenormalisation, make_markov_target, markov_heads, random_prompts
 
     from specdec.drafters.medusa import MedusaDrafter
     from specdec.exactness.stats import exactness_test

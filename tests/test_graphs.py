@@ -3,7 +3,7 @@ eager decoder. Its CUDA behaviour is tested in test_gpu.py."""
 
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, speculative_generate
 from specdec.models import GraphedDecoder, as_decoder

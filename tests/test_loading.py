@@ -24,7 +24,6 @@ from specdec.models.loading import (
     resolve_dtype,
 )
 
-
 WORDS = ["[UNK]", "<eos>", "hello", "world"]
 
 

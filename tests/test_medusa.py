@@ -12,7 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama
+from helpers import (
+    PATHS,
+    VOCAB,
+    NoRenormalisation,
+    markov_heads,
+    random_heads,
+    random_token_aware_heads,
+    sample_and_score,
+    tiny_llama,
+)
 
 import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate
@@ -22,19 +31,9 @@ from specdec.drafters.medusa.candidates import TokenAwareHeads
 from specdec.drafters.trees.plan import plan_tree
 from specdec.exactness.stats import exactness_test
 from specdec.jobs.data import left_pad
-from specdec.verify import ExactRule, verify_tree
 from specdec.verify.sampling import logits_to_probs
 
-PATHS = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-
-
-def random_heads(hidden=32, vocab=64, num_heads=3, seed=1, scale=0.3, token_ids=None) -> MedusaHeads:
-    torch.manual_seed(seed)
-    heads = MedusaHeads(hidden, vocab, num_heads, token_ids=token_ids)
-    for block in heads.blocks:
-        torch.nn.init.normal_(block.linear.weight, std=scale)
-    return heads.eval().requires_grad_(False)
 
 
 # --- heads and their files -------------------------------------------------------------------------------
@@ -220,83 +219,6 @@ def test_bad_min_confidence_is_named(tiny_target):
 # --- exact sampling through the engine ---------------------------------------------------------------------
 
 
-VOCAB, SIGMA_LOGIT, TAU_LOGIT = 64, 6.07, 4.82
-
-
-def successor(token, shift: int):  # σ: a fixed permutation of the vocabulary
-    return (token * 5 + 3 * shift) % VOCAB if shift == 1 else successor(successor(token, 1), shift - 1)
-
-
-def make_markov_target():
-    """A real Llama whose attention and MLP write nothing, so it is a bigram model: after token a it
-    puts ~0.7 on σ(a), ~0.2 on τ(a) = σ(a) + 1 and the rest on the others. Its final hidden state is e_a."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=VOCAB, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=32, max_position_embeddings=256,
-                         tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.eye(VOCAB))
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.norm.weight.fill_(VOCAB ** -0.5)  # RMSNorm(e_a) = sqrt(V)·e_a, so the hidden state is e_a
-        lm_head = torch.zeros(VOCAB, VOCAB)
-        a = torch.arange(VOCAB)
-        lm_head[successor(a, 1), a] = SIGMA_LOGIT
-        lm_head[(successor(a, 1) + 1) % VOCAB, a] = TAU_LOGIT
-        model.lm_head.weight.copy_(lm_head)
-    return model
-
-
-@pytest.fixture(scope="module")
-def markov_target():
-    return make_markov_target()
-
-
-def markov_heads(num_heads: int = 3, token_ids: torch.Tensor | None = None, strength: float = 20.0) -> MedusaHeads:
-    """Head i maps e_a to ~e_{σ^(i+1)(a)}: its candidates are the likely successors of σ^(i+1)(a), i.e.
-    the target's best guesses for the token i+2 steps ahead. Good but imperfect drafts: the tree's first
-    candidate is often rejected and the second often accepted, so the sibling rule is exercised.
-    ``token_ids``: a draft vocabulary (q is 0 outside it)."""
-    heads = MedusaHeads(VOCAB, VOCAB, num_heads, token_ids=token_ids)
-    a = torch.arange(VOCAB)
-    with torch.no_grad():
-        for i, block in enumerate(heads.blocks):
-            block.linear.weight.zero_()
-            block.linear.weight[successor(a, i + 1), a] = strength
-    return heads.eval().requires_grad_(False)
-
-
-def random_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [rows, 4]
-    return torch.randint(0, VOCAB, (rows, 4), generator=generator)
-
-
-def sample_and_score(target, drafter, rows=400, new=8, seed=0, prompts=random_prompts, batch=None, rule=None):
-    """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats.
-    ``prompts(rows, generator)`` makes the prompts; ``batch`` rows are generated at a time (None = all);
-    ``rule``: the acceptance rule (None = the drafter's own)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = prompts(rows, g)  # [R, P]
-    sequences, stats = [], None
-    for start in range(0, rows, batch or rows):
-        part = ids[start: start + (batch or rows)]
-        out = speculative_generate(target, drafter, part, attention_mask=torch.ones_like(part), k=drafter_k(drafter),
-                                   max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[], rule=rule)
-        sequences += out.sequences
-        stats = out.stats if stats is None else stats.merge(out.stats)
-    seqs = torch.cat([ids, torch.tensor(sequences)], 1)  # [R, P + new]
-    with torch.no_grad():  # [R, new, V]: p of each emitted token
-        probs = logits_to_probs(target(seqs).logits[:, ids.shape[1] - 1: -1], 1.0)
-    return (seqs[:, ids.shape[1]:].reshape(-1).numpy(), probs.reshape(-1, probs.shape[-1]).numpy(),
-            np.tile(np.arange(new), rows), stats)
-
-
-def drafter_k(drafter: MedusaDrafter) -> int:
-    return len(drafter.paths) + drafter.lookup if drafter.paths is not None else drafter.heads.num_heads
-
-
 MARKOV_DRAFT_VOCAB = torch.arange(48)  # a quarter of the tokens can never be drafted
 
 
@@ -309,14 +231,6 @@ def test_sampling_with_medusa_is_exact(markov_target, paths, min_confidence, tok
     assert stats.mean_accepted_length > 1.3  # drafts are accepted often: the rule is really exercised
     verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
     assert not verdict.reject, verdict
-
-
-class NoRenormalisation(ExactRule):
-    """Planted bug: a tree's next sibling is tested against max(0, p − q) without renormalising it."""
-
-    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
-        return verify_tree(tree, draft_tokens, draft_probs, target_probs, generator,
-                           residual=lambda p, q: (p - q).clamp(min=0))
 
 
 def test_planted_tree_sampler_bug_is_caught_end_to_end(markov_target):
@@ -413,14 +327,6 @@ def test_shipped_heads_greedy_equal_plain_decoding_on_real_target(real_target, r
 
 
 # --- token-aware heads (Hydra-style: the emitted token and the draft path as input) -----------------------
-
-
-def random_token_aware_heads(num_heads=3, seed=2, scale=0.3, hidden=32) -> MedusaHeads:
-    torch.manual_seed(seed)
-    heads = MedusaHeads(hidden, VOCAB, num_heads, token_aware=True)
-    for block in heads.blocks:
-        torch.nn.init.normal_(block.linear.weight, std=scale)
-    return heads.eval().requires_grad_(False)
 
 
 @pytest.mark.parametrize("paths, min_confidence, ks", [(None, 0.0, [1, 3]), (PATHS, 0.0, [1, 8]), (PATHS, 0.03, [8]),

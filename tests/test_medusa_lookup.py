@@ -8,16 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_medusa import (  # noqa: F401 (a fixture)
-    PATHS,
-    VOCAB,
-    NoRenormalisation,
-    markov_heads,
-    markov_target,
-    random_heads,
-    sample_and_score,
-    successor,
-)
+from helpers import PATHS, VOCAB, NoRenormalisation, markov_heads, random_heads, sample_and_score, successor
 
 import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate

@@ -36,6 +36,7 @@ from specdec.training.methods.medusa.objective import (
 )
 from specdec.training.trainer import check_config, train
 
+
 def test_head_labels_shift_by_head():
     tokens = torch.tensor([10, 11, 12, 13, 14, 20, 21, 30])  # three sequences back to back: 5, 2 and 1 tokens
     rows, labels = head_labels(tokens, torch.tensor([5, 2, 1]), num_heads=3)

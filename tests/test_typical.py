@@ -8,7 +8,7 @@ i.e. the statistical test has the power to see what the rule costs.
 import numpy as np
 import pytest
 import torch
-from test_medusa import PATHS, markov_heads, markov_target, random_heads, sample_and_score  # noqa: F401
+from helpers import PATHS, markov_heads, random_heads, sample_and_score
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.medusa import MedusaDrafter
