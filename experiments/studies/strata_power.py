@@ -1,5 +1,5 @@
 """Power of each exactness test against each planted bug, and the false rejections of the exact verifier,
-over seeds, on the tiny models of tests/test_verify_dist.py (peaked target, close and far drafts).
+over seeds, on the tiny models of tests/exactness/test_verify_dist.py (peaked target, close and far drafts).
 
     python experiments/studies/strata_power.py                  # 20 seeds per bug, 200 exact seeds, α 0.01
     python experiments/studies/strata_power.py --seeds 5 --null-seeds 20 --out /tmp/quick.json
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the tiny models and planted-bug cases live with the tests
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "exactness")]  # the tiny models and planted-bug cases live with the tests
 
 from test_verify_dist import BUG_CASES, check, noisy_copy, peaked_llama  # noqa: E402
 

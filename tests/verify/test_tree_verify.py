@@ -1,6 +1,6 @@
 """The tree verifier reproduces the target distribution exactly — and a planted bug is caught.
 
-Statistical setup as in ``test_verify.py``: a context-free "model" whose target and draft distributions
+Statistical setup as in ``test_chain_verify.py``: a context-free "model" whose target and draft distributions
 depend only on the output position t (cycling through M tables), so token t ~ P[t mod M] independently.
 Many rows run the tree verifier in parallel over several steps; a chi-square goodness-of-fit test per
 output position and on adjacent pairs, Holm-corrected, must not reject the exact rule and must reject the

@@ -51,7 +51,7 @@ def test_batched_plain_decoding_equals_per_prompt(model, real_prompts, reference
 
 
 # k 1, 2, 4 and 8 of n-gram lookup and k 1 and 4 of the early-exit draft model (8 untrained layers, ~1%
-# accepted: 8-20 s per k) run by default, every other k opt-in (`-m slow`); tests/test_distill.py covers the
+# accepted: 8-20 s per k) run by default, every other k opt-in (`-m slow`); tests/drafters/test_draft_model.py covers the
 # distilled draft that `drafter=draft_model` uses by default.
 DEFAULT_K = {"ngram": (1, 2, 4, 8), "draft_model": (1, 4)}
 

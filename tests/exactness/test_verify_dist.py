@@ -38,7 +38,7 @@ from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
 from specdec.verify.sampling import SamplingParams
 from specdec.verify_dist import EXIT_REJECTED, verify_distribution
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
 PROMPTS = [[5, 17, 33], [8, 2, 40, 51, 9], [60, 12, 7, 7, 30, 22, 3, 14], [1, 44, 19, 6]]  # ragged: left padding
 TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]

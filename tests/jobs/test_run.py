@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from specdec.config import register_configs
 from specdec.models import cpu_kernels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 REQUIRED = ["drafter", "k", "temperature", "acceptance_rate", "acceptance_per_position", "mean_accepted_length",
             "tokens_per_second", "baseline_tokens_per_second", "speedup", "predicted_speedup", "num_prompts",

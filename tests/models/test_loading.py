@@ -190,7 +190,7 @@ def test_embedded_default_loads_then_comes_from_the_cache(monkeypatch):
 def test_two_processes_converting_at_once_both_succeed(tmp_path, monkeypatch):
     code = "from specdec.models.loading import ensure_smollm2_cache; print(ensure_smollm2_cache())"
     env = {**os.environ, "SPECDEC_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-c", code]
     procs = [subprocess.Popen(command, env=env, cwd=repo, stdout=subprocess.PIPE) for _ in range(2)]
     outputs = [proc.communicate(timeout=300)[0].decode().strip() for proc in procs]

@@ -17,7 +17,7 @@ import torch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the experiments package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the experiments package
 from experiments.benchmarks.vs_vllm import DEFAULT_VENV, run_vllm  # noqa: E402
 
 K = 3

@@ -18,7 +18,7 @@ from specdec.decode.metrics import predicted_speedup
 from specdec.jobs.runs import failed_result
 from specdec.report.plots import _series
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAILED_ERROR = "RuntimeError: CUDA out of memory | tried to allocate 2 GiB"
 
@@ -372,7 +372,7 @@ def test_every_entry_point_keeps_earlier_results() -> None:
     from specdec.config import register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "configs"), version_base="1.3"):
         for name in ("run", "verify_dist"):
             cfg = compose(name, return_hydra_config=True)
             assert cfg.hydra.callbacks.keep_results._target_ == "specdec.jobs.runs.KeepEarlierResults", name

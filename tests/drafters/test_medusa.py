@@ -33,7 +33,7 @@ from specdec.exactness.stats import exactness_test
 from specdec.jobs.data import left_pad
 from specdec.verify.sampling import logits_to_probs
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 # --- heads and their files -------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ def test_entry_point_and_its_alias_compose_the_same_config(module):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-m", module, "--cfg", "job", "--resolve", "method.num_heads=2"], cwd=root,
                          capture_output=True, text=True, check=True).stdout
     assert "name: medusa" in out and "num_heads: 2" in out and "output_dir: outputs/train/medusa/smollm2-135m" in out

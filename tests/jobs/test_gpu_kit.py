@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "gpu"))
 import kit  # noqa: E402
 
 

@@ -370,7 +370,7 @@ def test_the_train_command_composes_and_runs_from_a_model_directory(tmp_path, ti
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     register_train_configs()
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("train", overrides=[
             "method=draft_model", "method.layers=[0]", "method.loss=rkl", "method.chunk_len=32",
