@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from specdec.config import config_dir, register_configs
 from specdec.decode.engine import autoregressive_generate, speculative_generate
-from specdec.decode.metrics import DecodeStats, predicted_speedup
+from specdec.decode.metrics import DecodeStats, summarize
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
 from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
@@ -32,63 +32,10 @@ from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
 from specdec.models.llama import use_coded_panels
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.report.table import format_table
 from specdec.verify.sampling import SamplingParams
 
 register_configs()
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.nan  # no decode steps (max_new_tokens=1): no decode-only rate
-
-
-def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: int) -> dict[str, Any]:
-    """The metrics of results.json for one group of prompts (all of them, or one category).
-
-    Rates and speedups come twice (:mod:`specdec.decode.metrics`): ``tokens_per_second``,
-    ``baseline_tokens_per_second`` and ``speedup`` end to end, the prompt's prefill included (as they always
-    were); ``decode_tokens_per_second``, ``baseline_decode_tokens_per_second`` and ``decode_speedup`` decode
-    only, the prefill's time and its token left out (on long prompts the prefill can take most of the time).
-    Two predictions of the speedup: ``predicted_speedup_measured_costs`` (the table's ``predicted`` column) holds
-    for any proposal shape; ``predicted_speedup`` is Leviathan et al.'s formula, which assumes a chain of k drafts
-    (``drafting`` says which shape the drafter proposed) verified at a plain step's cost."""
-    out = {
-        "num_prompts": num_prompts,
-        "acceptance_rate": spec.acceptance_rate,
-        "acceptance_rate_conditional": spec.acceptance_rate_conditional,
-        "acceptance_per_position": spec.acceptance_per_position,
-        "mean_accepted_length": spec.mean_accepted_length,
-        "tokens_per_second": spec.tokens_per_second,
-        "baseline_tokens_per_second": math.nan,
-        "speedup": math.nan,
-        "decode_tokens_per_second": spec.decode_tokens_per_second,
-        "baseline_decode_tokens_per_second": math.nan,
-        "decode_speedup": math.nan,
-        "predicted_speedup": math.nan,
-        "predicted_speedup_measured_costs": math.nan,
-        "drafting": "tree" if spec.tree_steps else "chain",
-        "cost_ratio": math.nan,
-    }
-    if base is not None and base.target_forwards:
-        step_time = base.target_time_s / base.target_forwards
-        cost = spec.cost_ratio(step_time)
-        per_step = spec.target_time_per_forward + (spec.drafter_time_s / spec.target_forwards
-                                                   if spec.target_forwards else math.nan)
-        out.update(
-            baseline_tokens_per_second=base.tokens_per_second,
-            speedup=_ratio(spec.tokens_per_second, base.tokens_per_second),
-            baseline_decode_tokens_per_second=base.decode_tokens_per_second,
-            decode_speedup=_ratio(spec.decode_tokens_per_second, base.decode_tokens_per_second),
-            cost_ratio=cost,
-            # Leviathan et al.'s formula: a chain of k drafts, verification costing one target step.
-            predicted_speedup=predicted_speedup(spec.acceptance_rate_conditional, k, cost),
-            # The prediction from measured costs (any proposal shape, verification at its real cost):
-            # τ · plain step time / (verify + draft time per step). Its gap to the measured speedup is loop
-            # overhead; for a chain, its gap to predicted_speedup is the cost of verifying k+1 tokens.
-            predicted_speedup_measured_costs=spec.mean_accepted_length * step_time / per_step,
-            target_step_time_s=step_time,
-            verify_step_time_s=spec.target_time_per_forward,
-        )
-    return out
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -188,56 +135,6 @@ def drafter_graph_fields(drafter) -> dict[str, Any]:
     runners = drafter.graph_runners()
     return {"drafter_graph_captures": sum(r.captures for r in runners) if runners else None,
             "drafter_graph_capture_time_s": sum(r.capture_time_s for r in runners) if runners else None}
-
-
-def format_table(results: dict[str, Any]) -> str:
-    # predicted: from measured costs, which fits trees as well as chains (Leviathan's formula, under the table,
-    # assumes a chain verified at a plain step's cost); like decode only, it leaves the prefill out
-    rates = f"{'tok/s':>9}{'base tok/s':>12}{'speedup':>9}"
-    head = f"{'category':<14}{'prompts':>8}{'α':>8}{'τ':>8}{rates}{rates}{'predicted':>11}"
-    groups = f"{'':<38}{'end to end (with prefill)':^30}{'decode only (no prefill)':^30}"
-    lines = [groups.rstrip(), head, "-" * len(head)]
-    rows = list(results["per_category"].items()) + [("ALL", results)]
-    for name, r in rows:
-        lines.append(
-            f"{name:<14}{r['num_prompts']:>8}{r['acceptance_rate']:>8.3f}{r['mean_accepted_length']:>8.2f}"
-            f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>12.1f}{r['speedup']:>8.2f}x"
-            f"{r['decode_tokens_per_second']:>9.1f}{r['baseline_decode_tokens_per_second']:>12.1f}"
-            f"{r['decode_speedup']:>8.2f}x{r['predicted_speedup_measured_costs']:>10.2f}x"
-        )
-    measured = list(results["acceptance_per_position"])
-    while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
-        measured.pop()
-    pos = ", ".join(f"{a:.2f}" for a in measured)
-    lines.append(f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}")
-    if "verify_step_time_s" in results:
-        lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
-                     f"{1000 * results['target_step_time_s']:.1f} ms; predicted = τ · plain step / (verify + draft "
-                     f"time per step)")
-    if results.get("wall_time_s", 0) > 0:
-        share = f"prefill: {results['prefill_time_s'] / results['wall_time_s']:.0%} of the end-to-end time"
-        if results["baseline_wall_time_s"] > 0:
-            share += f" ({results['baseline_prefill_time_s'] / results['baseline_wall_time_s']:.0%} for plain decoding)"
-        lines.append(share + ", left out of the decode-only figures with the token it gives")
-    if results.get("drafting") == "chain" and not math.isnan(results["predicted_speedup"]):
-        lines.append(f"Leviathan's chain formula (verify at a plain step's cost): {results['predicted_speedup']:.2f}x")
-    if "bandwidth_fraction" in results:
-        lines.append(f"speed of light: a step reads {results['step_bytes'] / 1e6:.0f} MB (weights + KV cache); at "
-                     f"{results['read_bandwidth_GBps']:.1f} GB/s (probe) the floor is "
-                     f"{1000 * results['bandwidth_floor_s']:.1f} ms: plain steps at {results['bandwidth_fraction']:.0%} "
-                     f"of it, verify steps at {results['bandwidth_fraction_verify']:.0%}")
-    graphs = [f"{who} {results[f'{key}captures']} shapes in {results[f'{key}capture_time_s']:.1f} s"
-              for who, key in (("target", "cuda_graph_"), ("drafter", "drafter_graph_"))
-              if results.get(f"{key}captures") is not None]
-    if graphs:
-        lines.append(f"graphs captured (one-off, left out of the timings above): {', '.join(graphs)}")
-    if results.get("lossy"):
-        lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
-                     "> 0 the output is not distributed as the target's")
-    if results.get("greedy_mismatches") is not None:
-        lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
-                     f"({results['greedy_mismatches']} mismatching rows)")
-    return "\n".join(lines)
 
 
 def _main(cfg: DictConfig, results_path: Path) -> float:

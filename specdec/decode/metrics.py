@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -173,3 +174,57 @@ class DecodeStats:
             "decode_time_s": self.decode_time_s,
             "decode_tokens_per_second": self.decode_tokens_per_second,
         }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan  # no decode steps (max_new_tokens=1): no decode-only rate
+
+
+def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: int) -> dict[str, Any]:
+    """The metrics of results.json for one group of prompts (all of them, or one category).
+
+    Rates and speedups come twice (see the module docstring): ``tokens_per_second``,
+    ``baseline_tokens_per_second`` and ``speedup`` end to end, the prompt's prefill included (as they always
+    were); ``decode_tokens_per_second``, ``baseline_decode_tokens_per_second`` and ``decode_speedup`` decode
+    only, the prefill's time and its token left out (on long prompts the prefill can take most of the time).
+    Two predictions of the speedup: ``predicted_speedup_measured_costs`` (the table's ``predicted`` column) holds
+    for any proposal shape; ``predicted_speedup`` is Leviathan et al.'s formula, which assumes a chain of k drafts
+    (``drafting`` says which shape the drafter proposed) verified at a plain step's cost."""
+    out = {
+        "num_prompts": num_prompts,
+        "acceptance_rate": spec.acceptance_rate,
+        "acceptance_rate_conditional": spec.acceptance_rate_conditional,
+        "acceptance_per_position": spec.acceptance_per_position,
+        "mean_accepted_length": spec.mean_accepted_length,
+        "tokens_per_second": spec.tokens_per_second,
+        "baseline_tokens_per_second": math.nan,
+        "speedup": math.nan,
+        "decode_tokens_per_second": spec.decode_tokens_per_second,
+        "baseline_decode_tokens_per_second": math.nan,
+        "decode_speedup": math.nan,
+        "predicted_speedup": math.nan,
+        "predicted_speedup_measured_costs": math.nan,
+        "drafting": "tree" if spec.tree_steps else "chain",
+        "cost_ratio": math.nan,
+    }
+    if base is not None and base.target_forwards:
+        step_time = base.target_time_s / base.target_forwards
+        cost = spec.cost_ratio(step_time)
+        per_step = spec.target_time_per_forward + (spec.drafter_time_s / spec.target_forwards
+                                                   if spec.target_forwards else math.nan)
+        out.update(
+            baseline_tokens_per_second=base.tokens_per_second,
+            speedup=_ratio(spec.tokens_per_second, base.tokens_per_second),
+            baseline_decode_tokens_per_second=base.decode_tokens_per_second,
+            decode_speedup=_ratio(spec.decode_tokens_per_second, base.decode_tokens_per_second),
+            cost_ratio=cost,
+            # Leviathan et al.'s formula: a chain of k drafts, verification costing one target step.
+            predicted_speedup=predicted_speedup(spec.acceptance_rate_conditional, k, cost),
+            # The prediction from measured costs (any proposal shape, verification at its real cost):
+            # τ · plain step time / (verify + draft time per step). Its gap to the measured speedup is loop
+            # overhead; for a chain, its gap to predicted_speedup is the cost of verifying k+1 tokens.
+            predicted_speedup_measured_costs=spec.mean_accepted_length * step_time / per_step,
+            target_step_time_s=step_time,
+            verify_step_time_s=spec.target_time_per_forward,
+        )
+    return out

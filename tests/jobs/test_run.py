@@ -87,7 +87,8 @@ def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
     of each reported in results.json and under the table (ngram runs no model: no drafter graphs)."""
     from specdec.config import config_dir
     from specdec.models.graphs import emulated_graphs
-    from specdec.run import format_table, run
+    from specdec.report.table import format_table
+    from specdec.run import run
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
@@ -119,7 +120,7 @@ def table_results(**fields) -> dict:
 def test_the_table_shows_end_to_end_and_decode_only_figures():
     """Tokens/s and speedup end to end (the prompt's prefill included) and decode only (left out), named so over
     the columns, from results.json's keys; the prefill's share of the time under the table."""
-    from specdec.run import format_table
+    from specdec.report.table import format_table
 
     lines = format_table(table_results()).splitlines()
     assert "end to end (with prefill)" in lines[0]
@@ -134,8 +135,7 @@ def test_the_table_shows_end_to_end_and_decode_only_figures():
 
 def test_summarize_gives_end_to_end_and_decode_only_rates():
     """results.json: tokens_per_second / speedup end to end as before, decode_* without the prefill and its token."""
-    from specdec.decode.metrics import DecodeStats
-    from specdec.run import summarize
+    from specdec.decode.metrics import DecodeStats, summarize
 
     def stats(wall, forwards):
         return DecodeStats(k=2, new_tokens=40, prefill_tokens=4, wall_time_s=wall, prefill_time_s=1.0,
@@ -151,7 +151,7 @@ def test_summarize_gives_end_to_end_and_decode_only_rates():
 def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_chains():
     """The predicted column holds the prediction from measured costs, which fits trees too; Leviathan's chain
     formula, from results.json, is shown under the table for chain drafting only."""
-    from specdec.run import format_table
+    from specdec.report.table import format_table
 
     for drafting in ("chain", "tree"):
         results = table_results(drafting=drafting, verify_step_time_s=0.012, target_step_time_s=0.01)
@@ -165,7 +165,7 @@ def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_ch
 def test_the_table_names_the_graphs_captured_where_they_ran():
     """Under the run table, the shapes the target's and the drafter's graphs captured and what that cost (left out
     of the timings), for whichever replayed graphs; no line for an eager run."""
-    from specdec.run import format_table
+    from specdec.report.table import format_table
 
     results = table_results()
     assert "graphs captured" not in format_table(results)
