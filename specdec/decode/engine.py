@@ -131,33 +131,49 @@ def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> in
     return capacity
 
 
-def _prefill(decoder, input_ids: torch.Tensor, pad: torch.Tensor, capacity: int, params: SamplingParams,
-             generator: torch.Generator | None, capture: tuple[int, ...]):
-    # input_ids [B, S], pad [B] -> cache, first [B], hidden [B, H], features [B, S, F] or None
+@dataclass
+class _Request:
+    """One generation's settings, checked once (:func:`_generate`'s first phase): what its other phases read."""
+
+    input_ids: torch.Tensor  # [B, S] long, on the decoder's device, left-padded
+    pad: torch.Tensor  # [B] long: left-padding slots per row
+    host_pad: list[int]  # the same on the host
+    capacity: int  # slots per row: prompt + max_new_tokens + one step's lookahead
+    params: SamplingParams
+    generator: torch.Generator | None
+    eos: set[int]
+    max_new_tokens: int
+    capture: tuple[int, ...]  # the drafter's feature layers (empty: none)
+
+
+def _prefill(decoder, request: _Request):  # -> cache, first [B], hidden [B, H], features [B, S, F] or None
     """The whole prompt goes into the cache; its last position gives the first new token (the LM head runs
-    on that position only). ``capture``: the drafter's feature layers, returned at every prompt position."""
+    on that position only). The drafter's feature layers come back at every prompt position."""
+    input_ids, params = request.input_ids, request.params
     batch, prompt_len = input_ids.shape
-    cache = decoder.new_cache(batch, capacity, pad)
-    logits, hidden, *features = decoder(input_ids, cache, kv_len=prompt_len, last_only=True, capture=capture)
+    cache = decoder.new_cache(batch, request.capacity, request.pad)
+    logits, hidden, *features = decoder(input_ids, cache, kv_len=prompt_len, last_only=True, capture=request.capture)
     cache.commit(torch.full((batch,), prompt_len, device=input_ids.device))
-    first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), generator)
+    first = sample(logits_to_probs(logits[:, -1], params.temperature, params.top_k, params.top_p), request.generator)
     return cache, first, hidden[:, -1], features[0] if features else None
 
 
-def _initial_state(decoder, input_ids: torch.Tensor, pad: torch.Tensor, first: torch.Tensor, hidden: torch.Tensor,
-                   first_host: list[int], host_pad: list[int], capacity: int, params: SamplingParams, generator,
-                   eos: set[int], max_new_tokens: int) -> DecodeState:
+def _initial_state(decoder, request: _Request, first: torch.Tensor, first_host: list[int], hidden: torch.Tensor,
+                   features: torch.Tensor | None) -> DecodeState:
+    """The state after the prefill: the prompt and its first new token, ``first`` ([B]; ``first_host`` on the host),
+    predicted from ``hidden`` ([B, H]); ``features``: the drafter's feature layers at the prompt's positions."""
+    input_ids = request.input_ids
     batch, prompt_len = input_ids.shape
-    seq = torch.zeros(batch, capacity, dtype=torch.long, device=input_ids.device)
+    seq = torch.zeros(batch, request.capacity, dtype=torch.long, device=input_ids.device)
     seq[:, :prompt_len] = input_ids
     seq[:, prompt_len] = first
     return DecodeState(
-        seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=input_ids.device), pad=pad, last_tokens=first,
-        last_hidden=hidden, num_accepted=None,
-        tokens=[p[n:] + [t] for p, n, t in zip(input_ids.tolist(), host_pad, first_host)],
-        active=[t not in eos and max_new_tokens > 1 for t in first_host],
-        max_seq_len=prompt_len + 1, capacity=capacity, vocab_size=decoder.vocab_size, sampling=params,
-        generator=generator,
+        seq=seq, seq_lens=torch.full((batch,), prompt_len + 1, device=input_ids.device), pad=request.pad,
+        last_tokens=first, last_hidden=hidden, num_accepted=None,
+        tokens=[p[n:] + [t] for p, n, t in zip(input_ids.tolist(), request.host_pad, first_host)],
+        active=[t not in request.eos and request.max_new_tokens > 1 for t in first_host],
+        max_seq_len=prompt_len + 1, capacity=request.capacity, vocab_size=decoder.vocab_size,
+        sampling=request.params, generator=request.generator, features=features,
     )
 
 
@@ -242,18 +258,16 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     decoder = as_decoder(target)
     device = decoder.device
     input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
-    capacity = _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k)
-    eos, stats, host_pad = _eos_ids(target, eos_token_id), DecodeStats(k=k), pad.tolist()
-    capture = tuple(drafter.feature_layers)
+    request = _Request(input_ids, pad, pad.tolist(), _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k),
+                       params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
+    stats = DecodeStats(k=k)
     captured = _capture_times(decoder, drafter)
     wall_start = time.perf_counter()
     # 2) Prefill the prompt; the first token comes from its last position.
     with _timer(stats, "prefill_time_s", device):
-        cache, first, hidden, features = _prefill(decoder, input_ids, pad, capacity, params, generator, capture)
+        cache, first, hidden, features = _prefill(decoder, request)
     first_host = first.tolist()
-    state = _initial_state(decoder, input_ids, pad, first, hidden, first_host, host_pad, capacity, params, generator,
-                           eos, max_new_tokens)
-    state.features = features
+    state = _initial_state(decoder, request, first, first_host, hidden, features)
     out = [[t] for t in first_host]
     drafter.reset()
     drafter.forwards = 0
@@ -267,14 +281,14 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
         if width > k:
             raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
         with _timer(stats, "target_time_s", device):
-            step = verify_step(decoder, cache, state, proposal, rule, capture)
+            step = verify_step(decoder, cache, state, proposal, rule, request.capture)
             accepted, emitted = step.num_accepted.tolist(), step.emitted.tolist()  # the one sync per step
         stats.target_forwards += 1
         stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
                           None if proposal.tree is None else proposal.tree.max_depth)
-        counts = _emit(state, out, accepted, emitted, eos, max_new_tokens)
+        counts = _emit(state, out, accepted, emitted, request.eos, max_new_tokens)
         stats.new_tokens += sum(counts)
-        _commit(cache, state, step, counts, host_pad)
+        _commit(cache, state, step, counts, request.host_pad)
         with _timer(stats, "drafter_time_s", device):
             drafter.observe(state)
     # 4) Totals.

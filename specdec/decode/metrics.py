@@ -22,7 +22,7 @@ Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -127,28 +127,15 @@ class DecodeStats:
         return (self.drafter_time_s / draft_tokens) / target_step_time_s
 
     def merge(self, other: "DecodeStats") -> "DecodeStats":
-        """Sum two runs' counts and times (same K)."""
+        """Sum two runs' counts and times, field by field (per-position counts padded to the larger K)."""
         k = max(self.k, other.k)
         pad = lambda xs: xs + [0] * (k - len(xs))  # noqa: E731
-        merged = DecodeStats(
-            k=k,
-            proposed_per_position=[a + b for a, b in zip(pad(self.proposed_per_position), pad(other.proposed_per_position))],
-            accepted_per_position=[a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
-            proposed_tokens=self.proposed_tokens + other.proposed_tokens,
-            verify_steps=self.verify_steps + other.verify_steps,
-            tree_steps=self.tree_steps + other.tree_steps,
-            verified_tokens=self.verified_tokens + other.verified_tokens,
-            new_tokens=self.new_tokens + other.new_tokens,
-            prefill_tokens=self.prefill_tokens + other.prefill_tokens,
-            target_forwards=self.target_forwards + other.target_forwards,
-            drafter_forwards=self.drafter_forwards + other.drafter_forwards,
-            target_time_s=self.target_time_s + other.target_time_s,
-            prefill_time_s=self.prefill_time_s + other.prefill_time_s,
-            drafter_time_s=self.drafter_time_s + other.drafter_time_s,
-            wall_time_s=self.wall_time_s + other.wall_time_s,
-            capture_time_s=self.capture_time_s + other.capture_time_s,
-        )
-        return merged
+
+        def add(a, b):  # a count or time, or per-position counts
+            return [x + y for x, y in zip(pad(a), pad(b))] if isinstance(a, list) else a + b
+
+        return DecodeStats(k=k, **{f.name: add(getattr(self, f.name), getattr(other, f.name))
+                                   for f in fields(self) if f.name != "k"})
 
     def summary(self) -> dict:
         return {

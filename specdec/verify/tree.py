@@ -22,7 +22,7 @@ else remove x's mass from p and renormalise" — sampling from p by asking "is i
 Greedy is again the one-hot special case: the path that follows the target's argmax is accepted.
 
 The renormalisation after each rejected sibling matters: without it the next sibling is tested against a
-sub-stochastic p and accepted too rarely (``tests/test_tree_verify.py`` plants exactly that bug).
+sub-stochastic p and accepted too rarely (``tests/verify/test_tree_verify.py`` plants exactly that bug).
 """
 
 from __future__ import annotations

@@ -90,6 +90,24 @@ def test_stats_are_consistent(tiny_target):
     assert s.merge(s).decode_tokens_per_second == pytest.approx(s.decode_tokens_per_second)
 
 
+def test_merging_stats_sums_every_field():
+    """merge() adds every count and time (per-position counts padded to the larger K): a field added to DecodeStats
+    is summed without merge() naming it."""
+    from dataclasses import fields
+
+    from specdec.decode.metrics import DecodeStats
+
+    a, b = DecodeStats(k=2), DecodeStats(k=3)
+    for i, f in enumerate(f for f in fields(DecodeStats) if f.name != "k"):
+        setattr(a, f.name, [i, i + 1] if f.name.endswith("_per_position") else i + 1)
+        setattr(b, f.name, [1, 1, 1] if f.name.endswith("_per_position") else 10 * (i + 1))
+    merged = a.merge(b)
+    for i, f in enumerate(f for f in fields(DecodeStats) if f.name != "k"):
+        expected = [i + 1, i + 2, 1] if f.name.endswith("_per_position") else 11 * (i + 1)
+        assert getattr(merged, f.name) == expected, f.name
+    assert merged.k == 3
+
+
 # --- bad input: each names the value and what to do -------------------------------------------
 
 
