@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 import torch
 
 from specdec.decode.metrics import DecodeStats
-from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal
 from specdec.models import as_decoder
 from specdec.models.loading import stop_token_ids
 from specdec.verify import EXACT, AcceptanceRule, ExactRule, greedy_chain, greedy_tree
@@ -34,22 +34,6 @@ from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 class GenerationOutput:
     sequences: list[list[int]]  # per row: the new tokens, without the prompt (EOS included if emitted)
     stats: DecodeStats
-
-
-class _NoDrafter(Drafter):
-    """Proposes nothing: every step is a plain decode step."""
-
-    name = "none"
-
-    @classmethod
-    def from_config(cls, cfg, target, tokenizer=None) -> "_NoDrafter":
-        return cls()
-
-    def propose(self, state: DecodeState, k: int) -> Proposal:
-        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
-
-    def observe(self, state: DecodeState) -> None:
-        """Nothing drafted, nothing to roll back."""
 
 
 @contextmanager
@@ -346,5 +330,5 @@ def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: 
                             eos_token_id: int | Sequence[int] | None = None) -> GenerationOutput:
     """Plain decoding, one target forward per token, on the same cache path: the reference."""
     params = SamplingParams(temperature, top_k, top_p)
-    return _generate(target, _NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
+    return _generate(target, NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
                      params=params, generator=generator, eos_token_id=eos_token_id, rule=EXACT)

@@ -208,6 +208,23 @@ def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torc
 DRAFTERS: dict[str, type[Drafter]] = {}
 
 
+class NoDrafter(Drafter):
+    """Proposes nothing: every step is a plain decode step (plain decoding on the speculative path; a base for
+    what records the target's steps, e.g. the training data's hidden states)."""
+
+    name = "none"
+
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None) -> "NoDrafter":
+        return cls()
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
+
+    def observe(self, state: DecodeState) -> None:
+        """Nothing drafted, nothing to roll back."""
+
+
 def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
     """Class decorator: make a drafter buildable from a config whose ``name`` is ``name``."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafters.base import DecodeState, Drafter, Proposal
+from specdec.drafters.base import DecodeState, NoDrafter
 from specdec.jobs.data import left_pad
 from specdec.models.loading import stop_token_ids
 
@@ -33,16 +33,9 @@ class Sequence:
     context_features: torch.Tensor | None = None  # [c - 1, L, H]: the layers' there (before the one predicting tokens[0])
 
 
-class HiddenRecorder(Drafter):
+class HiddenRecorder(NoDrafter):
     """A drafter that proposes nothing and records, at each step, the hidden state that predicted each
     row's newest token: plain decoding on the engine's fast path, with the hidden states for free."""
-
-    @classmethod
-    def from_config(cls, cfg, target, tokenizer=None) -> "HiddenRecorder":
-        return cls()
-
-    def propose(self, state: DecodeState, k: int) -> Proposal:
-        return Proposal(tokens=state.last_tokens.new_zeros(len(state.active), 0), num_proposed=[0] * len(state.active))
 
     def start(self, state: DecodeState) -> None:
         self.hidden = [state.last_hidden.float().cpu()]
