@@ -59,18 +59,8 @@ from specdec.drafters import Drafter
 from specdec.exactness import planted, strata
 from specdec.exactness.shared_prefill import fast_decoder
 from specdec.exactness.stats import (
-    TokenScores,
-    Verdict,
-    chi2_two_sample,
-    detectable_tv,
-    exactness_test_from_scores,
-    holm,
-    pit_from_scores,
-    token_scores,
-    tv_to_distribution,
-    tv_two_sample,
-    uniformity_chi2,
-)
+    TokenScores, Verdict, chi2_two_sample, detectable_tv, exactness_test_from_scores, holm, pit_from_scores,
+    token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
 from specdec.exactness.strata import DraftRecord, DraftRecorder
 from specdec.jobs.data import left_pad
 from specdec.verify.sampling import SamplingParams, logits_to_probs

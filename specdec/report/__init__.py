@@ -27,15 +27,7 @@ half-written summary.
 
 from specdec.report.plots import PLOTS, make_plots
 from specdec.report.summary import (
-                                    ALL,
-                                    COLUMNS,
-                                    NO_RESULTS_ERROR,
-                                    RESULTS_FILE,
-                                    collect_runs,
-                                    load_summary,
-                                    markdown_summary,
-                                    summarize,
-)
+    ALL, COLUMNS, NO_RESULTS_ERROR, RESULTS_FILE, collect_runs, load_summary, markdown_summary, summarize)
 from specdec.report.sweep import SweepSummaryCallback, latest_sweep_dir, main, report_sweep, write_summary
 from specdec.report.wandb import wandb_log_run, wandb_log_summary
 

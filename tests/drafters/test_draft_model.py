@@ -20,12 +20,7 @@ from specdec.models import cpu_kernels
 from specdec.training.distill.packing import pack
 from specdec.training.distill.store import Split
 from specdec.training.methods.draft_model.objective import (
-    acceptance,
-    chain_matches,
-    divergence,
-    packed_hidden,
-    student_pairs,
-)
+    acceptance, chain_matches, divergence, packed_hidden, student_pairs)
 
 
 @pytest.fixture(scope="module")

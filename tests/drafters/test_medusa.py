@@ -13,15 +13,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
-    PATHS,
-    VOCAB,
-    NoRenormalisation,
-    markov_heads,
-    random_heads,
-    random_token_aware_heads,
-    sample_and_score,
-    tiny_llama,
-)
+    PATHS, VOCAB, NoRenormalisation, markov_heads, random_heads, random_token_aware_heads, sample_and_score,
+    tiny_llama)
 
 import specdec.drafters.medusa.drafter
 from specdec import autoregressive_generate, speculative_generate

@@ -15,14 +15,8 @@ from helpers import tiny_llama, word_tokenizer
 
 from specdec.models import loading
 from specdec.models.loading import (
-    ModelLoadError,
-    VocabMismatchError,
-    _atomic_dir,
-    check_same_vocab,
-    ensure_smollm2_cache,
-    load_target,
-    resolve_dtype,
-)
+    ModelLoadError, VocabMismatchError, _atomic_dir, check_same_vocab, ensure_smollm2_cache, load_target,
+    resolve_dtype)
 
 WORDS = ["[UNK]", "<eos>", "hello", "world"]
 

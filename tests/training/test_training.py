@@ -28,12 +28,7 @@ from specdec.training.distill.vocab import IGNORE, draft_vocabulary, to_draft_la
 from specdec.training.export import export
 from specdec.training.methods.medusa import MedusaMethodConfig
 from specdec.training.methods.medusa.objective import (
-    head_labels,
-    medusa_loss,
-    soft_targets,
-    tree_from_ranks,
-    with_previous_token,
-)
+    head_labels, medusa_loss, soft_targets, tree_from_ranks, with_previous_token)
 from specdec.training.trainer import check_config, train
 
 

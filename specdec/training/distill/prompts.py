@@ -24,34 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.training.distill.templates import (
-    ANIMALS,
-    AUDIENCES,
-    CATEGORIES,
-    CHOICES,
-    CONCEPTS,
-    DATA_STRUCTURES,
-    DOC_TYPES,
-    EVENTS,
-    GENRES,
-    GOALS,
-    KEYWORDS,
-    MATERIALS,
-    NAMES,
-    PERSONAS,
-    PLACES,
-    PRODUCTS,
-    QUERIES,
-    REVIEWS,
-    SCHOOLS,
-    SEASONS,
-    SENTENCES,
-    SHELL,
-    SKILLS,
-    TASKS,
-    THINGS,
-    TONES,
-    VALUES,
-)
+    ANIMALS, AUDIENCES, CATEGORIES, CHOICES, CONCEPTS, DATA_STRUCTURES, DOC_TYPES, EVENTS, GENRES, GOALS, KEYWORDS,
+    MATERIALS, NAMES, PERSONAS, PLACES, PRODUCTS, QUERIES, REVIEWS, SCHOOLS, SEASONS, SENTENCES, SHELL, SKILLS, TASKS,
+    THINGS, TONES, VALUES)
 
 log = logging.getLogger(__name__)
 

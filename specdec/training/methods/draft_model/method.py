@@ -26,13 +26,7 @@ from specdec.training.distill.packing import chain_tau, pack
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
 from specdec.training.methods.draft_model.objective import (
-    LOSSES,
-    chain_matches,
-    distill_loss,
-    sample_continuations,
-    scored_pairs,
-    student_pairs,
-)
+    LOSSES, chain_matches, distill_loss, sample_continuations, scored_pairs, student_pairs)
 
 
 @dataclass
