@@ -4,7 +4,8 @@
     python -m specdec.verify_dist drafter=draft_model sampling.temperature=0.7 sampling.top_p=0.9
     python -m specdec.verify_dist planted_bug=recovered_from_target    # a test of the test: must reject
 
-Exit status: 0 = exactness not rejected, 3 = rejected (so it can gate CI), 1 = the run failed.
+Exit status: 0 = exactness not rejected, 3 = rejected (so it can gate CI), 4 = inconclusive (the run could not have
+detected any bias), 1 = the run failed.
 Writes ``verify.json`` and ``verify.png`` in the run directory.
 
 The method (sample, score against the exact conditionals, test, report) is :mod:`specdec.exactness.harness`.

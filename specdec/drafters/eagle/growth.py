@@ -139,7 +139,8 @@ class TreeGrowth:
         Sampled: every candidate drawn. N may be 0 (a plain step)."""
         n = len(self.parent)
         if self.sampled:
-            keep = [i for i in range(n) if self.level[i] < self.levels_fitting(k)]
+            levels = self.levels_fitting(k)
+            keep = [i for i in range(n) if self.level[i] < levels]
         else:
             confidence = mean_confidence(self.logp).tolist()  # [n]
             best = [i for i in sorted(range(n), key=lambda i: (-confidence[i], self.level[i], i))[:k]
