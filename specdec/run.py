@@ -5,7 +5,9 @@
     python -m specdec.run -m drafter=ngram drafter.k=1,2,4,8   # a sweep (summary written at the end)
 
 Speculative and plain decoding run on the same prompts in the same process, batch by batch in
-alternation so slow drifts in machine load hit both alike. Writes ``results.json`` in the run directory.
+alternation so slow drifts in machine load hit both alike. Each prompt's figures are kept (``per_prompt``), and
+every speedup comes with its 95% bootstrap interval over the prompts it rests on; a category of fewer than 3
+prompts is marked (``few_prompts``). Writes ``results.json`` in the run directory.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from tqdm import tqdm
 
 from specdec.config import config_dir, register_configs
 from specdec.decode.engine import autoregressive_generate, speculative_generate
-from specdec.decode.metrics import DecodeStats, summarize
+from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
-from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room
+from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room, result_category
 from specdec.jobs.io import write_json
 from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
 from specdec.models import target_decoder
@@ -73,6 +75,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     by_category: dict[str, list[DecodeStats]] = defaultdict(list)
     base_by_category: dict[str, list[DecodeStats]] = defaultdict(list)
+    per_prompt: list[dict[str, Any]] = []
     mismatches = 0
     bs = cfg.data.batch_size
     for start in tqdm(range(0, len(prompts), bs), desc=f"{cfg.drafter.name} k={k}", unit="batch"):
@@ -80,29 +83,25 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         ids, mask = left_pad(prompts[start:start + bs], tokenizer.pad_token_id, device)
         generator.manual_seed(cfg.sampling.seed + start)
         spec = speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **gen_args)
-        category = batch_rows[0]["category"] if bs == 1 else "mixed"
+        category = result_category(batch_rows[0]) if bs == 1 else "mixed"
         by_category[category].append(spec.stats)
         if cfg.baseline:
             generator.manual_seed(cfg.sampling.seed + start)
             base = autoregressive_generate(decoder, ids, attention_mask=mask, **gen_args)
             base_by_category[category].append(base.stats)
+            per_prompt.append(prompt_figures(batch_rows["id"], category, spec.stats, base.stats))
             if cfg.sampling.temperature == 0:
                 mismatches += sum(a != b for a, b in zip(spec.sequences, base.sequences))
 
-    def total(groups):
-        merged = None
-        for stats in groups:
-            merged = stats if merged is None else merged.merge(stats)
-        return merged
-
-    spec_all = total(s for group in by_category.values() for s in group)
-    base_all = total(s for group in base_by_category.values() for s in group) if cfg.baseline else None
+    spec_runs = [s for group in by_category.values() for s in group]
+    base_runs = [s for group in base_by_category.values() for s in group] if cfg.baseline else None
+    spec_all, base_all = total(spec_runs), total(base_runs) if cfg.baseline else None
     results = {
         "status": "ok",
         "error": None,
         **config_fields(cfg),
         "num_prompts": len(prompts),
-        **summarize(spec_all, base_all, k, len(prompts)),
+        **summarize_prompts(spec_runs, base_runs, k, len(prompts)),
         "target_forwards": spec_all.target_forwards,
         "drafter_forwards": spec_all.drafter_forwards,
         "new_tokens": spec_all.new_tokens,
@@ -111,9 +110,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "prefill_time_s": spec_all.prefill_time_s,  # the target's forwards over the prompts, part of wall_time_s
         "baseline_prefill_time_s": base_all.prefill_time_s if base_all else math.nan,
         "per_category": {
-            cat: summarize(total(group), total(base_by_category[cat]) if cfg.baseline else None, k, len(group) * bs)
+            cat: summarize_prompts(group, base_by_category[cat] if cfg.baseline else None, k, len(group) * bs)
             for cat, group in sorted(by_category.items())
         },
+        "per_prompt": per_prompt,  # a batch's prompts per entry: one prompt each at data.batch_size=1
         "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
         "lossy": drafter.lossy,
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
@@ -126,6 +126,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
                                       results["verify_step_time_s"], device))
     return results
+
+
+def prompt_figures(ids: list[str], category: str, spec: DecodeStats, base: DecodeStats) -> dict[str, Any]:
+    """One entry of results.json's ``per_prompt``: the prompts of one batch (one at data.batch_size=1), their
+    category, speedups and what those rest on (each decoding's tokens and times)."""
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else math.nan
+
+    return {"prompts": list(ids), "category": category,
+            "speedup": ratio(spec.tokens_per_second, base.tokens_per_second),
+            "decode_speedup": ratio(spec.decode_tokens_per_second, base.decode_tokens_per_second),
+            "mean_accepted_length": spec.mean_accepted_length,
+            "new_tokens": spec.new_tokens, "wall_time_s": spec.wall_time_s, "prefill_time_s": spec.prefill_time_s,
+            "baseline_new_tokens": base.new_tokens, "baseline_wall_time_s": base.wall_time_s,
+            "baseline_prefill_time_s": base.prefill_time_s}
 
 
 def drafter_graph_fields(drafter) -> dict[str, Any]:

@@ -16,14 +16,22 @@ Terms as in :mod:`specdec.verify`. Counting conventions, fixed here once:
   acceptance probability Leviathan et al.'s formulas assume; accepted/proposed understates it;
 - τ (``mean_accepted_length``) = tokens the verifier emitted per verify step, bonus/recovered token
   included (so τ ≥ 1); truncation at EOS or ``max_new_tokens`` does not count against it;
-- c (cost ratio) = drafter time per draft token / time of one plain target decode step.
+- c (cost ratio) = drafter time per draft token / time of one plain target decode step;
+- a *speedup's interval* (``speedup_interval``, ``decode_speedup_interval``): the 95% percentile interval of the
+  speedup over prompts resampled with replacement (a seeded bootstrap of :func:`speedup_interval`), so a figure
+  is read with the noise of the prompts it rests on; a group of fewer than :data:`MIN_PROMPTS` prompts has none
+  (``few_prompts``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+MIN_PROMPTS = 3  # prompts (batches) a group's speedup needs for an interval; fewer are marked few_prompts
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -163,6 +171,14 @@ class DecodeStats:
         }
 
 
+def total(stats: Iterable[DecodeStats]) -> DecodeStats | None:
+    """Several generations' statistics summed (:meth:`DecodeStats.merge`); None for none."""
+    merged = None
+    for s in stats:
+        merged = s if merged is None else merged.merge(s)
+    return merged
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan  # no decode steps (max_new_tokens=1): no decode-only rate
 
@@ -215,3 +231,56 @@ def summarize(spec: DecodeStats, base: DecodeStats | None, k: int, num_prompts: 
             verify_step_time_s=spec.target_time_per_forward,
         )
     return out
+
+
+def speedup_interval(spec: Sequence[DecodeStats], base: Sequence[DecodeStats], *, decode_only: bool = False,
+                     level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The ``level`` percentile bootstrap interval of a group's speedup: ``spec[i]`` and ``base[i]`` are one
+    prompt's (one batch's) speculative and plain decoding; each of ``resamples`` draws takes as many prompts with
+    replacement and computes the speedup as :func:`summarize` does, total tokens over total time of each (end to
+    end, or ``decode_only``). Seeded: the same runs give the same interval. (nan, nan) below :data:`MIN_PROMPTS`."""
+    if len(spec) != len(base):
+        raise ValueError(f"speedup_interval pairs each prompt's two runs: got {len(spec)} and {len(base)}")
+    if len(spec) < MIN_PROMPTS:
+        return math.nan, math.nan
+
+    def tokens_and_times(stats: Sequence[DecodeStats]) -> tuple[np.ndarray, np.ndarray]:
+        if decode_only:
+            return (np.array([s.new_tokens - s.prefill_tokens for s in stats], dtype=float),
+                    np.array([s.decode_time_s for s in stats], dtype=float))
+        return (np.array([s.new_tokens for s in stats], dtype=float),
+                np.array([s.wall_time_s for s in stats], dtype=float))
+
+    (spec_tokens, spec_times), (base_tokens, base_times) = tokens_and_times(spec), tokens_and_times(base)
+    draws = np.random.default_rng(seed).integers(0, len(spec), size=(resamples, len(spec)))  # [R, n] prompt indices
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (spec_tokens[draws].sum(1) / spec_times[draws].sum(1)) / (base_tokens[draws].sum(1) /
+                                                                          base_times[draws].sum(1))  # [R]
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return math.nan, math.nan
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def speedup_intervals(spec: Sequence[DecodeStats], base: Sequence[DecodeStats]) -> dict[str, Any]:
+    """results.json's noise fields for a group of prompts: ``speedup_interval`` and ``decode_speedup_interval``
+    ([low, high], None below :data:`MIN_PROMPTS` prompts) and ``few_prompts`` (fewer than that: the group's
+    speedups rest on too few prompts to tell from noise)."""
+    def interval(decode_only: bool) -> list[float] | None:
+        low, high = speedup_interval(spec, base, decode_only=decode_only)
+        return None if math.isnan(low) else [low, high]
+
+    return {"speedup_interval": interval(False), "decode_speedup_interval": interval(True),
+            "few_prompts": len(spec) < MIN_PROMPTS}
+
+
+def summarize_prompts(spec: Sequence[DecodeStats], base: Sequence[DecodeStats] | None, k: int,
+                      num_prompts: int) -> dict[str, Any]:
+    """:func:`summarize` of a group of prompts given per prompt (per batch: ``spec[i]`` and ``base[i]`` decoded the
+    same prompts), with the speedups' intervals and ``few_prompts`` (:func:`speedup_intervals`)."""
+    if not base:
+        noise = {"speedup_interval": None, "decode_speedup_interval": None, "few_prompts": len(spec) < MIN_PROMPTS}
+    else:
+        noise = speedup_intervals(spec, base)
+    return {**summarize(total(spec), total(base) if base else None, k, num_prompts), **noise}

@@ -15,6 +15,9 @@ are installed with ``--no-deps`` and would fail to import:
 - ``stdlib``: the first ~1500 characters of CPython standard-library modules.
 
 Also a ``.jsonl``/``.json`` file of your own, and ``hub:<name>[:split]`` for a hub dataset (needs a network).
+
+Results are reported per :func:`result_category`: the category named by its source (``mtbench/coding``,
+``humaneval/code``, ``stdlib/code``), since sets name theirs independently and their names collide.
 """
 
 from __future__ import annotations
@@ -78,6 +81,21 @@ def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, 
     if not sources:
         raise ValueError(f"load_prompt_mix needs at least one source; valid built-in sources are {sorted(SOURCES)}")
     return datasets.concatenate_datasets([load_prompts(s, limit=limit_per_source, seed=seed) for s in sources])
+
+
+def source_label(source: str) -> str:
+    """A prompt source's short name: a built-in's name, a file's stem, a hub dataset's name."""
+    if source.startswith("hub:"):
+        return source.removeprefix("hub:").partition(":")[0]
+    return Path(source).stem if source.endswith((".jsonl", ".json")) else source
+
+
+def result_category(row: dict[str, Any]) -> str:
+    """The category a row's results are reported under: ``<source>/<category>`` (``mtbench/coding``,
+    ``humaneval/code``, ``stdlib/code``), or the source alone where the category is its name (``wikipedia``).
+    Always source-named, so runs over different mixes report the same names."""
+    label = source_label(row["source"])
+    return label if row["category"] == label else f"{label}/{row['category']}"
 
 
 def encode_prompt(tokenizer: Any, row: dict[str, Any]) -> list[int]:

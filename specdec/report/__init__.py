@@ -10,6 +10,8 @@ the verifier keeps an *accepted* prefix, then emits a *recovered* token (at the 
 - c, ``cost_ratio``: drafter step time / target step time, measured.
 - ``tokens_per_second``, ``speedup`` (and the baseline's): end to end, the prompt's prefill included;
   ``decode_tokens_per_second``, ``decode_speedup``: decode only, the prefill's time and its token left out.
+- ``speedup_low``/``speedup_high`` (and ``decode_speedup_*``): the speedup's 95% bootstrap interval over the run's
+  (the category's) prompts, from results.json's ``speedup_interval``; none where ``few_prompts`` (fewer than 3).
 - predicted speedup, ``predicted_speedup_measured_costs``: τ · plain step time / (verify + draft time per step),
   from measured costs: it holds for trees as well as chains.
 - ``predicted_speedup``: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8), which assumes a

@@ -75,14 +75,19 @@ def plot_acceptance_per_position(df: pd.DataFrame) -> Figure:
 
 
 def plot_speedup_vs_k(df: pd.DataFrame) -> Figure:
-    """Measured speedup end to end (solid) and decode only (dotted), and predicted (dashed; from measured costs,
-    which fits trees too, and like decode only without the prefill) vs k, one colour per drafter × temperature."""
+    """Measured speedup end to end (solid, its 95% interval over the prompts shaded) and decode only (dotted), and
+    predicted (dashed; from measured costs, which fits trees too, and like decode only without the prefill) vs k,
+    one colour per drafter × temperature."""
     runs = _ok_runs(df)
     fig, axes = _new_figure()
     ax = axes[0, 0]
     for label, g in runs.groupby(_series(runs), sort=True):
-        means = _by_k(g, ["speedup", "decode_speedup", "predicted_speedup_measured_costs"])
+        means = _by_k(g, ["speedup", "decode_speedup", "predicted_speedup_measured_costs", "speedup_low",
+                          "speedup_high"])
         (line,) = ax.plot(means.index, means["speedup"], marker="o", label=f"{label} measured, end to end")
+        if means["speedup_low"].notna().any():
+            ax.fill_between(means.index, means["speedup_low"], means["speedup_high"], color=line.get_color(),
+                            alpha=0.15, label=f"{label} end to end, 95% interval")
         ax.plot(means.index, means["decode_speedup"], marker="s", linestyle=":", color=line.get_color(),
                 label=f"{label} measured, decode only")
         ax.plot(means.index, means["predicted_speedup_measured_costs"], marker="x", linestyle="--",

@@ -26,18 +26,22 @@ COLUMNS = [
     "job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
     "num_prompts", "max_new_tokens", "batch_size", "category",
     "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second", "speedup",
-    "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup",
+    "speedup_low", "speedup_high", "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup",
+    "decode_speedup_low", "decode_speedup_high", "few_prompts",
     "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
     "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s",
     "baseline_prefill_time_s", "lossy", "device", "overrides", "run_dir",
-]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill
+]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill;
+# *_low and *_high: the speedup's 95% bootstrap interval over the run's (category's) prompts, empty for fewer than
+# 3 prompts (few_prompts)
 # What a category row copies from its run; its metrics come from per_category.
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
                    "max_new_tokens", "batch_size", "drafting", "cost_ratio", "lossy", "device", "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
                     "baseline_tokens_per_second", "speedup", "decode_tokens_per_second",
                     "baseline_decode_tokens_per_second", "decode_speedup", "predicted_speedup_measured_costs",
-                    "predicted_speedup", "cost_ratio"]
+                    "predicted_speedup", "cost_ratio", "few_prompts"]
+INTERVALS = ["speedup", "decode_speedup"]  # results.json's <name>_interval: [low, high] -> <name>_low, <name>_high
 
 
 def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
@@ -119,16 +123,25 @@ def summarize(runs: Sequence[dict]) -> pd.DataFrame:
         row = {c: run.get(c) for c in COLUMNS}
         row["sources"] = _join(run.get("sources"), ",")
         row["overrides"] = _join(run.get("overrides"), " ")
-        rows.append({**row, "category": ALL, **_alphas(run.get("acceptance_per_position"))})
+        rows.append({**row, "category": ALL, **_intervals(run), **_alphas(run.get("acceptance_per_position"))})
         config = {c: row[c] for c in CATEGORY_CONFIG}
         for category, metrics in (run.get("per_category") or {}).items():
             rows.append({
                 **config, "category": category, **{m: metrics.get(m) for m in CATEGORY_METRICS},
-                **_alphas(metrics.get("acceptance_per_position")),
+                **_intervals(metrics), **_alphas(metrics.get("acceptance_per_position")),
             })
     df = pd.DataFrame(rows)
     alpha_cols = sorted((c for c in df.columns if c.startswith("alpha_")), key=lambda c: int(c[6:]))
     return _typed(df.reindex(columns=COLUMNS + alpha_cols))
+
+
+def _intervals(metrics: dict) -> dict[str, Optional[float]]:
+    """A run's (a category's) speedup intervals as columns: ``speedup_low``, ``speedup_high``, ..."""
+    out = {}
+    for name in INTERVALS:
+        low, high = metrics.get(f"{name}_interval") or (None, None)
+        out.update({f"{name}_low": low, f"{name}_high": high})
+    return out
 
 
 def _alphas(per_position: Optional[Sequence[float]]) -> dict[str, float]:
@@ -141,14 +154,16 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     floats = [c for c in df.columns if c.startswith("alpha_")] + [
         "temperature", "top_p", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
         "baseline_tokens_per_second", "speedup", "decode_tokens_per_second", "baseline_decode_tokens_per_second",
-        "decode_speedup", "predicted_speedup_measured_costs", "predicted_speedup", "cost_ratio", "wall_time_s",
+        "decode_speedup", *(f"{n}_{end}" for n in INTERVALS for end in ("low", "high")),
+        "predicted_speedup_measured_costs", "predicted_speedup", "cost_ratio", "wall_time_s",
         "baseline_wall_time_s", "prefill_time_s", "baseline_prefill_time_s"]
     for c in floats:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     for c in ("job", "status", "error", "target", "drafter", "sources", "category", "drafting", "device", "overrides",
               "run_dir"):
         df[c] = df[c].astype("string")
-    df["lossy"] = df["lossy"].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
+    for c in ("lossy", "few_prompts"):
+        df[c] = df[c].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
     return df
 
 
@@ -213,7 +228,8 @@ def markdown_summary(df: pd.DataFrame) -> str:
              f"{len(runs)} runs, {int((runs['status'] != 'ok').sum())} failed. α: acceptance rate; "
              "τ: tokens per target forward, bonus included; speedup: measured wall clock vs the baseline; "
              "tok/s and speedup: end to end, the prompt's prefill included; decode tok/s and decode speedup: "
-             "decode only, the prefill's time and its token left out; "
+             "decode only, the prefill's time and its token left out; (low-high): the speedup's 95% interval over "
+             "the run's prompts (a bootstrap), none for fewer than 3 prompts; "
              "predicted speedup: from measured costs, τ · plain step / (verify + draft time per step); "
              "Leviathan (chain): Leviathan et al.'s formula, for chain drafting only (it assumes a chain verified "
              "at a plain step's cost).", "",
@@ -223,8 +239,8 @@ def markdown_summary(df: pd.DataFrame) -> str:
             _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *others(i), _fmt(_drafter(r)), _fmt(r["k"]),
             _fmt(r["temperature"], "g"), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
-            _fmt(r["speedup"], ".2f"), _fmt(r["decode_tokens_per_second"], ".1f"),
-            _fmt(r["baseline_decode_tokens_per_second"], ".1f"), _fmt(r["decode_speedup"], ".2f"),
+            _speedup(r, "speedup"), _fmt(r["decode_tokens_per_second"], ".1f"),
+            _fmt(r["baseline_decode_tokens_per_second"], ".1f"), _speedup(r, "decode_speedup"),
             _fmt(r["predicted_speedup_measured_costs"], ".2f"),
             _fmt(_chain_formula(r), ".2f"), _fmt(r["status"]),
         ]))
@@ -239,10 +255,13 @@ def markdown_summary(df: pd.DataFrame) -> str:
         for i, r in cats.iterrows():
             lines.append(_md_row([
                 _fmt(r["job"]), *others(i), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"),
-                _fmt(r["category"]),
-                _fmt(r["num_prompts"]), _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
-                _fmt(r["speedup"], ".2f"), _fmt(r["decode_speedup"], ".2f"),
+                _fmt(r["category"]), _fmt(r["num_prompts"]) + ("\\*" if _few(r) else ""),
+                _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
+                _speedup(r, "speedup"), _speedup(r, "decode_speedup"),
             ]))
+        if any(_few(r) for _, r in cats.iterrows()):
+            lines += ["", "\\* fewer than 3 prompts: no interval; a speedup resting on so few prompts is not to be "
+                      "told from noise."]
     failed = runs[runs["status"] != "ok"]
     if len(failed):
         lines += ["", "## Failed runs", ""]
@@ -250,6 +269,17 @@ def markdown_summary(df: pd.DataFrame) -> str:
             lines.append(f"- job {_fmt(r['job'])} (`{_fmt(r['overrides'])}`, in `{_fmt(r['run_dir'])}`): "
                          f"{_fmt(r['error'])}")
     return "\n".join(lines) + "\n"
+
+
+def _few(row: pd.Series) -> bool:
+    return row["few_prompts"] is not pd.NA and bool(row["few_prompts"])
+
+
+def _speedup(row: pd.Series, name: str) -> str:
+    """A speedup's cell: the figure, then its 95% interval where the run gave one, e.g. ``1.04 (0.98-1.10)``."""
+    low, high = row[f"{name}_low"], row[f"{name}_high"]
+    interval = "" if pd.isna(low) or pd.isna(high) else f" ({low:.2f}-{high:.2f})"
+    return _fmt(row[name], ".2f") + ("" if _fmt(row[name]) == "–" else interval)
 
 
 def _md_row(cells: Sequence[str]) -> str:

@@ -11,18 +11,24 @@ def format_table(results: dict[str, Any]) -> str:
     """The table ``python -m specdec.run`` prints, from its ``results.json`` fields."""
     # predicted: from measured costs, which fits trees as well as chains (Leviathan's formula, under the table,
     # assumes a chain verified at a plain step's cost); like decode only, it leaves the prefill out
-    rates = f"{'tok/s':>9}{'base tok/s':>12}{'speedup':>9}"
-    head = f"{'category':<14}{'prompts':>8}{'α':>8}{'τ':>8}{rates}{rates}{'predicted':>11}"
-    groups = f"{'':<38}{'end to end (with prefill)':^30}{'decode only (no prefill)':^30}"
+    rates = f"{'tok/s':>9}{'base tok/s':>11}{'speedup':>9}{'95% CI':>12}"
+    head = f"{'category':<19}{'prompts':>8}{'α':>7}{'τ':>7}{rates}{rates}{'predicted':>11}"
+    groups = f"{'':<41}{'end to end (with prefill)':^41}{'decode only (no prefill)':^41}"
     lines = [groups.rstrip(), head, "-" * len(head)]
     rows = list(results["per_category"].items()) + [("ALL", results)]
     for name, r in rows:
+        prompts = f"{r['num_prompts']}{'*' if r.get('few_prompts') else ''}"
         lines.append(
-            f"{name:<14}{r['num_prompts']:>8}{r['acceptance_rate']:>8.3f}{r['mean_accepted_length']:>8.2f}"
-            f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>12.1f}{r['speedup']:>8.2f}x"
-            f"{r['decode_tokens_per_second']:>9.1f}{r['baseline_decode_tokens_per_second']:>12.1f}"
-            f"{r['decode_speedup']:>8.2f}x{r['predicted_speedup_measured_costs']:>10.2f}x"
+            f"{name:<19}{prompts:>8}{r['acceptance_rate']:>7.3f}{r['mean_accepted_length']:>7.2f}"
+            f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>11.1f}{r['speedup']:>8.2f}x"
+            f"{_interval(r.get('speedup_interval')):>12}"
+            f"{r['decode_tokens_per_second']:>9.1f}{r['baseline_decode_tokens_per_second']:>11.1f}"
+            f"{r['decode_speedup']:>8.2f}x{_interval(r.get('decode_speedup_interval')):>12}"
+            f"{r['predicted_speedup_measured_costs']:>10.2f}x"
         )
+    lines.append("95% CI: the speedup's interval over its prompts, resampled (a bootstrap)"
+                 + ("; * fewer than 3 prompts: no interval, too few to tell the speedup from noise"
+                    if any(r.get("few_prompts") for _, r in rows) else ""))
     measured = list(results["acceptance_per_position"])
     while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
         measured.pop()
@@ -56,3 +62,7 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
                      f"({results['greedy_mismatches']} mismatching rows)")
     return "\n".join(lines)
+
+
+def _interval(interval: list[float] | None) -> str:
+    return "–" if not interval else f"{interval[0]:.2f}-{interval[1]:.2f}x"

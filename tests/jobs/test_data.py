@@ -123,6 +123,14 @@ def test_user_file_errors(tmp_path):
         load_prompts(str(bad_kind))
 
 
+def test_results_name_categories_by_their_source_so_sets_never_collide():
+    rows = load_prompt_mix(["mtbench", "humaneval", "stdlib", "wikipedia"], 8)
+    names = {data.result_category(row) for row in rows}
+    assert {f"mtbench/{c}" for c in MTBENCH_CATEGORIES} | {"humaneval/code", "stdlib/code", "wikipedia"} == names
+    assert data.result_category({"source": "my/prompts.jsonl", "category": "user"}) == "prompts/user"
+    assert data.result_category({"source": "hub:org/set:test", "category": "org/set"}) == "org/set"
+
+
 def test_unknown_source_lists_valid_ones():
     with pytest.raises(ValueError, match="unknown prompt source 'mt-bench'") as err:
         load_prompts("mt-bench")

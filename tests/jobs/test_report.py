@@ -231,6 +231,39 @@ def test_the_summary_shows_end_to_end_and_decode_only_rates(sweep: Path) -> None
     assert lines["ngram T=0 measured, decode only"] == [OK_RUNS[j]["decode_speedup"] for j in ("0", "1", "2")]
 
 
+def test_the_summary_shows_each_speedups_interval_and_marks_categories_of_few_prompts(sweep: Path) -> None:
+    """summary.md, summary.csv and speedup_vs_k.png carry results.json's speedup intervals (per run and per category);
+    a category of fewer than 3 prompts is marked; results.json files written before intervals existed still read."""
+    res = {**OK_RUNS["2"], "num_prompts": 6, "speedup_interval": [1.2, 1.5], "decode_speedup_interval": [1.4, 1.9],
+           "few_prompts": False}
+    res["per_category"] = {"humaneval/code": {**res["per_category"]["coding"], "num_prompts": 4, "few_prompts": False,
+                                              "speedup_interval": [1.25, 1.6], "decode_speedup_interval": None},
+                           "mtbench/writing": {**res["per_category"]["writing"], "num_prompts": 2,
+                                               "few_prompts": True, "speedup_interval": None,
+                                               "decode_speedup_interval": None}}
+    (sweep / "2" / "results.json").write_text(json.dumps(res))
+    paths = report.write_summary(sweep, report.collect_runs(sweep))
+    md = paths["md"].read_text()
+    assert (f"| {res['speedup']:.2f} (1.20-1.50) | {res['decode_tokens_per_second']:.1f} | 25.0 | "
+            f"{res['decode_speedup']:.2f} (1.40-1.90) |") in md
+    code, writing = res["per_category"]["humaneval/code"], res["per_category"]["mtbench/writing"]
+    assert f"| humaneval/code | 4 | {code['acceptance_rate']:.3f} |" in md
+    assert f"{code['speedup']:.2f} (1.25-1.60) | {code['decode_speedup']:.2f} |" in md
+    assert f"| mtbench/writing | 2\\* | {writing['acceptance_rate']:.3f} |" in md
+    assert "\\* fewer than 3 prompts: no interval" in md
+    assert "the speedup's 95% interval over the run's prompts" in md
+    assert f"| 1 | ngram | 2 | 0 | 0.393 | 1.70 | {OK_RUNS['1']['tokens_per_second']:.1f} | 19.0 | " \
+           f"{OK_RUNS['1']['speedup']:.2f} |" in md  # an older results.json: no interval, no mark
+    df = report.load_summary(paths["csv"])
+    run = df[(df["job"] == "2") & (df["category"] == report.ALL)].iloc[0]
+    assert (run["speedup_low"], run["speedup_high"], run["decode_speedup_low"]) == (1.2, 1.5, 1.4)
+    few = df[df["category"] == "mtbench/writing"].iloc[0]
+    assert bool(few["few_prompts"]) and pd.isna(few["speedup_low"])
+    band = next(c for c in report.make_plots(df)["speedup_vs_k"].axes[0].collections
+                if c.get_label() == "ngram T=0 end to end, 95% interval")
+    assert band.get_paths()[0].vertices[:, 1].min() == pytest.approx(1.2)
+
+
 def test_predicted_speedup_formula() -> None:
     assert predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
     assert predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify

@@ -17,7 +17,8 @@ CONFIGS = ROOT / "configs"
 REQUIRED = ["drafter", "k", "temperature", "acceptance_rate", "acceptance_per_position", "mean_accepted_length",
             "tokens_per_second", "baseline_tokens_per_second", "speedup", "predicted_speedup", "num_prompts",
             "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup", "prefill_time_s",
-            "predicted_speedup_measured_costs", "drafting"]
+            "predicted_speedup_measured_costs", "drafting", "speedup_interval", "decode_speedup_interval",
+            "few_prompts", "per_prompt"]
 TINY = ["data.limit_per_source=1", "data.max_new_tokens=8", "warmup=false"]
 
 
@@ -125,12 +126,48 @@ def test_the_table_shows_end_to_end_and_decode_only_figures():
     lines = format_table(table_results()).splitlines()
     assert "end to end (with prefill)" in lines[0]
     assert lines[0].index("end to end") < lines[0].index("decode only (no prefill)")
-    assert lines[1].split() == ["category", "prompts", "α", "τ", "tok/s", "base", "tok/s", "speedup", "tok/s", "base",
-                                "tok/s", "speedup", "predicted"]
+    assert lines[1].split() == ["category", "prompts", "α", "τ", "tok/s", "base", "tok/s", "speedup", "95%", "CI",
+                                "tok/s", "base", "tok/s", "speedup", "95%", "CI", "predicted"]
     for row in lines[3:5]:
-        assert row.split()[4:] == ["10.0", "8.0", "1.25x", "24.0", "16.0", "1.50x", "1.07x"]
+        assert row.split()[4:] == ["10.0", "8.0", "1.25x", "–", "24.0", "16.0", "1.50x", "–", "1.07x"]
     assert "prefill: 65% of the end-to-end time (52% for plain decoding), left out of the decode-only figures " \
            "with the token it gives" in lines
+
+
+def test_the_main_job_gives_each_speedup_its_interval_and_marks_categories_of_few_prompts(monkeypatch):
+    """On a tiny target: results.json keeps every prompt's figures and each group's 95% bootstrap interval (ALL and
+    a category of 3 prompts), categories named by their source, those of fewer than 3 prompts marked; the printed
+    table shows the intervals and the marks."""
+    from helpers import CHAT_TEMPLATE, tiny_train_pair
+
+    import specdec.run as run_job
+    from specdec.report.table import format_table
+
+    model, tokenizer = tiny_train_pair()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    monkeypatch.setattr(run_job, "load_target", lambda name, **_: (model, tokenizer))
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("run", overrides=["drafter=ngram", "data.limit_per_source=3", "data.max_new_tokens=6",
+                                        "warmup=false"])
+    results = run_job.run(cfg)
+    assert [p["category"] for p in results["per_prompt"]] == [
+        "mtbench/writing", "mtbench/roleplay", "mtbench/reasoning", "humaneval/code", "humaneval/code",
+        "humaneval/code"]
+    assert results["per_prompt"][3]["prompts"] == ["HumanEval/0"] and results["per_prompt"][0]["speedup"] > 0
+    for group in (results, results["per_category"]["humaneval/code"]):
+        low, high = group["speedup_interval"]
+        assert low <= high and len(group["decode_speedup_interval"]) == 2 and not group["few_prompts"]
+    writing = results["per_category"]["mtbench/writing"]
+    assert writing["few_prompts"] and writing["speedup_interval"] is None
+    table = format_table(results)
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[3:8]}
+    assert rows["mtbench/writing"][1] == "1*" and rows["mtbench/writing"][7] == "–"
+    code = rows["humaneval/code"]
+    assert code[1] == "3" and code[7] == "{:.2f}-{:.2f}x".format(*results["per_category"]["humaneval/code"]
+                                                                  ["speedup_interval"])
+    assert rows["ALL"][7] == "{:.2f}-{:.2f}x".format(*results["speedup_interval"])
+    assert "* fewer than 3 prompts: no interval" in table
 
 
 def test_summarize_gives_end_to_end_and_decode_only_rates():
