@@ -32,6 +32,14 @@ from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 @dataclass
 class GenerationOutput:
+    """What :func:`speculative_generate` and :func:`autoregressive_generate` return.
+
+    ``sequences``: one list of token ids per row of ``input_ids``, holding only the tokens generated (the prompt
+    and its padding left out), up to ``max_new_tokens`` of them, ending with the EOS token where one was emitted;
+    ``tokenizer.decode(out.sequences[0])`` is row 0's answer. Rows may differ in length. ``stats``: the
+    generation's counts and times (:class:`~specdec.decode.metrics.DecodeStats`: α ``acceptance_rate``, τ
+    ``mean_accepted_length``, ``tokens_per_second``, ...)."""
+
     sequences: list[list[int]]  # per row: the new tokens, without the prompt (EOS included if emitted)
     stats: DecodeStats
 
@@ -296,13 +304,19 @@ def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRu
     return rule or drafter.acceptance or EXACT
 
 
-def _check_k(k) -> int:
+def _check_k(k, drafter: Drafter) -> int:
+    if k is None:  # the lookahead of the config the drafter was built from (load_drafter, build_drafter)
+        if drafter.config is None:
+            raise ValueError(f"k (lookahead: draft tokens per target forward) is needed: this {type(drafter).__name__} "
+                             f"was built by its constructor, not from a config (load_drafter) that names one")
+        k = drafter.config.k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (lookahead: draft tokens per target forward) must be an integer >= 1, got {k!r}")
     return k
 
 
-def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k: int, max_new_tokens: int,
+def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k: int | None = None,
+                         max_new_tokens: int,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
                          eos_token_id: int | Sequence[int] | None = None,
@@ -310,7 +324,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     """Generate with ``drafter`` proposing up to ``k`` tokens per target forward, verified exactly.
 
     target: a transformers causal LM (as from ``load_target``/``from_pretrained``) or a decoder;
-    input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; eos_token_id: None = the model's
+    input_ids: [B, S], left-padded with ``attention_mask`` when B > 1; k: None = the drafter's config's
+    (``drafter.config.k``, for a drafter from :func:`~specdec.load_drafter`); eos_token_id: None = the model's
     generation config. Output is token-identical to :func:`autoregressive_generate` under greedy decoding
     and distributed as it under sampling. ``rule`` (an :class:`~specdec.verify.AcceptanceRule`, for chains
     and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.exactness.planted`); None means
@@ -319,8 +334,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     explicit ``rule`` for a drafter built with its own rule is refused (ValueError).
     """
     params = SamplingParams(temperature, top_k, top_p)
-    return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k), max_new_tokens=max_new_tokens,
-                     params=params, generator=generator, eos_token_id=eos_token_id,
+    return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k, drafter),
+                     max_new_tokens=max_new_tokens, params=params, generator=generator, eos_token_id=eos_token_id,
                      rule=_resolve_rule(rule, drafter))
 
 

@@ -90,6 +90,9 @@ class Drafter(ABC):
     """The name configs build the drafter by (set by :func:`register`)."""
     Config: ClassVar[type]
     """The drafter's typed Hydra config, a :class:`specdec.config.DrafterConfig` subclass."""
+    config: Any = None
+    """The config it was built from (set by :func:`~specdec.drafters.loading.build_drafter`); its ``k`` is the
+    lookahead :func:`~specdec.speculative_generate` drafts with unless given one. None: built by its constructor."""
     acceptance: AcceptanceRule | None = None
     """None: exact verification; else a LOSSY rule verified with instead (Medusa's typical acceptance)."""
     forwards: int = 0
@@ -151,6 +154,10 @@ class DrafterWrapper(Drafter):
     @property
     def acceptance(self) -> AcceptanceRule | None:
         return self.inner.acceptance
+
+    @property
+    def config(self) -> Any:
+        return self.inner.config
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -234,11 +241,3 @@ def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
         return cls
 
     return wrap
-
-
-def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
-    """Instantiate the registered drafter named ``cfg.name`` via its ``from_config`` classmethod."""
-    name = cfg.name
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; registered drafters: {sorted(DRAFTERS)}")
-    return DRAFTERS[name].from_config(cfg, target=target, tokenizer=tokenizer)

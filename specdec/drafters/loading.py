@@ -1,0 +1,75 @@
+"""Building a registered drafter from its config: the shipped defaults composed as the CLI composes them.
+
+``python -m specdec.run drafter=<name>`` composes the drafter's typed ``Config`` (its dataclass defaults), then
+``configs/drafter/<name>.yaml``, then the command's overrides; :func:`drafter_config` does the same from Python,
+:func:`load_drafter` builds the drafter from it in one call, and :func:`build_drafter` builds one from any
+config, the fields it lacks taking those defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specdec.drafters.base import DRAFTERS, Drafter
+
+
+def _registered(name: Any) -> type[Drafter]:
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; registered drafters: {', '.join(sorted(DRAFTERS))}")
+    return DRAFTERS[name]
+
+
+def _merge(cfg: DictConfig, values: Any, name: str, what: str) -> DictConfig:
+    """``values`` over ``cfg``, with an error that names the drafter's settings when one is unknown or mistyped."""
+    try:
+        return OmegaConf.merge(cfg, values)
+    except OmegaConfBaseException as exc:
+        settings = ", ".join(k for k in cfg if k != "name")
+        raise ValueError(f"drafter {name!r}: {what} do not fit its config ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0]}); its settings: {settings}") from None
+
+
+def drafter_config(name: str, **overrides: Any) -> DictConfig:
+    """The config ``python -m specdec.run drafter=<name>`` composes for the registered drafter ``name``: its
+    ``Config``, then ``configs/drafter/<name>.yaml`` (the shipped defaults), then ``overrides`` (a setting each,
+    as ``drafter.<setting>=...`` on the command line, e.g. ``k=4``)."""
+    from specdec.config import config_dir
+
+    cfg = OmegaConf.structured(_registered(name).Config)
+    shipped = Path(config_dir(), "drafter", f"{name}.yaml")
+    if shipped.is_file():
+        defaults = OmegaConf.load(shipped)
+        defaults.pop("defaults", None)  # the schema, composed above
+        cfg = _merge(cfg, defaults, name, f"the settings of {str(shipped)!r}")
+    if "name" in overrides and overrides["name"] != name:
+        raise ValueError(f"drafter_config({name!r}) builds the {name!r} drafter; leave out name={overrides['name']!r}")
+    return _merge(cfg, overrides, name, f"the settings {sorted(overrides)}")
+
+
+def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
+    """The registered drafter named ``cfg.name`` (its ``from_config``), drafting for ``target``. ``cfg``: its
+    config (a composed one, its ``Config``, or a mapping); fields it lacks take the shipped defaults
+    (:func:`drafter_config`). The drafter keeps the config it was built from as ``drafter.config``."""
+    name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
+    cfg = _merge(drafter_config(name), cfg, name, "the given settings")
+    drafter = _registered(name).from_config(cfg, target=target, tokenizer=tokenizer)
+    drafter.config = cfg
+    return drafter
+
+
+def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, **overrides: Any) -> Drafter:
+    """The registered drafter ``name`` ("eagle", "medusa", "draft_model", "ngram", ...) for ``target`` and its
+    ``tokenizer``, with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the
+    default target), changed by ``overrides`` (``drafter.<setting>`` on the command line: ``k=4``,
+    ``tree=False``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
+    :func:`~specdec.speculative_generate` drafts with unless given one.
+
+        model, tokenizer = load_target()
+        drafter = load_drafter("eagle", model, tokenizer)
+    """
+    return build_drafter(drafter_config(name, **overrides), target, tokenizer)
