@@ -6,7 +6,7 @@ The public API (``from specdec import ...``):
   directory or a hub id.
 - ``load_drafter(name, target, tokenizer, **overrides)``: a registered drafter ("eagle", "medusa", "draft_model",
   "ngram") with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the default
-  target); ``overrides`` as ``drafter.<setting>=...`` on the command line (``k=4``).
+  target); ``overrides`` as ``drafter.<setting>=...`` on the command line (``k=4``, ``path="outputs/medusa"``).
   ``drafter_config(name, **overrides)`` is that config alone.
 - ``speculative_generate(target, drafter, input_ids, *, max_new_tokens, k=None, temperature=0.0, ...)`` and
   ``autoregressive_generate(target, input_ids, *, max_new_tokens, ...)`` return a ``GenerationOutput``:

@@ -47,7 +47,9 @@ class DrafterConfig:
 
 
 # Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;
-# register_configs() stores every registered drafter's under drafter/<name>_schema.
+# register_configs() stores every registered drafter's under drafter/<name>_schema. A drafter with weights names
+# where they are ``path`` ("default": those shipped for the default target); specdec.load_drafter composes the
+# same config from Python (specdec/drafters/loading.py).
 
 
 @dataclass

@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             path = export_draft_model(args.out, args.model, args.target, args.force)
     except (OSError, ValueError) as exc:  # FileExistsError, FileNotFoundError, ModelLoadError, CheckpointError
         # the loaders' advice names the run's setting for the drafter's directory; here that is --model
-        message = str(exc).replace("point drafter.model at", "pass --model").replace("point drafter.path at",
-                                                                                     "pass --model")
+        message = str(exc).replace("point drafter.path at", "pass --model")
         print(f"error: {message}", file=sys.stderr)
         return 2
     if args.drafter == "eagle":

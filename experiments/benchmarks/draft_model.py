@@ -43,7 +43,7 @@ from experiments.common import benchmark_parser, parse_overrides  # noqa: E402
 
 def main() -> None:
     ap = benchmark_parser(__doc__, prompts=80, temperature=True)
-    ap.add_argument("--model", default="default", help="drafter.model: 'default' (shipped) or a student directory")
+    ap.add_argument("--model", default="default", help="drafter.path: 'default' (shipped) or a student directory")
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths, each run by both engines")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="drafter.draft_vocab of specdec's K rows (transformers' assistant always scores all tokens)")
@@ -85,7 +85,7 @@ def main() -> None:
     if not args.no_hf:
         methods["hf plain"] = hf()
     for k in args.k:
-        cfg = DraftModelDrafter.Config(model=args.model, k=k, draft_vocab=args.draft_vocab)
+        cfg = DraftModelDrafter.Config(path=args.model, k=k, draft_vocab=args.draft_vocab)
         methods[f"draft K={k}"] = ours(DraftModelDrafter.from_config(cfg, target=model, tokenizer=tokenizer), k)
         ks[f"draft K={k}"] = k
     for spec in args.variants:

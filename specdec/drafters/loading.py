@@ -4,10 +4,15 @@
 ``configs/drafter/<name>.yaml``, then the command's overrides; :func:`drafter_config` does the same from Python,
 :func:`load_drafter` builds the drafter from it in one call, and :func:`build_drafter` builds one from any
 config, the fields it lacks taking those defaults.
+
+Every drafter with weights names where they are ``path`` ("default": the drafter shipped for the default
+target). Older names (Medusa's ``heads``, the draft model's ``model``) still work: :func:`weights_path` reads
+them, with a note to use ``path``.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,27 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specdec.drafters.base import DRAFTERS, Drafter
+
+log = logging.getLogger(__name__)
+
+PATH_ALIAS = "${.path}"
+"""The default of a drafter config's old name for ``path`` (Medusa's ``heads``, the draft model's ``model``): a
+composed config reads it as ``path``, and a command that sets the old name still works (:func:`weights_path`)."""
+
+
+def weights_path(cfg: Any, old: str, default: str) -> str:
+    """Where the weights of the drafter ``cfg`` describes are: ``cfg.path``, the one name every drafter gives it,
+    or the value a config set under its old name ``old`` (with a note to use ``path``). ``default`` is the
+    config's default (the shipped drafter); both names set to different places is an error."""
+    path, given = cfg.path, getattr(cfg, old, None)
+    if given in (None, PATH_ALIAS) or given == path:
+        return path
+    if path != default:
+        raise ValueError(f"drafter.path={path!r} and drafter.{old}={given!r} (its old name) name different weights; "
+                         f"give drafter.path only")
+    log.warning("drafter.%s is the old name of drafter.path (where a drafter's weights are, the same name for every "
+                "drafter); it still works, but use drafter.path=%s", old, given)
+    return given
 
 
 def _registered(name: Any) -> type[Drafter]:
@@ -37,7 +63,7 @@ def _merge(cfg: DictConfig, values: Any, name: str, what: str) -> DictConfig:
 def drafter_config(name: str, **overrides: Any) -> DictConfig:
     """The config ``python -m specdec.run drafter=<name>`` composes for the registered drafter ``name``: its
     ``Config``, then ``configs/drafter/<name>.yaml`` (the shipped defaults), then ``overrides`` (a setting each,
-    as ``drafter.<setting>=...`` on the command line, e.g. ``k=4``)."""
+    as ``drafter.<setting>=...`` on the command line, e.g. ``k=4`` or ``path="outputs/eagle"``)."""
     from specdec.config import config_dir
 
     cfg = OmegaConf.structured(_registered(name).Config)
@@ -66,7 +92,7 @@ def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, **ov
     """The registered drafter ``name`` ("eagle", "medusa", "draft_model", "ngram", ...) for ``target`` and its
     ``tokenizer``, with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the
     default target), changed by ``overrides`` (``drafter.<setting>`` on the command line: ``k=4``,
-    ``tree=False``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
+    ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
     :func:`~specdec.speculative_generate` drafts with unless given one.
 
         model, tokenizer = load_target()

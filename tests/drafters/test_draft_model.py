@@ -241,12 +241,12 @@ def test_greedy_decoding_with_the_loaded_student_equals_plain_decoding(target, t
     prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
     mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
     ref = autoregressive_generate(target, prompts, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
-    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path)), target=target)
+    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path)), target=target)
     assert len(drafter.decoder.layers) == 2  # the student's own layers
     out = speculative_generate(target, drafter, prompts, k=4, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
     assert out.sequences == ref.sequences
     with pytest.raises(ValueError, match="drafter.num_layers=1 does not apply to a distilled student"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), num_layers=1), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path), num_layers=1), target=target)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -256,7 +256,7 @@ def test_a_students_weights_rounded_to_codes_leave_the_target_and_the_output(tar
     weights are the target's, refuses it."""
     save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
     before = {name: p.detach().clone() for name, p in target.named_parameters()}
-    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), weight_bits=bits),
+    drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path), weight_bits=bits),
                                             target=target)
     assert all(torch.equal(p, before[name]) for name, p in target.named_parameters())
     own = [layer.weight for layer in drafter.decoder.layers.modules() if isinstance(layer, torch.nn.Linear)]
@@ -267,20 +267,20 @@ def test_a_students_weights_rounded_to_codes_leave_the_target_and_the_output(tar
     out = speculative_generate(target, drafter, prompts, k=4, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
     assert out.sequences == ref.sequences
     with pytest.raises(ValueError, match=r"drafter.weight_bits=4 rounds the draft's own weights.*the target's"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target", weight_bits=4), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path="target", weight_bits=4), target=target)
 
 
 def test_num_layers_cuts_the_target_only_by_default(target, monkeypatch):
-    """model=target drafts with the target's first 8 layers (all 4 of this one) unless told otherwise; another
+    """path=target drafts with the target's first 8 layers (all 4 of this one) unless told otherwise; another
     model runs all of its layers unless num_layers is given."""
     def layers(**cfg):
         return len(DraftModelDrafter.from_config(DraftModelDrafter.Config(**cfg), target=target).decoder.layers)
 
     big = tiny_llama(layers=10, seed=1)
-    assert layers(model="target") == 4 and layers(model="target", num_layers=1) == 1
-    assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target"), target=big).decoder.layers) == 8
+    assert layers(path="target") == 4 and layers(path="target", num_layers=1) == 1
+    assert len(DraftModelDrafter.from_config(DraftModelDrafter.Config(path="target"), target=big).decoder.layers) == 8
     monkeypatch.setattr("specdec.models.loading.load_target", lambda name, **kwargs: (big, None))
-    assert layers(model="another/model") == 10 and layers(model="another/model", num_layers=3) == 3
+    assert layers(path="another/model") == 10 and layers(path="another/model", num_layers=3) == 3
 
 
 def test_a_student_for_another_target_is_refused(target, tmp_path, monkeypatch):
@@ -291,11 +291,11 @@ def test_a_student_for_another_target_is_refused(target, tmp_path, monkeypatch):
         load_student(tmp_path, tiny_llama(hidden=16, heads=2, kv_heads=1, layers=2, seed=1))
     with pytest.raises(CheckpointError, match="no distilled draft model"):
         load_student(tmp_path / "nowhere", target)
-    with pytest.raises(VocabMismatchError, match="drafter.model=target"):  # the shipped default is SmolLM2's
+    with pytest.raises(VocabMismatchError, match="drafter.path=target"):  # the shipped default is SmolLM2's
         DraftModelDrafter.from_config(DraftModelDrafter.Config(), target=target)
     monkeypatch.setattr("specdec.drafters.draft_model.student.default_student_path", lambda: tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="the shipped distilled draft model is missing"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="default"), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path="default"), target=target)
 
 
 # --- bad student directories, and what the export command may replace --------------------------------------
@@ -312,7 +312,7 @@ def test_a_student_whose_config_disagrees_with_its_weights_is_named(target, tmp_
     with pytest.raises(CheckpointError, match=named):
         load_student(tmp_path, target)
     with pytest.raises(CheckpointError, match=named):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path)), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path)), target=target)
 
 
 @pytest.mark.parametrize("text", ['{"architectures": ["LlamaForCausalLM"], "hidden_si', "[1, 2]", "\xff\xfe"])
@@ -323,7 +323,7 @@ def test_a_student_whose_config_cannot_be_read_is_named(target, tmp_path, text):
     (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
     for draft_vocab in (8, 0):
         with pytest.raises(CheckpointError, match=r"config.json' (is not readable JSON|holds a JSON list).*restore it"):
-            DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=draft_vocab),
+            DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path), draft_vocab=draft_vocab),
                                           target=target)
     with pytest.raises(CheckpointError, match="restore it"):
         load_student(tmp_path, target)
@@ -407,7 +407,7 @@ def test_training_runs_end_to_end_and_the_student_loads(tmp_path, tiny_pair):
     ids = torch.tensor([[2, 4, 6, 7, 3, 2, 5]])
     ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
     assert speculative_generate(model, drafter, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
-    narrow = DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path / "export"), draft_vocab=16),
+    narrow = DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path / "export"), draft_vocab=16),
                                            target=model)  # the run wrote its token counts beside the student
     assert speculative_generate(model, narrow, ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
     # the same student as a standalone transformers model: transformers' assisted generation takes it
@@ -541,7 +541,7 @@ def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
     from specdec.drafters.draft_model.student import frequent_tokens, save_token_counts
 
     save_student(tmp_path, trained_like(init_student(target, [0, 3])), layers=[0, 3])
-    cfg = DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=8)
+    cfg = DraftModelDrafter.Config(path=str(tmp_path), draft_vocab=8)
     with pytest.raises(CheckpointError, match="token counts"):
         DraftModelDrafter.from_config(cfg, target=target)
     counts = torch.zeros(64, dtype=torch.long)
@@ -552,12 +552,12 @@ def test_token_counts_give_the_draft_vocabulary(target, tmp_path):
     assert drafter.decoder.lm_head.out_features == 8 and drafter.vocab_ids[:4].tolist() == [9, 2, 5, 40]
     assert target.lm_head.out_features == 64  # the target's own head is untouched
     with pytest.raises(ValueError, match=r"draft_vocab=65 must be in \[1, 64\]"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(tmp_path), draft_vocab=65), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(tmp_path), draft_vocab=65), target=target)
     with pytest.raises(ValueError, match="needs a distilled student's token counts"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model="target", draft_vocab=8), target=target)
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path="target", draft_vocab=8), target=target)
     missing = tmp_path / "no-such-student"  # named as missing, not as a model without token counts
-    with pytest.raises(FileNotFoundError, match=f"drafter.model='{missing}': no such directory"):
-        DraftModelDrafter.from_config(DraftModelDrafter.Config(model=str(missing), draft_vocab=8), target=target)
+    with pytest.raises(FileNotFoundError, match=f"drafter.path='{missing}': no such directory"):
+        DraftModelDrafter.from_config(DraftModelDrafter.Config(path=str(missing), draft_vocab=8), target=target)
 
 
 def test_the_export_command_writes_a_transformers_directory_and_keeps_what_is_there(tmp_path, tiny_pair, capsys):

@@ -93,7 +93,7 @@ def test_heads_for_another_target_fail_with_both_shapes(tmp_path, hidden, vocab)
 
 def test_mismatched_heads_fail_when_the_drafter_is_built(tmp_path):
     save_heads(tmp_path / "heads.safetensors", random_heads(hidden=48), target="other")
-    cfg = MedusaDrafter.Config(heads=str(tmp_path / "heads.safetensors"), tree=None)
+    cfg = MedusaDrafter.Config(path=str(tmp_path / "heads.safetensors"), tree=None)
     with pytest.raises(ValueError, match="hidden size 48 .* hidden size 32"):
         build_drafter(cfg, tiny_llama())
 
@@ -112,8 +112,8 @@ def test_corrupt_or_truncated_heads_file_is_named_with_what_to_do(tmp_path):
     from specdec.errors import CheckpointError
 
     text = tmp_path / "passwd"
-    text.write_text("root:x:0:0:root:/root:/bin/bash\n")  # what `drafter.heads=/etc/passwd` reads
-    with pytest.raises(CheckpointError, match=r"'.*passwd' is not a Medusa heads file .*drafter\.heads="):
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")  # what `drafter.path=/etc/passwd` reads
+    with pytest.raises(CheckpointError, match=r"'.*passwd' is not a Medusa heads file .*drafter\.path="):
         load_heads(text, hidden_size=32, vocab_size=64)
     good = tmp_path / "heads.safetensors"
     save_heads(good, random_heads(), target="tiny")
@@ -148,7 +148,7 @@ def test_drafter_config_composes_with_hydra():
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("run", overrides=["drafter=medusa"])
-    assert cfg.drafter.name == "medusa" and cfg.drafter.heads == "default" and cfg.drafter.tree == "default"
+    assert cfg.drafter.name == "medusa" and cfg.drafter.path == "default" and cfg.drafter.tree == "default"
     defaults = MedusaDrafter.Config()  # the YAML and the dataclass tell the same defaults
     fields = ("k", "min_confidence", "lookup", "dtype", "acceptance", "typical_epsilon", "typical_alpha")
     assert {f: cfg.drafter[f] for f in fields} == {f: getattr(defaults, f) for f in fields}

@@ -221,7 +221,7 @@ BAD_INPUTS = [  # (overrides, what the error must say)
     ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
     ("drafter=medusa drafter.acceptance=typcal", "acceptance must be 'exact' or 'typical'"),
     ("data.max_new_tokens=100000", "exceeds the model's context of 2048 positions"),
-    ("drafter=medusa drafter.heads=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
+    ("drafter=medusa drafter.path=/etc/passwd", "'/etc/passwd' is not a Medusa heads file written by specdec"),
     ("target.compile=graphs", "target.compile='graphs' is not a mode"),
     ("target=hub", "target=hub needs the model: add target.name="),
     ("data.limit_per_source=0", "data.limit_per_source must be an integer >= 1 (prompts per source) or null"),

@@ -6,7 +6,7 @@ back to ``seq_lens - 2`` — a pointer move — which is correct whether the ver
 every slot below that bound holds a committed token (the drafts it kept were the ones fed).
 
 A distilled student (``python -m specdec.train method=draft_model``) is a lean directory holding its own
-layers only; ``model=<that directory>`` loads it with the target's embeddings and LM head stitched in
+layers only; ``path=<that directory>`` loads it with the target's embeddings and LM head stitched in
 (:mod:`specdec.drafters.draft_model.student`).
 
 **Draft length.** ``k`` drafts per step, or fewer: with ``confidence`` > 0 a step stops drafting once the
@@ -31,12 +31,14 @@ import torch
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.draft_model.student import DEFAULT_DRAFT
+from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
-EARLY_EXIT_LAYERS = 8  # drafter.model=target: the target's first 8 layers draft (all, for a smaller target)
+EARLY_EXIT_LAYERS = 8  # drafter.path=target: the target's first 8 layers draft (all, for a smaller target)
 
 
 @register("draft_model")
@@ -51,11 +53,13 @@ class DraftModelDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "draft_model"
-        # "default": the student distilled for the default target and shipped in the package; "target": the
-        # target itself (early exit, untrained); a distilled student's directory; an alias, a local path or a
-        # hub id of a model with the target's vocabulary.
-        model: str = "default"
-        # Keep only the first N decoder layers (early exit). null: 8 of the target's (model=target), all of
+        # Where the draft model is: "default", the student distilled for the default target and shipped in the
+        # package; "target", the target itself (early exit, untrained); a distilled student's directory (what
+        # `python -m specdec.train method=draft_model` wrote); an alias, a local path or a hub id of a model with
+        # the target's vocabulary.
+        path: str = DEFAULT_DRAFT
+        model: Optional[str] = PATH_ALIAS  # the old name of path: still works, with a note to use path
+        # Keep only the first N decoder layers (early exit). null: 8 of the target's (path=target), all of
         # another model's. A distilled student always runs all its layers.
         num_layers: Optional[int] = None
         # Stop a step's drafting once the draft's probability of its last draft is below this in every row
@@ -103,46 +107,41 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
-        from specdec.drafters.draft_model.student import (
-            DEFAULT_DRAFT,
-            default_student_path,
-            is_student_dir,
-            load_student,
-        )
+        from specdec.drafters.draft_model.student import default_student_path, is_student_dir, load_student
         from specdec.models.loading import check_same_vocab, load_target, looks_like_path
 
-        student = cfg.model == DEFAULT_DRAFT or (cfg.model not in (None, "", "target") and is_student_dir(cfg.model))
+        path = weights_path(cfg, "model", DEFAULT_DRAFT)
+        early_exit = path in (None, "", "target")
+        student = path == DEFAULT_DRAFT or (not early_exit and is_student_dir(path))
         if student and cfg.num_layers is not None:
             raise ValueError(f"drafter.num_layers={cfg.num_layers} does not apply to a distilled student "
-                             f"({cfg.model!r}: all its layers run); leave drafter.num_layers null")
-        if cfg.model == DEFAULT_DRAFT:
+                             f"({path!r}: all its layers run); leave drafter.num_layers null")
+        if path == DEFAULT_DRAFT:
             path = default_student_path()
             if not is_student_dir(path):
-                raise FileNotFoundError(f"drafter.model={DEFAULT_DRAFT}: the shipped distilled draft model is missing "
+                raise FileNotFoundError(f"drafter.path={DEFAULT_DRAFT}: the shipped distilled draft model is missing "
                                         f"from {str(path)!r} (a broken install?); reinstall specdec, or train one with "
-                                        f"`python -m specdec.train method=draft_model` and point drafter.model at it")
+                                        f"`python -m specdec.train method=draft_model` and point drafter.path at it")
+        if student:
             return cls(load_student(path, target), **cls._options(cfg, path)).rounded(cfg.weight_bits, target)
-        if cfg.model not in (None, "", "target") and is_student_dir(cfg.model):
-            return cls(load_student(cfg.model, target), **cls._options(cfg, cfg.model)).rounded(cfg.weight_bits, target)
-        if cfg.model not in (None, "", "target") and looks_like_path(cfg.model) \
-                and not Path(cfg.model).expanduser().is_dir():
+        if not early_exit and looks_like_path(path) and not Path(path).expanduser().is_dir():
             raise FileNotFoundError(
-                f"drafter.model={cfg.model!r}: no such directory ({str(Path(cfg.model).expanduser().absolute())!r}); "
+                f"drafter.path={path!r}: no such directory ({str(Path(path).expanduser().absolute())!r}); "
                 f"pass a student written by `python -m specdec.train method=draft_model`, a model directory written "
                 f"by save_pretrained, a hub id, {DEFAULT_DRAFT!r} (the shipped student) or 'target' (early exit)")
         if cfg.draft_vocab:
             raise ValueError(f"drafter.draft_vocab={cfg.draft_vocab} needs a distilled student's token counts; "
-                             f"drafter.model={cfg.model!r} has none: set drafter.draft_vocab=0")
+                             f"drafter.path={path!r} has none: set drafter.draft_vocab=0")
         num_layers = cfg.num_layers
-        if cfg.model in (None, "", "target") and cfg.weight_bits is not None:
+        if early_exit and cfg.weight_bits is not None:
             raise ValueError(f"drafter.weight_bits={cfg.weight_bits} rounds the draft's own weights; with "
-                             f"drafter.model={cfg.model!r} they are the target's: leave drafter.weight_bits null")
-        if cfg.model in (None, "", "target"):
+                             f"drafter.path={path!r} they are the target's: leave drafter.weight_bits null")
+        if early_exit:
             model, draft_tokenizer = target, tokenizer
             if num_layers is None:
                 num_layers = min(EARLY_EXIT_LAYERS, target.config.num_hidden_layers)
         else:
-            model, draft_tokenizer = load_target(cfg.model, dtype=target.dtype, device=target.device)
+            model, draft_tokenizer = load_target(path, dtype=target.dtype, device=target.device)
         if tokenizer is not None and draft_tokenizer is not None:
             check_same_vocab(tokenizer, draft_tokenizer)
         drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)

@@ -34,7 +34,7 @@ from specdec.jobs.io import atomic_dir, atomic_write, read_json_object, read_ten
 from specdec.models import check_layer_ids
 
 FORMAT = "specdec-draft-model-1"
-DEFAULT_DRAFT = "default"  # drafter.model=default: the student shipped for the default target
+DEFAULT_DRAFT = "default"  # drafter.path=default: the student shipped for the default target
 TOKEN_COUNTS = "token_counts.safetensors"
 EMBEDDINGS = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -140,7 +140,7 @@ def frequent_tokens(directory: str | Path, n: int) -> torch.Tensor:
     return torch.sort(counts, descending=True, stable=True).indices[:n]
 
 
-_HINT = ("point drafter.model at a directory written by `python -m specdec.train method=draft_model` (its "
+_HINT = ("point drafter.path at a directory written by `python -m specdec.train method=draft_model` (its "
          "output_dir or export), trained for this target")
 
 
@@ -152,7 +152,7 @@ def _check_target(section: dict[str, Any], target_config: Any, directory: Path) 
     message = (f"the draft model in {str(directory)!r} was distilled for a target of hidden size {hidden} and "
                f"vocabulary {vocab}; this target has hidden size {t_hidden} and vocabulary {t_vocab}; train one "
                f"for this target (python -m specdec.train method=draft_model target=...), or draft with the "
-               f"target's own first layers (drafter.model=target)")
+               f"target's own first layers (drafter.path=target)")
     raise (VocabMismatchError if vocab != t_vocab else CheckpointError)(message)
 
 

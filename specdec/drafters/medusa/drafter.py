@@ -46,6 +46,7 @@ import torch
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.drafters.medusa.candidates import IndependentHeads, TokenAwareHeads
 from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_heads_path, load_heads
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
@@ -162,7 +163,10 @@ class MedusaDrafter(Drafter):
     class Config(DrafterConfig):
         name: str = "medusa"
         k: int = 23  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
-        heads: str = DEFAULT_HEADS  # "default" (shipped for SmolLM2-135M-Instruct) or a heads.safetensors path
+        # Where the heads are: "default" (shipped for SmolLM2-135M-Instruct), or what `python -m specdec.train
+        # method=medusa` wrote (its output or export directory, or the heads.safetensors in it)
+        path: str = DEFAULT_HEADS
+        heads: Optional[str] = PATH_ALIAS  # the old name of path: still works, with a note to use path
         tree: Any = "default"  # "default" = the tree stored with the heads; null = chain; or a list of paths
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
@@ -229,7 +233,8 @@ class MedusaDrafter(Drafter):
                              f"the Medusa tree; raise drafter.k or lower drafter.lookup")
         decoder = as_decoder(target)
         lm_head = decoder.lm_head if hasattr(decoder, "lm_head") else decoder.model.get_output_embeddings()
-        path = default_heads_path() if cfg.heads in (None, "", DEFAULT_HEADS) else Path(cfg.heads).expanduser()
+        location = weights_path(cfg, "heads", DEFAULT_HEADS)
+        path = default_heads_path() if location in (None, "", DEFAULT_HEADS) else Path(location).expanduser()
         vocab_size, hidden_size = lm_head.weight.shape
         heads, meta = load_heads(path, hidden_size=hidden_size, vocab_size=vocab_size)
         heads.to(device=lm_head.weight.device)  # the drafter casts them to its dtype

@@ -38,7 +38,7 @@ DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-1
 
 
 def default_heads_path() -> Path:
-    """The heads shipped inside the package for the default target (``drafter.heads=default``), with their tree."""
+    """The heads shipped inside the package for the default target (``drafter.path=default``), with their tree."""
     return Path(str(resources.files("specdec") / "assets" / "medusa" / "smollm2-135m" / "heads.safetensors"))
 
 
@@ -164,9 +164,9 @@ def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[
         path = path / "heads.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"no Medusa heads at {str(path)!r}; train some with `python -m specdec.train "
-                                f"method=medusa` or use drafter.heads={DEFAULT_HEADS} for the default target's")
-    hint = (f"point drafter.heads at a file written by `python -m specdec.train method=medusa` (or its export "
-            f"directory), or use drafter.heads={DEFAULT_HEADS} for the default target's")
+                                f"method=medusa` or use drafter.path={DEFAULT_HEADS} for the default target's")
+    hint = (f"point drafter.path at what `python -m specdec.train method=medusa` wrote (its output or export "
+            f"directory, or the heads.safetensors in it), or use drafter.path={DEFAULT_HEADS} for the default target's")
     meta = json.loads(read_metadata(path, what="Medusa heads file", hint=hint).get("specdec", "{}"))
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{str(path)!r} is not a specdec Medusa heads file (format {meta.get('format')!r}, "

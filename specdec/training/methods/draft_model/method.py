@@ -49,7 +49,7 @@ class DraftModelMethodConfig(MethodConfig):
 @register_method("draft_model")
 class DraftModelMethod(TrainMethod):
     Config = DraftModelMethodConfig
-    weights_file = "model.safetensors"  # beside it config.json: a lean student directory (drafter.model=<dir>)
+    weights_file = "model.safetensors"  # beside it config.json: a lean student directory (drafter.path=<dir>)
     description = ("a few-layer student of the target (layers copied from chosen target layers; the target's "
                    "embeddings and LM head, frozen) distilled on the target's next-token distributions")
     reference = ("DistillSpec (Zhou et al. 2024): distilled drafts give 10-45% speedups over speculative decoding "
