@@ -6,7 +6,9 @@
     python -m specdec.train target.name=/path/to/model run_name=mine export=heads/mine
     accelerate launch -m specdec.train ...                           # several GPUs, no code change
 
-Rerunning the same command resumes from the latest checkpoint in ``outputs/train/<method>/<run_name>``.
+Rerunning the same command resumes from the latest checkpoint in ``outputs/train/<method>/<run_name>``. A
+finished run prints the command that decodes with what it wrote, e.g.
+``python -m specdec.run drafter=medusa drafter.path=heads/mine``.
 Every field: :mod:`specdec.training.config` and the method's config (e.g.
 :class:`specdec.training.methods.medusa.MedusaMethodConfig`); what happens: :mod:`specdec.training`.
 """
@@ -33,6 +35,10 @@ def main(dict_cfg: DictConfig) -> float:
     cfg = OmegaConf.to_object(dict_cfg)
     metrics = train(cfg)
     print(json.dumps(metrics, indent=1))
+    if not metrics["finished"]:
+        print(f"stopped at step {metrics['step']} of {metrics['total_steps']}: rerun the same command to resume")
+    elif "decode_command" in metrics:  # the main process: it evaluated and wrote the drafter
+        print(f"decode with what this run wrote:\n  {metrics['decode_command']}")
     return metrics.get("score", math.nan)  # what a sweep maximises
 
 

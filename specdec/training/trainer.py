@@ -3,11 +3,13 @@
 Every method runs through :func:`train`; what differs (model, loss, evaluation, weight file) comes from
 its :class:`~specdec.training.methods.TrainMethod`. In ``output_dir``: ``data.safetensors`` (the
 self-distillation store, reused), ``prompts.jsonl``, ``checkpoints/``, the method's weight file and
-``metrics.json``; with ``export``, the weight file and ``provenance.json`` there too.
+``metrics.json``; with ``export``, the weight file and ``provenance.json`` there too. A finished run's metrics
+hold ``decode_command``: the main job's command that decodes with what it wrote (:func:`decode_command`).
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -106,7 +108,20 @@ def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, sp
     metrics.update(method.evaluate(model, splits))
     metrics["score"] = method.score(metrics)
     metrics["times_s"]["eval_s"] = time.perf_counter() - start
+    metrics["decode_command"] = decode_command(cfg, method, metrics)
     method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target.name, metrics)
     write_json(Path(cfg.output_dir) / "metrics.json", metrics)
     if cfg.export:
         export(Path(cfg.export), method, model, cfg, metrics, splits)
+
+
+def decode_command(cfg: Any, method: TrainMethod, metrics: dict[str, Any]) -> str:
+    """``python -m specdec.run`` decoding with what this run wrote: the drafter of the method's name at the run's
+    export (else its output_dir), for its target, with the settings the trained drafter needs
+    (:meth:`~specdec.training.methods.TrainMethod.decode_overrides`); run from where training ran."""
+    from specdec.config import TargetConfig
+
+    overrides = [f"drafter={method.name}", f"drafter.path={cfg.export or cfg.output_dir}"]
+    if cfg.target.name != TargetConfig.name:
+        overrides.append(f"target.name={cfg.target.name}")
+    return " ".join(["python -m specdec.run", *map(shlex.quote, overrides + method.decode_overrides(metrics))])

@@ -2,7 +2,8 @@
 
 A method is a small module: its typed ``Config`` (a :class:`MethodConfig`), the data it needs stored
 (:class:`~specdec.training.distill.store.DataNeeds`), the model it trains, its loss on a batch of
-training examples, its held-out evaluation and the file it exports. The trainer
+training examples, its held-out evaluation and the file it exports, which the drafter registered under the
+method's name loads (``python -m specdec.run drafter=<name> drafter.path=<that directory>``). The trainer
 (:mod:`specdec.training.trainer`) owns the rest (data, loop, checkpoints, provenance) and never branches on
 a method's name.
 """
@@ -76,6 +77,11 @@ class TrainMethod(ABC):
     def log_values(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Scalars of :meth:`evaluate`'s ``metrics`` for the tracker (wandb)."""
         return {}
+
+    def decode_overrides(self, metrics: dict[str, Any]) -> list[str]:
+        """The drafter settings (``drafter.<setting>=...``) that decoding with what this run trained needs beyond
+        the drafter's shipped defaults (e.g. a smaller tree than they ask for), from :meth:`evaluate`'s ``metrics``."""
+        return []
 
     @abstractmethod
     def save(self, model: torch.nn.Module, path: Path, target_name: str, metrics: dict[str, Any],

@@ -146,6 +146,13 @@ class DraftModelMethod(TrainMethod):
             values |= {f"{n}/alpha{j + 1}": a for j, a in enumerate(e["alpha"])}
         return values
 
+    def decode_overrides(self, metrics: dict[str, Any]) -> list[str]:
+        """A target vocabulary smaller than the drafter's default draft vocabulary asks for the whole of it."""
+        from specdec.drafters import drafter_config
+
+        shipped = drafter_config("draft_model").draft_vocab
+        return ["drafter.draft_vocab=0"] if shipped and self.token_counts.numel() < shipped else []
+
     def save(self, model: torch.nn.Module, path: Path, target_name: str, metrics: dict[str, Any],
              dtype: torch.dtype | None = None) -> None:
         student = model.module if hasattr(model, "module") else model

@@ -125,6 +125,15 @@ class MedusaMethod(TrainMethod):
     def score(self, metrics: dict[str, Any]) -> float:
         return metrics["eval"]["val"]["top1"][0]  # head 1's held-out top-1 accuracy
 
+    def decode_overrides(self, metrics: dict[str, Any]) -> list[str]:
+        """A tree of fewer paths than the drafter's defaults draft from (drafter.k - drafter.lookup) asks a
+        smaller drafter.k."""
+        from specdec.drafters import drafter_config
+
+        shipped = drafter_config("medusa")
+        paths = len(metrics["tree"])
+        return [f"drafter.k={paths + shipped.lookup}"] if 0 < paths < shipped.k - shipped.lookup else []
+
     def log_values(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Per-head accuracies of every split, for the tracker."""
         return {f"{n}/{k}_head{j}": v for n, e in metrics["eval"].items() for k in ("top1", "top5")
