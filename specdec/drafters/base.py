@@ -25,6 +25,7 @@ from specdec.verify.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from specdec.drafters.trees.siblings import SiblingDraws
     from specdec.verify import AcceptanceRule, Tree
 
 
@@ -101,6 +102,13 @@ class Drafter(ABC):
     """Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``)."""
     graphs: Graphs | None = None
     """What replays the drafter's own work as graphs (set by :meth:`replay_graphs`); None: it runs eagerly."""
+    siblings: SiblingDraws | None = None
+    """How the drafter draws a tree's children and reports their q when it samples them (see
+    :meth:`samples_siblings`); the planted drafter-side tree bugs replace it. None: it never samples them."""
+
+    def samples_siblings(self, params: SamplingParams) -> bool:
+        """Whether this drafter's trees have sampled children (through :attr:`siblings`) under ``params``."""
+        return False
 
     @property
     def lossy(self) -> bool:
@@ -170,6 +178,13 @@ class DrafterWrapper(Drafter):
     @forwards.setter
     def forwards(self, value: int) -> None:
         self.inner.forwards = value
+
+    @property
+    def siblings(self) -> SiblingDraws | None:
+        return self.inner.siblings
+
+    def samples_siblings(self, params: SamplingParams) -> bool:
+        return self.inner.samples_siblings(params)
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)

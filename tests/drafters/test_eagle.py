@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import round_weights
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_eagle, save_eagle
-from specdec.drafters.eagle.growth import TreeGrowth, without
+from specdec.drafters.eagle.growth import TreeGrowth
+from specdec.drafters.trees.siblings import without
 from specdec.errors import CheckpointError
 from specdec.models import as_decoder, cpu_kernels
 from specdec.training.distill.packing import Packed, pack

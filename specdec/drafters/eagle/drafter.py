@@ -46,9 +46,10 @@ from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
+from specdec.drafters.trees.siblings import EXACT_SIBLINGS, SiblingDraws
 from specdec.errors import VocabMismatchError
 from specdec.models import cpu_kernels
-from specdec.verify.sampling import logits_to_probs, sample
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ MAX_TREES = 1024  # tree shapes cached per drafter
 @register("eagle")
 class EagleDrafter(Drafter):
     """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree."""
+
+    siblings: SiblingDraws = EXACT_SIBLINGS
 
     @dataclass
     class Config(DrafterConfig):
@@ -253,13 +256,17 @@ class EagleDrafter(Drafter):
         return Proposal(tokens=drafts, num_proposed=[k] * drafts.shape[0],
                         probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
 
+    def samples_siblings(self, params: SamplingParams) -> bool:
+        """A tree's children are sampled at temperature > 0 when ``sampled`` says so (null: unless a lookup
+        branch asks for fixed candidates)."""
+        wanted = (not self.lookup) if self.sampled is None else self.sampled
+        return bool(self.tree and wanted and not params.greedy)
+
     def propose_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
         if self.sampled and self.lookup:
             raise ValueError("drafter.lookup adds fixed candidates to a tree of sampled ones; set drafter.sampled=false "
                              "(or null) or drafter.lookup=0")
-        # null: sampled children at temperature > 0 unless a lookup branch asks for fixed candidates
-        wanted = (not self.lookup) if self.sampled is None else self.sampled
-        sampled = wanted and not state.sampling.greedy
+        sampled = self.samples_siblings(state.sampling)
         lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
         tree = TreeGrowth(self, state, sampled, self.masks)
         tree.grow(hidden, k - lookup)

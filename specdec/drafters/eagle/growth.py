@@ -17,23 +17,16 @@ import torch
 from specdec.drafters.base import DecodeState
 from specdec.drafters.trees.dynamic import mean_confidence
 from specdec.drafters.trees.plan import TreeCache
-from specdec.verify.sampling import sample
 
 if TYPE_CHECKING:
     from specdec.drafters.eagle.drafter import EagleDrafter
 
 
-def without(q: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:  # q [..., V], drawn [..., n] -> [..., V]
-    """q with the ``drawn`` tokens' mass removed, renormalised (the law of the next draw without replacement)."""
-    left = q.scatter(-1, drawn, 0.0)
-    total = left.sum(-1, keepdim=True)
-    return torch.where(total > 0, left / total.clamp(min=torch.finfo(q.dtype).tiny), q)
-
-
 class TreeGrowth:
     """The tree of one step. Column i of ``index`` [B, n] (draft-vocabulary ids) and ``logp`` [B, n] (path
     log-confidences) is candidate i's, appended a level at a time; ``parent[i]`` (-1 = the root), ``level[i]``
-    (0 = the root's children) and, in a sampled tree, ``q[i]`` [B, Dv], the law it was drawn from. ``entries``
+    (0 = the root's children) and, in a sampled tree, ``q[i]`` [B, Dv], the law reported for it (the one it was
+    drawn from, :class:`~specdec.drafters.trees.siblings.SiblingDraws`). ``entries``
     are the expanded candidates' parents as entries (-1 = the root), entry j written j-th past the committed
     cache; ``masks`` keeps the trees of those entries across steps."""
 
@@ -56,19 +49,16 @@ class TreeGrowth:
         d = self.d
         base = hidden.new_zeros(hidden.shape[0], 1, dtype=torch.float32) if parents == [-1] else self.logp[:, parents]
         if self.sampled:
-            q = d.draft_probs(d.logits(hidden), self.state)  # [B, P, Dv]
+            logits = d.logits(hidden)  # [B, P, Dv]
+            q = d.draft_probs(logits, self.state)  # [B, P, Dv]
             logq = q.clamp(min=1e-30).log()
             index, logp = [], []
             for j in range(len(parents)):
-                law, drawn = q[:, j], []
-                for _ in range(d.top_k):
-                    x = sample(law, self.state.generator)  # [B]
-                    index.append(x)
-                    logp.append(base[:, j] + logq[:, j].gather(1, x[:, None])[:, 0])
-                    self.q.append(law)
-                    drawn.append(x)
-                    law = without(q[:, j], torch.stack(drawn, 1))
-            index, logp = torch.stack(index, 1), torch.stack(logp, 1)
+                drawn, laws = d.siblings.draw(q[:, j], logits[:, j], d.top_k, self.state.generator)  # [B, top_k]
+                index.append(drawn)
+                logp.append(base[:, j, None] + logq[:, j].gather(1, drawn))
+                self.q += laws
+            index, logp = torch.cat(index, 1), torch.cat(logp, 1)
         else:
             values, index = d.top_candidates(hidden)  # [B, P, top_k]
             index, logp = index.flatten(1), (base[..., None] + values).flatten(1)
