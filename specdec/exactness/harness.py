@@ -17,8 +17,9 @@ Method
    two-sample chi-square test of the joint of the first ``joint_tokens`` tokens (with the prompt) between
    speculative and plain (:func:`~specdec.decode.engine.autoregressive_generate`) sampling, stratified by prompt,
    small cells pooled. The same PIT and surprisal tests per *stratum* of tokens by what the drafter did
-   before the token was drawn (drafted, per draft depth, undrafted, bonus), and the directional draft-match
-   test at drafted positions (:mod:`specdec.exactness.strata`: a verifier bug acts only where drafts were verified).
+   before the token was drawn (drafted, per draft depth, undrafted, bonus), and at drafted positions the
+   directional draft-match test and, for sampled tree candidates, the sibling-match test
+   (:mod:`specdec.exactness.strata`: a verifier bug acts only where drafts were verified).
    Holm's step-down over the whole family keeps the probability of rejecting an exact decoder ≤ α, however
    the tests depend on each other.
 4. **Report.** The verdict, every p-value (raw and Holm-adjusted), total-variation intervals of the PIT
@@ -63,6 +64,7 @@ from specdec.exactness.stats import (
     token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
 from specdec.exactness.strata import DraftRecord, DraftRecorder
 from specdec.jobs.data import left_pad
+from specdec.verify import EXACT
 from specdec.verify.sampling import SamplingParams, logits_to_probs
 
 log = logging.getLogger(__name__)
@@ -243,12 +245,14 @@ def verify_distribution(
     if planted_bug is not None:
         log.warning(_banner(planted_bug))
     recorder = DraftRecorder(setup.drafter)
+    # The rule verified with (the drafter's own lossy one stays unwatched: resolved by the decode loop).
+    rule = None if setup.rule is None and drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
     common = dict(batch_size=batch_size, seed=seed, pad_id=pad_id, device=decoder.device)
 
     def speculative(ids, mask, generator):
         return speculative_generate(setup.target, recorder, ids, attention_mask=mask, k=k,
                                     max_new_tokens=length, generator=generator, eos_token_id=[],
-                                    rule=setup.rule, **_sampling_kwargs(setup.sampling))
+                                    rule=rule, **_sampling_kwargs(setup.sampling))
 
     def plain(ids, mask, generator):
         return autoregressive_generate(decoder, ids, attention_mask=mask, max_new_tokens=joint_tokens,
@@ -337,9 +341,12 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
     def stratum(label: str, mask: np.ndarray) -> dict[str, Any]:
         n = int(mask.sum())
         match = strata.match_summary(spec.record, p_drafts, spec.tokens, mask, level=level, power=POWER)
+        siblings = strata.sibling_summary(spec.record, mask, level=level, power=POWER)
         return {"stratum": label, "n": n, "share": n / (rows * length), **pit_group(f"stratum={label}", pit.ravel()[mask]),
                 "detectable_tv": detectable_tv(n, level, POWER, num_categories=PIT_BINS),
-                "draft_match": None if match is None else {**match, "test": tests.get(f"draft_match[stratum={label}]")}}
+                "draft_match": None if match is None else {**match, "test": tests.get(f"draft_match[stratum={label}]")},
+                "sibling_match": None if siblings is None else {
+                    **siblings, "test": tests.get(f"sibling_match[stratum={label}]")}}
 
     report = {
         "p_value": float(adjusted.min()),  # Holm-adjusted minimum: the family's p-value

@@ -7,7 +7,10 @@ Rejection sampling is exact for *any* draft distribution q, provided (1) q is th
 token was actually drawn from and (2) p is the target's conditional processed with the requested
 sampling settings. So a draft-side mistake applied consistently — to the draws and to the reported q
 alike — costs acceptance, never exactness: a drafter that ignores temperature everywhere, or a *draft*
-KV cache that is not rolled back after a rejection (its drafts get worse, their q stays honest). So does
+KV cache that is not rolled back after a rejection (its drafts get worse, their q stays honest). The two
+tree bugs act only where a node's first child was rejected and a later sibling tried, which is why the
+sibling-match test (:mod:`specdec.exactness.strata`) exists; they plant into any drafter that samples tree
+candidates (:meth:`~specdec.drafters.base.Drafter.samples_siblings`: EAGLE's sampled tree today). So does
 dropping the bonus token altogether (emitting only the accepted drafts): it wastes a token per fully
 accepted step, and the next step draws that token from the same p_K. A biasing mistake breaks the rule
 itself or one of the two premises:
@@ -35,6 +38,15 @@ name                              what is wrong                                 
                                   wrote, rejected drafts included (an uncropped dynamic cache):
                                   later tokens attend to text that was never emitted, at shifted
                                   positions
+``sibling_q_not_renormalised``    a sampled tree's children are drawn without replacement, but   (1)
+                                  each child after the first is reported with the node's q, not
+                                  q renormalised without the siblings drawn before it: later
+                                  siblings are accepted too often, once an earlier one was
+                                  rejected
+``sibling_q_before_processing``   the same draws, but each child after the first is reported     (1)
+                                  with the *unprocessed* law (softmax of the draft logits, before
+                                  temperature / top-k / top-p) renormalised without the earlier
+                                  siblings
 ================================  ============================================================  ===========
 
 :func:`plant` applies one of them to what the decode loop is called with (a :class:`Setup`) and refuses
@@ -56,6 +68,7 @@ from torch import nn
 
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
+from specdec.drafters.trees.siblings import SiblingDraws, without
 from specdec.models.cache import KVCache
 from specdec.models.llama import CompactLlama, supports
 from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
@@ -148,6 +161,22 @@ class TemperatureIgnoredDraftModel(DraftModelDrafter):
         return self.widen(sample(drawn_from, generator), reported, params)
 
 
+class SiblingNotRenormalised(SiblingDraws):
+    """Bug: each child after the first is reported with the node's q (the law before any draw), while drawn
+    from q without the siblings drawn before it."""
+
+    def report(self, law, q, logits, drawn):
+        return q
+
+
+class SiblingBeforeProcessing(SiblingDraws):
+    """Bug: each child after the first is reported with the unprocessed law (softmax of the logits, before
+    temperature / top-k / top-p) without the siblings drawn before it, while drawn from the processed one."""
+
+    def report(self, law, q, logits, drawn):
+        return law if not drawn else without(torch.softmax(logits.float(), -1).to(q.dtype), torch.stack(drawn, 1))
+
+
 # --- the target -------------------------------------------------------------------------------------------
 
 
@@ -234,6 +263,23 @@ def _plant_temperature_ignored_by_draft(s: Setup) -> Setup:
     return replace(s, drafter=bugged)
 
 
+def _plant_siblings(bug: str, draws: SiblingDraws) -> Callable[[Setup], Setup]:
+    def plant_it(s: Setup) -> Setup:
+        if not s.drafter.samples_siblings(s.sampling):
+            raise ValueError(f"planted bug {bug!r} lives in a tree's sampled children, which "
+                             f"{type(s.drafter).__name__} does not draw under these settings; use drafter=eagle "
+                             "(tree) with drafter.lookup=0 and sampling.temperature > 0")
+        if bug == "sibling_q_before_processing" and (s.sampling.temperature == 1.0 and s.sampling.top_k == 0
+                                                     and s.sampling.top_p >= 1.0):
+            raise ValueError(f"planted bug {bug!r} changes nothing without sampling processing (temperature 1, no "
+                             "top-k or top-p); set sampling.top_p < 1 (e.g. 0.8), sampling.top_k or a temperature ≠ 1")
+        bugged = copy.copy(s.drafter)  # the same drafter and options, the bug's reports
+        bugged.siblings = draws
+        return replace(s, drafter=bugged)
+
+    return plant_it
+
+
 def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:
     _needs_sampling("target_cache_not_rolled_back", s)
     if not supports(s.target):
@@ -248,6 +294,8 @@ BUGS: dict[str, Callable[[Setup], Setup]] = {
     "top_p_draft_only": _plant_top_p_draft_only,
     "temperature_ignored_by_draft": _plant_temperature_ignored_by_draft,
     "target_cache_not_rolled_back": _plant_target_cache_not_rolled_back,
+    "sibling_q_not_renormalised": _plant_siblings("sibling_q_not_renormalised", SiblingNotRenormalised()),
+    "sibling_q_before_processing": _plant_siblings("sibling_q_before_processing", SiblingBeforeProcessing()),
 }
 
 

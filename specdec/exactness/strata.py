@@ -26,11 +26,28 @@ emitted token is one of them with probability Σ p(child). So the number of matc
 sum of those probabilities (:func:`specdec.exactness.stats.hit_rate_test`), with p from the teacher-forced target.
 Note that for a *sampled* draft P(emit x | x) is not p(x): Σ p(x) would under-predict the matches of an
 exact verifier (E_q p(x) ≤ Σ min(p, q)). Sampled tree nodes are left out of it (their law is not one
-probability).
+probability): the sibling-match test covers them.
+
+**The sibling-match test** covers tree candidates *drawn* from q (without replacement: EAGLE's sampled tree).
+Their exactness rests on the q the drafter reports for each child — the law of that draw given the siblings
+drawn before it — and a wrong report (not renormalised after the earlier draws, taken before the sampling
+processing) biases the output only where an earlier sibling was rejected, where pooled tests are weakest.
+At a reached node with target distribution p, child j is *tried* when its earlier siblings were rejected;
+the residual r is then what is left of p after them (r = p for the first child). Given everything before
+child j was drawn, child j is drawn from its reported q_j, so an exact verifier emits it with probability
+β_j = Σ_x min(q_j(x), r(x)) (accepts x with probability min(1, r(x) / q_j(x)); a rejected token keeps no
+residual mass, so it is never emitted later). Whether a child is tried is fixed before it is drawn, so
+Σ (hit_j − β_j) over the tried children is a martingale: :func:`specdec.exactness.stats.hit_rate_test` again,
+one event per tried child. A drafter that draws from another law than it reports moves the hit rate (the
+planted tree bugs do, a later sibling's one way or the other), and so does a verifier bug that emits a
+rejected child (the recovered token drawn from p). p is the one the verifier was given (the target's
+processed distribution of the verify forward), read by :class:`SiblingWatch` around the acceptance rule:
+the test is of the drafter's reports and the sibling walk; the target's own mistakes are the PIT tests'.
 
 Recording needs no change to the decode loop: :class:`DraftRecorder` wraps the drafter and reads each
 proposal and, after each verify step, the tokens the step appended (host-side); it reads the proposal's
-tokens after the loop's own sync of that step.
+tokens after the loop's own sync of that step. For sampled trees, :meth:`DraftRecorder.watch` wraps the
+acceptance rule too, to compute each tried child's β where p and the q's are at hand.
 """
 
 from __future__ import annotations
@@ -38,7 +55,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -46,10 +63,22 @@ import torch
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.exactness import stats
 from specdec.exactness.stats import TokenScores, Verdict
+from specdec.verify.rules import AcceptanceRule
+from specdec.verify.tree import Tree, residual_after_rejection
 
 PLAN_POWER = 0.9  # the power the budget planner plans for
-_Entry = tuple[int, int, tuple[int, ...], float]  # (depth, accepted before it in the step, candidates, q)
-_UNDRAFTED: _Entry = (0, 0, (), math.nan)
+_Sibling = tuple[float, bool]  # a tried sampled child: (β, whether it was emitted)
+
+
+class _Entry(NamedTuple):  # one emitted token's record (:class:`DraftRecord`)
+    depth: int
+    accepted_before: int
+    candidates: tuple[int, ...]
+    q: float
+    siblings: tuple[_Sibling, ...] = ()
+
+
+_UNDRAFTED = _Entry(0, 0, (), math.nan)
 
 
 # --- recording ----------------------------------------------------------------------------------------------
@@ -63,26 +92,42 @@ class DraftRecord:
     accepted_before: np.ndarray  # [R, L] int64: drafts accepted earlier in the same verify step
     candidates: np.ndarray  # [R, L, W] int64: the draft token(s) at this position (tree: the node's children); -1 pads
     draft_q: np.ndarray  # [R, L] float64: q(x) of a chain's sampled draft, 1 for deterministic drafts, nan: no match law
+    # [R, L, S] sampled tree children tried at this position, in order (module docstring): β, nan pads
+    sibling_beta: np.ndarray
+    sibling_hit: np.ndarray  # [R, L, S] bool: whether the emitted token is that child
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[_Entry]], length: int) -> DraftRecord:
         if any(len(row) != length for row in rows):
             raise RuntimeError(f"the draft record has {sorted({len(r) for r in rows})} entries per row, not {length}: "
                                "it lost track of the emitted tokens")
-        width = max((len(e[2]) for row in rows for e in row), default=0)
+        width = max((len(e.candidates) for row in rows for e in row), default=0)
+        tried = max((len(e.siblings) for row in rows for e in row), default=0)
         candidates = np.full((len(rows), length, width), -1, dtype=np.int64)
+        beta = np.full((len(rows), length, tried), np.nan)
+        hit = np.zeros((len(rows), length, tried), dtype=bool)
         for r, row in enumerate(rows):
             for t, entry in enumerate(row):
-                candidates[r, t, :len(entry[2])] = entry[2]
-        field = lambda i, dtype: np.array([[e[i] for e in row] for row in rows], dtype=dtype).reshape(len(rows), length)  # noqa: E731
-        return cls(field(0, np.int64), field(1, np.int64), candidates, field(3, np.float64))
+                candidates[r, t, :len(entry.candidates)] = entry.candidates
+                for j, (b, h) in enumerate(entry.siblings):
+                    beta[r, t, j], hit[r, t, j] = b, h
+        field = lambda name, dtype: np.array([[getattr(e, name) for e in row] for row in rows],  # noqa: E731
+                                             dtype=dtype).reshape(len(rows), length)
+        return cls(field("depth", np.int64), field("accepted_before", np.int64), candidates, field("q", np.float64),
+                   beta, hit)
 
     @staticmethod
     def concat(parts: Sequence[DraftRecord]) -> DraftRecord:
-        width = max(p.candidates.shape[2] for p in parts)
-        pad = lambda c: np.pad(c, ((0, 0), (0, 0), (0, width - c.shape[2])), constant_values=-1)  # noqa: E731
-        return DraftRecord(np.concatenate([p.depth for p in parts]), np.concatenate([p.accepted_before for p in parts]),
-                           np.concatenate([pad(p.candidates) for p in parts]), np.concatenate([p.draft_q for p in parts]))
+        def cat(name: str, fill) -> np.ndarray:  # along rows, the last axis padded to the widest part
+            arrays = [getattr(p, name) for p in parts]
+            if arrays[0].ndim == 2:
+                return np.concatenate(arrays)
+            width = max(a.shape[2] for a in arrays)
+            return np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, width - a.shape[2])), constant_values=fill)
+                                   for a in arrays])
+
+        return DraftRecord(cat("depth", 0), cat("accepted_before", 0), cat("candidates", -1), cat("draft_q", 0),
+                           cat("sibling_beta", np.nan), cat("sibling_hit", False))
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,21 +140,24 @@ def _children(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:  # per b
 
 def _chain_entries(tokens: list[int], q: list[float] | None, proposed: int, count: int) -> list[_Entry]:
     """The j-th token a chain step appended was drawn where draft j stood, if the drafter proposed it."""
-    return [(j + 1, j, (tokens[j],), 1.0 if q is None else q[j]) if j < proposed else (0, j, (), math.nan)
+    return [_Entry(j + 1, j, (tokens[j],), 1.0 if q is None else q[j]) if j < proposed else _Entry(0, j, (), math.nan)
             for j in range(count)]
 
 
-def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], sampled: bool) -> list[_Entry]:
+def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], sampled: bool,
+                  siblings: list[tuple[_Sibling, ...]] | None = None) -> list[_Entry]:
     """Follow the step's tokens down the tree: token j was drawn at the node its first j tokens reached, with
-    that node's children as drafts. The accepted child is the *first* child holding the emitted token: once
-    a child is rejected, the residual has no mass at its token, so no later sibling with it can be accepted."""
+    that node's children as drafts (and, sampled, ``siblings[j]``: the children tried there). The accepted child
+    is the *first* child holding the emitted token: once a child is rejected, the residual has no mass at its
+    token, so no later sibling with it can be accepted."""
     kids, node, out = _children(parents), -1, []
     for j, token in enumerate(new):
         below = kids[node + 1]
         if below:
-            out.append((j + 1, j, tuple(dict.fromkeys(tokens[i] for i in below)), math.nan if sampled else 1.0))
+            out.append(_Entry(j + 1, j, tuple(dict.fromkeys(tokens[i] for i in below)),
+                              math.nan if sampled else 1.0, () if siblings is None else siblings[j]))
         else:
-            out.append((0, j, (), math.nan))
+            out.append(_Entry(0, j, (), math.nan))
         if j < len(new) - 1:  # token j was accepted: move to its node
             node = next((i for i in below if tokens[i] == token), None)
             if node is None:
@@ -118,10 +166,67 @@ def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], s
     return out
 
 
+def tried_siblings(tree: Tree, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                   accepted_nodes: torch.Tensor, num_accepted: torch.Tensor,
+                   next_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # beta, hit [B, D+1, W]
+    """For each row's walk (a tree verdict: ``accepted_nodes`` [B, D], ``num_accepted`` [B], ``next_tokens``
+    [B]) and each depth d it reached, the children of the node at depth d it tried, in order (module
+    docstring): β = Σ min(q_j, r), nan where not tried; and whether the token emitted there is that child.
+    Arguments as :func:`specdec.verify.tree.verify_tree`'s, q of every node given."""
+    batch, depth = accepted_nodes.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    path = torch.cat([torch.zeros_like(accepted_nodes[:, :1]), accepted_nodes.clamp(min=0) + 1], 1)  # [B, D+1]
+    emitted = torch.cat([draft_tokens.gather(1, accepted_nodes.clamp(min=0)), next_tokens[:, None]], 1)  # [B, D+1]
+    emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    width = tree.children.shape[1]
+    beta = torch.full((batch, depth + 1, width), math.nan, dtype=torch.float64, device=draft_tokens.device)
+    hit = torch.zeros(batch, depth + 1, width, dtype=torch.bool, device=draft_tokens.device)
+    for d in range(depth + 1):
+        node = path[:, d]  # [B] block position
+        trying = d <= num_accepted  # [B]: the walk reached depth d, and no child was accepted there yet
+        residual = target_probs[rows, node]  # [B, V]
+        for j in range(width):
+            kid = tree.children[node, j]  # [B] block position, -1 = none
+            tried = trying & (kid >= 0)
+            idx = (kid - 1).clamp(min=0)
+            q = draft_probs[rows, idx]  # [B, V]
+            match = tried & (draft_tokens[rows, idx] == emitted[:, d])
+            beta[:, d, j] = torch.where(tried, torch.minimum(q, residual).sum(-1).double(), math.nan)
+            hit[:, d, j] = match
+            residual = torch.where((tried & ~match)[:, None], residual_after_rejection(residual, q), residual)
+            trying &= ~match
+    return beta, hit
+
+
+@dataclass(frozen=True)
+class SiblingWatch:
+    """An acceptance rule around ``inner`` (whose verdicts it returns unchanged) that hands ``recorder`` the
+    tried children of each sampled tree it verifies (:func:`tried_siblings`)."""
+
+    inner: AcceptanceRule
+    recorder: DraftRecorder
+
+    @property
+    def lossy(self) -> bool:
+        return self.inner.lossy
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        return self.inner.chain(draft_tokens, draft_probs, target_probs, generator)
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        verdict = self.inner.tree(tree, draft_tokens, draft_probs, target_probs, generator)
+        if draft_probs is not None:
+            beta, hit = tried_siblings(tree, draft_tokens, draft_probs, target_probs, *verdict)
+            self.recorder.tried = [[tuple((b, h) for b, h in zip(bs, hs) if not math.isnan(b))
+                                     for bs, hs in zip(row_b, row_h)] for row_b, row_h in zip(beta.tolist(), hit.tolist())]
+        return verdict
+
+
 class DraftRecorder(DrafterWrapper):
     """Wraps ``inner`` and records, for every token a generation emits, its :class:`DraftRecord` entry:
     :meth:`take` returns them per row after the generation. Drafts and the verdicts are ``inner``'s (its rule,
-    feature layers, forwards and graphs too)."""
+    feature layers, forwards and graphs too); to record sampled trees' tried children, verify with
+    :meth:`watch`'s rule."""
 
     name = "recorder"
 
@@ -131,6 +236,11 @@ class DraftRecorder(DrafterWrapper):
         self._seen: list[int] = []  # per row, host tokens already recorded
         self._proposal: Proposal | None = None
         self._q: torch.Tensor | None = None  # [B, K'] q at each draft token (sampled drafts)
+        self.tried: list[list[tuple[_Sibling, ...]]] | None = None  # [B][depth]: the last tree verdict's tried children
+
+    def watch(self, rule: AcceptanceRule) -> SiblingWatch:
+        """``rule``, recording the tried children of sampled trees into this recorder."""
+        return SiblingWatch(rule, self)
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)
@@ -139,7 +249,7 @@ class DraftRecorder(DrafterWrapper):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         proposal = self.inner.propose(state, k)
-        self._proposal = proposal
+        self._proposal, self.tried = proposal, None
         self._q = None if proposal.probs is None else proposal.probs.gather(-1, proposal.tokens[..., None])[..., 0]
         return proposal
 
@@ -153,7 +263,8 @@ class DraftRecorder(DrafterWrapper):
             if proposal.tree is None:
                 self.rows[b] += _chain_entries(tokens[b], None if q is None else q[b], proposed[b], len(new))
             else:
-                self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, q is not None)
+                self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, q is not None,
+                                              None if self.tried is None else self.tried[b])
         self.inner.observe(state)
 
     def take(self, length: int) -> DraftRecord:
@@ -187,11 +298,20 @@ def matches(record: DraftRecord, tokens: np.ndarray) -> np.ndarray:  # tokens [R
     return (record.candidates == tokens[..., None]).any(-1).ravel()
 
 
+def sibling_events(record: DraftRecord, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # mask [R·L]
+    """The tried sampled children at the tokens of ``mask``: their β and hits, flat."""
+    beta = record.sibling_beta.reshape(mask.size, -1)[mask].ravel()
+    hit = record.sibling_hit.reshape(mask.size, -1)[mask].ravel()
+    tried = np.isfinite(beta)
+    return beta[tried], hit[tried]
+
+
 def stratified_tests(pit: np.ndarray, scores: TokenScores, record: DraftRecord, p_candidates: np.ndarray,
                      tokens: np.ndarray, *, alpha: float, bins: int,
                      min_rows: int) -> list[Verdict]:  # pit, tokens [R, L]; p_candidates [R·L, W]
     """Per stratum: PIT KS, PIT chi-square on ``bins`` cells, surprisal; and in drafted strata the
-    draft-match test over the positions whose match law is known. Each at ``alpha`` (the caller corrects)."""
+    draft-match test over the positions whose match law is known, and the sibling-match test over the
+    sampled tree children tried there. Each at ``alpha`` (the caller corrects)."""
     u, pi, hit = pit.ravel(), match_probabilities(record, p_candidates), matches(record, tokens)
     out = []
     for label, mask in strata(record, min_rows):
@@ -199,24 +319,40 @@ def stratified_tests(pit: np.ndarray, scores: TokenScores, record: DraftRecord, 
         out += [stats.uniformity_ks(u[mask], alpha=alpha, name=f"pit_ks[{name}]"),
                 stats.uniformity_chi2(u[mask], alpha=alpha, bins=bins, name=f"pit_chi2[{name}]"),
                 stats.surprisal_test_from_scores(scores.subset(mask), alpha=alpha, name=f"surprisal[{name}]")]
+        if label in ("undrafted", "bonus"):
+            continue
         known = mask & np.isfinite(pi)
-        if label not in ("undrafted", "bonus") and known.sum() >= min_rows:
+        if known.sum() >= min_rows:
             out.append(stats.hit_rate_test(hit[known], pi[known], alpha=alpha, name=f"draft_match[{name}]"))
+        beta, emitted = sibling_events(record, mask)
+        if beta.size >= min_rows:
+            out.append(stats.hit_rate_test(emitted, beta, alpha=alpha, name=f"sibling_match[{name}]"))
     return out
+
+
+def _rate_summary(hits: np.ndarray, probs: np.ndarray, level: float, power: float) -> dict[str, Any] | None:
+    """Observed and expected rates of events, and the smallest shift of the rate their test detects."""
+    if probs.size == 0:
+        return None
+    variance = float((probs * (1 - probs)).mean())
+    return {"n": int(probs.size), "observed_rate": float(hits.mean()), "expected_rate": float(probs.mean()),
+            "mean_variance": variance, "power": power,
+            "detectable_tv": stats.hit_rate_detectable_shift(probs.size, variance, level, power) if variance > 0 else None}
 
 
 def match_summary(record: DraftRecord, p_candidates: np.ndarray, tokens: np.ndarray, mask: np.ndarray, *,
                   level: float, power: float) -> dict[str, Any] | None:
-    """Observed and expected match rates of a stratum, and the smallest shift of the rate its test detects."""
+    """The draft-match test's rates in a stratum (:func:`_rate_summary`); None without a known match law."""
     pi = match_probabilities(record, p_candidates)
     known = mask & np.isfinite(pi)
-    n = int(known.sum())
-    if n == 0:
-        return None
-    variance = float((pi[known] * (1 - pi[known])).mean())
-    return {"n": n, "observed_rate": float(matches(record, tokens)[known].mean()),
-            "expected_rate": float(pi[known].mean()), "mean_variance": variance,
-            "detectable_tv": stats.hit_rate_detectable_shift(n, variance, level, power) if variance > 0 else None}
+    return _rate_summary(matches(record, tokens)[known], pi[known], level, power)
+
+
+def sibling_summary(record: DraftRecord, mask: np.ndarray, *, level: float,
+                    power: float) -> dict[str, Any] | None:
+    """The sibling-match test's rates in a stratum (:func:`_rate_summary`); None without tried sampled children."""
+    beta, hit = sibling_events(record, mask)
+    return _rate_summary(hit, beta, level, power)
 
 
 # --- the budget planner -------------------------------------------------------------------------------------
@@ -235,36 +371,44 @@ def continuations_needed(delta: float, *, drafted_share: float, length: int, lev
     return math.ceil(stats.samples_needed(delta, level, power, num_categories=bins) / (drafted_share * length))
 
 
-def match_continuations_needed(delta: float, *, drafted_share: float, length: int, level: float,
+def match_continuations_needed(delta: float, *, events_per_token: float, length: int, level: float,
                                mean_variance: float, power: float = PLAN_POWER) -> int:
-    """The same for the draft-match test, against a bias that moves TV ``delta`` toward (or away from) the
-    drafts at every drafted position; ``mean_variance``: the measured mean of π(1 − π) of its positions."""
-    if not 0.0 < drafted_share <= 1.0:
-        raise ValueError(f"drafted_share must lie in (0, 1], got {drafted_share!r}")
-    return math.ceil(stats.hit_rate_samples_needed(delta, mean_variance, level, power) / (drafted_share * length))
+    """The same for a hit-rate test (draft match, sibling match), against a bias that moves TV ``delta`` toward
+    (or away from) the drafts at every event; ``events_per_token``: the measured events per emitted token
+    (positions with a match law; tried sampled children), ``mean_variance``: the measured mean of π(1 − π)."""
+    if not events_per_token > 0.0:
+        raise ValueError(f"events_per_token must be > 0, got {events_per_token!r}")
+    return math.ceil(stats.hit_rate_samples_needed(delta, mean_variance, level, power) / (events_per_token * length))
 
 
 def budget(record: DraftRecord, p_candidates: np.ndarray, *, level: float, bins: int, power: float = PLAN_POWER,
            tvs: Sequence[float] = (0.02, 0.05, 0.1)) -> dict[str, Any] | None:
     """Continuations (all prompts together) a run with this drafter needs to detect a TV bias of each size in
-    ``tvs`` at drafted positions with ``power`` at ``level``, from the proposal rate and match probabilities
-    measured in ``record``: with the ``drafted`` stratum's PIT chi-square (any shape of bias) and with the
-    draft-match test (a bias toward or away from the drafts). None when nothing was drafted."""
-    length = record.depth.shape[1]
+    ``tvs`` at drafted positions with ``power`` at ``level``, from the proposal rate, match probabilities and
+    tried sampled children measured in ``record``: with the ``drafted`` stratum's PIT chi-square (any shape of
+    bias), the draft-match test and the sibling-match test (a bias toward or away from the drafts; None where
+    the run had no such events). None when nothing was drafted."""
+    rows, length = record.depth.shape
     share = float((record.depth > 0).mean())
     if share == 0.0:
         return None
+
+    def hit_rate_budget(probs: np.ndarray) -> dict[str, int] | None:
+        variance = float((probs * (1 - probs)).mean()) if probs.size else 0.0
+        if variance == 0.0:
+            return None
+        per_token = probs.size / (rows * length)
+        return {str(d): match_continuations_needed(d, events_per_token=per_token, length=length, level=level,
+                                                   mean_variance=variance, power=power) for d in tvs}
+
     pi = match_probabilities(record, p_candidates)
-    pi = pi[np.isfinite(pi)]
-    variance = float((pi * (1 - pi)).mean()) if pi.size else 0.0
-    match_share = share * pi.size / max(1, int((record.depth > 0).sum()))  # drafted positions with a match law
+    beta, _ = sibling_events(record, np.ones(rows * length, dtype=bool))
     return {
         "power": power, "level": level, "drafted_share": share,
         "pit_chi2": {str(d): continuations_needed(d, drafted_share=share, length=length, level=level, bins=bins,
                                                   power=power) for d in tvs},
-        "draft_match": None if variance == 0.0 else {
-            str(d): match_continuations_needed(d, drafted_share=match_share, length=length, level=level,
-                                               mean_variance=variance, power=power) for d in tvs},
+        "draft_match": hit_rate_budget(pi[np.isfinite(pi)]),
+        "sibling_match": hit_rate_budget(beta),
     }
 
 
@@ -277,7 +421,7 @@ def plan_samples_per_prompt(pilot: DraftRecord, pilot_time_s: float, detect_tv: 
     errs on the safe side. Returns N and the plan, for the report."""
     rows, length = pilot.depth.shape
     share = float((pilot.depth > 0).mean())
-    num_tests = 3 * length + 4 + 4 * len(strata(pilot, 1))
+    num_tests = 3 * length + 4 + 5 * len(strata(pilot, 1))  # per stratum: KS, chi-square, surprisal, 2 matches
     level = alpha / num_tests
     n = max(1, math.ceil(continuations_needed(detect_tv, drafted_share=share, length=length, level=level,
                                               bins=bins) / num_prompts))
@@ -294,7 +438,7 @@ def plan_samples_per_prompt(pilot: DraftRecord, pilot_time_s: float, detect_tv: 
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    """The strata, the draft-match tests, the plan and the budget of a verify.json, for the console."""
+    """The strata, the draft- and sibling-match tests, the plan and the budget of a verify.json, for the console."""
     lines = []
     plan = report["plan"]
     if plan:
@@ -304,16 +448,18 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for s in report["strata"]:
         line = (f"stratum {s['stratum']}: {s['n']} tokens ({s['share']:.1%}), detectable TV {s['detectable_tv']:.3f}, "
                 f"min Holm p {min(s[k]['p_holm'] for k in ('pit_ks', 'pit_chi2', 'surprisal')):.3g}")
-        match = s["draft_match"]
-        if match and match["test"]:
-            line += (f"; draft match {match['observed_rate']:.3f} vs {match['expected_rate']:.3f} expected "
-                     f"(z {match['test']['statistic']:.2f}, Holm p {match['test']['p_holm']:.3g}, detectable shift "
-                     f"{match['detectable_tv']:.3f})")
+        for key, what in (("draft_match", "draft match"), ("sibling_match", "sibling match")):
+            match = s.get(key)
+            if match and match["test"]:
+                line += (f"; {what} {match['observed_rate']:.3f} vs {match['expected_rate']:.3f} expected over "
+                         f"{match['n']} (z {match['test']['statistic']:.2f}, Holm p {match['test']['p_holm']:.3g}, "
+                         f"detectable shift {match['detectable_tv']:.3f})")
         lines.append(line)
     budget = report["budget"]
     if budget:
         need = lambda test: ", ".join(f"{n} for TV {d}" for d, n in budget[test].items())  # noqa: E731
         lines.append(f"continuations needed for power {budget['power']} at drafted positions "
                      f"({budget['drafted_share']:.1%} of tokens): PIT chi-square {need('pit_chi2')}"
-                     + (f"; draft match {need('draft_match')}" if budget["draft_match"] else ""))
+                     + (f"; draft match {need('draft_match')}" if budget["draft_match"] else "")
+                     + (f"; sibling match {need('sibling_match')}" if budget.get("sibling_match") else ""))
     return lines

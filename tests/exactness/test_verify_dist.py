@@ -90,17 +90,20 @@ FACTORIES = {
                                                    min_confidence=0.02),
     "eagle": lambda m: EagleDrafter(random_eagle(m["target"]), tree=False),  # chain
     "eagle_tree": lambda m: EagleDrafter(random_eagle(m["target"]), depth=3, top_k=2, expand=2),  # sampled at T > 0
+    # a peaked draft (the head scaled 3x): the first child holds much of q, which the planted tree bugs misreport
+    "eagle_sampled_tree": lambda m: EagleDrafter(random_eagle(m["target"], head_scale=3.0), depth=3, top_k=2, expand=2),
 }
 
 
-def random_eagle(target, seed=2) -> EagleModel:
-    """A random EAGLE draft layer over the target's layers (0, 1, 1), drafting through the target's LM head."""
+def random_eagle(target, seed=2, head_scale=1.0) -> EagleModel:
+    """A random EAGLE draft layer over the target's layers (0, 1, 1), drafting through the target's LM head
+    (times ``head_scale``)."""
     model = EagleModel(EagleConfig.for_target(target.config, None, (0, 1, 1)))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-        model.lm_head.weight.copy_(target.lm_head.weight)
+        model.lm_head.weight.copy_(target.lm_head.weight * head_scale)
     return model.attach(target.get_input_embeddings().weight)
 
 
@@ -131,6 +134,7 @@ FAST_CASES = [
     ("medusa_dynamic_tree", 8, 1.0, 0, 1.0),
     ("eagle", 4, 1.0, 0, 1.0),
     ("eagle_tree", 8, 0.7, 10, 0.9),
+    ("eagle_sampled_tree", 8, 1.0, 0, 1.0),
 ]
 
 
@@ -143,8 +147,12 @@ def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
     assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
     assert report["mean_accepted_length"] > 1.0  # drafts really were accepted (and so verified)
     assert report["strata"][0]["stratum"] == "drafted"
-    # the draft-match test has no law for sampled tree nodes (specdec/exactness/strata.py), so none for EAGLE's T > 0 tree
-    assert report["strata"][0]["draft_match"]["test"] if drafter != "eagle_tree" else True
+    # the draft-match test has no law for sampled tree nodes (specdec/exactness/strata.py): the sibling-match test does
+    sampled = drafter.startswith("eagle_") and "tree" in drafter
+    assert bool(report["strata"][0]["draft_match"]) != sampled
+    assert bool(report["strata"][0]["sibling_match"]) == sampled
+    if sampled:
+        assert report["strata"][0]["sibling_match"]["test"]["n"] >= 1000
 
 
 SLOW_CASES = [(d, k, t, tk, tp) for d in ("draft_model", "draft_model_far", "ngram") for k in range(1, 9)
@@ -205,13 +213,17 @@ BUG_CASES = [
     ("bonus_from_wrong_position", "medusa_tree", 8, 0.7, 0, 1.0),
     ("top_p_draft_only", "medusa_tree", 8, 1.0, 0, 0.8),
     ("target_cache_not_rolled_back", "medusa_tree", 8, 1.0, 0, 1.0),
+    ("sibling_q_not_renormalised", "eagle_sampled_tree", 8, 1.0, 0, 1.0),
+    ("sibling_q_before_processing", "eagle_sampled_tree", 8, 1.0, 0, 0.8),
 ]
+SAMPLED_TREE_BUGS = {"sibling_q_not_renormalised", "sibling_q_before_processing"}
 
 
 def test_every_planted_bug_has_a_case():
     assert {case[0] for case in BUG_CASES} == set(planted.BUGS)
     tree_bugs = {case[0] for case in BUG_CASES if case[1] == "medusa_tree"}
-    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"}  # lives in the draft model only
+    # the draft model's sampling, and a tree's sampled children, only
+    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"} | SAMPLED_TREE_BUGS
 
 
 @pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)
@@ -230,6 +242,54 @@ def test_planted_bug_power_over_seeds(models, bug, drafter, k, temperature, top_
     assert caught >= 9, f"{bug}: caught {caught}/10"
 
 
+@pytest.mark.slow
+def test_sampled_tree_bugs_over_20_seeds(models):
+    """At the planted-bug tests' default size (n = 1000 per prompt, L = 8, α = 0.01), over 20 seeds: each
+    drafter-side tree bug is rejected in ≥ 19, the exact sampled tree passes in ≥ 19 (at T = 1, and at T = 0.7
+    with top-k and top-p)."""
+    settings = {"sibling_q_not_renormalised": (1.0, 0, 1.0), "sibling_q_before_processing": (1.0, 0, 0.8),
+                None: (1.0, 0, 1.0), "exact, processed": (0.7, 10, 0.9)}
+    for bug, (t, tk, tp) in settings.items():
+        rejected = [check(models, "eagle_sampled_tree", bug=bug if bug in planted.BUGS else None, k=8, temperature=t,
+                          top_k=tk, top_p=tp, n=1000, seed=100 + s).reject for s in range(20)]
+        if bug in planted.BUGS:
+            assert sum(rejected) >= 19, f"{bug}: caught {sum(rejected)}/20"
+        else:
+            assert sum(rejected) <= 1, f"exact sampled tree at T={t}: {sum(rejected)}/20 false rejections"
+
+
+def test_a_sampled_tree_bug_is_seen_by_the_sibling_match_test(models):
+    """The sibling-match test decides: later siblings accepted more often than their reported q allows."""
+    result = check(models, "eagle_sampled_tree", bug="sibling_q_not_renormalised", k=8, n=250)
+    match = result.report["strata"][0]["sibling_match"]
+    assert result.reject and match["test"]["reject"] and match["observed_rate"] > match["expected_rate"]
+    assert min(result.report["tests"], key=lambda t: t["p_value"])["name"].startswith("sibling_match")
+    budget = [line for line in strata.summary_lines(result.report) if line.startswith("continuations needed")]
+    assert "; sibling match " in budget[0] and result.report["budget"]["sibling_match"]["0.05"] > 0
+
+
+def test_tried_siblings_follow_the_walk():
+    """β of each tried child is Σ min(q_j, r), r what is left of p after the earlier siblings; children after
+    the accepted one are not tried; the token emitted at a node is a tried child or none of them."""
+    tree = Tree.from_parents([-1, -1, -1, 0])  # three children of the root, one grandchild below the first
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).expand(1, 5, 4).clone()
+    q = torch.tensor([[[0.7, 0.1, 0.1, 0.1], [0.0, 0.5, 0.25, 0.25], [0.0, 0.0, 0.5, 0.5], [0.25] * 4]])
+    tokens = torch.tensor([[0, 1, 2, 3]])
+    # the walk rejected children 0 and 1, accepted child 2 (token 2), which is a leaf: the bonus token 3
+    beta, hit = strata.tried_siblings(tree, tokens, q, p, torch.tensor([[2, -1]]), torch.tensor([1]),
+                                      torch.tensor([3]))
+    r1 = torch.tensor([0.0, 0.1, 0.2, 0.3]) / 0.6  # norm(max(0, p − q_0)): p after rejecting child 0
+    r2 = torch.tensor([0.0, 0.0, 1 / 3 - 0.25, 0.5 - 0.25]) / (1 / 3)  # and after child 1
+    expected = [float(torch.minimum(q[0, 0], p[0, 0]).sum()), float(torch.minimum(q[0, 1], r1).sum()),
+                float(torch.minimum(q[0, 2], r2).sum())]
+    assert beta[0, 0].tolist() == pytest.approx(expected) and hit[0, 0].tolist() == [False, False, True]
+    assert torch.isnan(beta[0, 1]).all() and not hit[0, 1].any()  # node 2 is a leaf: nothing tried below it
+    # a walk that rejected every child: all three tried, none emitted
+    beta, hit = strata.tried_siblings(tree, tokens, q, p, torch.tensor([[-1, -1]]), torch.tensor([0]),
+                                      torch.tensor([3]))
+    assert not torch.isnan(beta[0, 0]).any() and not hit.any()
+
+
 def test_bugs_that_cannot_bias_are_refused(models):
     with pytest.raises(ValueError, match="sampling.top_p < 1"):
         check(models, "ngram", bug="top_p_draft_only")
@@ -239,6 +299,13 @@ def test_bugs_that_cannot_bias_are_refused(models):
         check(models, "draft_model", bug="temperature_ignored_by_draft")
     with pytest.raises(ValueError, match="greedy"):
         check(models, "draft_model", bug="recovered_from_target", temperature=0.0)
+    for bug in SAMPLED_TREE_BUGS:  # no sampled tree children: fixed candidates, a chain
+        with pytest.raises(ValueError, match="drafter.lookup=0"):
+            check(models, "medusa_tree", bug=bug, top_p=0.8)
+        with pytest.raises(ValueError, match="drafter.lookup=0"):
+            check(models, "eagle", bug=bug, top_p=0.8)
+    with pytest.raises(ValueError, match="sampling.top_p < 1"):
+        check(models, "eagle_sampled_tree", bug="sibling_q_before_processing")
 
 
 def test_greedy_is_refused_with_the_check_that_applies(models):
