@@ -4,7 +4,7 @@
     python -m specdec.verify_dist drafter=draft_model sampling.temperature=0.7 sampling.top_p=0.9
     python -m specdec.verify_dist planted_bug=recovered_from_target    # a test of the test: must reject
 
-Exit status: 0 = exactness not rejected, 3 = rejected (so it can gate CI), 4 = inconclusive (the run could not have
+Exit status: 0 = exactness not rejected, 3 = rejected at ``significance`` (so it can gate CI), 4 = inconclusive (the run could not have
 detected any bias), 1 = the run failed.
 Writes ``verify.json`` and ``verify.png`` in the run directory.
 
@@ -13,6 +13,7 @@ The method (sample, score against the exact conditionals, test, report) is :mod:
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from specdec.jobs.runs import check_job_config, config_fields, machine_descripti
 from specdec.models.loading import load_target, resolve_device
 from specdec.verify.sampling import SamplingParams
 
+log = logging.getLogger(__name__)
+
 __all__ = ["EXIT_INCONCLUSIVE", "EXIT_REJECTED", "VerifyDistConfig", "run", "summary_text", "verify_distribution"]
 
 
@@ -40,7 +43,8 @@ __all__ = ["EXIT_INCONCLUSIVE", "EXIT_REJECTED", "VerifyDistConfig", "run", "sum
 class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M prompts; max_new_tokens = L
     defaults: list[Any] = field(default_factory=lambda: job_defaults("sample", "ngram"))
     samples_per_prompt: int = 32  # N continuations per prompt
-    alpha: float = 0.01  # family-wise level: P(reject | exact) ≤ alpha
+    significance: float = 0.01  # family-wise significance level: P(reject | exact) ≤ significance
+    alpha: Optional[float] = None  # the old name of significance, still read (with a note); null: not given
     joint_tokens: int = 2  # the two-sample test compares the first j tokens; 0 = skip it (and plain sampling)
     min_rows_per_position: int = 100  # per-position tests need at least this many rows (pooled test always)
     planted_bug: Optional[str] = None  # a name in specdec.exactness.planted.BUGS: a deliberately wrong run (test of the test)
@@ -54,6 +58,15 @@ class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M 
 
 register_configs()
 ConfigStore.instance().store(name="verify_dist_schema", node=VerifyDistConfig)
+
+
+def significance_level(cfg: DictConfig) -> float:
+    """``cfg.significance``, or the old ``alpha`` where a config still gives it (α is the acceptance rate)."""
+    if cfg.get("alpha") is None:
+        return cfg.significance
+    log.warning("verify_dist's alpha=%s is now called significance (alpha is the acceptance rate elsewhere); "
+                "using significance=%s", cfg.alpha, cfg.alpha)
+    return cfg.alpha
 
 
 def run(cfg: DictConfig) -> VerifyResult:
@@ -73,7 +86,7 @@ def run(cfg: DictConfig) -> VerifyResult:
     sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     result = verify_distribution(
         target, drafter, prompts, k=k, length=length, samples_per_prompt=cfg.samples_per_prompt, sampling=sampling,
-        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, alpha=cfg.alpha, joint_tokens=cfg.joint_tokens,
+        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance_level(cfg), joint_tokens=cfg.joint_tokens,
         min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv,
         max_samples_per_prompt=cfg.max_samples_per_prompt,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
@@ -86,10 +99,11 @@ def run(cfg: DictConfig) -> VerifyResult:
 def summary_text(report: dict[str, Any]) -> str:
     d = report["detectable_tv"]
     lines = [
-        f"verdict: {report['verdict'].upper()} (α = {report['alpha']}, Holm over {report['num_tests']} tests; "
+        f"verdict: {report['verdict'].upper()} (significance level {report['significance']}, Holm over "
+        f"{report['num_tests']} tests; "
         f"family p = {report['p_value']:.3g}, smallest raw p = {report['min_raw_p_value']:.3g})",
         f"samples: {report['num_continuations']} continuations × {report['length']} tokens over "
-        f"{report['num_prompts']} prompts; α_accept = {report['acceptance_rate']:.3f}, "
+        f"{report['num_prompts']} prompts; acceptance rate α = {report['acceptance_rate']:.3f}, "
         f"τ = {report['mean_accepted_length']:.2f}",
         f"smallest bias it could have detected (TV, power {d['power']}): {d['per_position']:.3f} per position, "
         f"{d['pooled']:.4f} pooled" + (f", {d['two_sample']:.3f} first-token joint" if d["two_sample"] else ""),

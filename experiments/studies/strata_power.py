@@ -47,12 +47,12 @@ COLUMNS = ["family", "before", "pooled", "per position", "two-sample", "PIT/surp
            "PIT/surprisal[depth]", "match[depth]", "PIT/surprisal[undrafted]", "PIT/surprisal[bonus]"]
 
 
-def outcome(report: dict, alpha: float) -> dict[str, bool | None]:
+def outcome(report: dict, significance: float) -> dict[str, bool | None]:
     """Per column: whether any of its tests rejected (None: the run had no such test)."""
     out: dict[str, bool | None] = {c: None for c in COLUMNS}
     out["family"] = report["verdict"] == "reject"
     old = [t for t in report["tests"] if "stratum=" not in t["name"]]
-    out["before"] = bool(holm([t["p_value"] for t in old], alpha)[1].any())
+    out["before"] = bool(holm([t["p_value"] for t in old], significance)[1].any())
     for t in report["tests"]:
         g = group(t["name"])
         out[g] = bool(out[g]) or t["reject"]
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--null-seeds", type=int, default=200, help="seeds of the exact verifier")
     parser.add_argument("--n", type=int, default=250, help="continuations per prompt (4 prompts)")
     parser.add_argument("--length", type=int, default=8)
-    parser.add_argument("--alpha", type=float, default=0.01)
+    parser.add_argument("--significance", type=float, default=0.01)
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "strata_power.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -87,8 +87,8 @@ def main() -> None:
         outcomes = []
         for seed, (drafter, k, t, top_k, top_p) in cases:
             report = check(models, drafter, bug=bug, k=k, temperature=t, top_k=top_k, top_p=top_p, n=args.n,
-                           length=args.length, seed=seed, alpha=args.alpha).report
-            outcomes.append(outcome(report, args.alpha))
+                           length=args.length, seed=seed, significance=args.significance).report
+            outcomes.append(outcome(report, args.significance))
         results[label] = {"seeds": len(cases), "rejections": tally(outcomes), "elapsed_s": time.perf_counter() - started}
         print(label, results[label]["rejections"], flush=True)
 
@@ -99,7 +99,7 @@ def main() -> None:
         [(1000 + s, NULL_SETTINGS[s % len(NULL_SETTINGS)]) for s in range(args.null_seeds)], None)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"n": args.n, "length": args.length, "alpha": args.alpha, "prompts": 4,
+    args.out.write_text(json.dumps({"n": args.n, "length": args.length, "significance": args.significance, "prompts": 4,
                                     "results": results}, indent=2))
     print("\n| case | " + " | ".join(COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1))
     for label, r in results.items():

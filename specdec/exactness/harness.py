@@ -20,8 +20,8 @@ Method
    before the token was drawn (drafted, per draft depth, undrafted, bonus), and at drafted positions the
    directional draft-match test and, for sampled tree candidates, the sibling-match test
    (:mod:`specdec.exactness.strata`: a verifier bug acts only where drafts were verified).
-   Holm's step-down over the whole family keeps the probability of rejecting an exact decoder ≤ α, however
-   the tests depend on each other.
+   Holm's step-down over the whole family keeps the probability of rejecting an exact decoder ≤ the
+   significance level (``significance``), however the tests depend on each other.
 4. **Report.** The verdict, every p-value (raw and Holm-adjusted), total-variation intervals of the PIT
    law per position, and the *detectable bias*: the smallest TV shift the run detects with power 0.8
    (:func:`specdec.exactness.stats.detectable_tv`, worst-case alternative, at the level one test of the family is
@@ -209,7 +209,7 @@ def verify_distribution(
     sampling: SamplingParams,
     batch_size: int = 64,
     seed: int = 0,
-    alpha: float = 0.01,
+    significance: float = 0.01,
     joint_tokens: int = 2,
     min_rows_per_position: int = 100,
     planted_bug: str | None = None,
@@ -228,8 +228,8 @@ def verify_distribution(
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if joint_tokens > length:
         raise ValueError(f"joint_tokens ({joint_tokens}) cannot exceed the continuation length ({length})")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if not 0.0 < significance < 1.0:
+        raise ValueError(f"significance (the family-wise level) must lie in (0, 1), got {significance!r}")
     if sampling.temperature == 0:
         raise ValueError("verify_dist tests a sampling distribution, so it needs sampling.temperature > 0 (got 0, "
                          "greedy); under greedy decoding exactness is token identity with plain decoding, which "
@@ -264,7 +264,7 @@ def verify_distribution(
         pilot = sample_continuations(speculative, prompts, pilot_index, length=length, stream="pilot",
                                      recorder=recorder, desc="pilot (planning detect_tv)", **common)
         samples_per_prompt, plan = strata.plan_samples_per_prompt(
-            pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=alpha, bins=PIT_BINS,
+            pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=significance, bins=PIT_BINS,
             max_samples_per_prompt=max_samples_per_prompt)
         log.info("detect_tv %s: %s", detect_tv, plan)
     prompt_index = np.tile(np.arange(len(prompts)), samples_per_prompt)  # batches mix prompts
@@ -276,7 +276,7 @@ def verify_distribution(
     scores, p_drafts = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
     scoring_s = time.perf_counter() - t0
 
-    reject, report, pit = judge(scores, spec, ref, alpha=alpha, seed=seed, min_rows_per_position=min_rows_per_position,
+    reject, report, pit = judge(scores, spec, ref, significance=significance, seed=seed, min_rows_per_position=min_rows_per_position,
                                 p_drafts=p_drafts)
     blind = not reject and report["detectable_tv"]["pooled"] >= 1.0  # TV is at most 1: no bias was detectable
     report = {
@@ -286,7 +286,7 @@ def verify_distribution(
         "planted_bug": planted_bug,
         **({"WARNING": _banner(planted_bug)} if planted_bug else {}),
         "lossy_drafter": drafter.lossy,
-        "alpha": alpha,
+        "significance": significance,
         **report,
         "num_prompts": len(prompts),
         "samples_per_prompt": samples_per_prompt,
@@ -299,13 +299,14 @@ def verify_distribution(
     return VerifyResult(reject, report, pit)
 
 
-def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *, alpha: float, seed: int,
+def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *, significance: float, seed: int,
           min_rows_per_position: int,
           p_drafts: np.ndarray) -> tuple[bool, dict[str, Any], np.ndarray]:  # reject, report, PIT [R, L]
-    """The family of tests on scored continuations (and the plain sample, if any), Holm at ``alpha``;
+    """The family of tests on scored continuations (and the plain sample, if any), Holm at ``significance``;
     with ``spec.record``, the stratified tests too (:mod:`specdec.exactness.strata`; ``p_drafts`` [R·L, W]: the target's
     probability of each recorded draft token)."""
     rows, length = spec.tokens.shape
+    alpha = significance  # the level each test is built at; Holm corrects it over the family
     exact = exactness_test_from_scores(scores, rng=_seed(seed, "pit"), alpha=alpha,
                                        positions=np.tile(np.arange(length), rows),  # rows in [R, L] order
                                        min_rows_per_position=min_rows_per_position)

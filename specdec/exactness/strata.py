@@ -440,20 +440,22 @@ def plan_samples_per_prompt(pilot: DraftRecord, pilot_time_s: float, detect_tv: 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The strata, the draft- and sibling-match tests, the plan and the budget of a verify.json, for the console."""
     lines = []
+    power = report["detectable_tv"]["power"]
     plan = report["plan"]
     if plan:
         lines.append(f"samples_per_prompt {plan['samples_per_prompt']} planned for detect_tv {plan['detect_tv']} "
                      f"(power {plan['power']}, drafted share {plan['drafted_share']:.1%} in a pilot of "
                      f"{plan['pilot_continuations']})")
     for s in report["strata"]:
-        line = (f"stratum {s['stratum']}: {s['n']} tokens ({s['share']:.1%}), detectable TV {s['detectable_tv']:.3f}, "
+        line = (f"stratum {s['stratum']}: {s['n']} tokens ({s['share']:.1%}), detectable TV {s['detectable_tv']:.3f} "
+                f"(power {power}), "
                 f"min Holm p {min(s[k]['p_holm'] for k in ('pit_ks', 'pit_chi2', 'surprisal')):.3g}")
         for key, what in (("draft_match", "draft match"), ("sibling_match", "sibling match")):
             match = s.get(key)
             if match and match["test"]:
                 line += (f"; {what} {match['observed_rate']:.3f} vs {match['expected_rate']:.3f} expected over "
                          f"{match['n']} (z {match['test']['statistic']:.2f}, Holm p {match['test']['p_holm']:.3g}, "
-                         f"detectable shift {match['detectable_tv']:.3f})")
+                         f"detectable shift {match['detectable_tv']:.3f} at power {match['power']})")
         lines.append(line)
     budget = report["budget"]
     if budget:

@@ -15,14 +15,15 @@ DECIDING_TESTS = 12  # the tests with the smallest Holm-adjusted p-values drawn 
 
 def deciding_tests(report: dict, count: int = DECIDING_TESTS) -> list[dict]:
     """The ``count`` tests of the family (``report["tests"]``) with the smallest Holm-adjusted p-values, smallest
-    first (ties, as at Holm's cap of 1, by raw p): the verdict rejects exactly when the first is ≤ α."""
+    first (ties, as at Holm's cap of 1, by raw p): the verdict rejects exactly when the first is ≤ the
+    significance level."""
     return sorted(report["tests"], key=lambda t: (t["p_holm"], t["p_value"]))[:count]
 
 
 def plot_result(result):  # a specdec.verify_dist.VerifyResult
     """Four panels: the pooled PIT histogram; each position's PIT ECDF minus the uniform CDF, within the
     KS band of the level one test is held to; −log10 p per position; the deciding tests (:func:`deciding_tests`),
-    −log10 of their Holm-adjusted p against α. Returns a matplotlib Figure."""
+    −log10 of their Holm-adjusted p against the significance level. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     report, pit = result.report, result.pit
@@ -64,8 +65,9 @@ def plot_result(result):  # a specdec.verify_dist.VerifyResult
     _plot_deciding_tests(ax_holm, report)
 
     title = (f"{report.get('drafter', 'drafter')} K={report.get('k', '?')}: "
-             f"{report['verdict'].upper()} at α={report['alpha']} (p = {report['p_value']:.2g}); "
-             f"detectable TV per position {report['detectable_tv']['per_position']:.3f}")
+             f"{report['verdict'].upper()} at significance level {report['significance']} (p = {report['p_value']:.2g}); "
+             f"detectable TV per position {report['detectable_tv']['per_position']:.3f} "
+             f"(power {report['detectable_tv']['power']})")
     if report["planted_bug"]:
         title = f"PLANTED BUG {report['planted_bug']} — " + title
     fig.suptitle(title, color="red" if report["planted_bug"] else "black")
@@ -74,14 +76,16 @@ def plot_result(result):  # a specdec.verify_dist.VerifyResult
 
 
 def _plot_deciding_tests(ax, report: dict) -> None:
-    """−log10 of the smallest Holm-adjusted p-values, one bar per test (red where it rejects), against −log10 α:
+    """−log10 of the smallest Holm-adjusted p-values, one bar per test (red where it rejects), against −log10 of
+    the significance level:
     whichever test decided the verdict (a stratum's draft-match test, say) is the top bar."""
     tests = deciding_tests(report)
     heights = -np.log10(np.maximum([t["p_holm"] for t in tests], 1e-300))
     ax.barh(range(len(tests)), heights, color=["tab:red" if t["reject"] else "tab:grey" for t in tests])
     ax.set_yticks(range(len(tests)), [t["name"] for t in tests], fontsize="small")
     ax.invert_yaxis()  # the smallest p on top
-    ax.axvline(-math.log10(report["alpha"]), color="red", ls="--", label=f"α = {report['alpha']} (reject beyond)")
+    ax.axvline(-math.log10(report["significance"]), color="red", ls="--",
+               label=f"significance level {report['significance']} (reject beyond)")
     ax.set(title=f"deciding tests: the {len(tests)} smallest Holm-adjusted p of {report['num_tests']}",
            xlabel="−log10 p (Holm-adjusted)")
     ax.legend(loc="lower right")

@@ -36,7 +36,7 @@ from specdec.exactness.shared_prefill import SharedPrefillLlama
 from specdec.models import as_decoder
 from specdec.verify import ExactRule, Tree, rejection_sample, verify_tree
 from specdec.verify.sampling import SamplingParams
-from specdec.verify_dist import EXIT_REJECTED, verify_distribution
+from specdec.verify_dist import EXIT_REJECTED, significance_level, verify_distribution
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -107,12 +107,12 @@ def random_eagle(target, seed=2, head_scale=1.0) -> EagleModel:
     return model.attach(target.get_input_embeddings().weight)
 
 
-def check(models, drafter, *, k=4, temperature=1.0, top_k=0, top_p=1.0, n=250, length=8, seed=0, alpha=0.01,
+def check(models, drafter, *, k=4, temperature=1.0, top_k=0, top_p=1.0, n=250, length=8, seed=0, significance=0.01,
           bug=None, batch_size=256, joint_tokens=2):
     drafter = FACTORIES[drafter](models) if isinstance(drafter, str) else drafter
     return verify_distribution(models["target"], drafter, PROMPTS, k=k, length=length, samples_per_prompt=n,
                                sampling=SamplingParams(temperature, top_k, top_p), batch_size=batch_size, seed=seed,
-                               alpha=alpha, planted_bug=bug, joint_tokens=joint_tokens)
+                               significance=significance, planted_bug=bug, joint_tokens=joint_tokens)
 
 
 def test_every_drafter_is_covered():
@@ -141,7 +141,7 @@ FAST_CASES = [
 @pytest.mark.parametrize("drafter, k, temperature, top_k, top_p", FAST_CASES)
 def test_exact_decoder_passes(models, drafter, k, temperature, top_k, top_p):
     result = check(models, drafter, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=500,
-                   alpha=0.01 / len(FAST_CASES))
+                   significance=0.01 / len(FAST_CASES))
     report = result.report
     assert not result.reject, (report["p_value"], [t for t in report["tests"] if t["reject"]])
     assert report["impossible_tokens"] == 0 and report["num_tokens"] == 2000 * 8
@@ -163,14 +163,14 @@ SLOW_CASES = [(d, k, t, tk, tp) for d in ("draft_model", "draft_model_far", "ngr
 @pytest.mark.parametrize("drafter, k, temperature, top_k, top_p", SLOW_CASES)
 def test_exact_decoder_passes_full_grid(models, drafter, k, temperature, top_k, top_p):
     result = check(models, drafter, k=k, temperature=temperature, top_k=top_k, top_p=top_p, n=500,
-                   alpha=0.01 / len(SLOW_CASES), seed=k)
+                   significance=0.01 / len(SLOW_CASES), seed=k)
     assert not result.reject, result.report["p_value"]
 
 
 def test_ragged_batches_and_a_single_position(models):
     """Batches that split prompts unevenly (7 rows), and L = 1 (only the prefill's token is tested)."""
-    assert not check(models, "draft_model", batch_size=7, n=60, alpha=0.005).reject
-    result = check(models, "ngram", length=1, joint_tokens=1, n=250, alpha=0.005)
+    assert not check(models, "draft_model", batch_size=7, n=60, significance=0.005).reject
+    result = check(models, "ngram", length=1, joint_tokens=1, n=250, significance=0.005)
     assert not result.reject and result.report["num_tokens"] == 1000
 
 
@@ -189,7 +189,7 @@ class BonusSkipped(ExactRule):
 def test_harmless_change_passes(models, monkeypatch):
     """Skipping the bonus token costs speed, not exactness: the test must not reject it."""
     monkeypatch.setitem(planted.VERIFIER_BUGS, "recovered_from_target", BonusSkipped())
-    result = check(models, "draft_model", bug="recovered_from_target", n=500, alpha=0.01)
+    result = check(models, "draft_model", bug="recovered_from_target", n=500, significance=0.01)
     assert not result.reject, result.report["p_value"]
 
 
@@ -341,7 +341,7 @@ def test_false_rejection_rate_is_at_most_nominal(models):
     for s in range(reps):
         drafter, k, t, tk, tp = settings[s % len(settings)]
         rejected += check(models, drafter, k=k, temperature=t, top_k=tk, top_p=tp, n=100, length=6, seed=1000 + s,
-                          alpha=alpha).reject
+                          significance=alpha).reject
     assert sps.binom.sf(9, reps, alpha) < 0.002
     assert rejected <= 9, f"{rejected}/{reps} rejections at α = {alpha}"
 
@@ -444,7 +444,7 @@ def test_the_picture_shows_the_test_that_decided_a_rejection(models):
     panel = [ax for ax in fig.axes if ax.get_title().startswith("deciding tests")]
     drawn = {label.get_text(): bar.get_width() for ax in panel for label, bar in zip(ax.get_yticklabels(), ax.patches)}
     assert drawn[decider["name"]] == pytest.approx(-np.log10(max(decider["p_holm"], 1e-300)))
-    assert drawn[decider["name"]] > -np.log10(result.report["alpha"])
+    assert drawn[decider["name"]] > -np.log10(result.report["significance"])
 
 
 def test_a_run_too_small_to_detect_any_bias_is_inconclusive_not_a_pass(models):
@@ -540,8 +540,8 @@ def test_bad_arguments_are_named(models):
         check(models, "ngram", n=0)
     with pytest.raises(ValueError, match="joint_tokens"):
         check(models, "ngram", length=2, joint_tokens=3)
-    with pytest.raises(ValueError, match="alpha"):
-        check(models, "ngram", alpha=1.5)
+    with pytest.raises(ValueError, match="significance"):
+        check(models, "ngram", significance=1.5)
 
 
 # --- the command line --------------------------------------------------------------------------------------
@@ -585,6 +585,11 @@ def test_cli_passes_the_exact_decoder(tiny_model_dir, tmp_path):
     assert 0 < report["detectable_tv"]["per_position"] < 0.2 and len(report["per_position"]) == 8
     assert (tmp_path / "verify.png").stat().st_size > 10_000
     assert "smallest bias it could have detected" in proc.stdout
+    # α is the acceptance rate: the level is named in words, and every detectable figure states its power
+    assert "significance level 0.01" in proc.stdout and report["significance"] == 0.01
+    lines = proc.stdout.splitlines()
+    assert all(line.count("α") == line.count("acceptance rate α") for line in lines), proc.stdout
+    assert all("power" in line for line in lines if "detectable" in line or "continuations needed" in line)
 
 
 def test_cli_exit_status_rejects_a_planted_bug(tiny_model_dir, tmp_path):
@@ -605,6 +610,8 @@ def test_config_composes_with_every_bug():
         for bug in planted.BUGS:
             assert compose(config_name="verify_dist", overrides=[f"planted_bug={bug}"]).planted_bug == bug
         assert compose(config_name="verify_dist", overrides=["drafter=draft_model"]).drafter.model == "default"
+        assert significance_level(cfg) == 0.01  # the old name still works
+        assert significance_level(compose(config_name="verify_dist", overrides=["alpha=0.05"])) == 0.05
 
 
 @pytest.mark.slow
