@@ -4,8 +4,8 @@
     python -m specdec.verify_dist drafter=draft_model sampling.temperature=0.7 sampling.top_p=0.9
     python -m specdec.verify_dist planted_bug=recovered_from_target    # a test of the test: must reject
 
-Exit status: 0 = exactness not rejected, 3 = rejected at ``significance`` (so it can gate CI), 4 = inconclusive (the run could not have
-detected any bias), 1 = the run failed.
+Exit status: 0 = exactness not rejected, 3 = rejected at ``significance`` (so it can gate CI), 4 = inconclusive
+(the run could not have detected any bias), 1 = the run failed.
 Writes ``verify.json`` and ``verify.png`` in the run directory.
 
 The method (sample, score against the exact conditionals, test, report) is :mod:`specdec.exactness.harness`.
@@ -86,7 +86,8 @@ def run(cfg: DictConfig) -> VerifyResult:
     sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     result = verify_distribution(
         target, drafter, prompts, k=k, length=length, samples_per_prompt=cfg.samples_per_prompt, sampling=sampling,
-        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance_level(cfg), joint_tokens=cfg.joint_tokens,
+        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance_level(cfg),
+        joint_tokens=cfg.joint_tokens,
         min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv,
         max_samples_per_prompt=cfg.max_samples_per_prompt,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,

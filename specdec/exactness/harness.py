@@ -246,7 +246,7 @@ def verify_distribution(
         log.warning(_banner(planted_bug))
     recorder = DraftRecorder(setup.drafter)
     # The rule verified with (the drafter's own lossy one stays unwatched: resolved by the decode loop).
-    rule = None if setup.rule is None and drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
+    rule = None if setup.rule is None and setup.drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
     common = dict(batch_size=batch_size, seed=seed, pad_id=pad_id, device=decoder.device)
 
     def speculative(ids, mask, generator):
@@ -276,8 +276,8 @@ def verify_distribution(
     scores, p_drafts = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
     scoring_s = time.perf_counter() - t0
 
-    reject, report, pit = judge(scores, spec, ref, significance=significance, seed=seed, min_rows_per_position=min_rows_per_position,
-                                p_drafts=p_drafts)
+    reject, report, pit = judge(scores, spec, ref, significance=significance, seed=seed,
+                                min_rows_per_position=min_rows_per_position, p_drafts=p_drafts)
     blind = not reject and report["detectable_tv"]["pooled"] >= 1.0  # TV is at most 1: no bias was detectable
     report = {
         "status": "ok",

@@ -7,10 +7,7 @@ Rejection sampling is exact for *any* draft distribution q, provided (1) q is th
 token was actually drawn from and (2) p is the target's conditional processed with the requested
 sampling settings. So a draft-side mistake applied consistently — to the draws and to the reported q
 alike — costs acceptance, never exactness: a drafter that ignores temperature everywhere, or a *draft*
-KV cache that is not rolled back after a rejection (its drafts get worse, their q stays honest). The two
-tree bugs act only where a node's first child was rejected and a later sibling tried, which is why the
-sibling-match test (:mod:`specdec.exactness.strata`) exists; they plant into any drafter that samples tree
-candidates (:meth:`~specdec.drafters.base.Drafter.samples_siblings`: EAGLE's sampled tree today). So does
+KV cache that is not rolled back after a rejection (its drafts get worse, their q stays honest). So does
 dropping the bonus token altogether (emitting only the accepted drafts): it wastes a token per fully
 accepted step, and the next step draws that token from the same p_K. A biasing mistake breaks the rule
 itself or one of the two premises:
@@ -48,6 +45,10 @@ name                              what is wrong                                 
                                   temperature / top-k / top-p) renormalised without the earlier
                                   siblings
 ================================  ============================================================  ===========
+
+The two tree bugs act only where a node's first child was rejected and a later sibling tried, which is
+what the sibling-match test (:mod:`specdec.exactness.strata`) looks at; they plant into any drafter that
+samples tree candidates (:meth:`~specdec.drafters.base.Drafter.samples_siblings`: EAGLE's sampled tree today).
 
 :func:`plant` applies one of them to what the decode loop is called with (a :class:`Setup`) and refuses
 settings under which the bug cannot bias anything (e.g. ``top_p_draft_only`` without top-p), so a
@@ -271,8 +272,9 @@ def _plant_siblings(bug: str, draws: SiblingDraws) -> Callable[[Setup], Setup]:
                              "(tree) with drafter.lookup=0 and sampling.temperature > 0")
         if bug == "sibling_q_before_processing" and (s.sampling.temperature == 1.0 and s.sampling.top_k == 0
                                                      and s.sampling.top_p >= 1.0):
-            raise ValueError(f"planted bug {bug!r} changes nothing without sampling processing (temperature 1, no "
-                             "top-k or top-p); set sampling.top_p < 1 (e.g. 0.8), sampling.top_k or a temperature ≠ 1")
+            raise ValueError(f"planted bug {bug!r} changes nothing without sampling processing (temperature 1, "
+                             "no top-k or top-p); set sampling.top_p < 1 (e.g. 0.8), sampling.top_k or a temperature "
+                             "other than 1")
         bugged = copy.copy(s.drafter)  # the same drafter and options, the bug's reports
         bugged.siblings = draws
         return replace(s, drafter=bugged)

@@ -217,8 +217,9 @@ class SiblingWatch:
         verdict = self.inner.tree(tree, draft_tokens, draft_probs, target_probs, generator)
         if draft_probs is not None:
             beta, hit = tried_siblings(tree, draft_tokens, draft_probs, target_probs, *verdict)
-            self.recorder.tried = [[tuple((b, h) for b, h in zip(bs, hs) if not math.isnan(b))
-                                     for bs, hs in zip(row_b, row_h)] for row_b, row_h in zip(beta.tolist(), hit.tolist())]
+            beta, hit = beta.tolist(), hit.tolist()  # [B][depth][child]
+            self.recorder.tried = [[tuple((b, h) for b, h in zip(bs, hs) if not math.isnan(b)) for bs, hs in zip(*row)]
+                                   for row in zip(beta, hit)]
         return verdict
 
 
@@ -337,7 +338,8 @@ def _rate_summary(hits: np.ndarray, probs: np.ndarray, level: float, power: floa
     variance = float((probs * (1 - probs)).mean())
     return {"n": int(probs.size), "observed_rate": float(hits.mean()), "expected_rate": float(probs.mean()),
             "mean_variance": variance, "power": power,
-            "detectable_tv": stats.hit_rate_detectable_shift(probs.size, variance, level, power) if variance > 0 else None}
+            "detectable_tv": None if variance == 0 else stats.hit_rate_detectable_shift(probs.size, variance, level,
+                                                                                          power)}
 
 
 def match_summary(record: DraftRecord, p_candidates: np.ndarray, tokens: np.ndarray, mask: np.ndarray, *,

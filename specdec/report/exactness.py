@@ -65,7 +65,8 @@ def plot_result(result):  # a specdec.verify_dist.VerifyResult
     _plot_deciding_tests(ax_holm, report)
 
     title = (f"{report.get('drafter', 'drafter')} K={report.get('k', '?')}: "
-             f"{report['verdict'].upper()} at significance level {report['significance']} (p = {report['p_value']:.2g}); "
+             f"{report['verdict'].upper()} at significance level {report['significance']} "
+             f"(p = {report['p_value']:.2g}); "
              f"detectable TV per position {report['detectable_tv']['per_position']:.3f} "
              f"(power {report['detectable_tv']['power']})")
     if report["planted_bug"]:
