@@ -74,6 +74,31 @@ def enabled() -> bool:
     return _enabled and _load() is not None
 
 
+def _staged_source() -> Path:
+    """The kernel's sources copied into their build directory (created if needed), where they are compiled.
+
+    One directory per torch installation (its version and location: a build against another torch's headers
+    is never loaded) and per content of the sources (a changed header, which torch alone would not notice, gets
+    its own build). Compiling the copy, not the checkout's file, keeps the build command the same for every
+    checkout with these sources: two clones, or a clone and an installed copy, share one build instead of
+    rebuilding over each other (ninja rebuilds whenever the command changes)."""
+    from torch.utils import cpp_extension
+
+    contents = {path.name: path.read_bytes() for path in (SOURCE, *HEADERS)}
+    key = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode() + b"".join(contents.values()))
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    build = (Path(root) / f"py{sys.version_info[0]}{sys.version_info[1]}"
+             / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}-{key.hexdigest()[:12]}")
+    build.mkdir(parents=True, exist_ok=True)
+    for name, content in contents.items():
+        staged = build / name
+        if not staged.is_file() or staged.read_bytes() != content:  # written whole, never half (a rename)
+            partial = build / f"{name}.{os.getpid()}.partial"
+            partial.write_bytes(content)
+            os.replace(partial, staged)
+    return build / SOURCE.name
+
+
 def _load():
     global _module, _state
     if _state == "untried":
@@ -93,16 +118,9 @@ def _load():
                  SOURCE.name)
         flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"]
         try:
-            # One build directory per torch version and per content of the sources: a build against another
-            # torch's headers is never loaded, a changed header (which torch alone would not notice) gets its
-            # own build, and two checkouts with different kernels do not rebuild over each other.
-            sources = hashlib.sha256(b"".join(path.read_bytes() for path in (SOURCE, *HEADERS))).hexdigest()[:12]
-            root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-            build = (Path(root) / f"py{sys.version_info[0]}{sys.version_info[1]}"
-                     / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}-{sources}")
-            build.mkdir(parents=True, exist_ok=True)
-            _module = cpp_extension.load("specdec_cpu_kernels", [str(SOURCE)], extra_cflags=flags,
-                                         extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+            _module = cpp_extension.load("specdec_cpu_kernels", [str(_staged_source())], extra_cflags=flags,
+                                         extra_ldflags=["-fopenmp"], build_directory=str(_staged_source().parent),
+                                         verbose=False)
         except Exception as error:  # no compiler, no ninja, a failed build: the forward still runs
             warnings.warn(f"specdec's CPU kernel {SOURCE} could not be built ({type(error).__name__}: "
                           f"{str(error).strip()[:300]}); CPU decode steps use oneDNN instead (~1.3x slower). "

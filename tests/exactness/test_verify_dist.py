@@ -609,7 +609,7 @@ def test_config_composes_with_every_bug():
         assert cfg.planted_bug is None and cfg.sampling.temperature == 1.0 and cfg.drafter.name == "ngram"
         for bug in planted.BUGS:
             assert compose(config_name="verify_dist", overrides=[f"planted_bug={bug}"]).planted_bug == bug
-        assert compose(config_name="verify_dist", overrides=["drafter=draft_model"]).drafter.model == "default"
+        assert compose(config_name="verify_dist", overrides=["drafter=draft_model"]).drafter.path == "default"
         assert significance_level(cfg) == 0.01  # the old name still works
         assert significance_level(compose(config_name="verify_dist", overrides=["alpha=0.05"])) == 0.05
 

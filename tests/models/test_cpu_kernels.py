@@ -347,6 +347,24 @@ def test_each_content_of_the_sources_builds_in_its_own_directory_under_torch_ext
     assert directories[0] != directories[1] and all(torch.__version__.split("+")[0] in p.name for p in directories)
 
 
+def test_two_checkouts_with_the_same_sources_share_one_build(monkeypatch, tmp_path):
+    """The sources are compiled from a copy in the build directory, so the build command (which ninja rebuilds
+    on whenever it changes) does not depend on where the checkout is: two clones share one build."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    staged = []
+    for clone in ("a", "b"):
+        copies = [tmp_path / clone / path.name for path in (cpu_kernels.SOURCE, *cpu_kernels.HEADERS)]
+        for original, copy in zip((cpu_kernels.SOURCE, *cpu_kernels.HEADERS), copies):
+            copy.parent.mkdir(exist_ok=True)
+            copy.write_bytes(original.read_bytes())
+        monkeypatch.setattr(cpu_kernels, "SOURCE", copies[0])
+        monkeypatch.setattr(cpu_kernels, "HEADERS", tuple(copies[1:]))
+        staged.append(cpu_kernels._staged_source())
+    assert staged[0] == staged[1] and staged[0].read_bytes() == cpu_kernels.SOURCE.read_bytes()
+    assert sorted(p.name for p in staged[0].parent.iterdir()) == sorted(
+        p.name for p in (cpu_kernels.SOURCE, *cpu_kernels.HEADERS))
+
+
 def test_kernel_off_by_switch_is_never_built(monkeypatch, kernel_restored):
     from torch.utils import cpp_extension
 
