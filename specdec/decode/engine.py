@@ -26,7 +26,7 @@ from specdec.decode.metrics import DecodeStats
 from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal
 from specdec.models import as_decoder
 from specdec.models.loading import stop_token_ids
-from specdec.verify import EXACT, AcceptanceRule, ExactRule, greedy_chain, greedy_tree
+from specdec.verify import EXACT, AcceptanceRule, ExactRule, accepted_path, emitted_tokens, greedy_chain, greedy_tree
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -192,10 +192,9 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     else:
         nodes, num_accepted, next_tokens = verdict
         drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
-        path = torch.cat([torch.zeros_like(nodes[:, :1]), nodes.clamp(min=0) + 1], 1)  # [B, D+1] in block
+        path = accepted_path(nodes)  # [B, D+1] in block
         at = path.gather(1, num_accepted[:, None])[:, 0]  # [B] block position of the path's end
-    emitted = torch.cat([drafted, next_tokens[:, None]], 1)  # [B, K'+1] (chain) or [B, D+1] (tree)
-    emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    emitted = emitted_tokens(drafted, num_accepted, next_tokens)  # [B, K'+1] (chain) or [B, D+1] (tree)
     rows = torch.arange(block.shape[0], device=block.device)
     kept = None
     if features:  # [B, K'+1, F] -> the kept positions' [B, E, F]

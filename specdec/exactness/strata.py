@@ -63,8 +63,9 @@ import torch
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.exactness import stats
 from specdec.exactness.stats import TokenScores, Verdict
+from specdec.verify.chain import emitted_tokens
 from specdec.verify.rules import AcceptanceRule
-from specdec.verify.tree import Tree, residual_after_rejection
+from specdec.verify.tree import Tree, accepted_path, residual_after_rejection
 
 PLAN_POWER = 0.9  # the power the budget planner plans for
 _Sibling = tuple[float, bool]  # a tried sampled child: (β, whether it was emitted)
@@ -175,9 +176,8 @@ def tried_siblings(tree: Tree, draft_tokens: torch.Tensor, draft_probs: torch.Te
     Arguments as :func:`specdec.verify.tree.verify_tree`'s, q of every node given."""
     batch, depth = accepted_nodes.shape
     rows = torch.arange(batch, device=draft_tokens.device)
-    path = torch.cat([torch.zeros_like(accepted_nodes[:, :1]), accepted_nodes.clamp(min=0) + 1], 1)  # [B, D+1]
-    emitted = torch.cat([draft_tokens.gather(1, accepted_nodes.clamp(min=0)), next_tokens[:, None]], 1)  # [B, D+1]
-    emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    path = accepted_path(accepted_nodes)  # [B, D+1] block positions
+    emitted = emitted_tokens(draft_tokens.gather(1, accepted_nodes.clamp(min=0)), num_accepted, next_tokens)
     width = tree.children.shape[1]
     beta = torch.full((batch, depth + 1, width), math.nan, dtype=torch.float64, device=draft_tokens.device)
     hit = torch.zeros(batch, depth + 1, width, dtype=torch.bool, device=draft_tokens.device)

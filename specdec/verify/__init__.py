@@ -30,9 +30,10 @@ Everything here is a pure function of probabilities (or argmax tokens) and a ``t
 host sync.
 """
 
-from specdec.verify.chain import accept_drafts, greedy_chain, next_token_probs, rejection_sample
+from specdec.verify.chain import accept_drafts, emitted_tokens, greedy_chain, next_token_probs, rejection_sample
 from specdec.verify.rules import EXACT, AcceptanceRule, ExactRule
-from specdec.verify.tree import Tree, greedy_tree, residual_after_rejection, verify_tree
+from specdec.verify.tree import Tree, accepted_path, greedy_tree, residual_after_rejection, verify_tree
 
-__all__ = ["EXACT", "AcceptanceRule", "ExactRule", "Tree", "accept_drafts", "greedy_chain", "greedy_tree",
-           "next_token_probs", "rejection_sample", "residual_after_rejection", "verify_tree"]
+__all__ = ["EXACT", "AcceptanceRule", "ExactRule", "Tree", "accept_drafts", "accepted_path", "emitted_tokens",
+           "greedy_chain", "greedy_tree", "next_token_probs", "rejection_sample", "residual_after_rejection",
+           "verify_tree"]

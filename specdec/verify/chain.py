@@ -93,3 +93,15 @@ def greedy_chain(
         raise ValueError(f"target_tokens must be [B, K+1] = [{batch}, {k + 1}], got {list(target_tokens.shape)}")
     num_accepted = (draft_tokens == target_tokens[:, :k]).long().cumprod(-1).sum(-1)
     return num_accepted, target_tokens.gather(1, num_accepted[:, None])[:, 0]
+
+
+def emitted_tokens(
+    drafted: torch.Tensor,  # [B, D] long: the drafts in the order they would be emitted (a chain, a tree's path)
+    num_accepted: torch.Tensor,  # [B] long in [0, D]
+    next_tokens: torch.Tensor,  # [B] long
+) -> torch.Tensor:  # [B, D+1] long
+    """What each row of a verify step emits: ``drafted[b, :num_accepted[b]]``, then ``next_tokens[b]``
+    (entries past it are stale)."""
+    emitted = torch.cat([drafted, next_tokens[:, None]], 1)
+    emitted.scatter_(1, num_accepted[:, None], next_tokens[:, None])
+    return emitted

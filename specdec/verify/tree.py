@@ -133,6 +133,12 @@ def walk_tree(
     return accepted_nodes, num_accepted, node, p
 
 
+def accepted_path(accepted_nodes: torch.Tensor) -> torch.Tensor:  # [B, D] -> [B, D+1] long
+    """The block positions a tree verdict's walk went through: the root (0), then each accepted node (past a
+    row's last accepted node: stale entries, never read)."""
+    return torch.cat([torch.zeros_like(accepted_nodes[:, :1]), accepted_nodes.clamp(min=0) + 1], 1)
+
+
 def greedy_tree(
     tree: Tree,
     draft_tokens: torch.Tensor,  # [B, N] long
