@@ -11,7 +11,9 @@ import argparse
 import dataclasses
 import re
 import statistics
+import sys
 import time
+import traceback
 
 import torch
 
@@ -100,22 +102,42 @@ def parse_overrides(spec: str, config: type) -> dict:
 
 
 def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: list | None = None,
-                 ) -> tuple[dict, dict, dict, dict]:
+                 failed: dict | None = None) -> tuple[dict, dict, dict, dict]:
     """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
     ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
     the reference. Returns per method: seconds (graph captures left out: their time is the stats' ``capture_time_s``),
     new tokens, merged DecodeStats, outputs differing from the reference;
-    ``references``, if given a list, receives the reference's new tokens per prompt."""
-    for drafter, k in methods.values():  # warm-up, untimed
-        run(drafter, k, prompts[0][:, :32])
+    ``references``, if given a list, receives the reference's new tokens per prompt.
+    ``failed``, if given a dict, keeps the run going past a method that raises (a path never run before, on a
+    borrowed GPU): the method's traceback goes there under its name, it leaves ``methods`` and the results, and
+    the others go on. The reference may not fail."""
+    methods = dict(methods)
+
+    def attempt(name, drafter, k, ids):
+        if failed is None or name == next(iter(methods)):
+            return run(drafter, k, ids)
+        try:
+            return run(drafter, k, ids)
+        except Exception:  # noqa: BLE001 - recorded and reported; the other methods' rows are still measured
+            failed[name] = traceback.format_exc()
+            print(f"{name} failed, left out:\n{failed[name]}", file=sys.stderr, flush=True)
+            del methods[name]
+            return None
+
+    for name, (drafter, k) in list(methods.items()):  # warm-up, untimed
+        attempt(name, drafter, k, prompts[0][:, :32])
     seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
     mismatches = dict.fromkeys(methods, 0)
     with torch.no_grad():
         for ids in prompts:
             reference = None
-            for name, (drafter, k) in methods.items():
+            for name, (drafter, k) in list(methods.items()):
                 start = time.perf_counter()
-                out = run(drafter, k, ids)
+                out = attempt(name, drafter, k, ids)
+                if out is None:
+                    for table in (seconds, tokens, stats, mismatches):
+                        table.pop(name, None)
+                    continue
                 seconds[name] += time.perf_counter() - start - out.stats.capture_time_s  # graph captures: one-off
                 tokens[name] += len(out.sequences[0])
                 stats[name] = out.stats if name not in stats else stats[name].merge(out.stats)

@@ -50,18 +50,20 @@ def prompt_ids(args, tokenizer) -> list[list[int]]:
     return [encode_prompt(tokenizer, row) for row in rows]
 
 
-def write_report(args, device: torch.device, num_prompts: int, bandwidth: float, by_name: dict) -> str:
-    """Write ``gpu_<source>.json`` and ``.md`` to --out with the methods measured so far; the table as text."""
+def write_report(args, device: torch.device, num_prompts: int, bandwidth: float, by_name: dict,
+                 failed: dict) -> str:
+    """Write ``gpu_<source>.json`` and ``.md`` to --out with the methods measured so far (and those that failed,
+    with their tracebacks); the table as text."""
     summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": num_prompts,
                "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
-               "torch": torch.__version__, "methods": by_name}
+               "torch": torch.__version__, "methods": by_name, "failed": failed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, greedy",
              f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
-             "| method | batch | τ | tok/s | x plain eager | step ms (verify + draft) | bandwidth fraction | captures "
-             "(s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|"]
+             "| method | batch | τ | tok/s | x plain eager | x plain graphs | step ms (verify + draft) | bandwidth fraction "
+             "| captures (s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in by_name.items():
         tau = f"{r['tau']:.2f}" if "tau" in r else "—"
         step = f"{r['verify_step_ms']:.2f} + {r['drafter_step_ms']:.2f}" if "step_ms" in r else "—"
@@ -70,8 +72,10 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
         if r.get("drafter_graph_captures") is not None:
             cap += f" + draft {r['drafter_graph_captures']} ({r['drafter_graph_capture_time_s']:.1f})"
         speed = f"{r['speedup_vs_plain_eager']:.2f}x" if "speedup_vs_plain_eager" in r else "—"
-        lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {step} | {frac} | "
-                     f"{cap} | {r['mismatching_outputs']} |")
+        over_graphs = f"{r['speedup_vs_plain_graphs']:.2f}x" if "speedup_vs_plain_graphs" in r else "—"
+        lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {over_graphs} | "
+                     f"{step} | {frac} | {cap} | {r['mismatching_outputs']} |")
+    lines += [f"\n**{name} failed** (left out): `{tb.strip().splitlines()[-1]}`" for name, tb in failed.items()]
     text = "\n".join(lines)
     (out_dir / f"gpu_{args.source}.md").write_text(text + "\n")
     return text
@@ -164,10 +168,12 @@ def main() -> None:
 
     table = {name: ((tgt, drafter), k) for name, (tgt, drafter, k) in methods.items()}
     batch1 = [torch.tensor([p], device=device) for p in prompts]
-    seconds, tokens, stats, mismatches = side_by_side(table, batch1, lambda spec, k, ids: run(spec, k, ids))
+    failed = {}  # a method that raises is left out, the others measured (drafter graphs not yet run on CUDA)
+    seconds, tokens, stats, mismatches = side_by_side(table, batch1, lambda spec, k, ids: run(spec, k, ids),
+                                                      failed=failed)
     bandwidth = probe_read_bandwidth(device)
     results = {}
-    for name in methods:
+    for name in stats:
         s = stats[name]
         context = sum(len(p) for p in prompts) / len(prompts) + args.new / 2
         step_ms = 1000 * (s.target_time_s + s.drafter_time_s) / s.target_forwards
@@ -184,9 +190,11 @@ def main() -> None:
             results[name].update(drafter_graph_fields(drafter))
     for r in results.values():
         r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]
+        if "plain graphs" in results:
+            r["speedup_vs_plain_graphs"] = r["tokens_per_second"] / results["plain graphs"]["tokens_per_second"]
         r["bandwidth_fraction"] = r["bandwidth_floor_ms"] / r["verify_step_ms"]
     by_name.update(results)
-    write_report(args, device, len(prompts), bandwidth, by_name)  # batch 1 kept if what follows runs out of time
+    write_report(args, device, len(prompts), bandwidth, by_name, failed)  # batch 1 kept if what follows runs out of time
     if args.batch > len(prompts):
         print(f"--batch {args.batch}: more than the {len(prompts)} prompts; no batched rows (lower --batch or raise "
               f"--prompts)")
@@ -194,7 +202,7 @@ def main() -> None:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in
-                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs") if name in methods}
+                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs") if name in stats}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)
         totals = dict.fromkeys(batched, 0.0)
@@ -211,7 +219,7 @@ def main() -> None:
         for name in batched:
             by_name[name] = {"batch": args.batch, "tokens_per_second": counts[name] / totals[name],
                              "mismatching_outputs": sum(a != b for a, b in zip(outputs[name], reference))}
-    print(write_report(args, device, len(prompts), bandwidth, by_name))
+    print(write_report(args, device, len(prompts), bandwidth, by_name, failed))
 
 
 if __name__ == "__main__":

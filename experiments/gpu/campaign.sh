@@ -1,0 +1,42 @@
+# The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
+#     source experiments/gpu/setup.sh && BUDGET=500 bash experiments/gpu/campaign.sh
+# runs the GPU tests, the benchmark with every drafter (eager, graphs and compiled graphs) in float32 at batch 1
+# and in bf16 at batch 1 and 8, and a profile of EAGLE's draft step, in that order. Each step has its own time
+# limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
+# logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
+# time. PROMPTS and NEW shrink the benchmark (a CPU check: PROMPTS=1 BF16_PROMPTS=1 NEW=8 OUT=/tmp/c bash experiments/gpu/campaign.sh).
+set -u
+BUDGET=${BUDGET:-500}
+PROMPTS=${PROMPTS:-6}
+NEW=${NEW:-128}
+BF16_PROMPTS=${BF16_PROMPTS:-8}
+OUT=${OUT:?set OUT, the directory the results go to}
+mkdir -p "$OUT"
+start=$SECONDS
+
+step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log, within the budget
+    local name=$1 limit=$2 began=$SECONDS
+    shift 2
+    local left=$((BUDGET - (SECONDS - start) - 5))
+    ((left < limit)) && limit=$left
+    if ((limit < 30)); then echo "== $name: skipped, ${left}s of the budget left"; return; fi
+    echo "== $name (at most ${limit}s): $*"
+    timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc $rc in $((SECONDS - began))s$( ((rc == 124)) && echo ' (out of time)')"
+    tail -n 14 "$OUT/$name.log"
+}
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU"
+    python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+} | tee "$OUT/machine.txt"
+
+bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
+step tests 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider
+step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --out "$OUT/float32"
+step bench_bf16 170 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --out "$OUT/bf16"
+step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
+    --new 64 --drafter eagle --out "$OUT/profile_eagle"
+echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"
