@@ -109,10 +109,10 @@ def main() -> None:
             graphed[name] = GraphedDecoder(eager, compile=compiled)
         return graphed[name]
 
-    def eagle(graphs: bool):  # the shipped EAGLE layer; its forwards and logits eager or replaying graphs
+    def eagle(graphs: bool, **settings):  # the shipped EAGLE layer; its forwards and logits eager or replaying graphs
         if "eagle" in args.skip:
             return None
-        drafter = EagleDrafter.from_config(EagleDrafter.Config(), target=model)
+        drafter = EagleDrafter.from_config(EagleDrafter.Config(**settings), target=model)
         drafter.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
@@ -139,6 +139,8 @@ def main() -> None:
         "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
                                               EagleDrafter.Config().k),
         "eagle default graphs": (target("eagle graphs"), eagle(True), EagleDrafter.Config().k),
+        "eagle fixed tree graphs": (target("eagle fixed graphs"), eagle(True, min_confidence=0.0),
+                                    EagleDrafter.Config().k),
         "medusa default graphs, heads eager": (target("medusa graphs, heads eager"), medusa(False),
                                                MedusaDrafter.Config().k),
         "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),

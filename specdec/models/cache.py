@@ -8,7 +8,8 @@ nothing is copied and the next forward overwrites the stale slots. For token tre
 gathers the accepted path into contiguous slots before committing.
 
 All bookkeeping is on-device tensors of fixed shape, so a step can be captured by CUDA graphs /
-``torch.compile`` later (the optional ``kv_len`` bound is the one host-side value, for CPU speed).
+``torch.compile`` later (the optional ``kv_len`` bound is the one host-side value, for CPU speed; off the CPU it
+is ignored, see :meth:`KVCache.key_length`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,17 @@ class KVCache:
         # tensors that require grad would turn into a graph (or an error) across layers and steps
         self.keys[layer].scatter_(2, index, k_new.detach())
         self.values[layer].scatter_(2, index, v_new.detach())
-        kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
+        kv_len = self.key_length(kv_len)
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]
+
+    def key_length(self, kv_len: int | None) -> int:
+        """The slots a forward attends over: the ``kv_len`` bound on CPU (fewer slots, less work), the whole cache
+        elsewhere. On a GPU each new key length makes SDPA choose and plan its kernel anew: cuDNN attention plans
+        per shape, and an EAGLE draft step attending over a length that grew each step spent ~80 ms planning in
+        bf16 on an H200 (2026-11-26; 2-4 ms with one length), while the masked slots cost little."""
+        if kv_len is None or self.keys[0].device.type != "cpu":
+            return self.capacity
+        return min(kv_len, self.capacity)
 
     def positions(self, offsets: torch.Tensor) -> torch.Tensor:  # offsets [T] → position ids [B, T]
         """Position ids of new tokens placed ``offsets`` after each row's committed tokens (pads excluded)."""
@@ -90,7 +100,7 @@ class KVCache:
         R + j new token j (an EAGLE tree's drafted entries, of which each new token sees its ancestors)."""
         if recent and tree_mask is None:
             raise ValueError("recent slots need a tree_mask saying which new tokens see them")
-        kv_len = self.capacity if kv_len is None else min(kv_len, self.capacity)
+        kv_len = self.key_length(kv_len)
         device = self.lengths.device
         slot = torch.arange(kv_len, device=device)  # [S]
         rel = slot[None, :] - self.lengths[:, None]  # [B, S]: slot position relative to the new block

@@ -285,7 +285,7 @@ class CompactLlama(nn.Module):
         input_ids: torch.Tensor,  # [B, T]
         cache: KVCache,
         *,
-        kv_len: int | None = None,  # attend to slots [0, kv_len) only; must cover lengths + T
+        kv_len: int | None = None,  # on CPU attend to slots [0, kv_len) only (KVCache.key_length); covers lengths + T
         tree_mask: torch.Tensor | None = None,  # [T, T] bool; None = causal chain
         depths: torch.Tensor | None = None,  # [T] long: position offset of each new token; None = 0..T-1
         last_only: bool = False,  # logits and hidden state of the last position only ([B, 1, ...]): a prefill
@@ -299,9 +299,6 @@ class CompactLlama(nn.Module):
         count, and the stream *before* the final norm for k = the layer count. EAGLE-style drafters read them.
         """
         b, t = input_ids.shape
-        if input_ids.device.type != "cpu":
-            kv_len = None  # attend over the whole cache: one key length per generation, not one per step (on a
-            # GPU the masked slots cost little, and each new length makes SDPA pick and plan its kernel anew)
         offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
         x = self.embed_tokens(input_ids)  # [B, T, H]

@@ -67,6 +67,18 @@ def test_per_row_commit_and_compact():
     assert cache.keys[0][1, 0, :4, 0].tolist() == [0.0, 1.0, 2.0, 11.0]
 
 
+def test_the_key_length_bound_holds_on_cpu_only():
+    """On CPU a forward attends over ``kv_len`` slots (less work); elsewhere over the whole cache, one key length
+    per generation, since SDPA plans its kernel anew for each new length (cuDNN's planning cost an EAGLE draft
+    step ~80 ms a step on a GPU). The meta device stands for a GPU here: nothing is computed on it."""
+    for device, expected in ((torch.device("cpu"), 5), (torch.device("meta"), 8)):
+        cache = KVCache.allocate(1, 1, 1, 8, 1, torch.zeros(1, dtype=torch.long), dtype=torch.float32, device=device)
+        keys, values = cache.write(0, torch.ones(1, 1, 2, 1, device=device), torch.ones(1, 1, 2, 1, device=device),
+                                   kv_len=5)
+        assert keys.shape[2] == values.shape[2] == cache.attention_mask(2, kv_len=5).shape[-1] == expected
+        assert cache.key_length(None) == 8
+
+
 def test_tree_mask_limits_attention_to_ancestors():
     cache = KVCache.allocate(1, 1, 1, 8, 1, torch.zeros(1, dtype=torch.long), dtype=torch.float32,
                              device=torch.device("cpu"))
