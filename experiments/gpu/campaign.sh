@@ -4,7 +4,8 @@
 # and in bf16 at batch 1 and 8, and a profile of EAGLE's draft step, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
-# time. PROMPTS and NEW shrink the benchmark (a CPU check: PROMPTS=1 BF16_PROMPTS=1 NEW=8 OUT=/tmp/c bash experiments/gpu/campaign.sh).
+# time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
+# machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check: PROMPTS=1 BF16_PROMPTS=1 NEW=8 OUT=/tmp/c bash experiments/gpu/campaign.sh).
 set -u
 BUDGET=${BUDGET:-500}
 PROMPTS=${PROMPTS:-6}
@@ -36,7 +37,8 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/N
 bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
 step tests 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --out "$OUT/float32"
-step bench_bf16 170 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --out "$OUT/bf16"
+step bench_bf16 200 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --out "$OUT/bf16"
 step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"
+(cd "$OUT" && tar czf campaign.tar.gz --exclude campaign.tar.gz . && find . -mindepth 1 ! -name campaign.tar.gz -delete)
