@@ -285,8 +285,9 @@ def _plant_siblings(bug: str, draws: SiblingDraws) -> Callable[[Setup], Setup]:
 def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:
     _needs_sampling("target_cache_not_rolled_back", s)
     if not supports(s.target):
-        raise ValueError("planted bug 'target_cache_not_rolled_back' needs a Llama-family transformers target "
-                         f"(the compact static-cache path), got {type(s.target).__name__}")
+        raise ValueError("planted bug 'target_cache_not_rolled_back' needs a transformers target of a family the "
+                         "compact static-cache path covers (specdec.models.llama.FAMILIES), got "
+                         f"{type(s.target).__name__}")
     return replace(s, target=TargetCacheNotRolledBack(s.target))
 
 

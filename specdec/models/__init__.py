@@ -8,11 +8,12 @@ from torch import nn
 
 from specdec.models.graphs import GraphedDecoder, target_decoder
 from specdec.models.hf import HFDecoder
-from specdec.models.llama import CompactLlama, supports
+from specdec.models.llama import SUPPORTED_MODEL_TYPES, CompactLlama, supports
 
 
 def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
-    """Wrap a transformers causal LM: the compact Llama-family path when possible, else the HF fallback.
+    """Wrap a transformers causal LM: the compact path for its family (llama, mistral, qwen2, qwen3, gemma3_text)
+    when possible, else the HF fallback.
 
     A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is. ``num_layers``
     (early exit) needs the compact path.
@@ -22,8 +23,9 @@ def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
     if supports(model):
         return CompactLlama(model, num_layers=num_layers)
     if num_layers is not None:
-        raise ValueError(f"num_layers={num_layers} needs a Llama-family model; "
-                         f"{type(model).__name__} runs through the generic fallback")
+        raise ValueError(f"num_layers={num_layers} (early exit) needs the compact path (model types "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}); {type(model).__name__} runs through the generic "
+                         "fallback")
     return HFDecoder(model)
 
 

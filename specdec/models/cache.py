@@ -116,6 +116,22 @@ class KVCache:
         itself = rel[:, None, :] == q[None, :, None]  # [B, T, S]
         return (committed[:, None, :] | new | itself).unsqueeze(1)
 
+    def within_window(self, mask: torch.Tensor, window: int, depths: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` [B, 1, T, S] (from :meth:`attention_mask`) for a sliding-window layer: a new token at position
+        p sees only keys at positions > p - ``window`` (transformers' sliding window). Committed slots hold
+        positions slot - pad; the new tokens theirs by ``depths`` [T] (a tree's offsets; None = 0..T-1), so the
+        window holds exactly past its length, and for tree nodes as for a chain."""
+        t, s = mask.shape[2], mask.shape[3]
+        device = mask.device
+        offsets = torch.arange(t, device=device) if depths is None else depths
+        first = self.lengths - self.pad  # [B]: the position of the first new token
+        slot = torch.arange(s, device=device)  # [S]
+        rel = slot[None, :] - self.lengths[:, None]  # [B, S]
+        key_positions = torch.where((rel >= 0) & (rel < t), first[:, None] + offsets[rel.clamp(0, t - 1)],
+                                    slot[None, :] - self.pad[:, None])  # [B, S]
+        query_positions = first[:, None] + offsets[None, :]  # [B, T]
+        return mask & (key_positions[:, None, :] > query_positions[:, :, None] - window).unsqueeze(1)
+
     def commit(self, num_tokens: torch.Tensor) -> None:  # num_tokens [B] long
         """Keep the first ``num_tokens[b]`` slots written by the last forward of each row."""
         self.lengths += num_tokens

@@ -275,8 +275,8 @@ class GraphedDecoder:
 
     def __init__(self, decoder: CompactLlama, *, compile: bool = False, graphs: Graphs | None = None):
         if not isinstance(decoder, CompactLlama):
-            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a Llama-family "
-                            f"model), got {type(decoder).__name__}")
+            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a model of "
+                            f"specdec.models.llama.FAMILIES), got {type(decoder).__name__}")
         self.decoder = decoder
         self.graphs = Graphs(decoder.device) if graphs is None else graphs
         self.enabled = self.graphs.enabled
@@ -355,8 +355,9 @@ def target_decoder(model, mode: str = "auto"):
     graphable = isinstance(decoder, CompactLlama) and replays_graphs(decoder.device)
     if check_compile_mode(mode) in ("cuda_graphs", "compiled_graphs") and not graphable:
         where = decoder.device if isinstance(decoder, CompactLlama) else f"the generic path ({type(decoder).__name__})"
-        raise ValueError(f"target.compile={mode} needs a Llama-family target on a CUDA device, got {where}; "
-                         f"set target.device=cuda on a GPU machine, or target.compile=auto")
+        raise ValueError(f"target.compile={mode} needs a target on the compact path (specdec.models.llama.FAMILIES) "
+                         f"on a CUDA device, got {where}; set target.device=cuda on a GPU machine, or "
+                         f"target.compile=auto")
     if not graphable or mode == "none":
         return decoder
     return GraphedDecoder(decoder, compile=mode == "compiled_graphs")

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from specdec.models.llama import SUPPORTED_MODEL_TYPES
+
 
 @dataclass
 class CroppedCache:
@@ -70,8 +72,8 @@ class HFDecoder(nn.Module):
         if batch_size != 1 or int(pad.max()) != 0:
             raise NotImplementedError(
                 f"{type(self.model).__name__} runs through the generic transformers fallback, which supports "
-                f"batch size 1 only (got {batch_size}); use a Llama-family model (llama, mistral, qwen2) for "
-                "batched speculative decoding"
+                f"batch size 1 only (got {batch_size}); the compact path that batches covers the model types "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (specdec.models.llama.FAMILIES)"
             )
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         return CroppedCache(DynamicCache(), zero, zero.clone(), capacity)
@@ -80,7 +82,9 @@ class HFDecoder(nn.Module):
                 tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
                 capture: tuple[int, ...] = ()):
         if tree_mask is not None:
-            raise NotImplementedError("token trees need the compact Llama-family path")
+            raise NotImplementedError(f"token trees need the compact path (model types "
+                                      f"{', '.join(SUPPORTED_MODEL_TYPES)}); {type(self.model).__name__} runs "
+                                      "through the generic transformers fallback: use a chain drafter")
         t = input_ids.shape[1]
         start = int(cache.lengths[0])
         positions = torch.arange(start, start + t, device=input_ids.device)[None]

@@ -1,10 +1,13 @@
-"""A compact forward pass for the Llama family (Llama 2/3, SmolLM2, Qwen2, Mistral) over :class:`KVCache`.
+"""A compact forward pass over :class:`KVCache` for the Llama-like families: Llama 2/3 (SmolLM2), Mistral,
+Qwen2, Qwen3 and Gemma-3.
 
 transformers' cache classes keep one length for the whole batch, so rows that accept different numbers
 of draft tokens cannot roll back independently in O(1). This module owns only what that needs — the
 attention over a per-row static cache — and reuses the HF model's own submodules (embeddings, linear
-layers, norms, MLPs, rotary embedding) for everything else: no weights are copied or re-implemented,
-and the logits match HF's (tested).
+layers, norms, MLPs, rotary embeddings) for everything else: no weights are copied or re-implemented,
+and the logits match HF's (tested per family). What a family adds to Llama's layer is data
+(:class:`Family`), read by the one forward: q/k norms, Gemma's norms around the attention and the MLP, a
+rotary embedding per layer kind, sliding-window layers, a final logit soft-cap.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import operator
 import os
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +24,47 @@ from torch import nn
 from specdec.models import cpu_kernels
 from specdec.models.cache import KVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a decoder family adds to Llama's layer (RMSNorm, attention, RMSNorm, gated MLP, residual adds), as
+    data. The norms, activations and embeddings themselves are the HF model's modules (Gemma's (1 + w) RMSNorm,
+    its GELU-tanh MLP and its embedding scaled by √hidden among them); sliding windows come from the config
+    (``sliding_window`` with ``layer_types``, or on every layer for Mistral)."""
+
+    qk_norm: bool = False  # each head's q and k RMSNormed before the rotary embedding (attn.q_norm, attn.k_norm)
+    # Gemma: the attention's output normed (post_attention_layernorm) before its residual add, and the MLP
+    # between pre_feedforward_layernorm and post_feedforward_layernorm
+    sandwich_norms: bool = False
+    rope_by_layer_type: bool = False  # one rotary embedding per layer kind: rotary_emb(x, positions, kind)
+    window_on_every_layer: bool = False  # config.sliding_window holds on every layer (Mistral), not per layer_types
+
+    @property
+    def llama_layer(self) -> bool:
+        """Llama's layer exactly: what the fused CPU kernels compute."""
+        return not (self.qk_norm or self.sandwich_norms or self.rope_by_layer_type)
+
+
+FAMILIES = {  # transformers model_type -> what its layer adds to Llama's
+    "llama": Family(),
+    "mistral": Family(window_on_every_layer=True),
+    "qwen2": Family(),
+    "qwen3": Family(qk_norm=True),
+    "gemma3_text": Family(qk_norm=True, sandwich_norms=True, rope_by_layer_type=True),
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
+
+def _layer_windows(config, count: int, family: Family) -> list[int | None]:
+    """Each layer's sliding window in tokens (None: global attention), as transformers reads the config."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or not getattr(config, "use_sliding_window", True):
+        return [None] * count
+    if family.window_on_every_layer:
+        return [int(window)] * count
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * count
+    return [int(window) if kind == "sliding_attention" else None for kind in kinds[:count]]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -217,6 +261,14 @@ _ONEDNN = os.environ.get("SPECDEC_ONEDNN", "1") != "0" and _onednn_available()
 _HALF_PANELS = os.environ.get("SPECDEC_HALF_PANELS", "1") != "0"
 
 
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
 def supports(model: nn.Module) -> bool:
     """Whether :class:`CompactLlama` can run ``model`` (a transformers causal LM)."""
     config = getattr(model, "config", None)
@@ -227,7 +279,8 @@ def supports(model: nn.Module) -> bool:
 
 
 class CompactLlama(nn.Module):
-    """Causal LM forward over a :class:`KVCache`, sharing the parameters of an HF Llama-family model.
+    """Causal LM forward over a :class:`KVCache`, sharing the parameters of an HF model of one of the
+    :data:`FAMILIES` (Llama, Mistral, Qwen2, Qwen3, Gemma-3; the name is the first family's).
 
     ``num_layers`` keeps only the first N decoder layers (then the final norm and LM head): an
     early-exit copy of the target that costs nothing in memory, usable as a self-speculative drafter.
@@ -242,14 +295,14 @@ class CompactLlama(nn.Module):
         total = config.num_hidden_layers
         if num_layers is not None and not (1 <= num_layers <= total):
             raise ValueError(f"num_layers must be in [1, {total}] for this model, got {num_layers}")
-        window = getattr(config, "sliding_window", None)
-        if window is not None and getattr(config, "use_sliding_window", True) and config.model_type == "mistral":
-            self.sliding_window = int(window)  # checked against the cache capacity in new_cache()
-        else:
-            self.sliding_window = None
+        self.family = FAMILIES[config.model_type]
         inner = hf_model.model
         self.embed_tokens = inner.embed_tokens
         self.layers = nn.ModuleList(inner.layers[: num_layers or total])
+        self.windows = _layer_windows(config, len(self.layers), self.family)  # per layer: tokens, or None
+        kinds = getattr(config, "layer_types", None)
+        self.layer_kinds = list(kinds[: len(self.layers)]) if self.family.rope_by_layer_type else [None] * len(self.layers)
+        self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma-2's; None for Gemma-3
         self.norm = inner.norm
         self.rotary_emb = inner.rotary_emb
         self.lm_head = hf_model.lm_head
@@ -260,6 +313,16 @@ class CompactLlama(nn.Module):
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_position_embeddings
         self.config = config
+        needs = {"qk_norm": ("self_attn.q_norm", "self_attn.k_norm"),
+                 "sandwich_norms": ("pre_feedforward_layernorm", "post_feedforward_layernorm")}
+        for flag, names in needs.items():
+            missing = [n for n in names if getattr(self.family, flag) and not _has_submodule(self.layers[0], n)]
+            if missing:
+                raise TypeError(f"a {config.model_type} layer should hold {missing} ({flag}); this "
+                                f"{type(self.layers[0]).__name__} does not: is the model_type right?")
+        # SDPA's scale per layer: None = its default 1/√head_dim (Llama's); Gemma's is query_pre_attn_scalar^-½
+        self._scales = [None if getattr(layer.self_attn, "scaling", None) in (None, self.head_dim ** -0.5)
+                        else float(layer.self_attn.scaling) for layer in self.layers]
         self._fusable: bool | None = None  # see _fused()
         self._plan: tuple | None = None  # see _layer_plan()
 
@@ -272,11 +335,6 @@ class CompactLlama(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def new_cache(self, batch_size: int, capacity: int, pad: torch.Tensor) -> KVCache:
-        if self.sliding_window is not None and capacity > self.sliding_window:
-            raise ValueError(
-                f"this model uses sliding-window attention ({self.sliding_window} tokens), shorter than the "
-                f"{capacity} slots needed; shorten the prompt or max_new_tokens"
-            )
         return KVCache.allocate(len(self.layers), batch_size, self.num_kv_heads, capacity, self.head_dim, pad,
                                 dtype=self.dtype, device=self.device)
 
@@ -302,29 +360,47 @@ class CompactLlama(nn.Module):
         offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
         x = self.embed_tokens(input_ids)  # [B, T, H]
-        cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
         captured = {0: x} if 0 in capture else {}
-        if self._fused(x):
+        windows = [w if w is not None and w < cache.capacity else None for w in self.windows]  # those that bind
+        if self._fused(x) and not any(windows):
+            cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
             hidden = self._fused_layers(x, cache, kv_len, tree_mask, cos, sin, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
-        mask = cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        rope = {kind: tuple(r.unsqueeze(1) for r in (self.rotary_emb(x, positions) if kind is None
+                                                    else self.rotary_emb(x, positions, kind)))
+                for kind in dict.fromkeys(self.layer_kinds)}  # [B, 1, T, D] cos, sin per layer kind
+        masks = {None: cache.attention_mask(t, kv_len, tree_mask)}  # [B, 1, T, S]
+        for window in windows:
+            if window not in masks:
+                masks[window] = cache.within_window(masks[None], window, depths)
+        family = self.family
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q, k, v = _linears(h, (attn.q_proj, attn.k_proj, attn.v_proj))
-            q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-            k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+            q = q.view(b, t, self.num_heads, self.head_dim)
+            k = k.view(b, t, self.num_kv_heads, self.head_dim)
+            if family.qk_norm:  # over each head's dimensions
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, Hq, T, D], [B, Hkv, T, D]
             v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            cos, sin = rope[self.layer_kinds[i]]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = cache.write(i, k, v, kv_len)  # [B, Hkv, S, D]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            x = x + _linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj)
-            h = layer.post_attention_layernorm(x)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[windows[i]], enable_gqa=True,
+                                                 scale=self._scales[i])
+            out = _linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj)
             mlp = layer.mlp
+            if family.sandwich_norms:
+                x = x + layer.post_attention_layernorm(out)
+                h = layer.pre_feedforward_layernorm(x)
+            else:
+                x = x + out
+                h = layer.post_attention_layernorm(x)
             gate, up = _linears(h, (mlp.gate_proj, mlp.up_proj))
-            x = x + _linear(mlp.act_fn(gate) * up, mlp.down_proj)
+            out = _linear(mlp.act_fn(gate) * up, mlp.down_proj)
+            x = x + (layer.post_feedforward_layernorm(out) if family.sandwich_norms else out)
             if i + 1 in capture:
                 captured[i + 1] = x
         return self._head(self.norm(x[:, -1:] if last_only else x), capture, captured)
@@ -332,6 +408,8 @@ class CompactLlama(nn.Module):
     def _head(self, hidden: torch.Tensor, capture: tuple[int, ...], captured: dict) -> tuple[torch.Tensor, ...]:
         """The outputs of :meth:`forward` from the final hidden state (normed) and the captured streams."""
         logits = _linear(hidden, self.lm_head).float()
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
         if not capture:
             return logits, hidden
         missing = sorted(set(capture) - set(captured))
@@ -343,7 +421,7 @@ class CompactLlama(nn.Module):
         """Whether this forward runs the small ops between the products through specdec's fused CPU kernels
         (:meth:`_fused_layers`): float32 on CPU without autograd, not being traced by torch.compile, the kernels
         built, Llama's RMSNorm and SiLU."""
-        if not fusable_input(x):
+        if not fusable_input(x) or not self.family.llama_layer:
             return False
         if self._fusable is None:
             norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]

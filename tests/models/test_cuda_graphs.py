@@ -74,6 +74,28 @@ def _graphed(model):
     return GraphedDecoder(as_decoder(model))
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_other_families_replay_graphs_as_they_decode_eagerly(family, graph_device):
+    """Qwen3 and Gemma-3 (tiny, sliding windows of 4 tokens binding) through the graphed compact decoder: greedy
+    plain, n-gram and Medusa-tree decoding at batch 3 equal the eager outputs."""
+    from helpers import PATHS, random_heads, tiny_family
+
+    from specdec.drafters.medusa import MedusaDrafter
+
+    model = tiny_family(family).to(graph_device)
+    graphed = _graphed(model)
+    ids, mask = (t.to(graph_device) for t in left_pad(PROMPTS))
+    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    heads = random_heads(scale=1.0).to(graph_device)
+    for drafter, k in ((None, 0), (NgramDrafter(), 4),
+                       (MedusaDrafter(heads, model.lm_head.weight, PATHS, 0.05), len(PATHS))):
+        out = (autoregressive_generate(graphed, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+               if drafter is None else speculative_generate(graphed, drafter, ids, attention_mask=mask, k=k,
+                                                            max_new_tokens=16, eos_token_id=[]))
+        assert out.sequences == ref.sequences, drafter
+    assert graphed.captures > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, graph_device):
     """Replayed graphs equal eager forwards (greedy, chain and tree drafters, batch 1 and 3), across several
