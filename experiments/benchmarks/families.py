@@ -1,0 +1,142 @@
+"""Another family's target on specdec's compact path vs the generic fallback vs transformers (not a test).
+
+In one process, the same prompts, greedy: batch 1 runs each prompt through every method in turn after an untimed
+warm-up (``side_by_side``); batch ``--batch`` runs groups of prompts, left-padded, through the compact path and
+transformers. Methods at batch 1:
+
+- ``compact plain`` / ``compact ngram K``     specdec on its compact decoder (specdec.models.llama.FAMILIES)
+- ``fallback plain`` / ``fallback ngram K``   specdec on the generic transformers fallback (HFDecoder: batch 1,
+                                              chains), what every family outside the compact path gets
+- ``transformers generate`` / ``transformers prompt lookup K``   ``generate(do_sample=False)``, with
+                                              ``prompt_lookup_num_tokens=K`` for the second
+
+Reports tokens/s, ratios to compact plain decoding, τ, and outputs differing from compact plain decoding; writes
+``families_<target>.json`` / ``.md`` to --out.
+
+    python experiments/benchmarks/families.py --target gemma3-270m --source humaneval wikipedia --prompts 16 --new 128
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec.decode.metrics import DecodeStats
+from specdec.jobs.data import encode_prompt, left_pad, load_prompts
+from specdec.jobs.runs import machine_description
+from specdec.models import CompactLlama, HFDecoder, as_decoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
+from experiments.common import benchmark_parser, side_by_side  # noqa: E402
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+
+
+def main() -> None:
+    ap = benchmark_parser(__doc__, source=["humaneval", "wikipedia"], prompts=16, new=128)
+    ap.add_argument("--target", default="gemma3-270m", help="a target name load_target takes (alias, path, hub id)")
+    ap.add_argument("--k", type=int, default=4, help="n-gram draft length (and transformers' prompt lookup)")
+    ap.add_argument("--batch", type=int, default=4, help="the batched comparison's batch size (0: skip it)")
+    args = ap.parse_args()
+
+    model, tokenizer = load_target(args.target)
+    compact = as_decoder(model)
+    if not isinstance(compact, CompactLlama):
+        raise SystemExit(f"{args.target} ({model.config.model_type}) is not on the compact path: nothing to compare")
+    fallback = HFDecoder(model)
+    rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]
+    prompts = [encode_prompt(tokenizer, row) for row in rows]
+    eos = stop_ids(model, tokenizer)
+
+    def hf(ids, mask=None, **extra):
+        mask = torch.ones_like(ids) if mask is None else mask
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=args.new, do_sample=False, eos_token_id=eos,
+                             pad_token_id=tokenizer.pad_token_id, **extra)[:, ids.shape[1]:].tolist()
+        return SimpleNamespace(sequences=[_until_eos(row, eos) for row in out], stats=DecodeStats())
+
+    def run(spec, k, ids):
+        kind, target = spec
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos)
+        if kind == "plain":
+            return autoregressive_generate(target, ids, **kwargs)
+        if kind == "ngram":
+            return speculative_generate(target, NgramDrafter(), ids, k=k, **kwargs)
+        return hf(ids, **({"prompt_lookup_num_tokens": k} if k else {}))
+
+    methods = {"compact plain": (("plain", compact), 0), f"compact ngram K={args.k}": (("ngram", compact), args.k),
+               "fallback plain": (("plain", fallback), 0), f"fallback ngram K={args.k}": (("ngram", fallback), args.k),
+               "transformers generate": (("hf", None), 0),
+               f"transformers prompt lookup K={args.k}": (("hf", None), args.k)}
+    batch1 = [torch.tensor([p]) for p in prompts]
+    failed = {}
+    seconds, tokens, stats, mismatches = side_by_side(methods, batch1, run, failed=failed)
+    rate = {name: tokens[name] / seconds[name] for name in seconds}
+    results = {name: {"batch": 1, "tokens_per_second": rate[name], "vs_compact_plain": rate[name] / rate["compact plain"],
+                      "tau": stats[name].mean_accepted_length if stats[name].verify_steps else None,
+                      "mismatching_outputs": int(mismatches[name])} for name in seconds}
+    if args.batch > 1 and len(prompts) >= args.batch:
+        groups = [left_pad(prompts[i: i + args.batch], pad_id=tokenizer.pad_token_id)
+                  for i in range(0, len(prompts) - args.batch + 1, args.batch)]
+        batched = {
+            "compact plain": lambda ids, mask: autoregressive_generate(compact, ids, attention_mask=mask,
+                                                                       max_new_tokens=args.new, eos_token_id=eos),
+            f"compact ngram K={args.k}": lambda ids, mask: speculative_generate(
+                compact, NgramDrafter(), ids, attention_mask=mask, k=args.k, max_new_tokens=args.new, eos_token_id=eos),
+            "transformers generate": lambda ids, mask: hf(ids, mask),
+        }
+        for fn in batched.values():  # warm-up, untimed
+            fn(*groups[0])
+        totals, counts, outputs = dict.fromkeys(batched, 0.0), dict.fromkeys(batched, 0), {}
+        for ids, mask in groups:
+            for name, fn in batched.items():
+                start = time.perf_counter()
+                out = fn(ids, mask)
+                totals[name] += time.perf_counter() - start
+                counts[name] += sum(len(s) for s in out.sequences)
+                outputs.setdefault(name, []).extend(out.sequences)
+        reference = outputs["compact plain"]
+        for name in batched:
+            results[f"{name} batch {args.batch}"] = {
+                "batch": args.batch, "tokens_per_second": counts[name] / totals[name],
+                "vs_compact_plain": counts[name] / totals[name] / rate["compact plain"],
+                "mismatching_outputs": sum(a != b for a, b in zip(outputs[name], reference))}
+    machine = machine_description()
+    summary = {"target": args.target, "model_type": model.config.model_type, "sources": args.sources,
+               "prompts": len(prompts), "max_new_tokens": args.new, "k": args.k, "machine": machine,
+               "threads": torch.get_num_threads(), "methods": results, "failed": failed}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = args.target.replace("/", "_")
+    (out_dir / f"families_{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"## {args.target} ({model.config.model_type}), {len(prompts)} prompts ({', '.join(args.sources)}), "
+             f"{args.new} new tokens, greedy", f"machine: {machine}", "",
+             "| method | batch | tok/s | x compact plain (batch 1) | τ | outputs ≠ compact plain |", "|---|---|---|---|---|---|"]
+    for method, r in results.items():
+        tau = f"{r['tau']:.2f}" if r.get("tau") else "—"
+        lines.append(f"| {method} | {r['batch']} | {r['tokens_per_second']:.1f} | {r['vs_compact_plain']:.2f}x | {tau} | "
+                     f"{r['mismatching_outputs']} |")
+    lines += [f"\n**{method} failed**: `{tb.strip().splitlines()[-1]}`" for method, tb in failed.items()]
+    (out_dir / f"families_{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _until_eos(row: list[int], eos: list[int]) -> list[int]:
+    """transformers' row up to its first stop token (kept, as specdec's sequences keep it), padding dropped."""
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    return row
+
+
+if __name__ == "__main__":
+    main()
