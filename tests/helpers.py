@@ -33,12 +33,13 @@ def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, heads: i
 
 def tiny_family(family: str, *, window: int = 4, seed: int = 0):
     """A tiny random model of another family built from transformers' own classes, with sliding-window layers of
-    ``window`` tokens (short, so that tests run past it): "qwen3" (q/k norms; layers 1.. sliding) or "gemma3"
-    (q/k norms, four norms a layer with (1 + w) weights, the embedding scaled by √hidden, GELU-tanh, a scale of
-    query_pre_attn_scalar^-½ unlike 1/√head_dim, sliding and global layers alternating with their own RoPE bases,
-    4 query heads over 1 KV head). The norms' weights are drawn too (HF initialises Gemma's to 0, where (1 + w)
+    ``window`` tokens (short, so that tests run past it): "qwen3" (q/k norms; layers 1.. sliding), "mistral" (every
+    layer sliding) or "gemma3" (q/k norms, four norms a layer with (1 + w) weights, the embedding scaled by
+    √hidden, GELU-tanh, a scale of query_pre_attn_scalar^-½ unlike 1/√head_dim, sliding and global layers
+    alternating with their own RoPE bases, 4 query heads over 1 KV head). The norms' weights are drawn too (HF initialises Gemma's to 0, where (1 + w)
     and w would differ by a constant)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, intermediate_size=64, max_position_embeddings=512,
@@ -46,11 +47,13 @@ def tiny_family(family: str, *, window: int = 4, seed: int = 0):
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                              use_sliding_window=True, max_window_layers=1, **common))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(num_attention_heads=4, num_key_value_heads=2, **common))
     elif family == "gemma3":
         model = Gemma3ForCausalLM(Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
                                                    sliding_window_pattern=2, query_pre_attn_scalar=16, **common))
     else:
-        raise ValueError(f"family must be qwen3 or gemma3, got {family!r}")
+        raise ValueError(f"family must be qwen3, mistral or gemma3, got {family!r}")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

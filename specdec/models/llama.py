@@ -25,7 +25,6 @@ from specdec.models import cpu_kernels
 from specdec.models.cache import KVCache
 
 
-
 @dataclass(frozen=True)
 class Family:
     """What a decoder family adds to Llama's layer (RMSNorm, attention, RMSNorm, gated MLP, residual adds), as
@@ -300,8 +299,8 @@ class CompactLlama(nn.Module):
         self.embed_tokens = inner.embed_tokens
         self.layers = nn.ModuleList(inner.layers[: num_layers or total])
         self.windows = _layer_windows(config, len(self.layers), self.family)  # per layer: tokens, or None
-        kinds = getattr(config, "layer_types", None)
-        self.layer_kinds = list(kinds[: len(self.layers)]) if self.family.rope_by_layer_type else [None] * len(self.layers)
+        kinds = getattr(config, "layer_types", None) if self.family.rope_by_layer_type else None
+        self.layer_kinds = list(kinds[: len(self.layers)]) if kinds else [None] * len(self.layers)  # RoPE per kind
         self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma-2's; None for Gemma-3
         self.norm = inner.norm
         self.rotary_emb = inner.rotary_emb

@@ -19,7 +19,7 @@ from specdec.jobs.data import left_pad
 from specdec.models import CompactLlama, as_decoder
 from specdec.models.cache import KVCache
 
-FAMILIES = ("qwen3", "gemma3")
+FAMILIES = ("qwen3", "mistral", "gemma3")
 TOLERANCE = 1e-5  # |logit difference| allowed by the equality checks; a planted bug must exceed it tenfold
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 13, 4], [4, 4, 6], [21, 22, 23, 24, 25, 26]]  # 9 tokens: past a 4-token window
 
@@ -55,7 +55,7 @@ def largest_gap(decoder, model, prompts=PROMPTS) -> float:
 @pytest.mark.parametrize("rows", [1, 3])
 def test_logits_equal_transformers_past_the_window(family_model, rows):
     decoder = as_decoder(family_model)
-    assert isinstance(decoder, CompactLlama) and any(decoder.windows) and not all(decoder.windows)
+    assert isinstance(decoder, CompactLlama) and any(decoder.windows)
     assert largest_gap(decoder, family_model, PROMPTS[:rows]) < TOLERANCE
 
 
