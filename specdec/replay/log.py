@@ -1,0 +1,288 @@
+"""Logging, the first phase of replay: one greedy pass per (target, drafter, prompts) that records what any lookahead
+K up to K_max (a chain) or the tree asked (a tree) needs, so that :mod:`specdec.replay.simulate` replays them
+without the target.
+
+Per prompt the log holds the target's greedy *continuation* and the drafter's *proposal from every position* a
+live run can stand at (position j: the first j new tokens emitted, the state's last token the j-th). The pass is
+the decode loop itself (:func:`~specdec.speculative_generate`) with the drafter wrapped in a :class:`Recorder`:
+at each step the drafter proposes K_max tokens (or its tree) from the state the loop gives it, the recorder keeps
+the proposal and hands the loop an empty one, so every step is a plain decode step and the output is the target's
+greedy continuation. The drafter thus sees the state a live run standing at position j gives it (the tokens so
+far, the target's hidden state and features at the committed positions), after steps that each kept one token.
+
+Why one proposal per position is enough (greedy, a batch of one): every shipped drafter's proposal is a function
+of the committed prefix alone. n-gram looks its suffix up in the tokens; the draft model's cache holds the
+committed tokens (rolled back to ``seq_lens - 2`` each step); EAGLE's draft cache holds the committed positions'
+features and rolls its drafts back; Medusa reads the target's last hidden state, which under greedy decoding is
+the hidden state at that position whatever the step boundaries. And a chain's first K drafts at K_max are its
+drafts at K (each draft continues the ones before it; confidence cut-offs cut a prefix), which the tests check
+against live runs. In exact arithmetic, that is; the live run computes those hidden states, features and draft
+caches in forwards of other widths (a verify block of K+1 or a tree), whose float sums may differ in the last bits,
+and a draft whose choice is a near tie (an argmax, a confidence threshold) could then differ. The key test
+(tests/replay) finds none on the real target. What is history-dependent is refused: the draft model's
+``schedule: heuristic`` (its length follows earlier acceptance), sampling (T > 0), batches (a tree's shape is
+chosen over a batch's rows), lossy acceptance rules.
+
+To replay a step the verifier compares the drafts with the target's argmax *after* them, which may lie past
+``max_new_tokens`` or past an EOS (the live run cuts what it emits there, not what it accepts): the continuation is
+logged ``margin`` tokens further (K_max for chains, the tree's size for trees) with EOS not stopping it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from specdec.decode.engine import speculative_generate
+from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
+from specdec.models.loading import stop_token_ids
+
+FORMAT = 1  # bumped when what a log holds changes: an older file is refused, not misread
+VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner"}  # per-generation drafter state
+
+
+class ReplayMismatchError(ValueError):
+    """A replay log does not fit the request: written for another target, drafter, tokenizer, prompts or settings,
+    or asked for a lookahead or tree beyond what it holds."""
+
+
+@dataclass
+class Proposed:
+    """One logged proposal: draft tokens, the tree's parent list (None: a chain), how many are genuine drafts."""
+
+    tokens: list[int]
+    parents: list[int] | None
+    num_proposed: int
+
+
+@dataclass
+class PromptLog:
+    """One prompt's log: ``continuation`` (the target's greedy new tokens, ``max_new_tokens`` + the margin, EOS not
+    stopping it) and ``proposals[j - 1]``, the proposal from position j (j new tokens emitted), for every position a
+    live run can stand at (j < ``max_new_tokens``, no EOS among the first j)."""
+
+    prompt: list[int]
+    continuation: list[int]
+    proposals: list[Proposed]
+    draft_times_s: list[float] = field(default_factory=list)  # seconds each proposal took (K_max, or the tree)
+
+
+@dataclass
+class ReplayLog:
+    """Everything a replay needs, and what it was logged from (``target``, ``drafter``, ``tokenizer``: identities
+    that :meth:`check` compares with a request's)."""
+
+    target: dict[str, Any]
+    drafter: dict[str, Any]
+    tokenizer: dict[str, Any] | None
+    max_new_tokens: int
+    temperature: float
+    eos: list[int]
+    k_max: int  # chains: the longest lookahead replayable; trees: the tree size logged
+    tree: bool  # a tree drafter: replayable at k_max only
+    prompts: list[PromptLog]
+    costs: dict[str, Any] = field(default_factory=dict)  # the cost model (specdec.replay.costs), may be empty
+    log_time_s: float = 0.0  # the logging pass's wall time
+    format: int = FORMAT
+
+    def check(self, *, target: dict | None = None, drafter: dict | None = None, tokenizer: dict | None = None,
+              k: int | None = None) -> None:
+        """Refuse (:class:`ReplayMismatchError`, naming both) a request this log does not answer."""
+        for what, mine, theirs in (("target", self.target, target), ("drafter", self.drafter, drafter),
+                                   ("tokenizer", self.tokenizer, tokenizer)):
+            if theirs is not None and _normal(mine) != _normal(theirs):
+                raise ReplayMismatchError(
+                    f"this replay log was written for another {what}: logged {_brief(mine)}, asked for "
+                    f"{_brief(theirs)}; log again with this {what} (specdec.replay.log_proposals)")
+        if k is None:
+            return
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (lookahead) must be an integer >= 1, got {k!r}")
+        if self.tree and k != self.k_max:
+            raise ReplayMismatchError(f"this log holds {self.drafter.get('name')}'s trees of k={self.k_max} nodes, "
+                                      f"asked for k={k}: a tree of another size is another tree; log again at k={k}")
+        if k > self.k_max:
+            raise ReplayMismatchError(f"this log holds chains up to K_max={self.k_max} drafts, asked for k={k}; "
+                                      f"log again with k_max >= {k}")
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)  # a crash mid-write leaves no half log under the real name
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReplayLog":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ReplayMismatchError(f"{str(path)!r} is a replay log of format {data.get('format')!r}, this specdec "
+                                      f"reads format {FORMAT}; delete it and log again")
+        data["prompts"] = [PromptLog(p["prompt"], p["continuation"], [Proposed(**q) for q in p["proposals"]],
+                                     p.get("draft_times_s", [])) for p in data["prompts"]]
+        return cls(**data)
+
+
+def _normal(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True))  # tuples as lists, as a saved log holds them
+
+
+def _brief(identity: dict) -> str:
+    return json.dumps(identity, sort_keys=True)[:400]
+
+
+def _fingerprint(tensors: Sequence[torch.Tensor]) -> str:
+    """A short hash of the tensors' shapes and leading values (enough to tell two sets of weights apart)."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
+        digest.update(tensor.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def target_identity(target: torch.nn.Module) -> dict[str, Any]:
+    """What tells one target from another in a log: its name, sizes and a fingerprint of its weights, and
+    whether its CPU forwards stream codes (other numerics, possibly another greedy continuation)."""
+    from specdec.models import cpu_kernels
+
+    config = getattr(target, "config", None)
+    return {"name": str(getattr(config, "_name_or_path", "") or type(target).__name__),
+            "vocab_size": getattr(config, "vocab_size", None), "layers": getattr(config, "num_hidden_layers", None),
+            "weights": _fingerprint(list(target.parameters())), "codes": cpu_kernels.codes_allowed()}
+
+
+def drafter_identity(drafter: Drafter, *, chain_k_free: bool = True) -> dict[str, Any]:
+    """What tells one drafter from another: its name, its config (without ``k`` for a chain: a log's K_max covers
+    every smaller one), its settings and a fingerprint of its weights."""
+    config = drafter.config
+    if config is not None and not isinstance(config, dict):
+        config = asdict(config) if is_dataclass(config) else _config_dict(config)
+    if config is not None and chain_k_free:
+        config = {key: value for key, value in config.items() if key != "k"}
+    settings, weights = {}, []
+    for key, value in vars(drafter).items():
+        if key in VOLATILE or key.startswith("_"):
+            continue
+        if isinstance(value, torch.nn.Module):
+            weights += list(value.parameters())
+        elif isinstance(value, torch.Tensor):
+            weights.append(value)
+        elif isinstance(value, (bool, int, float, str, type(None))) or (
+                isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str, list, tuple)) for v in value)):
+            settings[key] = value
+    return {"name": drafter.name or type(drafter).__name__, "class": type(drafter).__name__, "config": config,
+            "settings": settings, "weights": _fingerprint(weights) if weights else None}
+
+
+def _config_dict(config: Any) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def tokenizer_identity(tokenizer: Any) -> dict[str, Any] | None:
+    """What tells one tokenizer from another: its name, size and a hash of its vocabulary (None: no tokenizer)."""
+    if tokenizer is None:
+        return None
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+    return {"name": str(getattr(tokenizer, "name_or_path", "")), "size": len(tokenizer),
+            "vocab": hashlib.sha256(vocab).hexdigest()[:16]}
+
+
+def log_key(target: dict, drafter: dict, tokenizer: dict | None, prompts: Sequence[Sequence[int]],
+            max_new_tokens: int, temperature: float, eos: Sequence[int], k_max: int) -> str:
+    """The cache key of a log: a hash of everything it was logged from."""
+    what = {"target": target, "drafter": drafter, "tokenizer": tokenizer, "prompts": [list(p) for p in prompts],
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "eos": sorted(eos), "k_max": k_max,
+            "format": FORMAT}
+    return hashlib.sha256(json.dumps(_normal(what), sort_keys=True).encode()).hexdigest()[:24]
+
+
+class Recorder(DrafterWrapper):
+    """Wraps a drafter for the logging pass: at each step it asks ``inner`` for ``k`` drafts from the loop's state,
+    keeps them (and how long that took), and proposes nothing, so the step is a plain decode step. From position
+    ``stop`` on (or once an EOS was emitted: no live run stands there) it no longer asks."""
+
+    def __init__(self, inner: Drafter, k: int, stop: int, eos: set[int]):
+        super().__init__(inner)
+        self.k, self.stop, self.eos = k, stop, eos
+        self.prompt_len = 0
+        self.proposals: list[Proposed] = []
+        self.times: list[float] = []
+
+    def begin(self, prompt_len: int) -> None:
+        """A new prompt (``prompt_len`` tokens) is logged next."""
+        self.prompt_len, self.proposals, self.times = prompt_len, [], []
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        if len(state.tokens) != 1:
+            raise ValueError(f"replay logs one prompt at a time, got a batch of {len(state.tokens)}")
+        row = state.tokens[0]
+        position = len(row) - self.prompt_len  # new tokens emitted
+        reached = position == len(self.proposals) + 1 and position < self.stop and self.eos.isdisjoint(
+            row[self.prompt_len:])
+        if reached:
+            device = state.last_tokens.device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            proposal = self.inner.propose(state, self.k)
+            tokens = proposal.tokens[0].tolist()
+            self.times.append(time.perf_counter() - start)
+            if proposal.probs is not None:
+                raise ValueError(f"{type(self.inner).__name__} drew its drafts from a distribution; replay is "
+                                 f"greedy only (deterministic drafts)")
+            num = proposal.num_proposed[0] if proposal.num_proposed else len(tokens)
+            parents = None if proposal.tree is None else list(proposal.tree.parent_list)
+            self.proposals.append(Proposed(tokens, parents, num))
+        return Proposal(tokens=state.last_tokens.new_zeros(1, 0), num_proposed=[0])
+
+
+def check_replayable(drafter: Drafter, temperature: float) -> None:
+    """Refuse what replay cannot reproduce from one proposal per position (see the module docstring)."""
+    if temperature != 0:
+        raise ValueError(f"replay is greedy only for now: temperature={temperature}; use sampling.temperature=0 "
+                         f"(or python -m specdec.run for sampled runs)")
+    if drafter.lossy:
+        raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.acceptance!r}); replay "
+                         f"models the exact rule only: build it with drafter.acceptance=exact")
+    if getattr(drafter, "schedule", "constant") != "constant":
+        raise ValueError(f"drafter.schedule={drafter.schedule!r}: the draft length follows earlier steps' acceptance, "
+                         f"which one proposal per position cannot replay; use drafter.schedule=constant")
+
+
+def log_proposals(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
+                  tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
+                  tree: bool | None = None) -> ReplayLog:
+    """The logging pass (see the module docstring) over ``prompts`` (token ids, one generation each): the target's
+    greedy continuation and ``drafter``'s proposal of ``k_max`` drafts (a chain's K_max, or a tree's size) from every
+    position. ``tree``: whether ``drafter`` drafts trees (None: from its config's ``tree`` and what it proposed);
+    a tree log replays at ``k_max`` only. ``eos_token_id``: None = the target's own stop tokens."""
+    check_replayable(drafter, temperature)
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+        raise ValueError(f"k_max (the longest lookahead to replay) must be an integer >= 1, got {k_max!r}")
+    eos = sorted(set(stop_token_ids(target) if eos_token_id is None else
+                     [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
+    device = next(target.parameters()).device
+    recorder = Recorder(drafter, k_max, max_new_tokens, set(eos))
+    logs, start = [], time.perf_counter()
+    for prompt in prompts:
+        ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]
+        recorder.begin(ids.shape[1])
+        out = speculative_generate(target, recorder, ids, k=k_max, max_new_tokens=max_new_tokens + k_max,
+                                   eos_token_id=[])  # EOS must not stop it: drafts are checked past one
+        logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times))
+    log_time = time.perf_counter() - start
+    if tree is None:
+        tree = bool(getattr(drafter.config, "tree", None)) or any(
+            p.parents is not None for log in logs for p in log.proposals)
+    return ReplayLog(target_identity(target), drafter_identity(drafter, chain_k_free=not tree),
+                     tokenizer_identity(tokenizer), max_new_tokens, float(temperature), eos, k_max, tree, logs,
+                     log_time_s=log_time)
