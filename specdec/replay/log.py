@@ -245,6 +245,13 @@ class Recorder(DrafterWrapper):
         return Proposal(tokens=state.last_tokens.new_zeros(1, 0), num_proposed=[0])
 
 
+def drafts_trees(drafter: Drafter) -> bool:
+    """Whether ``drafter``'s config asks for trees (EAGLE's ``tree: true``, Medusa's tree of paths): its log then
+    replays at the logged size only. A drafter built by its constructor has no config: its log is a tree log when
+    any proposal logged was a tree."""
+    return bool(getattr(drafter.config, "tree", None))
+
+
 def check_replayable(drafter: Drafter, temperature: float) -> None:
     """Refuse what replay cannot reproduce from one proposal per position (see the module docstring)."""
     if temperature != 0:
@@ -280,9 +287,8 @@ def log_proposals(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *,
                                    eos_token_id=[])  # EOS must not stop it: drafts are checked past one
         logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times))
     log_time = time.perf_counter() - start
-    if tree is None:
-        tree = bool(getattr(drafter.config, "tree", None)) or any(
-            p.parents is not None for log in logs for p in log.proposals)
+    tree = (drafts_trees(drafter) if tree is None else tree) or any(
+        p.parents is not None for log in logs for p in log.proposals)
     return ReplayLog(target_identity(target), drafter_identity(drafter, chain_k_free=not tree),
                      tokenizer_identity(tokenizer), max_new_tokens, float(temperature), eos, k_max, tree, logs,
                      log_time_s=log_time)

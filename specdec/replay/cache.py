@@ -1,0 +1,55 @@
+"""Replay logs on disk: one file per (target, drafter config, tokenizer, prompts, max_new_tokens, temperature, EOS,
+K_max), named by a hash of all of them, so every replay those cover reuses one logging pass.
+
+A file is read back only after its identities are compared with the request's (:meth:`ReplayLog.check
+<specdec.replay.log.ReplayLog.check>`): a log from another target, drafter or tokenizer is refused with a message
+naming both, whatever its name says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec.drafters.base import Drafter
+from specdec.models.loading import cache_root, stop_token_ids
+from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
+                                target_identity, tokenizer_identity)
+
+
+def default_directory() -> Path:
+    """Where logs are kept unless told: ``replay/`` under specdec's cache root (``$SPECDEC_CACHE``)."""
+    return cache_root() / "replay"
+
+
+def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, k: int | None = None) -> ReplayLog:
+    """The log at ``path``, refused (:class:`~specdec.replay.log.ReplayMismatchError`) unless it was written for
+    ``target``, ``drafter`` and ``tokenizer`` and holds lookahead ``k`` (None: not checked)."""
+    log = ReplayLog.load(path)
+    log.check(target=target_identity(target), drafter=drafter_identity(drafter, chain_k_free=not log.tree),
+              tokenizer=tokenizer_identity(tokenizer) if log.tokenizer is not None else None, k=k)
+    return log
+
+
+def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
+               tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
+               tree: bool | None = None, directory: str | Path | None = None) -> tuple[ReplayLog, Path, bool]:
+    """The log of ``drafter`` on ``prompts`` (:func:`~specdec.replay.log.log_proposals`), from ``directory`` (None:
+    :func:`default_directory`) when an earlier pass wrote it, else logged now and saved there. ``tree``: a tree
+    drafter (None: :func:`~specdec.replay.log.drafts_trees`). The key holds K_max: log chains at the largest K a
+    sweep needs.
+    Returns the log, its file and whether it was read from disk."""
+    check_replayable(drafter, temperature)
+    tree = drafts_trees(drafter) if tree is None else tree
+    eos = sorted(set(stop_token_ids(target) if eos_token_id is None else
+                     [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
+    ids = (target_identity(target), drafter_identity(drafter, chain_k_free=not tree), tokenizer_identity(tokenizer))
+    key = log_key(*ids, prompts, max_new_tokens, temperature, eos, k_max)
+    path = Path(directory or default_directory()) / f"{ids[1]['name']}-{key}.json"
+    if path.is_file():
+        log = ReplayLog.load(path)
+        log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max)
+        return log, path, True
+    log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
+                        eos_token_id=eos, temperature=temperature, tree=tree)
+    return log, log.save(path), False

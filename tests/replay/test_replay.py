@@ -1,0 +1,184 @@
+"""Replay on tiny random models: replayed greedy runs equal live ones step for step (every registered drafter, chains
+at every K <= K_max, trees, EOS and max_new_tokens cuts), and logs that do not fit are refused.
+
+The exactness comparison was shown to catch planted bugs (2026-11-26, each planted in specdec/replay/simulate.py by
+hand, test_replay_equals_live run, the bug removed): stepping on one token too far (``j += len(kept) + 1``) failed
+all 18 cases; a chain read one draft too long (``drafts = proposed.tokens[:k + 1]``) failed the 6 n-gram, draft-model
+and Medusa chain cases (a random EAGLE chain and the confidence-cut draft model never get the extra draft accepted);
+the tree walk reading the continuation one level deep (``c[j + d + 1]``) failed all 8 tree cases; dropping the cut
+after an EOS failed the 5 EOS cases whose runs stop at an EOS inside accepted drafts. The planted rule of
+test_a_planted_bug_is_caught keeps one such bug in the suite.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import PATHS, make_markov_target, markov_heads, random_eagle, tiny_llama, word_tokenizer
+
+from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.drafters.base import DRAFTERS
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.replay import ReplayLog, ReplayMismatchError, log_proposals, replay
+from specdec.replay import simulate
+from specdec.replay.cache import cached_log, load_log
+
+NEW = 20
+COUNTS = ("verify_steps", "verified_tokens", "proposed_tokens", "accepted_per_position", "proposed_per_position",
+          "new_tokens", "tree_steps", "target_forwards")
+
+
+def noisy_copy(model, scale=0.05, seed=1):
+    copied = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+    return copied
+
+
+def eagle(target, **options) -> EagleDrafter:
+    model = random_eagle(target, aux=(0, 1, 2))
+    with torch.no_grad():
+        model.lm_head.weight.copy_(target.lm_head.weight)  # drafts that are sometimes right
+    return EagleDrafter(model, **options)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(layers=3, seed=0)
+    return {"tiny": target, "close": noisy_copy(target), "markov": make_markov_target()}
+
+
+# (target, drafter factory, K_max: chains replay every K up to it; trees at it). Every registered drafter is here.
+CASES = {
+    "ngram": ("tiny", lambda m: NgramDrafter(min_ngram=1), 6),
+    "draft_model": ("tiny", lambda m: DraftModelDrafter(m["close"]), 6),
+    "draft_model_confidence": ("tiny", lambda m: DraftModelDrafter(m["close"], confidence=0.3), 6),
+    "eagle": ("tiny", lambda m: eagle(m["tiny"], tree=False), 4),
+    "eagle_tree": ("tiny", lambda m: eagle(m["tiny"], depth=3, top_k=2, expand=2), 8),
+    "eagle_tree_lookup": ("tiny", lambda m: eagle(m["tiny"], depth=3, top_k=2, expand=2, lookup=3), 8),
+    "medusa": ("markov", lambda m: MedusaDrafter(markov_heads(3, strength=2.0), m["markov"].lm_head.weight), 3),
+    "medusa_tree": ("markov", lambda m: MedusaDrafter(markov_heads(3, strength=2.0), m["markov"].lm_head.weight,
+                                                      PATHS, lookup=2), 10),
+    "medusa_dynamic_tree": ("markov", lambda m: MedusaDrafter(markov_heads(3, strength=2.0),
+                                                              m["markov"].lm_head.weight, PATHS,
+                                                              min_confidence=0.3), 8),
+}
+PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13], [33, 1, 60, 33, 1]]
+
+
+def test_every_drafter_is_covered():
+    assert {name for name in DRAFTERS} <= {case.split("_tree")[0].split("_confidence")[0] for case in CASES}
+
+
+def eos_for(target) -> list[int]:
+    """A stop token that occurs early in the first prompt's greedy continuation, so runs end at EOS too."""
+    out = autoregressive_generate(target, torch.tensor([PROMPTS[0]]), max_new_tokens=8, eos_token_id=[])
+    return [out.sequences[0][5]]
+
+
+def mismatches(target, make, log: ReplayLog, k: int, eos: list[int]) -> list[str]:
+    """Where the replay of ``log`` at ``k`` differs from live greedy runs of a fresh drafter (one line each)."""
+    found = []
+    for prompt, replayed in zip(PROMPTS, replay(log, k)):
+        live = speculative_generate(target, make(), torch.tensor([prompt]), k=k, max_new_tokens=log.max_new_tokens,
+                                    eos_token_id=eos).stats
+        for name in COUNTS:
+            if getattr(live, name) != getattr(replayed, name):
+                found.append(f"prompt {prompt} k={k} {name}: live {getattr(live, name)}, replayed "
+                             f"{getattr(replayed, name)}")
+    return found
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["no_eos", "eos"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_replay_equals_live(models, case, stop):
+    """Replayed α, α per position, τ and token counts equal live greedy runs', at every K <= K_max (chains)."""
+    name, make, k_max = CASES[case]
+    target = models[name]
+    eos = eos_for(target) if stop else []
+    log = log_proposals(target, make(models), PROMPTS, k_max=k_max, max_new_tokens=NEW, eos_token_id=eos)
+    ks = [k_max] if log.tree else range(1, k_max + 1)
+    assert log.tree == ("tree" in case)
+    found = [line for k in ks for line in mismatches(target, lambda: make(models), log, k, eos)]
+    assert not found, "\n".join(found)
+    taus = [s.mean_accepted_length for s in replay(log, k_max)]
+    if case not in ("eagle", "eagle_tree", "eagle_tree_lookup", "ngram"):  # a random EAGLE rarely hits
+        assert max(taus) > 1.5, f"{case}: τ {taus}: drafts never accepted, a weak test"
+    if stop:
+        assert any(s.new_tokens < NEW for s in replay(log, k_max)), "no run ended at the EOS"
+
+
+def test_a_planted_bug_is_caught(models, monkeypatch):
+    """A replay whose chain rule accepts one draft more than the verifier does is caught."""
+    name, make, k_max = CASES["draft_model"]
+    target = models[name]
+    log = log_proposals(target, make(models), PROMPTS, k_max=k_max, max_new_tokens=NEW, eos_token_id=[])
+    real = simulate.greedy_chain
+
+    def one_too_many(drafts, target_tokens):  # planted: accepts a draft past the first mismatch
+        accepted, nxt = real(drafts, target_tokens)
+        return (accepted + 1).clamp(max=drafts.shape[1]), nxt
+
+    monkeypatch.setattr(simulate, "greedy_chain", one_too_many)
+    assert mismatches(target, lambda: make(models), log, 3, [])
+
+
+def test_max_new_tokens_one_has_no_step(models):
+    log = log_proposals(models["tiny"], NgramDrafter(), PROMPTS[:1], k_max=2, max_new_tokens=1, eos_token_id=[])
+    live = speculative_generate(models["tiny"], NgramDrafter(), torch.tensor(PROMPTS[:1]), k=2, max_new_tokens=1,
+                                eos_token_id=[]).stats
+    replayed, = replay(log, 2)
+    assert (replayed.verify_steps, replayed.new_tokens) == (live.verify_steps, live.new_tokens) == (0, 1)
+
+
+def test_refused_beyond_what_was_logged(models):
+    chain = log_proposals(models["tiny"], NgramDrafter(), PROMPTS[:1], k_max=4, max_new_tokens=8, eos_token_id=[])
+    with pytest.raises(ReplayMismatchError, match=r"K_max=4.*k=5"):
+        replay(chain, 5)
+    tree = log_proposals(models["markov"], CASES["medusa_tree"][1](models), PROMPTS[:1], k_max=10, max_new_tokens=8,
+                         eos_token_id=[])
+    with pytest.raises(ReplayMismatchError, match=r"k=10 nodes, asked for k=6"):
+        replay(tree, 6)
+
+
+def test_refused_for_another_target_drafter_or_tokenizer(models, tmp_path):
+    words = [f"w{i}" for i in range(64)]
+    tokenizer, other_tokenizer = word_tokenizer(words), word_tokenizer(list(reversed(words)))
+    log, path, from_disk = cached_log(models["tiny"], NgramDrafter(), PROMPTS, k_max=4, max_new_tokens=8,
+                                      tokenizer=tokenizer, eos_token_id=[], directory=tmp_path)
+    assert not from_disk and path.is_file()
+    again, _, from_disk = cached_log(models["tiny"], NgramDrafter(), PROMPTS, k_max=4, max_new_tokens=8,
+                                     tokenizer=tokenizer, eos_token_id=[], directory=tmp_path)
+    assert from_disk and [s.summary() for s in replay(again, 3)] == [s.summary() for s in replay(log, 3)]
+    assert load_log(path, models["tiny"], NgramDrafter(), tokenizer, k=4).k_max == 4
+    other = tiny_llama(layers=3, seed=5)
+    with pytest.raises(ReplayMismatchError, match="another target: logged .*weights.*asked for .*weights"):
+        load_log(path, other, NgramDrafter(), tokenizer)
+    with pytest.raises(ReplayMismatchError, match="another drafter: logged .*max_ngram.: 3.*asked for .*max_ngram.: 5"):
+        load_log(path, models["tiny"], NgramDrafter(max_ngram=5), tokenizer)
+    with pytest.raises(ReplayMismatchError, match="another drafter: logged .*NgramDrafter.*DraftModelDrafter"):
+        load_log(path, models["tiny"], DraftModelDrafter(models["close"]), tokenizer)
+    with pytest.raises(ReplayMismatchError, match="another tokenizer"):
+        load_log(path, models["tiny"], NgramDrafter(), other_tokenizer)
+    with pytest.raises(ReplayMismatchError, match=r"K_max=4.*k=6"):
+        load_log(path, models["tiny"], NgramDrafter(), tokenizer, k=6)
+
+
+def test_refused_what_replay_cannot_reproduce(models):
+    with pytest.raises(ValueError, match="greedy only.*temperature=0.7"):
+        log_proposals(models["tiny"], NgramDrafter(), PROMPTS, k_max=2, max_new_tokens=4, temperature=0.7)
+    heuristic = DraftModelDrafter(models["close"], schedule="heuristic")
+    with pytest.raises(ValueError, match="schedule='heuristic'"):
+        log_proposals(models["tiny"], heuristic, PROMPTS, k_max=2, max_new_tokens=4)
+
+
+def test_a_log_round_trips(models, tmp_path):
+    log = log_proposals(models["markov"], CASES["medusa_tree"][1](models), PROMPTS, k_max=10, max_new_tokens=NEW,
+                        eos_token_id=[])
+    again = ReplayLog.load(log.save(tmp_path / "log.json"))
+    assert [s.summary() for s in replay(again)] == [s.summary() for s in replay(log)]
