@@ -8,11 +8,13 @@ naming both, whatever its name says.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.drafters.base import Drafter
 from specdec.models.loading import cache_root, stop_token_ids
+from specdec.replay.costs import measure
 from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
                                 target_identity, tokenizer_identity)
 
@@ -33,11 +35,13 @@ def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, 
 
 def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
                tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
-               tree: bool | None = None, directory: str | Path | None = None) -> tuple[ReplayLog, Path, bool]:
+               tree: bool | None = None, directory: str | Path | None = None,
+               costs: bool = False) -> tuple[ReplayLog, Path, bool]:
     """The log of ``drafter`` on ``prompts`` (:func:`~specdec.replay.log.log_proposals`), from ``directory`` (None:
     :func:`default_directory`) when an earlier pass wrote it, else logged now and saved there. ``tree``: a tree
     drafter (None: :func:`~specdec.replay.log.drafts_trees`). The key holds K_max: log chains at the largest K a
-    sweep needs.
+    sweep needs. ``costs``: measure the cost model too (:func:`~specdec.replay.costs.measure`: verify widths 1 ..
+    K_max + 1, drafting at every K <= K_max, or the tree) where the log has none, and keep it in the file.
     Returns the log, its file and whether it was read from disk."""
     check_replayable(drafter, temperature)
     tree = drafts_trees(drafter) if tree is None else tree
@@ -46,10 +50,18 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
     ids = (target_identity(target), drafter_identity(drafter, chain_k_free=not tree), tokenizer_identity(tokenizer))
     key = log_key(*ids, prompts, max_new_tokens, temperature, eos, k_max)
     path = Path(directory or default_directory()) / f"{ids[1]['name']}-{key}.json"
-    if path.is_file():
+    from_disk = path.is_file()
+    if from_disk:
         log = ReplayLog.load(path)
         log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max)
-        return log, path, True
-    log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens, tokenizer=tokenizer,
-                        eos_token_id=eos, temperature=temperature, tree=tree)
-    return log, log.save(path), False
+    else:
+        log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens,
+                            tokenizer=tokenizer, eos_token_id=eos, temperature=temperature, tree=tree)
+    if costs and not log.costs:
+        model = measure(target, drafter, prompts[0], ks=[k_max] if log.tree else range(1, k_max + 1),
+                        widths=range(1, k_max + 2))
+        log.costs = asdict(model)
+        from_disk = False
+    if not from_disk:
+        log.save(path)
+    return log, path, from_disk

@@ -182,3 +182,26 @@ def test_a_log_round_trips(models, tmp_path):
                         eos_token_id=[])
     again = ReplayLog.load(log.save(tmp_path / "log.json"))
     assert [s.summary() for s in replay(again)] == [s.summary() for s in replay(log)]
+
+
+def test_cost_model_interpolates_and_times_a_replay(models, tmp_path):
+    from specdec.decode.metrics import summarize, total
+    from specdec.replay.costs import CostModel
+    from specdec.replay.simulate import plain_stats
+
+    costs = CostModel({1: 1.0, 3: 2.0, 5: 5.0}, {1: 0.5, 4: 2.0})
+    assert (costs.verify(2), costs.verify(4), costs.verify(10)) == (1.5, 3.5, 10.0)
+    assert (costs.draft(1), costs.draft(3), costs.draft(8)) == (0.5, 2.0, 2.0)
+    log, path, _ = cached_log(models["tiny"], CASES["draft_model"][1](models), PROMPTS, k_max=3, max_new_tokens=NEW,
+                              eos_token_id=[], directory=tmp_path, costs=True)
+    model = CostModel.from_dict(ReplayLog.load(path).costs)
+    assert set(model.verify_s) == {1, 2, 3, 4} and set(model.draft_s) == {1, 2, 3}
+    assert all(t > 0 for t in [*model.verify_s.values(), *model.draft_s.values()])
+    spec = replay(log, 2)  # the draft model always drafts k: every verify block is 3 wide
+    base = [plain_stats(s, model) for s in spec]
+    figures = summarize(total(spec), total(base), 2, len(PROMPTS))
+    spec_all, step = total(spec), model.verify(3) + model.draft(2)
+    decoded = spec_all.new_tokens - spec_all.prefill_tokens  # one plain forward each
+    assert figures["speedup"] == pytest.approx(decoded * model.verify(1) / (spec_all.verify_steps * step))
+    assert figures["predicted_speedup_measured_costs"] == pytest.approx(
+        spec_all.mean_accepted_length * model.verify(1) / step)  # τ counts what max_new_tokens cut: above it
