@@ -1,0 +1,135 @@
+"""``python -m specdec.replay``: the main job's figures for one configuration, replayed from a logged pass.
+
+    python -m specdec.replay drafter=ngram drafter.k=4
+    python -m specdec.replay -m drafter=ngram drafter.k=1,2,4      # mirrors python -m specdec.run -m ...
+
+It composes the main job's groups (target, drafter, sampling, data, logger) and prints the main job's table, marked
+replayed: α, τ and the per-position acceptance as a live greedy run gives them (exactly: tests/replay), and the
+speedups the measured cost model predicts (decode only, loop overhead left out: :mod:`specdec.replay.costs`). The
+first point logs the target's greedy continuation and the drafter's proposals (chains up to ``k_max`` drafts, a tree
+at its ``k``) and measures the costs; the file is kept under ``log_dir`` and every later point it covers reuses it.
+Greedy only, one prompt per generation (``data.batch_size=1``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from specdec.config import JobConfig, config_dir, job_defaults, register_configs
+from specdec.decode.metrics import DecodeStats, summarize_prompts
+from specdec.drafters import build_drafter
+from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room, result_category
+from specdec.jobs.io import write_json
+from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
+from specdec.models.llama import use_coded_panels
+from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.replay.cache import cached_log
+from specdec.replay.costs import CostModel
+from specdec.replay.log import drafts_trees
+from specdec.replay.simulate import plain_stats, replay
+from specdec.report.table import format_table
+
+
+@dataclass
+class ReplayConfig(JobConfig):
+    defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "eagle"))  # the main job's choices
+    k_max: int = 8  # chains are logged up to max(drafter.k, k_max) drafts, so a K sweep shares one log
+    log_dir: Optional[str] = None  # where logs are kept; null = replay/ under specdec's cache ($SPECDEC_CACHE)
+    costs: bool = True  # measure the cost model (verify time per width, draft time per K) for the speedups
+    results_file: str = "results.json"
+
+
+register_configs()
+ConfigStore.instance().store(name="replay_schema", node=ReplayConfig)
+
+
+def check_replay_config(cfg: DictConfig) -> int:
+    """Refuse, before the target loads, what replay does not cover yet; the lookahead k."""
+    check_job_config(cfg)
+    k = cfg.drafter.k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
+    if cfg.sampling.temperature != 0:
+        raise ValueError(f"replay is greedy only for now: sampling.temperature={cfg.sampling.temperature}; use "
+                         f"sampling=greedy, or python -m specdec.run for sampled runs")
+    if cfg.data.batch_size != 1:
+        raise ValueError(f"replay logs one prompt per generation: data.batch_size={cfg.data.batch_size}; use "
+                         f"data.batch_size=1 (a batch's tree shape depends on its other rows)")
+    return k
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    k = check_replay_config(cfg)
+    device = resolve_device(cfg.target.device)
+    use_coded_panels(cfg.target.coded_weights)
+    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
+    drafter = build_drafter(cfg.drafter, target, tokenizer)
+    tree = drafts_trees(drafter)
+    k_max = k if tree else max(k, cfg.k_max)
+    context = min(cfg.target.max_context, target.config.max_position_embeddings)
+    limit = prompt_room(cfg.data.max_new_tokens, 2 * k_max, context, "target.max_context")  # the log's margin too
+    if cfg.data.max_prompt_tokens is not None:
+        limit = min(limit, cfg.data.max_prompt_tokens)
+    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
+    prompts = encode_prompts(tokenizer, rows, limit, context)
+    log, path, from_disk = cached_log(target, drafter, prompts, k_max=k_max, max_new_tokens=cfg.data.max_new_tokens,
+                                      tokenizer=tokenizer, eos_token_id=stop_token_ids(target, tokenizer),
+                                      tree=tree, directory=cfg.log_dir, costs=cfg.costs)
+    start = time.perf_counter()
+    spec = replay(log, k)
+    replay_time = time.perf_counter() - start
+    costs = CostModel.from_dict(log.costs) if log.costs else None
+    base = [plain_stats(s, costs) for s in spec] if costs else None
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_category[result_category(row)].append(i)
+
+    def group(indices: list[int]) -> tuple[list[DecodeStats], list[DecodeStats] | None]:
+        return [spec[i] for i in indices], None if base is None else [base[i] for i in indices]
+
+    return {
+        "status": "ok",
+        "error": None,
+        **config_fields(cfg),
+        "num_prompts": len(prompts),
+        **summarize_prompts(spec, base, k, len(prompts)),
+        "per_category": {cat: summarize_prompts(*group(ids), k, len(ids)) for cat, ids in sorted(by_category.items())},
+        "greedy_mismatches": None,
+        "lossy": False,
+        "replayed": True,  # α and τ from the log (exact, greedy); times and speedups from the cost model
+        "replay_log": str(path),
+        "replay_log_reused": from_disk,
+        "log_time_s": log.log_time_s,
+        "replay_time_s": replay_time,
+        "k_max": log.k_max,
+        "device": (costs.machine if costs else None) or machine_description(device),
+    }
+
+
+def _main(cfg: DictConfig, results_path: Path) -> float:
+    results = run(cfg)
+    write_json(results_path, results)
+    print(f"REPLAYED from {results['replay_log']} ({'reused' if results['replay_log_reused'] else 'logged now'}: "
+          f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ as a live "
+          f"greedy run's; rates and speedups predicted from the measured cost model (no prefill)")
+    print(format_table(results))
+    print(f"results: {results_path}")
+    return results["speedup"]
+
+
+@hydra.main(config_path=config_dir(), config_name="replay", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    return run_task(cfg, _main, failure_value=math.nan)
+
+
+if __name__ == "__main__":
+    main()

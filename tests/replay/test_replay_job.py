@@ -1,0 +1,61 @@
+"""``python -m specdec.replay``: it composes the main job's groups, refuses what it cannot replay before loading
+anything, and a sweep replays from one log with the main job's τ (the real default target, tiny budgets)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from specdec.replay.__main__ import check_replay_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+TINY = ["data.limit_per_source=1", "data.max_new_tokens=16"]
+
+
+def job(module: str, *overrides, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("replay", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("drafter", sorted(p.stem for p in (CONFIGS / "drafter").glob("*.yaml")))
+def test_every_drafter_composes(drafter):
+    cfg = composed(f"drafter={drafter}", "drafter.k=3")
+    assert cfg.drafter.name == drafter and cfg.k_max == 8 and check_replay_config(cfg) == 3
+
+
+@pytest.mark.parametrize("override, message", [
+    ("sampling=sample", "replay is greedy only for now: sampling.temperature=1.0"),
+    ("data.batch_size=2", "data.batch_size=2; use data.batch_size=1"),
+    ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
+])
+def test_refused_before_anything_loads(override, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_replay_config(composed("drafter=ngram", override))
+
+
+@pytest.mark.real_model
+def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
+    sweep = job("specdec.replay", "-m", "drafter=ngram", "drafter.k=1,2", *TINY, "k_max=4", f"log_dir={tmp_path}/logs",
+                f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    assert "REPLAYED" in sweep.stdout and (tmp_path / "sweep" / "summary.csv").is_file()
+    runs = [json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text()) for i in (0, 1)]
+    assert [r["replayed"] for r in runs] == [True, True] and [r["replay_log_reused"] for r in runs] == [False, True]
+    assert len(list((tmp_path / "logs").glob("*.json"))) == 1 and runs[0]["k_max"] == 4
+    live = job("specdec.run", "drafter=ngram", "drafter.k=2", *TINY, "warmup=false", f"hydra.run.dir={tmp_path}/run",
+               cwd=tmp_path)
+    assert live.returncode == 0, live.stderr[-2000:]
+    measured = json.loads((tmp_path / "run" / "results.json").read_text())
+    for key in ("mean_accepted_length", "acceptance_rate", "num_prompts"):
+        assert runs[1][key] == measured[key], key
