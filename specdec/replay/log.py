@@ -260,8 +260,9 @@ def check_replayable(drafter: Drafter, temperature: float) -> None:
     if drafter.lossy:
         raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.acceptance!r}); replay "
                          f"models the exact rule only: build it with drafter.acceptance=exact")
-    if getattr(drafter, "schedule", "constant") != "constant":
-        raise ValueError(f"drafter.schedule={drafter.schedule!r}: the draft length follows earlier steps' acceptance, "
+    schedule = drafter_identity(drafter)["settings"].get("schedule", "constant")  # the draft model's, as built
+    if schedule != "constant":
+        raise ValueError(f"drafter.schedule={schedule!r}: the draft length follows earlier steps' acceptance, "
                          f"which one proposal per position cannot replay; use drafter.schedule=constant")
 
 
