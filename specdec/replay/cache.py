@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from specdec.drafters.base import Drafter
 from specdec.models.loading import cache_root, stop_token_ids
-from specdec.replay.costs import measure
+from specdec.replay.costs import logged_trees, measure
 from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
                                 target_identity, tokenizer_identity)
 
@@ -59,7 +59,7 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
                             tokenizer=tokenizer, eos_token_id=eos, temperature=temperature, tree=tree)
     if costs and not log.costs:
         model = measure(target, drafter, prompts[0], ks=[k_max] if log.tree else range(1, k_max + 1),
-                        widths=range(1, k_max + 2))
+                        widths=range(1, k_max + 2), trees=logged_trees(log))
         log.costs = asdict(model)
         from_disk = False
     if not from_disk:

@@ -2,8 +2,8 @@
 and the drafter's time per step.
 
 - **verify**: the target's forward over a block of w tokens (the last token and w − 1 drafts) after a prompt, for
-  each width asked (the median of a few repeats; a chain-shaped block: a tree's mask changes which keys a query
-  reads, not the products, so its cost is taken as the chain's of the same width); width 1 is a plain decode step.
+  each width asked (the median of a few repeats), as the decode loop runs it: under a tree's mask where a tree of
+  that size was logged (the first such shape), capturing the drafter's feature layers; width 1 is a plain step.
 - **draft**: the drafter's proposal time per step at each lookahead K (a chain's K, a tree's size): a short
   logging pass per K, whose proposal times are averaged, the first left out as a warm-up.
 
@@ -17,12 +17,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from specdec.drafters.base import Drafter
 from specdec.models import as_decoder
+from specdec.verify.tree import Tree
+
+if TYPE_CHECKING:
+    from specdec.replay.log import ReplayLog
 
 REPEATS = 5
 DRAFT_POSITIONS = 12  # proposals timed per K (the first is a warm-up)
@@ -62,10 +66,13 @@ class CostModel:
         return self.draft_s[min(self.draft_s, key=lambda measured: (abs(measured - k), measured))]
 
 
-def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: int = REPEATS) -> dict[int, float]:
+def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: int = REPEATS, *,
+                 trees: dict[int, Tree] | None = None, capture: tuple[int, ...] = ()) -> dict[int, float]:
     """The median seconds of the target's forward over ``w`` tokens after ``prompt`` (in its cache), for each of
-    ``widths``. The block is written past the committed prompt and never committed, so every repeat reads the
+    ``widths``: under ``trees[w]``'s mask where given (a tree of w − 1 nodes), returning the ``capture`` layers'
+    features. The block is written past the committed prompt and never committed, so every repeat reads the
     same cache."""
+    trees = trees or {}
     decoder = as_decoder(target)
     device = decoder.device
     ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]  # [1, S]
@@ -77,13 +84,15 @@ def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: 
         cache.commit(torch.full((1,), length, device=device))
         for width in widths:
             block = ids[:, -1:].expand(1, width).contiguous()  # [1, w]: the tokens do not change the cost
-            decoder(block, cache, kv_len=length + width)  # a first call packs what it packs
+            tree = trees.get(width)
+            shape = {} if tree is None else {"tree_mask": tree.mask.to(device), "depths": tree.depths.to(device)}
+            decoder(block, cache, kv_len=length + width, capture=capture, **shape)  # a first call packs what it packs
             runs = []
             for _ in range(repeats):
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-                decoder(block, cache, kv_len=length + width)
+                decoder(block, cache, kv_len=length + width, capture=capture, **shape)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 runs.append(time.perf_counter() - start)
@@ -105,10 +114,23 @@ def draft_times(target, drafter: Drafter, prompt: Sequence[int], ks: Sequence[in
     return out
 
 
-def measure(target, drafter: Drafter, prompt: Sequence[int], *, ks: Sequence[int], widths: Sequence[int]) -> CostModel:
-    """The cost model for ``drafter`` on ``target`` (see the module docstring), timed after ``prompt``."""
+def measure(target, drafter: Drafter, prompt: Sequence[int], *, ks: Sequence[int], widths: Sequence[int],
+            trees: dict[int, Tree] | None = None) -> CostModel:
+    """The cost model for ``drafter`` on ``target`` (see the module docstring), timed after ``prompt``; ``trees``:
+    the tree verified at each block width, where the drafter proposes trees."""
     from specdec.jobs.runs import machine_description
 
     device = next(target.parameters()).device
-    return CostModel(verify_times(target, prompt, sorted(set(widths) | {1})),
+    return CostModel(verify_times(target, prompt, sorted(set(widths) | {1}), trees=trees,
+                                  capture=tuple(drafter.feature_layers)),
                      draft_times(target, drafter, prompt, ks), machine_description(device))
+
+
+def logged_trees(log: ReplayLog) -> dict[int, Tree]:
+    """The first tree of each size a log holds, by block width (nodes + 1)."""
+    trees: dict[int, Tree] = {}
+    for prompt in log.prompts:
+        for proposed in prompt.proposals:
+            if proposed.parents and len(proposed.parents) + 1 not in trees:
+                trees[len(proposed.parents) + 1] = Tree.from_parents(proposed.parents)
+    return trees

@@ -205,3 +205,14 @@ def test_cost_model_interpolates_and_times_a_replay(models, tmp_path):
     assert figures["speedup"] == pytest.approx(decoded * model.verify(1) / (spec_all.verify_steps * step))
     assert figures["predicted_speedup_measured_costs"] == pytest.approx(
         spec_all.mean_accepted_length * model.verify(1) / step)  # τ counts what max_new_tokens cut: above it
+
+
+def test_a_tree_logs_cost_model_times_its_trees(models, tmp_path):
+    from specdec.replay.costs import CostModel, logged_trees
+
+    log, _, _ = cached_log(models["markov"], CASES["medusa_tree"][1](models), PROMPTS, k_max=10, max_new_tokens=NEW,
+                           eos_token_id=[], directory=tmp_path, costs=True)
+    trees = logged_trees(log)
+    assert trees and all(tree.num_nodes + 1 == width for width, tree in trees.items())
+    model = CostModel.from_dict(log.costs)
+    assert set(model.verify_s) == set(range(1, 12)) and set(model.draft_s) == {10}
