@@ -59,3 +59,16 @@ def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
     measured = json.loads((tmp_path / "run" / "results.json").read_text())
     for key in ("mean_accepted_length", "acceptance_rate", "num_prompts"):
         assert runs[1][key] == measured[key], key
+
+
+def test_a_replayed_run_is_marked_in_the_sweep_summary(tmp_path):
+    from specdec import report
+
+    run = {"status": "ok", "drafter": "ngram", "k": 2, "temperature": 0.0, "acceptance_rate": 0.5,
+           "mean_accepted_length": 1.5, "speedup": 1.2, "per_category": {}, "lossy": False, "replayed": True}
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "results.json").write_text(json.dumps(run))
+    paths = report.write_summary(tmp_path, report.collect_runs(tmp_path))
+    md = paths["md"].read_text()
+    assert "| 0 | ngram (REPLAYED) | 2 |" in md and "REPLAYED: a run marked so was replayed" in md
+    assert bool(report.load_summary(paths["csv"])["replayed"].iloc[0])
