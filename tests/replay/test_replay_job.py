@@ -34,6 +34,14 @@ def test_every_drafter_composes(drafter):
     assert cfg.drafter.name == drafter and cfg.k_max == 8 and check_replay_config(cfg) == 3
 
 
+def test_help_lists_the_main_jobs_groups():
+    proc = job("specdec.replay", "--help", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = {line.split(": ")[0] for line in listed.splitlines()[1:] if ": " in line}
+    assert groups == {"data", "drafter", "logger", "sampling", "target"} and "_schema" not in listed
+
+
 @pytest.mark.parametrize("override, message", [
     ("sampling=sample", "replay is greedy only for now: sampling.temperature=1.0"),
     ("data.batch_size=2", "data.batch_size=2; use data.batch_size=1"),
