@@ -122,3 +122,23 @@ def test_planted_qwen3_qk_norm_skipped_is_caught():
     decoder = as_decoder(model)
     decoder.family = dataclasses.replace(decoder.family, qk_norm=False)
     assert largest_gap(decoder, model) > 10 * TOLERANCE
+
+
+def test_eagle_reads_gemmas_embeddings_as_the_target_does():
+    """Gemma scales its embeddings by √hidden: an EAGLE layer attached to it reads them scaled (as the target's
+    embedding module gives them), a Llama-family target's as they are; EAGLE over Gemma drafts and keeps greedy."""
+    from helpers import random_eagle
+
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle.model import embedding_scale
+
+    model = tiny_family("gemma3")
+    embedding = model.get_input_embeddings()
+    eagle = random_eagle(model, aux=(0, 1, 2))
+    eagle.attach(embedding.weight, embedding_scale(embedding))
+    tokens = torch.tensor([[3, 9, 27]])
+    assert embedding_scale(embedding) == pytest.approx(32 ** 0.5)
+    assert torch.equal(eagle.embed(tokens), embedding(tokens))
+    ids, mask = left_pad(PROMPTS)
+    out = speculative_generate(model, EagleDrafter(eagle), ids, attention_mask=mask, k=6, max_new_tokens=10)
+    assert out.sequences == autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=10).sequences

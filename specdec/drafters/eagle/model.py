@@ -134,14 +134,17 @@ class EagleModel(nn.Module):
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
+        self.embed_scale = 1.0  # what the target's embedding multiplies its rows by (Gemma: √hidden; see attach)
         self._plan: tuple | None = None  # see _layer_plan()
 
-    def attach(self, embed_weight: torch.Tensor) -> "EagleModel":
-        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here)."""
+    def attach(self, embed_weight: torch.Tensor, scale: float = 1.0) -> "EagleModel":
+        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
+        ``scale`` as the target's embedding gives them (:func:`embedding_scale`: √hidden for Gemma, else 1)."""
         if tuple(embed_weight.shape) != (self.cfg.vocab_size, self.cfg.hidden_size):
             raise ValueError(f"the target's embeddings are {list(embed_weight.shape)}, the EAGLE drafter expects "
                              f"[{self.cfg.vocab_size}, {self.cfg.hidden_size}]")
         self.embed_weight = embed_weight.detach()
+        self.embed_scale = float(scale)
         return self
 
     def set_token_ids(self, token_ids: torch.Tensor | None) -> None:
@@ -166,7 +169,11 @@ class EagleModel(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
-        return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
+        return self._scaled(F.embedding(tokens, self.embed_weight)).to(self.fc.weight.dtype)
+
+    def _scaled(self, embeds: torch.Tensor) -> torch.Tensor:
+        """The target's embeddings as its embedding module gives them (as its own dtype rounds the scale)."""
+        return embeds if self.embed_scale == 1.0 else embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
         features = features.to(self.fc.weight.dtype)
@@ -215,7 +222,7 @@ class EagleModel(nn.Module):
         kernels, plan = cpu_kernels.module(), self._layer_plan()
         heads, kv_heads, _ = self.layer.shape
         stream = hidden.reshape(b * t, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
-        embeds = F.embedding(tokens.reshape(-1), self.embed_weight)
+        embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
         x = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
                        kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
         q, k, v = kernels.rope_qkv(_step_product(x, plan["qkv"]), cos.reshape(b * t, -1), sin.reshape(b * t, -1),
@@ -427,3 +434,9 @@ def _check_target(cfg: EagleConfig, target_config: Any, directory: Path) -> None
             f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
             f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
             f"{theirs[2]} layers; train one for it with `python -m specdec.train method=eagle target=<this target>`")
+
+
+def embedding_scale(embedding: nn.Module) -> float:
+    """The factor a target's input embedding module multiplies its rows by: √hidden for Gemma's scaled embedding
+    (``scalar_embed_scale``), else 1."""
+    return float(getattr(embedding, "scalar_embed_scale", 1.0))

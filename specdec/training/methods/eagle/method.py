@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from specdec.drafters.eagle.model import EagleConfig, EagleModel, save_eagle
+from specdec.drafters.eagle.model import EagleConfig, EagleModel, embedding_scale, save_eagle
 from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
@@ -77,7 +77,8 @@ class EagleMethod(TrainMethod):
             with torch.no_grad():
                 model.lm_head.weight.copy_(self.lm_head_rows)
                 model.norm.weight.copy_(target.model.norm.weight)
-        model.to(device).attach(target.get_input_embeddings().weight.detach().to(device))
+        embedding = target.get_input_embeddings()
+        model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
         self.examples = pack(sequence_pairs(train), cfg.chunk_len)
         self.device = device
         return model
