@@ -31,19 +31,33 @@ def tiny_llama(vocab_size: int = 64, hidden: int = 32, layers: int = 2, heads: i
     return LlamaForCausalLM(config).eval()
 
 
+def noisy_copy(model, scale=0.05, seed=1):
+    """A deep copy of ``model`` with every parameter perturbed by ``scale`` of its own spread: a draft close to, not
+    equal to, the target."""
+    import copy
+
+    copied = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copied.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+    return copied
+
+
 def tiny_family(family: str, *, window: int = 4, seed: int = 0):
     """A tiny random model of another family built from transformers' own classes, with sliding-window layers of
     ``window`` tokens (short, so that tests run past it): "qwen3" (q/k norms; layers 1.. sliding), "mistral" (every
     layer sliding) or "gemma3" (q/k norms, four norms a layer with (1 + w) weights, the embedding scaled by
     √hidden, GELU-tanh, a scale of query_pre_attn_scalar^-½ unlike 1/√head_dim, sliding and global layers
-    alternating with their own RoPE bases, 4 query heads over 1 KV head). The norms' weights are drawn too (HF initialises Gemma's to 0, where (1 + w)
-    and w would differ by a constant)."""
+    alternating with their own RoPE bases, 4 query heads over 1 KV head). The norms' weights are drawn too (HF
+    initialises Gemma's to 0, where (1 + w) and w would differ by a constant)."""
     from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM, Qwen3Config,
                               Qwen3ForCausalLM)
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, intermediate_size=64, max_position_embeddings=512,
-                  sliding_window=window, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    common = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, intermediate_size=64,
+                  max_position_embeddings=512, sliding_window=window, pad_token_id=0, eos_token_id=None,
+                  bos_token_id=None)
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                              use_sliding_window=True, max_window_layers=1, **common))

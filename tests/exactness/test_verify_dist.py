@@ -13,7 +13,6 @@ spuriously with probability ≤ 0.01 (and, being seeded, reproducibly). The full
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats as sps
+from helpers import noisy_copy
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.decode.engine import speculative_generate
@@ -53,15 +53,6 @@ def peaked_llama(hidden=32, layers=2, heads=4, kv_heads=2, seed=0, init=0.1, hea
     with torch.no_grad():
         model.lm_head.weight.normal_(0, head_std, generator=torch.Generator().manual_seed(seed + 100))
     return model
-
-
-def noisy_copy(model, scale=0.05, seed=1):
-    copied = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in copied.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
-    return copied
 
 
 def random_heads(num_heads=4, seed=1, scale=0.3) -> MedusaHeads:

@@ -12,11 +12,9 @@ test_a_planted_bug_is_caught keeps one such bug in the suite.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from helpers import PATHS, make_markov_target, markov_heads, random_eagle, tiny_llama, word_tokenizer
+from helpers import PATHS, make_markov_target, markov_heads, noisy_copy, random_eagle, tiny_llama, word_tokenizer
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.drafters.base import DRAFTERS
@@ -29,15 +27,6 @@ from specdec.replay.cache import cached_log, load_log
 NEW = 20
 COUNTS = ("verify_steps", "verified_tokens", "proposed_tokens", "accepted_per_position", "proposed_per_position",
           "new_tokens", "tree_steps", "target_forwards")
-
-
-def noisy_copy(model, scale=0.05, seed=1):
-    copied = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in copied.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
-    return copied
 
 
 def eagle(target, **options) -> EagleDrafter:
