@@ -41,4 +41,6 @@ step bench_bf16 200 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bf
 step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"
-(cd "$OUT" && tar czf campaign.tar.gz --exclude campaign.tar.gz . && find . -mindepth 1 ! -name campaign.tar.gz -delete)
+# packed outside $OUT first: tar reading the folder it writes into fails ("file changed as we read it")
+pack=$(mktemp -d)
+tar czf "$pack/campaign.tar.gz" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$pack/campaign.tar.gz" "$OUT/"
