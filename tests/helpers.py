@@ -104,6 +104,69 @@ def word_tokenizer(words: list[str], *, pad: bool = False, chat_template: str | 
     return tokenizer
 
 
+# --- a tiny pair of tokenizers for cross-vocabulary drafting ----------------------------------------------
+# The target's 64 tokens, SentencePiece-style (Gemma's conventions): 59 characters, a word with a leading space (▁),
+# é as a word and é's two bytes as byte-fallback tokens (the target spells é two ways), and the newline byte.
+CROSS_TARGET_TOKENS = [*"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456", "▁x", "é", "<0xC3>", "<0xA9>",
+                       "<0x0A>"]
+CROSS_SPACED = "abcdefgh"  # the draft also has "Ġa" .. "Ġh" (no merge makes them): ' a' .. ' h', unknown to the target
+
+
+def cross_target_tokenizer() -> PreTrainedTokenizerFast:
+    """The 64-token SentencePiece-style tokenizer of CROSS_TARGET_TOKENS (spaces normalised to ▁, byte fallback)."""
+    from tokenizers import decoders, normalizers
+
+    vocab = {token: i for i, token in enumerate(CROSS_TARGET_TOKENS)}
+    backend = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def cross_draft_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE (SmolLM2's conventions): a special end-of-text token, every byte in GPT-2's alphabet (ids
+    in another order than the target's: none agrees by accident), merges for ' x' and 'é', and ' a' .. ' h'."""
+    from tokenizers import decoders
+
+    from specdec.drafters.draft_model.vocab_map import _byte_level_alphabet
+
+    alphabet = sorted(_byte_level_alphabet(), key=lambda ch: -ord(ch))
+    vocab = {"<|endoftext|>": 0, **{ch: i + 1 for i, ch in enumerate(alphabet)}}
+    for token in ["Ġx", "Ã©", *("Ġ" + ch for ch in CROSS_SPACED)]:
+        vocab[token] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab, [("Ġ", "x"), ("Ã", "©")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
+
+
+def cross_vocab_draft(model: LlamaForCausalLM, draft_tokenizer, scale: float = 1.0) -> LlamaForCausalLM:
+    """``model`` (over CROSS_TARGET_TOKENS' 64 ids) written over ``draft_tokenizer``'s ids: a token spelling a
+    target token gets that token's embedding and LM-head row (times ``scale``), "Ġa" .. "Ġh" those of "a" .. "h"
+    (so the draft puts mass on text the target cannot spell in one token), every other token token 0's embedding
+    and 0.8 times the LM-head row of target token (its id mod 64): much of the draft's mass lies off the shared tokens, which
+    the intersection renormalises away (and a bug that forgets to is plain to see)."""
+    from specdec.drafters.draft_model.vocab_map import VocabMap
+
+    pairs = VocabMap(draft_tokenizer, cross_target_tokenizer()).draft_to_target[: len(draft_tokenizer)].clone()
+    rows = pairs.clone()
+    for ch in CROSS_SPACED:
+        rows[draft_tokenizer.convert_tokens_to_ids("Ġ" + ch)] = CROSS_TARGET_TOKENS.index(ch)
+    config = model.config.to_dict()
+    config.update(vocab_size=len(draft_tokenizer), tie_word_embeddings=False)
+    draft = LlamaForCausalLM(type(model.config)(**config)).eval()
+    state = {k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
+    draft.load_state_dict(state, strict=False)
+    known = rows >= 0
+    with torch.no_grad():
+        embed, head = model.get_input_embeddings().weight, model.lm_head.weight
+        draft.model.embed_tokens.weight.copy_(embed[0].expand_as(draft.model.embed_tokens.weight))
+        draft.model.embed_tokens.weight[known] = embed[rows[known]]
+        draft.lm_head.weight.copy_(0.8 * scale * head[torch.arange(len(rows)) % head.shape[0]])
+        draft.lm_head.weight[known] = scale * head[rows[known]]
+    return draft
+
+
 # --- training on a tiny model ------------------------------------------------------------------------------
 
 TRAIN_WORDS = ["[UNK]", "<eos>", "<|im_start|>", "<|im_end|>", "user", "assistant",

@@ -44,6 +44,13 @@ name                              what is wrong                                 
                                   with the *unprocessed* law (softmax of the draft logits, before
                                   temperature / top-k / top-p) renormalised without the earlier
                                   siblings
+``cross_vocab_wrong_set``         a cross-vocabulary draft is drawn from the shared tokens,      (1)
+                                  renormalised, but reported with its law over the draft's
+                                  whole vocabulary (not renormalised over the shared tokens)
+``cross_vocab_neighbour``         a draft token the target cannot spell is mapped to the         (1)
+                                  target token spelling its text stripped of whitespace, and q
+                                  is written by assignment: where two draft tokens land on one
+                                  target token, the verifier hears one's mass
 ================================  ============================================================  ===========
 
 The two tree bugs act only where a node's first child was rejected and a later sibling tried, which is
@@ -68,6 +75,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
+from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.drafters.trees.siblings import SiblingDraws, without
 from specdec.models.cache import KVCache
@@ -160,6 +168,45 @@ class TemperatureIgnoredDraftModel(DraftModelDrafter):
         reported = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
         drawn_from = logits_to_probs(logits, 1.0, params.top_k, params.top_p)
         return self.widen(sample(drawn_from, generator), reported, params)
+
+
+class CrossVocabWrongSet(CrossVocabDrafter):
+    """Bug (``cross_vocab_wrong_set``): a cross-vocabulary draft drawn from the draft's law over the tokens both
+    vocabularies share, renormalised there, but reported with the law over the draft's *whole* vocabulary (the
+    shared tokens' share of it, not renormalised): every draft is reported less likely than it was drawn."""
+
+    def laws(self, logits, params):
+        law, _ = super().laws(logits, params)
+        return law, logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
+
+
+class CrossVocabNeighbour(CrossVocabDrafter):
+    """Bug (``cross_vocab_neighbour``): a draft token the target cannot spell is mapped to the target token that
+    spells its text without the surrounding whitespace (a neighbouring string: SmolLM2's "Ġfoo" onto Gemma's
+    "foo" where Gemma has no "▁foo"), and q is written over the target's vocabulary by assignment, so of two
+    draft tokens on one target token the verifier hears one's mass. (Summed, the draft would stay exact but
+    propose text it did not write; the map's own check refuses such a map: VocabMap.check.)"""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.remap()
+
+    def remap(self) -> None:
+        """Pair each draft token without a counterpart with its whitespace-stripped neighbour."""
+        self.map = copy.copy(self.map)
+        by_bytes = {spelled: i for i, spelled in enumerate(self.map.target_bytes) if spelled}
+        pairs = self.map.draft_to_target.clone()
+        for draft_id, spelled in enumerate(self.map.draft_bytes[: len(pairs)]):
+            if pairs[draft_id] < 0 and spelled and spelled.strip() in by_bytes:
+                pairs[draft_id] = by_bytes[spelled.strip()]
+        self.map.draft_to_target = pairs
+        self.map.shared = pairs >= 0
+        self.shared_ids = self.map.shared.nonzero()[:, 0]
+        self.unshared = ~self.map.shared[: self.decoder.vocab_size]
+
+    def over_target(self, q, vocab):
+        index = self.map.draft_to_target[self.shared_ids].expand(q.shape[0], -1)
+        return q.new_zeros(q.shape[0], vocab).scatter_(1, index, q[:, self.shared_ids])
 
 
 class SiblingNotRenormalised(SiblingDraws):
@@ -291,6 +338,21 @@ def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:
     return replace(s, target=TargetCacheNotRolledBack(s.target))
 
 
+def _plant_cross_vocab(bug: str, kind: type[CrossVocabDrafter]) -> Callable[[Setup], Setup]:
+    def plant_it(s: Setup) -> Setup:
+        _needs_sampling(bug, s)
+        if not isinstance(s.drafter, CrossVocabDrafter):
+            raise ValueError(f"planted bug {bug!r} lives in cross-vocabulary drafting; use a draft model with another "
+                             f"tokenizer than the target's (drafter=cross_vocab), got {type(s.drafter).__name__}")
+        bugged = copy.copy(s.drafter)  # the same draft, map and options, the bug's reports
+        bugged.__class__ = kind
+        if kind is CrossVocabNeighbour:
+            bugged.remap()
+        return replace(s, drafter=bugged)
+
+    return plant_it
+
+
 BUGS: dict[str, Callable[[Setup], Setup]] = {
     "recovered_from_target": _plant_verifier("recovered_from_target"),
     "bonus_from_wrong_position": _plant_verifier("bonus_from_wrong_position"),
@@ -299,6 +361,8 @@ BUGS: dict[str, Callable[[Setup], Setup]] = {
     "target_cache_not_rolled_back": _plant_target_cache_not_rolled_back,
     "sibling_q_not_renormalised": _plant_siblings("sibling_q_not_renormalised", SiblingNotRenormalised()),
     "sibling_q_before_processing": _plant_siblings("sibling_q_before_processing", SiblingBeforeProcessing()),
+    "cross_vocab_wrong_set": _plant_cross_vocab("cross_vocab_wrong_set", CrossVocabWrongSet),
+    "cross_vocab_neighbour": _plant_cross_vocab("cross_vocab_neighbour", CrossVocabNeighbour),
 }
 
 

@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats as sps
-from helpers import noisy_copy
+from helpers import cross_draft_tokenizer, cross_target_tokenizer, cross_vocab_draft, noisy_copy
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.decode.engine import speculative_generate
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
+from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel
 from specdec.drafters.medusa import MedusaHeads
 from specdec.exactness import planted, stats, strata
@@ -83,7 +84,15 @@ FACTORIES = {
     "eagle_tree": lambda m: EagleDrafter(random_eagle(m["target"]), depth=3, top_k=2, expand=2),  # sampled at T > 0
     # a peaked draft (the head scaled 3x): the first child holds much of q, which the planted tree bugs misreport
     "eagle_sampled_tree": lambda m: EagleDrafter(random_eagle(m["target"], head_scale=3.0), depth=3, top_k=2, expand=2),
+    # the close draft over another tokenizer's ids (tests/helpers.py), drafting through the shared tokens
+    "cross_vocab": lambda m: cross_vocab(m["close"]),
 }
+
+
+def cross_vocab(model) -> CrossVocabDrafter:
+    draft_tokenizer = cross_draft_tokenizer()
+    return CrossVocabDrafter(cross_vocab_draft(model, draft_tokenizer), draft_tokenizer, cross_target_tokenizer(),
+                             rule="intersection")
 
 
 def random_eagle(target, seed=2, head_scale=1.0) -> EagleModel:
@@ -126,6 +135,8 @@ FAST_CASES = [
     ("eagle", 4, 1.0, 0, 1.0),
     ("eagle_tree", 8, 0.7, 10, 0.9),
     ("eagle_sampled_tree", 8, 1.0, 0, 1.0),
+    ("cross_vocab", 4, 1.0, 0, 1.0),
+    ("cross_vocab", 6, 0.7, 10, 0.9),
 ]
 
 
@@ -206,15 +217,18 @@ BUG_CASES = [
     ("target_cache_not_rolled_back", "medusa_tree", 8, 1.0, 0, 1.0),
     ("sibling_q_not_renormalised", "eagle_sampled_tree", 8, 1.0, 0, 1.0),
     ("sibling_q_before_processing", "eagle_sampled_tree", 8, 1.0, 0, 0.8),
+    ("cross_vocab_wrong_set", "cross_vocab", 4, 1.0, 0, 1.0),
+    ("cross_vocab_neighbour", "cross_vocab", 4, 0.7, 0, 0.9),
 ]
 SAMPLED_TREE_BUGS = {"sibling_q_not_renormalised", "sibling_q_before_processing"}
+CROSS_VOCAB_BUGS = {"cross_vocab_wrong_set", "cross_vocab_neighbour"}
 
 
 def test_every_planted_bug_has_a_case():
     assert {case[0] for case in BUG_CASES} == set(planted.BUGS)
     tree_bugs = {case[0] for case in BUG_CASES if case[1] == "medusa_tree"}
-    # the draft model's sampling, and a tree's sampled children, only
-    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"} | SAMPLED_TREE_BUGS
+    # the draft model's sampling, a tree's sampled children and cross-vocabulary drafting only
+    assert set(planted.BUGS) - tree_bugs == {"temperature_ignored_by_draft"} | SAMPLED_TREE_BUGS | CROSS_VOCAB_BUGS
 
 
 @pytest.mark.parametrize("bug, drafter, k, temperature, top_k, top_p", BUG_CASES)

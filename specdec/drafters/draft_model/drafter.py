@@ -72,6 +72,10 @@ class DraftModelDrafter(Drafter):
         # of 32, which the CPU kernels stream as codes (lossy for the drafts only; verification stays exact);
         # null = as is
         weight_bits: Optional[int] = None
+        # A draft model whose tokenizer differs from the target's (cross_vocab.py): auto = string-level matching
+        # under greedy decoding, the token-level intersection when sampling; intersection | string force one
+        # (string: greedy only); off = refuse another tokenizer. A same-tokenizer draft ignores it.
+        cross_vocab: str = "auto"
 
     SCHEDULES = ("constant", "heuristic")
 
@@ -142,10 +146,32 @@ class DraftModelDrafter(Drafter):
                 num_layers = min(EARLY_EXIT_LAYERS, target.config.num_hidden_layers)
         else:
             model, draft_tokenizer = load_target(path, dtype=target.dtype, device=target.device)
-        if tokenizer is not None and draft_tokenizer is not None:
-            check_same_vocab(tokenizer, draft_tokenizer)
+        if tokenizer is not None and draft_tokenizer is not None and draft_tokenizer is not tokenizer:
+            try:
+                check_same_vocab(tokenizer, draft_tokenizer)
+            except VocabMismatchError as mismatch:
+                return cls._cross_vocab(cfg, path, model, draft_tokenizer, tokenizer, mismatch)
         drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)
         return drafter.rounded(cfg.weight_bits, target)
+
+    @classmethod
+    def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer, mismatch: VocabMismatchError) -> "DraftModelDrafter":
+        """The drafter for a draft model with another tokenizer (cross_vocab.py), or the refusal cfg asks for."""
+        from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
+
+        names = (f"the draft's {getattr(draft_tokenizer, 'name_or_path', '?')!r} ({len(draft_tokenizer)} tokens), "
+                 f"the target's {getattr(tokenizer, 'name_or_path', '?')!r} ({len(tokenizer)} tokens)")
+        if cfg.cross_vocab == "off":
+            raise VocabMismatchError(f"drafter.path={path!r} has another tokenizer than the target ({names}) and "
+                                     f"drafter.cross_vocab=off refuses that; set drafter.cross_vocab=auto to draft "
+                                     f"across vocabularies (exact), or use a draft with the target's tokenizer") \
+                from mismatch
+        if cfg.cross_vocab not in RULES:
+            raise ValueError(f"drafter.cross_vocab must be one of {list(RULES) + ['off']}, got {cfg.cross_vocab!r}")
+        if cfg.confidence or cfg.num_layers is not None or cfg.weight_bits is not None:
+            raise ValueError(f"drafter.confidence, num_layers and weight_bits apply to a same-tokenizer draft; "
+                             f"drafter.path={path!r} drafts across vocabularies ({names}): leave them at 0 / null")
+        return CrossVocabDrafter(model, draft_tokenizer, tokenizer, rule=cfg.cross_vocab, schedule=cfg.schedule)
 
     def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
         """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;
@@ -179,7 +205,8 @@ class DraftModelDrafter(Drafter):
         if self.decoder.vocab_size != state.vocab_size:
             raise VocabMismatchError(
                 f"draft model vocabulary ({self.decoder.vocab_size} tokens) differs from the target's "
-                f"({state.vocab_size}); a draft model must share the target's tokenizer (or use drafter=ngram)"
+                f"({state.vocab_size}); a draft model with another tokenizer drafts through CrossVocabDrafter (built "
+                f"with both tokenizers, as drafter.path=<the model> does), or use drafter=ngram"
             )
         batch = state.seq.shape[0]
         self.cache = self.decoder.new_cache(batch, state.capacity, state.pad)

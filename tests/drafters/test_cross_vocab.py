@@ -1,0 +1,133 @@
+"""Cross-vocabulary drafting (specdec/drafters/draft_model/cross_vocab.py): a draft model with another tokenizer.
+
+A tiny pair stands in for Gemma-3 + SmolLM2: the bigram target of tests/helpers.py over 64 tokens spelled by a
+SentencePiece-style tokenizer (▁ for the space, <0xNN> byte fallback), and a draft with a byte-level BPE tokenizer
+(GPT-2's alphabet, Ġ for the space) that spells the same characters under other ids, plus 200 tokens the target
+cannot spell. The draft is the target's bigram written over its own ids (flatter), with mass on those 200 tokens:
+so sampling really draws from the intersection, renormalised, and a wrong renormalisation biases the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import (CROSS_TARGET_TOKENS, VOCAB, cross_draft_tokenizer, cross_target_tokenizer, cross_vocab_draft,
+                     make_markov_target, sample_and_score)
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
+from specdec.drafters.draft_model.vocab_map import VocabMap, complete_utf8, token_bytes
+from specdec.exactness.stats import exactness_test
+
+@pytest.fixture(scope="module")
+def pair():
+    """(target, target tokenizer, draft model, draft tokenizer, vocabulary map)."""
+    target, t_tok, d_tok = make_markov_target(), cross_target_tokenizer(), cross_draft_tokenizer()
+    draft = cross_vocab_draft(target, d_tok, scale=0.6)
+    return target, t_tok, draft, d_tok, VocabMap(d_tok, t_tok)
+
+
+def test_token_bytes_follow_each_tokenizers_conventions(pair):
+    _, t_tok, _, d_tok, vocab_map = pair
+    target = token_bytes(t_tok)
+    assert target[CROSS_TARGET_TOKENS.index("▁x")] == b" x"  # ▁ is the space
+    assert target[CROSS_TARGET_TOKENS.index("<0xC3>")] == b"\xc3"  # byte fallback: the byte, not the six characters
+    assert target[CROSS_TARGET_TOKENS.index("é")] == "é".encode()
+    draft = token_bytes(d_tok)
+    assert draft[d_tok.convert_tokens_to_ids("Ġx")] == b" x"  # Ġ is the space
+    assert draft[d_tok.convert_tokens_to_ids("Ã")] == b"\xc3"  # a token holding half of a UTF-8 character
+    assert draft[d_tok.convert_tokens_to_ids("<|endoftext|>")] is None  # special tokens spell nothing
+
+
+def test_the_map_pairs_tokens_by_their_bytes_never_by_ids_or_neighbours(pair):
+    _, t_tok, _, d_tok, vocab_map = pair
+    pairs = vocab_map.draft_to_target
+
+    def counterpart(draft_token):
+        target_id = int(pairs[d_tok.convert_tokens_to_ids(draft_token)])
+        return None if target_id < 0 else CROSS_TARGET_TOKENS[target_id]
+
+    assert counterpart("a") == "a" and counterpart("Ġx") == "▁x" and counterpart("Ã©") == "é"
+    assert counterpart("Ã") == "<0xC3>" and counterpart("Ċ") == "<0x0A>"  # bytes meet byte fallback
+    assert counterpart("x") == "x" and counterpart("Ġ") is None  # ' ' has no token of its own: no neighbour
+    assert counterpart("<|endoftext|>") is None and counterpart("7") is None  # special; not in the target
+    assert vocab_map.num_shared == 64  # every target token, once
+    vocab_map.check()
+
+
+def test_an_intersection_built_from_ids_or_stripped_strings_is_refused(pair):
+    """Planted mapping bugs: the map's check names the first pair that spells other bytes."""
+    _, t_tok, draft, d_tok, vocab_map = pair
+    by_ids = VocabMap(d_tok, t_tok)
+    by_ids.draft_to_target = torch.where(torch.arange(len(by_ids.draft_to_target)) < VOCAB,
+                                         torch.arange(len(by_ids.draft_to_target)), -1)
+    with pytest.raises(ValueError, match="spells other bytes"):
+        by_ids.check()
+    stripped = VocabMap(d_tok, t_tok)
+    stripped.draft_to_target[d_tok.convert_tokens_to_ids("Ġ")] = CROSS_TARGET_TOKENS.index("▁x")  # ' ' -> ' x'
+    with pytest.raises(ValueError, match="draft token .* spells other bytes"):
+        CrossVocabDrafter(draft, d_tok, t_tok, vocab_map=stripped)
+
+
+def test_partial_utf8_waits_for_the_byte_that_completes_it():
+    assert complete_utf8("aé".encode()[:-1]) == ("a", 1)
+    assert complete_utf8("a€".encode()[:-1]) == ("a", 2)
+    assert complete_utf8("aé".encode()) == ("aé", 0)
+    assert complete_utf8(b"a\xa9b") == ("a\ufffdb", 0)  # a stray continuation byte is not held back
+
+
+def prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [rows, 4] target tokens
+    return torch.randint(0, VOCAB, (rows, 4), generator=generator)
+
+
+@pytest.mark.parametrize("rule", ["string", "intersection"])
+def test_greedy_output_equals_the_target_alone(pair, rule):
+    target, t_tok, draft, d_tok, _ = pair
+    drafter = CrossVocabDrafter(draft, d_tok, t_tok, rule=rule)
+    ids = prompts(12, torch.Generator().manual_seed(0))
+    taus = []
+    for row in ids:
+        plain = autoregressive_generate(target, row[None], max_new_tokens=24, eos_token_id=[]).sequences
+        out = speculative_generate(target, drafter, row[None], k=4, max_new_tokens=24, eos_token_id=[])
+        assert out.sequences == plain
+        taus.append(out.stats.mean_accepted_length)
+    assert sum(taus) / len(taus) > 1.5  # drafts are accepted: the comparison really runs through them
+
+
+@pytest.mark.parametrize("rule", ["string", "intersection"])
+def test_a_left_padded_batch_gives_each_rows_plain_output(pair, rule):
+    """Rows of unequal lengths: each row's draft cache catches up on its own text (right-padded blocks)."""
+    target, t_tok, draft, d_tok, _ = pair
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, VOCAB, (n,), generator=g) for n in (3, 7, 5)]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    out = speculative_generate(target, CrossVocabDrafter(draft, d_tok, t_tok, rule=rule), ids, attention_mask=mask,
+                               k=4, max_new_tokens=20, eos_token_id=[])
+    for row, sequence in zip(rows, out.sequences):
+        assert sequence == autoregressive_generate(target, row[None], max_new_tokens=20, eos_token_id=[]).sequences[0]
+    assert out.stats.mean_accepted_length > 1.5
+
+
+def test_sampling_through_the_intersection_is_exact(pair):
+    target, t_tok, draft, d_tok, _ = pair
+    drafter = CrossVocabDrafter(draft, d_tok, t_tok, rule="intersection")
+    tokens, probs, positions, stats = sample_and_score(target, drafter, rows=400, new=8, k=4)
+    verdict = exactness_test(probs, tokens, rng=__import__("numpy").random.default_rng(0), alpha=0.01,
+                             positions=positions)
+    assert stats.mean_accepted_length > 1.5  # the rule is really exercised
+    assert not verdict.reject, verdict
+
+
+def test_a_draft_renormalised_over_the_wrong_set_is_caught(pair):
+    """Planted bug: drafts drawn from the shared tokens, renormalised, but q reported as the draft's law over its
+    whole vocabulary (the mass off the shared tokens forgotten): accepted too often, the output biased."""
+    from specdec.exactness.planted import CrossVocabWrongSet
+
+    target, t_tok, draft, d_tok, _ = pair
+    drafter = CrossVocabWrongSet(draft, d_tok, t_tok, rule="intersection")
+    tokens, probs, positions, _ = sample_and_score(target, drafter, rows=400, new=8, k=4)
+    verdict = exactness_test(probs, tokens, rng=__import__("numpy").random.default_rng(0), alpha=0.01,
+                             positions=positions)
+    assert verdict.reject, verdict
