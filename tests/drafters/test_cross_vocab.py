@@ -9,6 +9,8 @@ so sampling really draws from the intersection, renormalised, and a wrong renorm
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from helpers import (CROSS_TARGET_TOKENS, VOCAB, cross_draft_tokenizer, cross_target_tokenizer, cross_vocab_draft,
@@ -76,6 +78,27 @@ def test_partial_utf8_waits_for_the_byte_that_completes_it():
     assert complete_utf8(b"a\xa9b") == ("a\ufffdb", 0)  # a stray continuation byte is not held back
 
 
+def test_the_draft_reads_the_committed_text_with_its_own_bos_and_waits_for_a_whole_character(pair):
+    """The draft's context is the target's text as the draft tokenises it: ' x' and é become the draft's merged
+    tokens, a special token (BOS) of the draft's tokenizer comes first where it adds one, and an é whose second
+    byte is not committed yet is left out until it is."""
+    from tokenizers.processors import TemplateProcessing
+
+    _, t_tok, draft, d_tok, _ = pair
+    ids = [CROSS_TARGET_TOKENS.index(t) for t in ("a", "▁x", "é", "<0xC3>")]  # 'a x' 'é' then half an é
+    drafter = CrossVocabDrafter(draft, d_tok, t_tok)
+    context = drafter._contexts(SimpleNamespace(tokens=[ids]))[0]
+    assert d_tok.convert_ids_to_tokens(context) == ["a", "Ġx", "Ã©"]
+    ids.append(CROSS_TARGET_TOKENS.index("<0xA9>"))  # the byte that completes it
+    assert d_tok.convert_ids_to_tokens(drafter._contexts(SimpleNamespace(tokens=[ids]))[0]) == ["a", "Ġx", "Ã©", "Ã©"]
+    with_bos = cross_draft_tokenizer()
+    with_bos.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A",
+                                                                   special_tokens=[("<|endoftext|>", 0)])
+    drafter = CrossVocabDrafter(draft, with_bos, t_tok)
+    assert with_bos.convert_ids_to_tokens(drafter._contexts(SimpleNamespace(tokens=[ids[:2]]))[0]) == [
+        "<|endoftext|>", "a", "Ġx"]
+
+
 def prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [rows, 4] target tokens
     return torch.randint(0, VOCAB, (rows, 4), generator=generator)
 
@@ -131,3 +154,43 @@ def test_a_draft_renormalised_over_the_wrong_set_is_caught(pair):
     verdict = exactness_test(probs, tokens, rng=__import__("numpy").random.default_rng(0), alpha=0.01,
                              positions=positions)
     assert verdict.reject, verdict
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_smollm2_drafts_for_gemma3_through_the_config_and_keeps_its_greedy_output():
+    """The real pair: ``drafter=cross_vocab`` builds SmolLM2-135M-Instruct drafting for Gemma-3-270M; every token
+    of both vocabularies spells what its tokenizer decodes it to; greedy output (string and intersection rules,
+    batch 1 and a left-padded batch of 3) equals the target alone; cross_vocab=off refuses, naming both."""
+    from specdec.drafters import build_drafter
+    from specdec.errors import VocabMismatchError
+    from specdec.jobs.data import left_pad
+    from specdec.models.loading import load_target
+
+    model, tokenizer = load_target("gemma3")
+    from specdec.drafters.draft_model.drafter import DraftModelDrafter
+
+    config = DraftModelDrafter.Config(path="smollm2-135m-instruct", k=4, draft_vocab=0)
+    drafter = build_drafter(config, model, tokenizer)
+    assert isinstance(drafter, CrossVocabDrafter) and drafter.map.num_shared > 40000
+    for table, tok in ((drafter.map.target_bytes, tokenizer), (drafter.map.draft_bytes, drafter.tokenizer)):
+        for token_id, spelled in enumerate(table):
+            try:
+                text = spelled.decode() if spelled is not None else None
+            except UnicodeDecodeError:  # part of a character: decode() cannot say which bytes
+                continue
+            assert text is None or tok.decode([token_id]) == text, token_id
+    texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "The capital of France is",
+             "Once upon a time, in a small village,"]
+    ids = [tokenizer(text).input_ids for text in texts]
+    singles = [autoregressive_generate(model, torch.tensor([p]), max_new_tokens=32).sequences[0] for p in ids]
+    for rule in ("string", "intersection"):
+        drafter = CrossVocabDrafter(drafter.decoder, drafter.tokenizer, tokenizer, rule=rule, vocab_map=drafter.map)
+        outs = [speculative_generate(model, drafter, torch.tensor([p]), k=4, max_new_tokens=32) for p in ids]
+        assert [out.sequences[0] for out in outs] == singles
+        assert sum(out.stats.mean_accepted_length for out in outs) / len(outs) > 1.5
+        x, mask = left_pad(ids)
+        assert speculative_generate(model, drafter, x, attention_mask=mask, k=4, max_new_tokens=32).sequences == singles
+    with pytest.raises(VocabMismatchError, match="drafter.cross_vocab=off.*smollm2.*gemma3"):
+        build_drafter(DraftModelDrafter.Config(path="smollm2-135m-instruct", draft_vocab=0, cross_vocab="off"),
+                      model, tokenizer)
