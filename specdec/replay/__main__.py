@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import hydra
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
-from specdec.decode.metrics import DecodeStats, summarize_prompts
+from specdec.decode.engine import speculative_generate
+from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.drafters import build_drafter
 from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room, result_category
 from specdec.jobs.io import write_json
@@ -37,12 +39,16 @@ from specdec.replay.costs import CostModel
 from specdec.replay.log import drafts_trees
 from specdec.replay.simulate import plain_stats, replay
 from specdec.report.table import format_table
+from specdec.verify.sampling import SamplingParams
 
 
 @dataclass
 class ReplayConfig(JobConfig):
     defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "eagle"))  # the main job's choices
     k_max: int = 8  # chains are logged up to max(drafter.k, k_max) drafts, so a K sweep shares one log
+    seeds: int = 4  # T > 0: sampled continuations logged per prompt (seeds sampling.seed + 0 .. seeds - 1)
+    check_live: int = 0  # decode the first N prompts live at this point too and report τ's gap (results: live_check)
+    live_seeds: int = 8  # T > 0: live runs per prompt checked (generator seeds sampling.seed + 1000 s + prompt index)
     log_dir: Optional[str] = None  # where logs are kept; null = replay/ under specdec's cache ($SPECDEC_CACHE)
     costs: bool = True  # measure the cost model (verify time per width, draft time per K) for the speedups
     results_file: str = "results.json"
@@ -58,9 +64,11 @@ def check_replay_config(cfg: DictConfig) -> int:
     k = cfg.drafter.k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
-    if cfg.sampling.temperature != 0:
-        raise ValueError(f"replay is greedy only for now: sampling.temperature={cfg.sampling.temperature}; use "
-                         f"sampling=greedy, or python -m specdec.run for sampled runs")
+    SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
+    for name, low in (("seeds", 1), ("check_live", 0), ("live_seeds", 1)):
+        value = cfg[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if cfg.data.batch_size != 1:
         raise ValueError(f"replay logs one prompt per generation: data.batch_size={cfg.data.batch_size}; use "
                          f"data.batch_size=1 (a batch's tree shape depends on its other rows)")
@@ -81,12 +89,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         limit = min(limit, cfg.data.max_prompt_tokens)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
+    sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
+    seeds = [cfg.sampling.seed + s for s in range(cfg.seeds)]
+    eos = stop_token_ids(target, tokenizer)
     log, path, from_disk = cached_log(target, drafter, prompts, k_max=k_max, max_new_tokens=cfg.data.max_new_tokens,
-                                      tokenizer=tokenizer, eos_token_id=stop_token_ids(target, tokenizer),
-                                      tree=tree, directory=cfg.log_dir, costs=cfg.costs)
+                                      tokenizer=tokenizer, eos_token_id=eos, tree=tree, directory=cfg.log_dir,
+                                      costs=cfg.costs, seeds=seeds, **sampling)
     start = time.perf_counter()
     spec = replay(log, k)
     replay_time = time.perf_counter() - start
+    walk = log.temperature != 0 and log.one_hot  # deterministic drafts: the matching walk too
+    walked = total(replay(log, k, walk=True)).mean_accepted_length if walk else None
+    live = None
+    if cfg.check_live:
+        live = live_check(target, drafter, prompts[:cfg.check_live], spec[:cfg.check_live], k=k, eos=eos,
+                          max_new_tokens=cfg.data.max_new_tokens, seeds=1 if log.temperature == 0 else cfg.live_seeds,
+                          seed=cfg.sampling.seed, **sampling)
     costs = CostModel.from_dict(log.costs) if log.costs else None
     base = [plain_stats(s, costs) for s in spec] if costs else None
     by_category: dict[str, list[int]] = defaultdict(list)
@@ -105,7 +123,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "per_category": {cat: summarize_prompts(*group(ids), k, len(ids)) for cat, ids in sorted(by_category.items())},
         "greedy_mismatches": None,
         "lossy": False,
-        "replayed": True,  # α and τ from the log (exact, greedy); times and speedups from the cost model
+        "replayed": True,  # α and τ from the log (greedy: exact; T > 0: expected); times and speedups: the cost model
+        "replay_seeds": log.seeds if log.temperature else None,  # sampled continuations per prompt
+        "mean_accepted_length_walk": walked,  # T > 0, deterministic drafts: τ of the matching walk
+        "live_check": live,
         "replay_log": str(path),
         "replay_log_reused": from_disk,
         "log_time_s": log.log_time_s,
@@ -115,12 +136,42 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def live_check(target, drafter, prompts: list[list[int]], replayed: list[DecodeStats], *, k: int, eos: list[int],
+               max_new_tokens: int, seeds: int, seed: int, temperature: float, top_k: int,
+               top_p: float) -> dict[str, Any]:
+    """``prompts`` decoded live at lookahead ``k`` (``seeds`` runs each at T > 0, the generator seeded
+    ``seed + 1000 s + i`` for prompt i: s = 0 is :mod:`specdec.run`'s seeding), against their ``replayed``
+    statistics: τ pooled over the prompts (and seeds), and the replay's relative gap."""
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device)
+    runs, start = [], time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        for s in range(seeds):
+            generator.manual_seed(seed + 1000 * s + i)
+            runs.append(speculative_generate(target, drafter, torch.tensor([prompt], device=device), k=k,
+                                             max_new_tokens=max_new_tokens, eos_token_id=eos, generator=generator,
+                                             temperature=temperature, top_k=top_k, top_p=top_p).stats)
+    live, again = total(runs).mean_accepted_length, total(replayed).mean_accepted_length
+    return {"prompts": len(prompts), "seeds": seeds, "mean_accepted_length_live": live,
+            "mean_accepted_length_replayed": again, "gap": again / live - 1.0,
+            "live_time_s": time.perf_counter() - start}
+
+
 def _main(cfg: DictConfig, results_path: Path) -> float:
     results = run(cfg)
     write_json(results_path, results)
+    how = ("as a live greedy run's" if results["temperature"] == 0 else
+           f"expected over the verifier's draws along {results['replay_seeds']} sampled continuation(s) per prompt")
     print(f"REPLAYED from {results['replay_log']} ({'reused' if results['replay_log_reused'] else 'logged now'}: "
-          f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ as a live "
-          f"greedy run's; rates and speedups predicted from the measured cost model (no prefill)")
+          f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ {how}; rates "
+          f"and speedups predicted from the measured cost model (no prefill)")
+    if results["mean_accepted_length_walk"] is not None:
+        print(f"τ of the matching walk along the same continuations: {results['mean_accepted_length_walk']:.4f}")
+    if results["live_check"]:
+        check = results["live_check"]
+        print(f"LIVE CHECK: {check['prompts']} prompt(s) x {check['seeds']} seed(s): τ live "
+              f"{check['mean_accepted_length_live']:.4f}, replayed {check['mean_accepted_length_replayed']:.4f} "
+              f"(gap {100 * check['gap']:+.2f}%, {check['live_time_s']:.1f} s live)")
     print(format_table(results))
     print(f"results: {results_path}")
     return results["speedup"]

@@ -1,9 +1,9 @@
-"""Replay logs on disk: one file per (target, drafter config, tokenizer, prompts, max_new_tokens, temperature, EOS,
-K_max), named by a hash of all of them, so every replay those cover reuses one logging pass.
+"""Replay logs on disk: one file per (target, drafter config, tokenizer, prompts, max_new_tokens, sampling settings and
+seeds, EOS, K_max), named by a hash of all of them, so every replay those cover reuses one logging pass.
 
 A file is read back only after its identities are compared with the request's (:meth:`ReplayLog.check
-<specdec.replay.log.ReplayLog.check>`): a log from another target, drafter or tokenizer is refused with a message
-naming both, whatever its name says.
+<specdec.replay.log.ReplayLog.check>`): a log from another target, drafter, tokenizer or sampling setting is refused
+with a message naming both, whatever its name says.
 """
 
 from __future__ import annotations
@@ -24,39 +24,43 @@ def default_directory() -> Path:
     return cache_root() / "replay"
 
 
-def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, k: int | None = None) -> ReplayLog:
+def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, k: int | None = None,
+             sampling: dict | None = None) -> ReplayLog:
     """The log at ``path``, refused (:class:`~specdec.replay.log.ReplayMismatchError`) unless it was written for
-    ``target``, ``drafter`` and ``tokenizer`` and holds lookahead ``k`` (None: not checked)."""
+    ``target``, ``drafter`` and ``tokenizer`` and holds lookahead ``k`` and ``sampling`` (temperature, top_k,
+    top_p; None: not checked)."""
     log = ReplayLog.load(path)
     log.check(target=target_identity(target), drafter=drafter_identity(drafter, chain_k_free=not log.tree),
-              tokenizer=tokenizer_identity(tokenizer) if log.tokenizer is not None else None, k=k)
+              tokenizer=tokenizer_identity(tokenizer) if log.tokenizer is not None else None, k=k, sampling=sampling)
     return log
 
 
 def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
                tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
-               tree: bool | None = None, directory: str | Path | None = None,
-               costs: bool = False) -> tuple[ReplayLog, Path, bool]:
+               top_k: int = 0, top_p: float = 1.0, seeds: int = 1, tree: bool | None = None,
+               directory: str | Path | None = None, costs: bool = False) -> tuple[ReplayLog, Path, bool]:
     """The log of ``drafter`` on ``prompts`` (:func:`~specdec.replay.log.log_proposals`), from ``directory`` (None:
     :func:`default_directory`) when an earlier pass wrote it, else logged now and saved there. ``tree``: a tree
     drafter (None: :func:`~specdec.replay.log.drafts_trees`). The key holds K_max: log chains at the largest K a
     sweep needs. ``costs``: measure the cost model too (:func:`~specdec.replay.costs.measure`: verify widths 1 ..
     K_max + 1, drafting at every K <= K_max, or the tree) where the log has none, and keep it in the file.
+    ``temperature``, ``top_k``, ``top_p``, ``seeds``: as :func:`~specdec.replay.log.log_proposals` takes them.
     Returns the log, its file and whether it was read from disk."""
-    check_replayable(drafter, temperature)
+    check_replayable(drafter, temperature, top_k, top_p)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     tree = drafts_trees(drafter) if tree is None else tree
     eos = sorted(set(stop_token_ids(target) if eos_token_id is None else
                      [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
     ids = (target_identity(target), drafter_identity(drafter, chain_k_free=not tree), tokenizer_identity(tokenizer))
-    key = log_key(*ids, prompts, max_new_tokens, temperature, eos, k_max)
+    key = log_key(*ids, prompts, max_new_tokens, sampling, eos, k_max, seeds)
     path = Path(directory or default_directory()) / f"{ids[1]['name']}-{key}.json"
     from_disk = path.is_file()
     if from_disk:
         log = ReplayLog.load(path)
-        log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max)
+        log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max, sampling=sampling)
     else:
         log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens,
-                            tokenizer=tokenizer, eos_token_id=eos, temperature=temperature, tree=tree)
+                            tokenizer=tokenizer, eos_token_id=eos, tree=tree, seeds=seeds, **sampling)
     if costs and not log.costs:
         model = measure(target, drafter, prompts[0], ks=[k_max] if log.tree else range(1, k_max + 1),
                         widths=range(1, k_max + 2), trees=logged_trees(log))

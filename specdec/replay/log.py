@@ -35,15 +35,17 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from specdec.decode.engine import speculative_generate
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.models.loading import stop_token_ids
+from specdec.replay.acceptance import chain_acceptance, tree_acceptance
+from specdec.verify.sampling import SamplingParams, sample
 
-FORMAT = 1  # bumped when what a log holds changes: an older file is refused, not misread
+FORMAT = 2  # bumped when what a log holds changes: an older file is refused, not misread
 VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner"}  # per-generation drafter state
 
 
@@ -71,6 +73,11 @@ class PromptLog:
     continuation: list[int]
     proposals: list[Proposed]
     draft_times_s: list[float] = field(default_factory=list)  # seconds each proposal took (K_max, or the tree)
+    # T > 0 only: per position, per draft (a chain's draft i, a tree's node) the probability that the exact rule
+    # accepts it given the drafts before it (its ancestors) were: a chain's β_i = Σ_x min(p_i(x), q_i(x)), a
+    # one-hot tree node's p(token | its path) (0 for a repeated sibling); empty when greedy
+    accept_probs: list[list[float]] = field(default_factory=list)
+    seed: int | None = None  # T > 0: the target's draws after the first token (that one and the drafter's: seed + 1)
 
 
 @dataclass
@@ -89,13 +96,23 @@ class ReplayLog:
     prompts: list[PromptLog]
     costs: dict[str, Any] = field(default_factory=dict)  # the cost model (specdec.replay.costs), may be empty
     log_time_s: float = 0.0  # the logging pass's wall time
+    top_k: int = 0  # the sampling settings the continuation and the drafts were drawn with (with temperature)
+    top_p: float = 1.0
+    seeds: int = 1  # T > 0: sampled continuations per prompt (``prompts`` holds them prompt by prompt)
+    one_hot: bool = True  # every logged draft deterministic (probs None): the matching walk is exact too
     format: int = FORMAT
 
+    @property
+    def sampling(self) -> dict[str, float]:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
     def check(self, *, target: dict | None = None, drafter: dict | None = None, tokenizer: dict | None = None,
-              k: int | None = None) -> None:
-        """Refuse (:class:`ReplayMismatchError`, naming both) a request this log does not answer."""
+              k: int | None = None, sampling: dict | None = None) -> None:
+        """Refuse (:class:`ReplayMismatchError`, naming both) a request this log does not answer. ``sampling``:
+        temperature, top_k, top_p (a log answers the settings it was drawn with only)."""
         for what, mine, theirs in (("target", self.target, target), ("drafter", self.drafter, drafter),
-                                   ("tokenizer", self.tokenizer, tokenizer)):
+                                   ("tokenizer", self.tokenizer, tokenizer),
+                                   ("sampling", self.sampling, None if sampling is None else _sampling(**sampling))):
             if theirs is not None and _normal(mine) != _normal(theirs):
                 raise ReplayMismatchError(
                     f"this replay log was written for another {what}: logged {_brief(mine)}, asked for "
@@ -125,9 +142,13 @@ class ReplayLog:
         if data.get("format") != FORMAT:
             raise ReplayMismatchError(f"{str(path)!r} is a replay log of format {data.get('format')!r}, this specdec "
                                       f"reads format {FORMAT}; delete it and log again")
-        data["prompts"] = [PromptLog(p["prompt"], p["continuation"], [Proposed(**q) for q in p["proposals"]],
-                                     p.get("draft_times_s", [])) for p in data["prompts"]]
+        data["prompts"] = [PromptLog(**{**p, "proposals": [Proposed(**q) for q in p["proposals"]]})
+                           for p in data["prompts"]]
         return cls(**data)
+
+
+def _sampling(temperature: float, top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:
+    return {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
 
 
 def _normal(value: Any) -> Any:
@@ -197,52 +218,98 @@ def tokenizer_identity(tokenizer: Any) -> dict[str, Any] | None:
 
 
 def log_key(target: dict, drafter: dict, tokenizer: dict | None, prompts: Sequence[Sequence[int]],
-            max_new_tokens: int, temperature: float, eos: Sequence[int], k_max: int) -> str:
-    """The cache key of a log: a hash of everything it was logged from."""
+            max_new_tokens: int, sampling: dict, eos: Sequence[int], k_max: int, seeds: int = 1) -> str:
+    """The cache key of a log: a hash of everything it was logged from (``sampling``: temperature, top_k, top_p;
+    ``seeds``: sampled continuations per prompt, counted only at T > 0)."""
+    sampling = _sampling(**sampling)
     what = {"target": target, "drafter": drafter, "tokenizer": tokenizer, "prompts": [list(p) for p in prompts],
-            "max_new_tokens": max_new_tokens, "temperature": temperature, "eos": sorted(eos), "k_max": k_max,
-            "format": FORMAT}
+            "max_new_tokens": max_new_tokens, "sampling": sampling, "eos": sorted(eos), "k_max": k_max,
+            "seeds": seeds if sampling["temperature"] else 1, "format": FORMAT}
     return hashlib.sha256(json.dumps(_normal(what), sort_keys=True).encode()).hexdigest()[:24]
 
 
 class Recorder(DrafterWrapper):
     """Wraps a drafter for the logging pass: at each step it asks ``inner`` for ``k`` drafts from the loop's state,
-    keeps them (and how long that took), and proposes nothing, so the step is a plain decode step. From position
-    ``stop`` on (or once an EOS was emitted: no live run stands there) it no longer asks."""
+    keeps them (and how long that took). Greedy, it proposes nothing, so the step is a plain decode step; sampled
+    (``sampled``), it proposes them and :class:`AcceptanceRecorder` verifies them: the step keeps their acceptance
+    probabilities, rejects them all and emits the target's own draw. From position ``stop`` on (or once an EOS
+    was emitted: no live run stands there) it no longer asks."""
 
-    def __init__(self, inner: Drafter, k: int, stop: int, eos: set[int]):
+    def __init__(self, inner: Drafter, k: int, stop: int, eos: set[int], *, sampled: bool = False):
         super().__init__(inner)
-        self.k, self.stop, self.eos = k, stop, eos
+        self.k, self.stop, self.eos, self.sampled = k, stop, eos, sampled
         self.prompt_len = 0
+        self.reached = False  # whether this step's proposal is logged (its acceptance probabilities too)
+        self.one_hot = True  # every proposal so far deterministic
         self.proposals: list[Proposed] = []
         self.times: list[float] = []
+        self.accept_probs: list[list[float]] = []
 
     def begin(self, prompt_len: int) -> None:
         """A new prompt (``prompt_len`` tokens) is logged next."""
-        self.prompt_len, self.proposals, self.times = prompt_len, [], []
+        self.prompt_len, self.proposals, self.times, self.accept_probs = prompt_len, [], [], []
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         if len(state.tokens) != 1:
             raise ValueError(f"replay logs one prompt at a time, got a batch of {len(state.tokens)}")
         row = state.tokens[0]
         position = len(row) - self.prompt_len  # new tokens emitted
-        reached = position == len(self.proposals) + 1 and position < self.stop and self.eos.isdisjoint(
+        self.reached = position == len(self.proposals) + 1 and position < self.stop and self.eos.isdisjoint(
             row[self.prompt_len:])
-        if reached:
-            device = state.last_tokens.device
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            proposal = self.inner.propose(state, self.k)
-            tokens = proposal.tokens[0].tolist()
-            self.times.append(time.perf_counter() - start)
-            if proposal.probs is not None:
-                raise ValueError(f"{type(self.inner).__name__} drew its drafts from a distribution; replay is "
-                                 f"greedy only (deterministic drafts)")
-            num = proposal.num_proposed[0] if proposal.num_proposed else len(tokens)
-            parents = None if proposal.tree is None else list(proposal.tree.parent_list)
-            self.proposals.append(Proposed(tokens, parents, num))
-        return Proposal(tokens=state.last_tokens.new_zeros(1, 0), num_proposed=[0])
+        empty = Proposal(tokens=state.last_tokens.new_zeros(1, 0), num_proposed=[0])
+        if not self.reached:
+            return empty
+        device = state.last_tokens.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        proposal = self.inner.propose(state, self.k)
+        tokens = proposal.tokens[0].tolist()
+        self.times.append(time.perf_counter() - start)
+        if proposal.probs is not None:
+            if not self.sampled:
+                raise ValueError(f"{type(self.inner).__name__} drew its drafts from a distribution at temperature 0")
+            if proposal.tree is not None:
+                raise ValueError(f"{type(self.inner).__name__} drew its tree's nodes at random (draws without "
+                                 f"replacement): replay at T > 0 takes trees of fixed candidates only; set "
+                                 f"drafter.sampled=false, or drafter.tree=false for a chain")
+            self.one_hot = False
+        num = proposal.num_proposed[0] if proposal.num_proposed else len(tokens)
+        parents = None if proposal.tree is None else list(proposal.tree.parent_list)
+        self.proposals.append(Proposed(tokens, parents, num))
+        if not self.sampled:
+            return empty
+        if not tokens:
+            self.accept_probs.append([])
+        return proposal
+
+
+@dataclass
+class AcceptanceRecorder:
+    """The logging pass's acceptance rule at T > 0 (an :class:`~specdec.verify.AcceptanceRule`): it keeps, for a
+    step :class:`Recorder` logs, each draft's acceptance probability given the drafts before it
+    (:mod:`specdec.replay.acceptance`, from the p and q the verify forward gives), then rejects every draft and
+    emits a draw from the target's distribution after the last token, with its own ``generator``: the
+    continuation is plain sampling from the target."""
+
+    recorder: Recorder
+    generator: torch.Generator
+    lossy: ClassVar[bool] = False
+
+    def chain(self, draft_tokens, draft_probs, target_probs, generator=None):  # [1, K], [1, K, V]|None, [1, K+1, V]
+        if self.recorder.reached and draft_tokens.shape[1]:
+            self.recorder.accept_probs.append(chain_acceptance(draft_tokens, draft_probs, target_probs)[0].tolist())
+        return self._rejected(target_probs), sample(target_probs[:, 0], self.generator)
+
+    def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):  # [1, N], -, [1, N+1, V]
+        if self.recorder.reached:
+            self.recorder.accept_probs.append(tree_acceptance(tree, draft_tokens, target_probs)[0].tolist())
+        nodes = torch.full((target_probs.shape[0], tree.max_depth), -1, dtype=torch.long, device=target_probs.device)
+        return nodes, self._rejected(target_probs), sample(target_probs[:, 0], self.generator)
+
+    @staticmethod
+    def _rejected(target_probs: torch.Tensor) -> torch.Tensor:  # [B] long zeros
+        return torch.zeros(target_probs.shape[0], dtype=torch.long, device=target_probs.device)
 
 
 def drafts_trees(drafter: Drafter) -> bool:
@@ -252,11 +319,9 @@ def drafts_trees(drafter: Drafter) -> bool:
     return bool(getattr(drafter.config, "tree", None))
 
 
-def check_replayable(drafter: Drafter, temperature: float) -> None:
+def check_replayable(drafter: Drafter, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
     """Refuse what replay cannot reproduce from one proposal per position (see the module docstring)."""
-    if temperature != 0:
-        raise ValueError(f"replay is greedy only for now: temperature={temperature}; use sampling.temperature=0 "
-                         f"(or python -m specdec.run for sampled runs)")
+    SamplingParams(temperature, top_k, top_p)
     if drafter.lossy:
         raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.acceptance!r}); replay "
                          f"models the exact rule only: build it with drafter.acceptance=exact")
@@ -268,28 +333,43 @@ def check_replayable(drafter: Drafter, temperature: float) -> None:
 
 def log_proposals(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
                   tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
+                  top_k: int = 0, top_p: float = 1.0, seeds: int | Sequence[int] = 1,
                   tree: bool | None = None) -> ReplayLog:
     """The logging pass (see the module docstring) over ``prompts`` (token ids, one generation each): the target's
-    greedy continuation and ``drafter``'s proposal of ``k_max`` drafts (a chain's K_max, or a tree's size) from every
-    position. ``tree``: whether ``drafter`` drafts trees (None: from its config's ``tree`` and what it proposed);
-    a tree log replays at ``k_max`` only. ``eos_token_id``: None = the target's own stop tokens."""
-    check_replayable(drafter, temperature)
+    continuation and ``drafter``'s proposal of ``k_max`` drafts (a chain's K_max, or a tree's size) from every
+    position; at temperature > 0 (with ``top_k``, ``top_p``) the continuation is sampled, once per seed of
+    ``seeds`` (a count n: seeds 0 .. n-1; or the seeds), and each draft's acceptance probability is kept.
+    ``tree``: whether ``drafter`` drafts trees (None: from its config's ``tree`` and what it proposed); a tree
+    log replays at ``k_max`` only. ``eos_token_id``: None = the target's own stop tokens."""
+    check_replayable(drafter, temperature, top_k, top_p)
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
         raise ValueError(f"k_max (the longest lookahead to replay) must be an integer >= 1, got {k_max!r}")
+    sampled = temperature != 0
+    seed_list = [None] if not sampled else list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not seed_list:
+        raise ValueError(f"seeds must be a count >= 1 or a non-empty list of seeds, got {seeds!r}")
     eos = sorted(set(stop_token_ids(target) if eos_token_id is None else
                      [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
     device = next(target.parameters()).device
-    recorder = Recorder(drafter, k_max, max_new_tokens, set(eos))
+    recorder = Recorder(drafter, k_max, max_new_tokens, set(eos), sampled=sampled)
     logs, start = [], time.perf_counter()
     for prompt in prompts:
         ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]
-        recorder.begin(ids.shape[1])
-        out = speculative_generate(target, recorder, ids, k=k_max, max_new_tokens=max_new_tokens + k_max,
-                                   eos_token_id=[])  # EOS must not stop it: drafts are checked past one
-        logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times))
+        for seed in seed_list:
+            recorder.begin(ids.shape[1])
+            options: dict[str, Any] = {}
+            if sampled:  # the target's draws and the drafter's from two streams: the continuation is the seed's
+                drafts = torch.Generator(device=device).manual_seed(seed + 1)
+                rule = AcceptanceRecorder(recorder, torch.Generator(device=device).manual_seed(seed))
+                options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=drafts, rule=rule)
+            out = speculative_generate(target, recorder, ids, k=k_max, max_new_tokens=max_new_tokens + k_max,
+                                       eos_token_id=[], **options)  # EOS must not stop it: drafts are checked past one
+            logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times,
+                                  recorder.accept_probs, seed))
     log_time = time.perf_counter() - start
     tree = (drafts_trees(drafter) if tree is None else tree) or any(
         p.parents is not None for log in logs for p in log.proposals)
     return ReplayLog(target_identity(target), drafter_identity(drafter, chain_k_free=not tree),
                      tokenizer_identity(tokenizer), max_new_tokens, float(temperature), eos, k_max, tree, logs,
-                     log_time_s=log_time)
+                     log_time_s=log_time, top_k=int(top_k), top_p=float(top_p), seeds=len(seed_list),
+                     one_hot=recorder.one_hot)

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from specdec.decode.metrics import DecodeStats, total
+from specdec.replay.acceptance import at_least
 from specdec.replay.costs import CostModel
 from specdec.replay.log import PromptLog, ReplayLog
 from specdec.verify import greedy_chain, greedy_tree
@@ -76,6 +77,54 @@ def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[
     return stats
 
 
+def expected_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
+                    costs: CostModel | None = None) -> DecodeStats:
+    """One prompt's sampled run at lookahead ``k``, in expectation over the verifier's draws along ``log``'s
+    sampled continuation (T > 0; see the module docstring): its :class:`DecodeStats` with expected counts
+    (floats), times from ``costs`` (None: counts only)."""
+    stop, c = set(eos), log.continuation
+    end = min(max_new_tokens, next((i + 1 for i, t in enumerate(c) if t in stop), len(c)))  # tokens it emits
+    stats = DecodeStats(k=k)
+    stats.new_tokens = end
+    stats.prefill_tokens = 1
+    reach = [0.0] * (end + 1)  # reach[j]: P(a step starts at position j)
+    if end > 1:
+        reach[1] = 1.0
+    for j in range(1, end):
+        pi = reach[j]
+        if pi == 0.0:
+            continue
+        if j - 1 >= len(log.proposals) or j - 1 >= len(log.accept_probs):
+            raise ValueError(f"the log holds acceptance probabilities from {len(log.accept_probs)} positions, position "
+                             f"{j} was reached (max_new_tokens={max_new_tokens}): a greedy log, or one written with "
+                             f"another max_new_tokens?")
+        proposed = log.proposals[j - 1]
+        if proposed.parents is None:  # a chain: its first k drafts
+            reached = at_least(log.accept_probs[j - 1][:k])
+            width, depth, block = min(proposed.num_proposed, k), None, 1 + len(proposed.tokens[:k])
+        else:
+            reached = at_least(log.accept_probs[j - 1], proposed.parents)
+            width, depth, block = proposed.num_proposed, len(reached), 1 + len(proposed.tokens)
+        stats.verify_steps += pi
+        stats.target_forwards += pi
+        stats.tree_steps += 0.0 if depth is None else pi
+        stats.proposed_tokens += pi * width
+        stats.verified_tokens += pi * (1.0 + sum(reached))
+        for i in range(min(width if depth is None else depth, len(reached) + 1)):  # position i reached: n >= i
+            stats.proposed_per_position[i] += pi * (1.0 if i == 0 else reached[i - 1])
+        for i in range(min(width, len(reached)) if depth is None else len(reached)):
+            stats.accepted_per_position[i] += pi * reached[i]
+        for n in range(len(reached) + 1):  # the step accepts n drafts, emits n + 1 tokens
+            p_n = (1.0 if n == 0 else reached[n - 1]) - (reached[n] if n < len(reached) else 0.0)
+            if j + n + 1 < end:
+                reach[j + n + 1] += pi * p_n
+        if costs is not None:
+            stats.target_time_s += pi * costs.verify(block)
+            stats.drafter_time_s += pi * costs.draft(k)
+    stats.wall_time_s = stats.target_time_s + stats.drafter_time_s
+    return stats
+
+
 def plain_stats(replayed: DecodeStats, costs: CostModel) -> DecodeStats:
     """Plain decoding of the same prompt, timed by ``costs``: the same tokens (greedy), one width-1 forward each
     after the prefill's."""
@@ -86,19 +135,28 @@ def plain_stats(replayed: DecodeStats, costs: CostModel) -> DecodeStats:
     return stats
 
 
-def replay(log: ReplayLog, k: int | None = None) -> list[DecodeStats]:
-    """Every prompt's live greedy run at lookahead ``k`` (None: the log's K_max, or its tree), replayed from ``log``:
-    one :class:`DecodeStats` per prompt (:func:`~specdec.decode.metrics.total` sums them), timed by the log's cost
-    model where it holds one. Refused (:class:`~specdec.replay.log.ReplayMismatchError`) for k beyond K_max, or
-    another tree size."""
+def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False) -> list[DecodeStats]:
+    """Every prompt's live run at lookahead ``k`` (None: the log's K_max, or its tree), replayed from ``log``: one
+    :class:`DecodeStats` per prompt (:func:`~specdec.decode.metrics.total` sums them; at T > 0 a prompt's seeds
+    summed, its counts expected values), timed by the log's cost model where it holds one. ``walk`` (T > 0, a
+    log of deterministic drafts only): the matching walk along each sampled continuation instead of the
+    expectation (see the module docstring). Refused (:class:`~specdec.replay.log.ReplayMismatchError`) for k
+    beyond K_max, or another tree size."""
     k = log.k_max if k is None else k
     log.check(k=k)
     trees: dict[tuple[int, ...], Tree] = {}
     costs = CostModel.from_dict(log.costs) if log.costs else None
-    return [replay_prompt(p, k, max_new_tokens=log.max_new_tokens, eos=log.eos, trees=trees, costs=costs)
-            for p in log.prompts]
+    options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos, costs=costs)
+    if log.temperature == 0 or walk:
+        if walk and not log.one_hot:
+            raise ValueError("the matching walk replays deterministic drafts only; this log's drafter drew its drafts "
+                             "from a distribution (replay it in expectation: walk=False)")
+        runs = [replay_prompt(p, k, trees=trees, **options) for p in log.prompts]
+    else:
+        runs = [expected_prompt(p, k, **options) for p in log.prompts]
+    return [total(runs[i: i + log.seeds]) for i in range(0, len(runs), log.seeds)]  # a prompt's seeds together
 
 
-def replay_total(log: ReplayLog, k: int | None = None) -> DecodeStats:
+def replay_total(log: ReplayLog, k: int | None = None, *, walk: bool = False) -> DecodeStats:
     """:func:`replay` summed over the prompts."""
-    return total(replay(log, k))
+    return total(replay(log, k, walk=walk))

@@ -159,8 +159,8 @@ def test_refused_for_another_target_drafter_or_tokenizer(models, tmp_path):
 
 
 def test_refused_what_replay_cannot_reproduce(models):
-    with pytest.raises(ValueError, match="greedy only.*temperature=0.7"):
-        log_proposals(models["tiny"], NgramDrafter(), PROMPTS, k_max=2, max_new_tokens=4, temperature=0.7)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        log_proposals(models["tiny"], NgramDrafter(), PROMPTS, k_max=2, max_new_tokens=4, temperature=-0.7)
     heuristic = DraftModelDrafter(models["close"], schedule="heuristic")
     with pytest.raises(ValueError, match="schedule='heuristic'"):
         log_proposals(models["tiny"], heuristic, PROMPTS, k_max=2, max_new_tokens=4)

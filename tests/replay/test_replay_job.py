@@ -43,7 +43,9 @@ def test_help_lists_the_main_jobs_groups():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("sampling=sample", "replay is greedy only for now: sampling.temperature=1.0"),
+    ("sampling.temperature=-1", "temperature must be a finite number >= 0 (0 = greedy), got -1"),
+    ("seeds=0", "seeds must be an integer >= 1, got 0"),
+    ("check_live=-1", "check_live must be an integer >= 0, got -1"),
     ("data.batch_size=2", "data.batch_size=2; use data.batch_size=1"),
     ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
 ])
