@@ -3,17 +3,23 @@
     python -m specdec.replay drafter=ngram drafter.k=4
     python -m specdec.replay -m drafter=ngram drafter.k=1,2,4      # mirrors python -m specdec.run -m ...
 
+    python -m specdec.replay sampling=sample drafter=ngram drafter.k=2 seeds=16 check_live=8 live_seeds=16
+
 It composes the main job's groups (target, drafter, sampling, data, logger) and prints the main job's table, marked
-replayed: α, τ and the per-position acceptance as a live greedy run gives them (exactly: tests/replay), and the
-speedups the measured cost model predicts (decode only, loop overhead left out: :mod:`specdec.replay.costs`). The
-first point logs the target's greedy continuation and the drafter's proposals (chains up to ``k_max`` drafts, a tree
-at its ``k``) and measures the costs; the file is kept under ``log_dir`` and every later point it covers reuses it.
-Greedy only, one prompt per generation (``data.batch_size=1``).
+replayed: α, τ and the per-position acceptance as a live greedy run gives them (exactly: tests/replay), or at T > 0
+their expectation along ``seeds`` sampled continuations per prompt (:mod:`specdec.replay.simulate`; with
+deterministic drafts also τ of the matching walk, exact in distribution), and the speedups the measured cost model
+predicts (decode only, loop overhead left out: :mod:`specdec.replay.costs`). The first point logs the target's
+continuations and the drafter's proposals (chains up to ``k_max`` drafts, a tree at its ``k``) and measures the
+costs; the file is kept under ``log_dir`` and every later point it covers reuses it. ``check_live: N`` decodes the
+first N prompts live as well (``live_seeds`` runs each at T > 0) and reports τ's gap (results: ``live_check``).
+One prompt per generation (``data.batch_size=1``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -152,7 +158,10 @@ def live_check(target, drafter, prompts: list[list[int]], replayed: list[DecodeS
                                              max_new_tokens=max_new_tokens, eos_token_id=eos, generator=generator,
                                              temperature=temperature, top_k=top_k, top_p=top_p).stats)
     live, again = total(runs).mean_accepted_length, total(replayed).mean_accepted_length
+    taus = [r.mean_accepted_length for r in runs if r.verify_steps]
+    spread = statistics.stdev(taus) / math.sqrt(len(taus)) if len(taus) > 1 else math.nan
     return {"prompts": len(prompts), "seeds": seeds, "mean_accepted_length_live": live,
+            "live_stderr": spread,  # the standard error of the live runs' mean τ (one τ per run)
             "mean_accepted_length_replayed": again, "gap": again / live - 1.0,
             "live_time_s": time.perf_counter() - start}
 
@@ -170,7 +179,7 @@ def _main(cfg: DictConfig, results_path: Path) -> float:
     if results["live_check"]:
         check = results["live_check"]
         print(f"LIVE CHECK: {check['prompts']} prompt(s) x {check['seeds']} seed(s): τ live "
-              f"{check['mean_accepted_length_live']:.4f}, replayed {check['mean_accepted_length_replayed']:.4f} "
+              f"{check['mean_accepted_length_live']:.4f} (± {check['live_stderr']:.4f}), replayed {check['mean_accepted_length_replayed']:.4f} "
               f"(gap {100 * check['gap']:+.2f}%, {check['live_time_s']:.1f} s live)")
     print(format_table(results))
     print(f"results: {results_path}")

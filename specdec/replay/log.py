@@ -1,29 +1,48 @@
-"""Logging, the first phase of replay: one greedy pass per (target, drafter, prompts) that records what any lookahead
-K up to K_max (a chain) or the tree asked (a tree) needs, so that :mod:`specdec.replay.simulate` replays them
-without the target.
+"""Logging, the first phase of replay: one pass per (target, drafter, prompts, sampling settings) that records what any
+lookahead K up to K_max (a chain) or the tree asked (a tree) needs, so that :mod:`specdec.replay.simulate` replays
+them without the target.
 
-Per prompt the log holds the target's greedy *continuation* and the drafter's *proposal from every position* a
-live run can stand at (position j: the first j new tokens emitted, the state's last token the j-th). The pass is
-the decode loop itself (:func:`~specdec.speculative_generate`) with the drafter wrapped in a :class:`Recorder`:
-at each step the drafter proposes K_max tokens (or its tree) from the state the loop gives it, the recorder keeps
-the proposal and hands the loop an empty one, so every step is a plain decode step and the output is the target's
-greedy continuation. The drafter thus sees the state a live run standing at position j gives it (the tokens so
-far, the target's hidden state and features at the committed positions), after steps that each kept one token.
+Per prompt the log holds the target's *continuation* and the drafter's *proposal from every position* a live run
+can stand at (position j: the first j new tokens emitted, the state's last token the j-th). The pass is the decode
+loop itself (:func:`~specdec.speculative_generate`) with the drafter wrapped in a :class:`Recorder`: at each step
+the drafter proposes K_max tokens (or its tree) from the state the loop gives it and the recorder keeps the
+proposal. Greedy, it hands the loop an empty proposal, so every step is a plain decode step and the output is the
+target's greedy continuation. At T > 0 (one pass per seed) the proposal is verified by :class:`AcceptanceRecorder`:
+the target scores [last token, drafts] in the verify forward, which gives p_i given the drafts before draft i, the
+drafter reported q_i (None: one-hot), and the recorder keeps each draft's acceptance probability under the exact
+rule (:mod:`specdec.replay.acceptance`: a chain's β_i = Σ_x min(p_i(x), q_i(x)), p_i(x_i) when deterministic; a
+fixed-candidate tree's p(token | path) per node), a few floats per (position, draft), never a [V] vector. It then
+rejects every draft and emits a draw from the target's own distribution after the last token (its own generator,
+seeded by the seed), so the continuation is plain sampling from the target. Either way the drafter sees the state
+a live run standing at position j gives it (the tokens so far, the target's hidden state and features at the
+committed positions), after steps that each kept one token.
 
-Why one proposal per position is enough (greedy, a batch of one): every shipped drafter's proposal is a function
-of the committed prefix alone. n-gram looks its suffix up in the tokens; the draft model's cache holds the
-committed tokens (rolled back to ``seq_lens - 2`` each step); EAGLE's draft cache holds the committed positions'
-features and rolls its drafts back; Medusa reads the target's last hidden state, which under greedy decoding is
-the hidden state at that position whatever the step boundaries. And a chain's first K drafts at K_max are its
-drafts at K (each draft continues the ones before it; confidence cut-offs cut a prefix), which the tests check
-against live runs. In exact arithmetic, that is; the live run computes those hidden states, features and draft
-caches in forwards of other widths (a verify block of K+1 or a tree), whose float sums may differ in the last bits,
-and a draft whose choice is a near tie (an argmax, a confidence threshold) could then differ. The key test
-(tests/replay) finds none on the real target. What is history-dependent is refused: the draft model's
-``schedule: heuristic`` (its length follows earlier acceptance), sampling (T > 0), batches (a tree's shape is
-chosen over a batch's rows), lossy acceptance rules.
+Why one proposal per position is enough (a batch of one): every shipped drafter's proposal is a function of the
+committed prefix alone (and, at T > 0, of its own draws). n-gram looks its suffix up in the tokens; the draft
+model's cache holds the committed tokens (rolled back to ``seq_lens - 2`` each step); EAGLE's draft cache holds the
+committed positions' features and rolls its drafts back; Medusa reads the target's last hidden state, which is the
+hidden state at that position whatever the step boundaries. And a chain's first K drafts at K_max are its drafts
+at K (each draft continues the ones before it; confidence cut-offs cut a prefix), which the tests check against
+live runs. In exact arithmetic, that is; the live run computes those hidden states, features and draft caches in
+forwards of other widths (a verify block of K+1 or a tree), whose float sums may differ in the last bits, and a
+draft whose choice is a near tie (an argmax, a confidence threshold) could then differ. The key test
+(tests/replay) finds none on the real target. What is history-dependent is refused: the draft model's ``schedule:
+heuristic`` (its length follows earlier acceptance), batches (a tree's shape is chosen over a batch's rows), lossy
+acceptance rules, and at T > 0 trees whose candidates are drawn at random (EAGLE's ``sampled`` trees: siblings
+drawn without replacement; their acceptance is not kept).
 
-To replay a step the verifier compares the drafts with the target's argmax *after* them, which may lie past
+At T > 0, what is exact and what is not (replayed in :mod:`specdec.replay.simulate`):
+
+- exact: every β of a deterministic drafter (n-gram, fixed-candidate trees: EAGLE's default with lookup, Medusa's),
+  so the distribution of a step's accepted length from a logged position; for a drafter that samples its drafts
+  (the draft model, EAGLE's chain, Medusa's chain) β_1;
+- approximate: a sampled drafter's β_i for i >= 2 is taken given *its own* draws of drafts 1..i-1 (one draw each),
+  while the rule reaches draft i only when those were accepted, i.e. drawn from min(p, q) / β rather than q; the
+  product Π β_i then stands for P(accepted >= k);
+- the continuation is one sample of the target per seed (``seeds``), not the continuation a live run draws: the
+  replay's τ is an estimate whose spread over seeds is that of the prompts' sampled texts.
+
+To replay a step the verifier compares the drafts with the target's tokens *after* them, which may lie past
 ``max_new_tokens`` or past an EOS (the live run cuts what it emits there, not what it accepts): the continuation is
 logged ``margin`` tokens further (K_max for chains, the tree's size for trees) with EOS not stopping it.
 """

@@ -1,14 +1,33 @@
-"""Replaying, the second phase: a live greedy run's verify steps re-enacted from a log, without the target.
+"""Replaying, the second phase: a live run's verify steps re-enacted from a log, without the target.
 
-Standing at position j (j new tokens emitted), a step takes the logged proposal from j (a chain's first K drafts,
-or the tree), and the verifier's greedy rule, the same function the decode loop calls
+Greedy. Standing at position j (j new tokens emitted), a step takes the logged proposal from j (a chain's first K
+drafts, or the tree), and the verifier's greedy rule, the same function the decode loop calls
 (:func:`~specdec.verify.greedy_chain`, :func:`~specdec.verify.greedy_tree`), compares it with the target's argmax
 there, which is the logged continuation: at a chain's draft i, token j + i; at a tree node of depth d on the path
 walked so far, token j + d. The step emits the accepted drafts and the next token, cut at ``max_new_tokens`` and
 after an EOS as :func:`~specdec.decode.engine._emit` cuts them, and the run moves on by what it emitted. Counts go
 through :meth:`DecodeStats.record_step <specdec.decode.metrics.DecodeStats.record_step>` as the loop's do, so α,
 α per position and τ mean what a live run's mean (τ: tokens per verify step, bonus included; truncation does not
-count against it).
+count against it). Exact: tests/replay.
+
+T > 0, in expectation (:func:`expected_prompt`, the default). Along each sampled continuation c, a step from
+position j accepts at least m drafts with probability P_j(n >= m) = Π_{i<=m} β_i(j) (a tree: the sum over its
+nodes of depth m of the products along their paths; :func:`~specdec.replay.acceptance.at_least`), so its expected
+accepted length is Σ_{m=1..K} Π_{i<=m} β_i(j). The run is walked as a distribution over the positions it stands
+at: reach(1) = 1, and a step from j sends reach(j) · P_j(n = m) to j + m + 1 (none past ``max_new_tokens`` or c's
+first EOS). Every count becomes its expectation (floats: verify steps Σ reach(j); verified tokens Σ reach(j) ·
+(1 + E_j[n]); α per position likewise), and τ = expected verified tokens / expected verify steps, pooled over a
+prompt's seeds and the prompts as a live run's counts are. What this adds to the logging pass's approximations
+(:mod:`specdec.replay.log`): the walk treats where steps end as independent of c's tokens. A live run's are not: a
+step ends on a recovered token, drawn from the residual that excludes the rejected draft, so the positions it
+stands at are not a random sample of c's. On the tests' Markov target this reads τ ~7% high with Medusa's fixed
+trees and within 1% on chains; the real target's figures are in experiments/README.md.
+
+T > 0, the matching walk (``walk=True``; deterministic drafts only): the greedy replay above along each sampled
+continuation. With one-hot drafts a draft is accepted iff the emitted token equals it (a rejected one-hot draft is
+never the recovered token: the residual holds no mass there), so given the emitted tokens a run's step boundaries
+are fixed, and the emitted tokens are distributed as the target's samples: τ of the walk along one continuation is
+distributed exactly as a live run's τ (no approximation; one run's noise per seed).
 
 With a cost model (:mod:`specdec.replay.costs`, measured on this machine) the steps are timed too: each verify step
 costs the target's forward over its block (last token + drafts) and a drafting step at K; plain decoding

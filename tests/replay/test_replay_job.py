@@ -82,3 +82,23 @@ def test_a_replayed_run_is_marked_in_the_sweep_summary(tmp_path):
     md = paths["md"].read_text()
     assert "| 0 | ngram (REPLAYED) | 2 |" in md and "REPLAYED: a run marked so was replayed" in md
     assert bool(report.load_summary(paths["csv"])["replayed"].iloc[0])
+
+
+@pytest.mark.real_model
+def test_a_sampled_replay_checks_itself_live(tmp_path):
+    """T=1 replays with the live check: the results hold the gap; greedy, the same check finds none (exact)."""
+    common = ["drafter=ngram", "drafter.k=2", *TINY, "k_max=2", "costs=false", "check_live=1",
+              f"log_dir={tmp_path}/logs"]
+    sampled = job("specdec.replay", "sampling=sample", "seeds=2", "live_seeds=2", *common,
+                  f"hydra.run.dir={tmp_path}/sampled", cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert "LIVE CHECK: 1 prompt(s) x 2 seed(s)" in sampled.stdout and "matching walk" in sampled.stdout
+    results = json.loads((tmp_path / "sampled" / "results.json").read_text())
+    check = results["live_check"]
+    assert results["temperature"] == 1.0 and results["replay_seeds"] == 2 and results["mean_accepted_length"] >= 1
+    assert check["seeds"] == 2 and check["mean_accepted_length_live"] >= 1
+    assert check["gap"] == pytest.approx(check["mean_accepted_length_replayed"] / check["mean_accepted_length_live"] - 1)
+    greedy = job("specdec.replay", *common, f"hydra.run.dir={tmp_path}/greedy", cwd=tmp_path)
+    assert greedy.returncode == 0, greedy.stderr[-2000:]
+    check = json.loads((tmp_path / "greedy" / "results.json").read_text())["live_check"]
+    assert check["seeds"] == 1 and check["gap"] == 0.0
