@@ -179,8 +179,9 @@ def _main(cfg: DictConfig, results_path: Path) -> float:
     if results["live_check"]:
         check = results["live_check"]
         print(f"LIVE CHECK: {check['prompts']} prompt(s) x {check['seeds']} seed(s): τ live "
-              f"{check['mean_accepted_length_live']:.4f} (± {check['live_stderr']:.4f}), replayed {check['mean_accepted_length_replayed']:.4f} "
-              f"(gap {100 * check['gap']:+.2f}%, {check['live_time_s']:.1f} s live)")
+              f"{check['mean_accepted_length_live']:.4f} (± {check['live_stderr']:.4f}), replayed "
+              f"{check['mean_accepted_length_replayed']:.4f} (gap {100 * check['gap']:+.2f}%, "
+              f"{check['live_time_s']:.1f} s live)")
     print(format_table(results))
     print(f"results: {results_path}")
     return results["speedup"]

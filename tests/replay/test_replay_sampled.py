@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import PATHS, make_markov_target, markov_heads, noisy_copy
+from helpers import PATHS, make_markov_target, markov_heads, noisy_copy, tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, speculative_generate
 from specdec.decode.metrics import total
@@ -70,6 +70,12 @@ def markov():
     return {"target": target, "close": noisy_copy(target, scale=0.3)}
 
 
+@pytest.fixture(scope="module")
+def models():  # as test_replay.py's: its CASES build their drafters from these
+    target = tiny_llama(layers=3, seed=0)
+    return {"tiny": target, "close": noisy_copy(target), "markov": make_markov_target()}
+
+
 def test_logged_acceptance_is_the_targets_and_drafters_at_the_drafts(markov):
     """Each logged β, recomputed from full forwards: the target's p and the draft model's q on the prefix and the
     drafts before it."""
@@ -93,15 +99,10 @@ def test_logged_acceptance_is_the_targets_and_drafters_at_the_drafts(markov):
 
 @pytest.mark.parametrize("stop", [False, True], ids=["no_eos", "eos"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_certain_draws_replay_as_live_runs(markov, case, stop):
+def test_certain_draws_replay_as_live_runs(models, case, stop):
     """At top_k=1 every draw is certain (p and q one-hot), so the expected counts must equal a live run's exactly:
     the bookkeeping of the expectation (positions reached, EOS and max_new_tokens cuts, trees) against the loop's."""
-    from test_replay import eagle
-    from helpers import tiny_llama
-
     name, make, k_max = CASES[case]
-    models = {"tiny": tiny_llama(layers=3, seed=0), "markov": make_markov_target()}
-    models["close"] = noisy_copy(models["tiny"])
     target = models[name]
     eos = eos_for(target) if stop else []
     sampling = dict(temperature=1.0, top_k=1)
