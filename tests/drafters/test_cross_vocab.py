@@ -191,6 +191,6 @@ def test_smollm2_drafts_for_gemma3_through_the_config_and_keeps_its_greedy_outpu
         assert sum(out.stats.mean_accepted_length for out in outs) / len(outs) > 1.5
         x, mask = left_pad(ids)
         assert speculative_generate(model, drafter, x, attention_mask=mask, k=4, max_new_tokens=32).sequences == singles
-    with pytest.raises(VocabMismatchError, match="drafter.cross_vocab=off.*smollm2.*gemma3"):
+    with pytest.raises(VocabMismatchError, match="smollm2.*gemma3.*drafter.cross_vocab=off"):
         build_drafter(DraftModelDrafter.Config(path="smollm2-135m-instruct", draft_vocab=0, cross_vocab="off"),
                       model, tokenizer)
