@@ -71,6 +71,15 @@ def test_an_intersection_built_from_ids_or_stripped_strings_is_refused(pair):
         CrossVocabDrafter(draft, d_tok, t_tok, vocab_map=stripped)
 
 
+def test_a_rule_that_cannot_be_exact_is_refused(pair):
+    target, t_tok, draft, d_tok, _ = pair
+    with pytest.raises(ValueError, match="drafter.cross_vocab must be one of"):
+        CrossVocabDrafter(draft, d_tok, t_tok, rule="nearest")
+    with pytest.raises(ValueError, match="greedy decoding only.*intersection or auto"):
+        speculative_generate(target, CrossVocabDrafter(draft, d_tok, t_tok, rule="string"), prompts(1, None), k=4,
+                             max_new_tokens=4, temperature=1.0, eos_token_id=[])
+
+
 def test_partial_utf8_waits_for_the_byte_that_completes_it():
     assert complete_utf8("aé".encode()[:-1]) == ("a", 1)
     assert complete_utf8("a€".encode()[:-1]) == ("a", 2)

@@ -64,6 +64,11 @@ class CrossVocabDrafter(DraftModelDrafter):
             return "string" if params.greedy else "intersection"
         return self.rule
 
+    def graph_device(self) -> torch.device | None:
+        """None: the draft runs eagerly (its catch-up forwards take as many tokens as the text re-tokenised gives,
+        a shape per step that graphs would capture anew)."""
+        return None
+
     def start(self, state: DecodeState) -> None:
         self.rule_for(state.sampling)  # refuse a bad rule before the first step
         batch, device = state.seq.shape[0], state.seq.device
