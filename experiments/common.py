@@ -158,3 +158,12 @@ def median_ms(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def until_eos(row: list[int], eos: list[int]) -> list[int]:
+    """transformers' generated row up to its first stop token (kept, as specdec's sequences keep it), padding
+    dropped."""
+    for i, token in enumerate(row):
+        if token in eos:
+            return row[: i + 1]
+    return row

@@ -144,8 +144,8 @@ def cross_vocab_draft(model: LlamaForCausalLM, draft_tokenizer, scale: float = 1
     """``model`` (over CROSS_TARGET_TOKENS' 64 ids) written over ``draft_tokenizer``'s ids: a token spelling a
     target token gets that token's embedding and LM-head row (times ``scale``), "Ġa" .. "Ġh" those of "a" .. "h"
     (so the draft puts mass on text the target cannot spell in one token), every other token token 0's embedding
-    and 0.8 times the LM-head row of target token (its id mod 64): much of the draft's mass lies off the shared tokens, which
-    the intersection renormalises away (and a bug that forgets to is plain to see)."""
+    and 0.8 times the LM-head row of target token (its id mod 64): much of the draft's mass lies off the shared
+    tokens, which the intersection renormalises away (and a bug that forgets to is plain to see)."""
     from specdec.drafters.draft_model.vocab_map import VocabMap
 
     pairs = VocabMap(draft_tokenizer, cross_target_tokenizer()).draft_to_target[: len(draft_tokenizer)].clone()

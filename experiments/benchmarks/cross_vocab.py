@@ -34,10 +34,10 @@ from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
 from specdec.models import as_decoder
+from specdec.models.loading import stop_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
-from experiments.benchmarks.families import _until_eos, stop_ids  # noqa: E402
-from experiments.common import benchmark_parser, side_by_side  # noqa: E402
+from experiments.common import benchmark_parser, side_by_side, until_eos  # noqa: E402
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     target = as_decoder(model)
     rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
-    eos = stop_ids(model, tokenizer)
+    eos = stop_token_ids(model, tokenizer)
     k0 = args.k[0]
     drafters = {}
 
@@ -107,7 +107,7 @@ def main() -> None:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.uag_new,
                                  do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
                                  **extra)[:, ids.shape[1]:].tolist()
-            return SimpleNamespace(sequences=[_until_eos(row, eos) for row in out], stats=DecodeStats())
+            return SimpleNamespace(sequences=[until_eos(row, eos) for row in out], stats=DecodeStats())
 
         def run_uag(spec, k, ids):
             if spec == "hf":
@@ -137,7 +137,8 @@ def main() -> None:
               "transformers": f"vs transformers, {args.uag_prompts} prompts, {args.uag_new} new tokens, greedy"}
     for name, (rows_, failed) in results.items():
         lines += ["", f"### {titles[name]}", "",
-                  "| method | tok/s | x first row | τ | α | draft ms/step | outputs ≠ first row |", "|---|---|---|---|---|---|---|"]
+                  "| method | tok/s | x first row | τ | α | draft ms/step | outputs ≠ first row |",
+                  "|---|---|---|---|---|---|---|"]
         for method, r in rows_.items():
             tau = f"{r['tau']:.2f}" if r["tau"] else "—"
             alpha = f"{r['alpha']:.3f}" if r["alpha"] is not None else "—"

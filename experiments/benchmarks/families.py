@@ -31,15 +31,10 @@ from specdec.decode.metrics import DecodeStats
 from specdec.jobs.data import encode_prompt, left_pad, load_prompts
 from specdec.jobs.runs import machine_description
 from specdec.models import CompactLlama, HFDecoder, as_decoder
+from specdec.models.loading import stop_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
-from experiments.common import benchmark_parser, side_by_side  # noqa: E402
-
-
-def stop_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
-    return sorted({i for i in [*ids, tokenizer.eos_token_id] if i is not None})
+from experiments.common import benchmark_parser, side_by_side, until_eos  # noqa: E402
 
 
 def main() -> None:
@@ -56,13 +51,13 @@ def main() -> None:
     fallback = HFDecoder(model)
     rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]
     prompts = [encode_prompt(tokenizer, row) for row in rows]
-    eos = stop_ids(model, tokenizer)
+    eos = stop_token_ids(model, tokenizer)
 
     def hf(ids, mask=None, **extra):
         mask = torch.ones_like(ids) if mask is None else mask
         out = model.generate(ids, attention_mask=mask, max_new_tokens=args.new, do_sample=False, eos_token_id=eos,
                              pad_token_id=tokenizer.pad_token_id, **extra)[:, ids.shape[1]:].tolist()
-        return SimpleNamespace(sequences=[_until_eos(row, eos) for row in out], stats=DecodeStats())
+        return SimpleNamespace(sequences=[until_eos(row, eos) for row in out], stats=DecodeStats())
 
     def run(spec, k, ids):
         kind, target = spec
@@ -128,14 +123,6 @@ def main() -> None:
     lines += [f"\n**{method} failed**: `{tb.strip().splitlines()[-1]}`" for method, tb in failed.items()]
     (out_dir / f"families_{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _until_eos(row: list[int], eos: list[int]) -> list[int]:
-    """transformers' row up to its first stop token (kept, as specdec's sequences keep it), padding dropped."""
-    for i, token in enumerate(row):
-        if token in eos:
-            return row[: i + 1]
-    return row
 
 
 if __name__ == "__main__":

@@ -193,16 +193,15 @@ class CrossVocabNeighbour(CrossVocabDrafter):
 
     def remap(self) -> None:
         """Pair each draft token without a counterpart with its whitespace-stripped neighbour."""
-        self.map = copy.copy(self.map)
-        by_bytes = {spelled: i for i, spelled in enumerate(self.map.target_bytes) if spelled}
-        pairs = self.map.draft_to_target.clone()
-        for draft_id, spelled in enumerate(self.map.draft_bytes[: len(pairs)]):
+        neighbours = copy.copy(self.map)
+        by_bytes = {spelled: i for i, spelled in enumerate(neighbours.target_bytes) if spelled}
+        pairs = neighbours.draft_to_target.clone()
+        for draft_id, spelled in enumerate(neighbours.draft_bytes[: len(pairs)]):
             if pairs[draft_id] < 0 and spelled and spelled.strip() in by_bytes:
                 pairs[draft_id] = by_bytes[spelled.strip()]
-        self.map.draft_to_target = pairs
-        self.map.shared = pairs >= 0
-        self.shared_ids = self.map.shared.nonzero()[:, 0]
-        self.unshared = ~self.map.shared[: self.decoder.vocab_size]
+        neighbours.draft_to_target, neighbours.shared = pairs, pairs >= 0
+        neighbours.shared_ids = neighbours.shared.nonzero()[:, 0]
+        self.use_map(neighbours)
 
     def over_target(self, q, vocab):
         index = self.map.draft_to_target[self.shared_ids].expand(q.shape[0], -1)

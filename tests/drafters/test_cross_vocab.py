@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import (CROSS_TARGET_TOKENS, VOCAB, cross_draft_tokenizer, cross_target_tokenizer, cross_vocab_draft,
-                     make_markov_target, sample_and_score)
+                     make_markov_target, random_prompts, sample_and_score)
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
@@ -76,8 +76,8 @@ def test_a_rule_that_cannot_be_exact_is_refused(pair):
     with pytest.raises(ValueError, match="drafter.cross_vocab must be one of"):
         CrossVocabDrafter(draft, d_tok, t_tok, rule="nearest")
     with pytest.raises(ValueError, match="greedy decoding only.*intersection or auto"):
-        speculative_generate(target, CrossVocabDrafter(draft, d_tok, t_tok, rule="string"), prompts(1, None), k=4,
-                             max_new_tokens=4, temperature=1.0, eos_token_id=[])
+        speculative_generate(target, CrossVocabDrafter(draft, d_tok, t_tok, rule="string"), random_prompts(1, None),
+                             k=4, max_new_tokens=4, temperature=1.0, eos_token_id=[])
 
 
 def test_partial_utf8_waits_for_the_byte_that_completes_it():
@@ -99,7 +99,8 @@ def test_the_draft_reads_the_committed_text_with_its_own_bos_and_waits_for_a_who
     context = drafter._contexts(SimpleNamespace(tokens=[ids]))[0]
     assert d_tok.convert_ids_to_tokens(context) == ["a", "Ġx", "Ã©"]
     ids.append(CROSS_TARGET_TOKENS.index("<0xA9>"))  # the byte that completes it
-    assert d_tok.convert_ids_to_tokens(drafter._contexts(SimpleNamespace(tokens=[ids]))[0]) == ["a", "Ġx", "Ã©", "Ã©"]
+    context = drafter._contexts(SimpleNamespace(tokens=[ids]))[0]
+    assert d_tok.convert_ids_to_tokens(context) == ["a", "Ġx", "Ã©", "Ã©"]
     with_bos = cross_draft_tokenizer()
     with_bos.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A",
                                                                    special_tokens=[("<|endoftext|>", 0)])
@@ -108,15 +109,35 @@ def test_the_draft_reads_the_committed_text_with_its_own_bos_and_waits_for_a_who
         "<|endoftext|>", "a", "Ġx"]
 
 
-def prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [rows, 4] target tokens
-    return torch.randint(0, VOCAB, (rows, 4), generator=generator)
+def test_the_draft_cache_after_a_catch_up_gives_the_models_own_logits():
+    """Rolled back to the prefix it shares with the new text, then fed the rest: the draft's logits equal a forward of
+    the whole text from scratch (the bigram pair's attention writes nothing, so this pair has real attention)."""
+    from helpers import tiny_llama
+
+    from specdec.verify.sampling import SamplingParams
+
+    t_tok, d_tok = cross_target_tokenizer(), cross_draft_tokenizer()
+    draft = cross_vocab_draft(tiny_llama(vocab_size=VOCAB, seed=3), d_tok)
+    drafter = CrossVocabDrafter(draft, d_tok, t_tok)
+    drafter.start(SimpleNamespace(seq=torch.zeros(2, 1, dtype=torch.long), capacity=64,
+                                  sampling=SamplingParams(0.0)))
+    first = [d_tok.encode("abcdefgh"), d_tok.encode("xyz x")]
+    drafter._catch_up(first)
+    drafter._step(torch.tensor([5, 6]), max(map(len, first)) + 1)  # drafts the next text will not keep
+    drafter._drafted([torch.tensor([5, 6])])
+    second = [first[0][:5] + d_tok.encode("QRS"), first[1] + d_tok.encode("é a")]  # one row forks, one grows
+    logits = drafter._catch_up(second)
+    for row, context in enumerate(second):
+        with torch.no_grad():
+            expected = draft(torch.tensor([context])).logits[0, -1]
+        torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("rule", ["string", "intersection"])
 def test_greedy_output_equals_the_target_alone(pair, rule):
     target, t_tok, draft, d_tok, _ = pair
     drafter = CrossVocabDrafter(draft, d_tok, t_tok, rule=rule)
-    ids = prompts(12, torch.Generator().manual_seed(0))
+    ids = random_prompts(12, torch.Generator().manual_seed(0))
     taus = []
     for row in ids:
         plain = autoregressive_generate(target, row[None], max_new_tokens=24, eos_token_id=[]).sequences

@@ -50,11 +50,15 @@ class CrossVocabDrafter(DraftModelDrafter):
             vocab_map = VocabMap(draft_tokenizer, target_tokenizer, draft_size=self.decoder.vocab_size)
         self.tokenizer, self.target_tokenizer, self.rule = draft_tokenizer, target_tokenizer, rule
         vocab_map.check()
-        self.map = vocab_map.to(self.decoder.device)
-        self.shared_ids = self.map.shared_ids[self.map.shared_ids < self.decoder.vocab_size]  # [N] draft ids
-        self.unshared = ~self.map.shared[: self.decoder.vocab_size]  # [V_draft]: never drafted by the intersection
+        self.use_map(vocab_map)
         self.held: list[list[int]] = []  # per row, the draft tokens its draft cache holds, in order
         log.info("cross-vocabulary draft: %s", vocab_map.describe())
+
+    def use_map(self, vocab_map: VocabMap) -> None:
+        """Draft through ``vocab_map``: its pairs, the shared draft ids [N] and the mask of the others [V_draft]."""
+        self.map = vocab_map.to(self.decoder.device)
+        self.shared_ids = self.map.shared_ids[self.map.shared_ids < self.decoder.vocab_size]
+        self.unshared = ~self.map.shared[: self.decoder.vocab_size]  # never drafted by the intersection
 
     def rule_for(self, params: SamplingParams) -> str:
         if self.rule == "string" and not params.greedy:
@@ -109,6 +113,13 @@ class CrossVocabDrafter(DraftModelDrafter):
         self.held = [list(context) for context in contexts]
         return logits
 
+    def _drafted(self, drafts: list[torch.Tensor]) -> None:
+        """The draft tokens fed after the catch-up ([B] each), added to what each row's cache holds (one host read
+        a step, not one a draft)."""
+        if drafts:
+            for held, tokens in zip(self.held, torch.stack(drafts, 1).tolist()):
+                held.extend(tokens)
+
     def _feed(self, rows: list[list[int]], kv_len: int) -> torch.Tensor | None:
         """Write ``rows`` (right-padded; each row's own count committed) into the draft cache; the logits after
         the last column [B, V] (a row's own last token's only where all rows have the same length)."""
@@ -123,11 +134,9 @@ class CrossVocabDrafter(DraftModelDrafter):
         self.forwards += 1
         return logits[:, -1]
 
-    def _step(self, tokens: torch.Tensor) -> torch.Tensor:  # [B] -> [B, V]
-        """Feed one drafted token per row; the logits after it."""
-        for held, token in zip(self.held, tokens.tolist()):
-            held.append(token)
-        logits, _ = self.decoder(tokens[:, None], self.cache, kv_len=max(len(held) for held in self.held))
+    def _step(self, tokens: torch.Tensor, kv_len: int) -> torch.Tensor:  # [B] -> [B, V]
+        """Feed one drafted token per row (``kv_len``: the longest row's slots after it); the logits after it."""
+        logits, _ = self.decoder(tokens[:, None], self.cache, kv_len=kv_len)
         self.cache.commit(torch.ones_like(tokens))
         self.forwards += 1
         return logits[:, -1]
@@ -145,7 +154,8 @@ class CrossVocabDrafter(DraftModelDrafter):
 
     def _propose_shared(self, logits: torch.Tensor, k: int, params: SamplingParams, state: DecodeState) -> Proposal:
         """Token-level intersection: draws from the draft's law over its shared tokens, renormalised there."""
-        tokens, probs = [], []
+        tokens, probs, fed = [], [], []
+        longest = max(len(held) for held in self.held)
         for i in range(k):
             law, reported = self.laws(logits, params)  # [B, V_draft] each
             drawn = sample(law, state.generator)  # [B]
@@ -153,7 +163,9 @@ class CrossVocabDrafter(DraftModelDrafter):
             if not params.greedy:
                 probs.append(self.over_target(reported, state.vocab_size))
             if i + 1 < k:
-                logits = self._step(drawn)
+                logits = self._step(drawn, longest + i + 1)
+                fed.append(drawn)
+        self._drafted(fed)
         self.proposed = len(tokens)
         return Proposal(tokens=torch.stack(tokens, 1), probs=None if params.greedy else torch.stack(probs, 1),
                         num_proposed=[len(tokens)] * len(tokens[0]))
@@ -176,10 +188,12 @@ class CrossVocabDrafter(DraftModelDrafter):
         tokenizer per row (at most k target tokens; a row whose committed text ends inside a character proposes
         none, a plain step completes it)."""
         drafted = []
+        longest = max(len(held) for held in self.held)
         for i in range(k):
             drafted.append(logits.argmax(-1))
             if i + 1 < k:
-                logits = self._step(drafted[-1])
+                logits = self._step(drafted[-1], longest + i + 1)
+        self._drafted(drafted[:-1])
         rows = []
         for b, tokens in enumerate(torch.stack(drafted, 1).tolist()):
             if complete_utf8(self.map.target_text(state.tokens[b][-4:]))[1]:

@@ -155,7 +155,8 @@ class DraftModelDrafter(Drafter):
         return drafter.rounded(cfg.weight_bits, target)
 
     @classmethod
-    def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer, mismatch: VocabMismatchError) -> "DraftModelDrafter":
+    def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer,
+                     mismatch: VocabMismatchError) -> "DraftModelDrafter":
         """The drafter for a draft model with another tokenizer (cross_vocab.py), or the refusal cfg asks for."""
         from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
 

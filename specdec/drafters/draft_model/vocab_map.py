@@ -71,7 +71,7 @@ def _spell(token: str, kind: str) -> Optional[bytes]:
         if not all(ch in alphabet for ch in token):
             return None
         return bytes(alphabet[ch] for ch in token)
-    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+    if is_byte_fallback(token):
         try:
             return bytes([int(token[3:5], 16)])
         except ValueError:
