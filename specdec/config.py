@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -43,7 +43,9 @@ class TargetConfig:
 @dataclass
 class DrafterConfig:
     name: str = MISSING  # registry key of the drafter class (specdec.drafters.DRAFTERS)
-    k: int = 4  # lookahead: draft tokens proposed per target forward
+    # lookahead: draft tokens proposed per target forward; "auto" (the main job): chosen per run from a replay of
+    # held-out prompts timed on this machine, 0 (no drafting) where nothing pays (RunConfig.auto)
+    k: Union[int, str] = 4
 
 
 # Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;
@@ -96,11 +98,25 @@ class JobConfig:
 
 
 @dataclass
+class AutoConfig:
+    """drafter.k=auto (specdec/replay/auto.py): the lookahead is chosen from a replay of held-out prompts (the next
+    ones of each of data.sources after the job's own), timed by costs measured at data.batch_size rows."""
+
+    prompts_per_source: int = 4  # held-out calibration prompts from each source (the job's own where none are left)
+    max_new_tokens: int = 48  # tokens logged per calibration prompt
+    seeds: int = 1  # temperature > 0: sampled continuations logged per calibration prompt
+    ks: Optional[list[int]] = None  # sizes tried; null = chains 1..8, trees 4, 8, 12, 16, 24
+    margin: float = 0.05  # draft only where the best predicted decode speedup reaches 1 + margin
+    log_dir: Optional[str] = None  # where its logs and costs are kept; null = replay/ under specdec's cache
+
+
+@dataclass
 class RunConfig(JobConfig):
     # The main job drafts with the shipped EAGLE drafter: the fastest shipped drafter on this CPU under greedy
     # decoding (README); configs/run.yaml names the same choices.
     defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "eagle"))
     baseline: bool = True  # also run plain autoregressive decoding on the same prompts (for speedup)
+    auto: AutoConfig = field(default_factory=lambda: AutoConfig())  # how drafter.k=auto chooses
     warmup: bool = True  # one untimed short generation first, so timings exclude one-off costs
     results_file: str = "results.json"
 

@@ -3,15 +3,21 @@
     python -m specdec.run                                  # embedded SmolLM2-135M, the shipped EAGLE drafter
     python -m specdec.run drafter=draft_model drafter.k=2 sampling=sample
     python -m specdec.run -m drafter=ngram drafter.k=1,2,4,8   # a sweep (summary written at the end)
+    python -m specdec.run drafter.k=auto data.batch_size=4     # the lookahead chosen for this machine and batch
 
 Speculative and plain decoding run on the same prompts in the same process, batch by batch in
 alternation so slow drifts in machine load hit both alike. Each prompt's figures are kept (``per_prompt``), and
 every speedup comes with its 95% bootstrap interval over the prompts it rests on; a category of fewer than 3
 prompts is marked (``few_prompts``). Writes ``results.json`` in the run directory.
+
+``drafter.k=auto`` chooses the lookahead before decoding (:mod:`specdec.replay.auto`: a replay of held-out
+prompts, timed at this batch size on this machine), down to none: k = 0 decodes plainly. ``results.json`` keeps the
+choice and its predictions under ``auto``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -27,24 +33,28 @@ from specdec.decode.engine import autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
-from specdec.jobs.data import encode_prompts, left_pad, load_prompt_mix, prompt_room, result_category
+from specdec.jobs.data import (encode_prompts, held_out_mix, left_pad, load_prompt_mix, prompt_room,
+                               result_category)
 from specdec.jobs.io import write_json
 from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
 from specdec.models import target_decoder
 from specdec.models.graphs import check_compile_mode
 from specdec.models.llama import use_coded_panels
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoChoice, auto_candidates, choose_lookahead
 from specdec.report.table import format_table
 from specdec.verify.sampling import SamplingParams
 
 register_configs()
+log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     check_job_config(cfg)
-    k = cfg.drafter.k
+    auto, tree = cfg.drafter.k == "auto", bool(cfg.drafter.get("tree"))
+    k = max(cfg.auto.ks or (TREE_SIZES if tree else CHAIN_KS)) if auto else cfg.drafter.k  # auto: built at its largest
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
+        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1 or 'auto', got {k!r}")
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     SamplingParams(**sampling)  # bad settings fail before the model loads
     check_compile_mode(cfg.target.compile)
@@ -53,7 +63,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(cfg.target.device)
     use_coded_panels(cfg.target.coded_weights)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter(cfg.drafter, target, tokenizer)
+    drafter = build_drafter({**cfg.drafter, "k": k}, target, tokenizer)
     decoder = target_decoder(target, cfg.target.compile)  # what the target's forwards run through
     drafter.replay_graphs(cfg.target.compile)  # and the drafter's own model, where it runs one
 
@@ -65,12 +75,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
     eos = stop_token_ids(target, tokenizer)
+    choice = choose_auto(cfg, target, drafter, tokenizer, tree, eos, limit, context) if auto else None
+    k = choice.k if choice else k
     generator = torch.Generator(device=device)
     gen_args = dict(max_new_tokens=cfg.data.max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
 
+    def generate(ids, mask, **options):  # speculative decoding, or plain where k=auto chose none
+        if k == 0:
+            return autoregressive_generate(decoder, ids, attention_mask=mask, **options)
+        return speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **options)
+
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
         ids, mask = left_pad(prompts[:1], tokenizer.pad_token_id, device)
-        speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **{**gen_args, "max_new_tokens": 8})
+        generate(ids, mask, **{**gen_args, "max_new_tokens": 8})
         autoregressive_generate(decoder, ids, attention_mask=mask, **{**gen_args, "max_new_tokens": 8})
 
     by_category: dict[str, list[DecodeStats]] = defaultdict(list)
@@ -78,11 +95,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     per_prompt: list[dict[str, Any]] = []
     mismatches = 0
     bs = cfg.data.batch_size
-    for start in tqdm(range(0, len(prompts), bs), desc=f"{cfg.drafter.name} k={k}", unit="batch"):
+    for start in tqdm(range(0, len(prompts), bs), desc=f"{cfg.drafter.name} k={k}{' (auto)' if auto else ''}",
+                      unit="batch"):
         batch_rows = rows.select(range(start, min(start + bs, len(prompts))))
         ids, mask = left_pad(prompts[start:start + bs], tokenizer.pad_token_id, device)
         generator.manual_seed(cfg.sampling.seed + start)
-        spec = speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **gen_args)
+        spec = generate(ids, mask, **gen_args)
         category = result_category(batch_rows[0]) if bs == 1 else "mixed"
         by_category[category].append(spec.stats)
         if cfg.baseline:
@@ -116,6 +134,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "per_prompt": per_prompt,  # a batch's prompts per entry: one prompt each at data.batch_size=1
         "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
         "lossy": drafter.lossy,
+        "k_chosen": k,  # the lookahead decoded with (drafter.k, or what auto chose: 0 = plain decoding)
+        "auto": choice.as_dict() if choice else None,
         "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
         "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # left out of the timings above
         **drafter_graph_fields(drafter),
@@ -126,6 +146,28 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
                                       results["verify_step_time_s"], device))
     return results
+
+
+def choose_auto(cfg: DictConfig, target, drafter, tokenizer, tree: bool, eos: list[int], limit: int,
+                context: int) -> AutoChoice:
+    """drafter.k=auto's choice for this run (:func:`~specdec.replay.auto.choose_lookahead`) on held-out prompts of
+    its sources (cfg.auto), timed through the target's eager forwards (a GPU's graphs are not replayed there)."""
+    rows, held_out = held_out_mix(list(cfg.data.sources), cfg.data.limit_per_source, cfg.auto.prompts_per_source,
+                                  seed=cfg.sampling.seed)
+    if not held_out:
+        log.warning("drafter.k=auto: data.sources leave no prompts out of the run; choosing on the run's own first "
+                    "%d per source", cfg.auto.prompts_per_source)
+    candidates = auto_candidates(drafter, tree, cfg.auto.ks)
+    choice = choose_lookahead(target, drafter, encode_prompts(tokenizer, rows, limit, context), tree=tree,
+                              candidates=candidates, batch_size=cfg.data.batch_size,
+                              max_new_tokens=cfg.auto.max_new_tokens, eos=eos, tokenizer=tokenizer,
+                              temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k,
+                              top_p=cfg.sampling.top_p, seeds=cfg.auto.seeds, margin=cfg.auto.margin,
+                              directory=cfg.auto.log_dir)
+    predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in choice.predicted.items())
+    log.info("drafter.k=auto chose k=%d%s in %.1f s (predicted decode speedups %s)", choice.k,
+             " (plain decoding)" if choice.k == 0 else "", choice.seconds, predicted)
+    return choice
 
 
 def prompt_figures(ids: list[str], category: str, spec: DecodeStats, base: DecodeStats) -> dict[str, Any]:

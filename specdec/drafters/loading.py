@@ -83,6 +83,9 @@ def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> D
     (:func:`drafter_config`). The drafter keeps the config it was built from as ``drafter.config``."""
     name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
     cfg = _merge(drafter_config(name), cfg, name, "the given settings")
+    if cfg.k == "auto":
+        raise ValueError(f"drafter.k='auto' is chosen by the main job (python -m specdec.run drafter.k=auto) after "
+                         f"it builds the drafter at the largest size it tries; build {name} with an integer k")
     drafter = _registered(name).from_config(cfg, target=target, tokenizer=tokenizer)
     drafter.config = cfg
     return drafter

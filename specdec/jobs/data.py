@@ -83,6 +83,21 @@ def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, 
     return datasets.concatenate_datasets([load_prompts(s, limit=limit_per_source, seed=seed) for s in sources])
 
 
+def held_out_mix(sources: list[str], limit_per_source: int | None, per_source: int, *,
+                 seed: int = 0) -> tuple[datasets.Dataset, bool]:
+    """Up to ``per_source`` rows of each of ``sources`` that ``load_prompt_mix(sources, limit_per_source)`` leaves
+    out (the next ones in its order), and whether any were left out; where none were (every row taken, or a source
+    exhausted), the mix's own first rows instead (``False``)."""
+    if per_source < 1:
+        raise ValueError(f"held-out prompts per source must be >= 1, got {per_source}")
+    if limit_per_source is not None:
+        rows = [load_prompts(s, limit=limit_per_source + per_source, seed=seed) for s in sources]
+        rows = [r.select(range(min(limit_per_source, len(r)), len(r))) for r in rows]
+        if all(len(r) for r in rows):
+            return datasets.concatenate_datasets(rows), True
+    return load_prompt_mix(sources, per_source, seed=seed), False
+
+
 def source_label(source: str) -> str:
     """A prompt source's short name: a built-in's name, a file's stem, a hub dataset's name."""
     if source.startswith("hub:"):

@@ -9,11 +9,12 @@ It composes the main job's groups (target, drafter, sampling, data, logger) and 
 replayed: α, τ and the per-position acceptance as a live greedy run gives them (exactly: tests/replay), or at T > 0
 their expectation along ``seeds`` sampled continuations per prompt (:mod:`specdec.replay.simulate`; with
 deterministic drafts also τ of the matching walk, exact in distribution), and the speedups the measured cost model
-predicts (decode only, loop overhead left out: :mod:`specdec.replay.costs`). The first point logs the target's
+predicts (decode only, the loop's host work included: :mod:`specdec.replay.costs`). The first point logs the target's
 continuations and the drafter's proposals (chains up to ``k_max`` drafts, a tree at its ``k``) and measures the
 costs; the file is kept under ``log_dir`` and every later point it covers reuses it. ``check_live: N`` decodes the
 first N prompts live as well (``live_seeds`` runs each at T > 0) and reports τ's gap (results: ``live_check``).
-One prompt per generation (``data.batch_size=1``).
+The log holds one prompt per generation; ``data.batch_size=B`` times the replay by a cost model measured at B rows
+(each row accepting as it would alone: for trees, whose shape a batch's rows share, optimistic).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from specdec.jobs.runs import check_job_config, config_fields, machine_descripti
 from specdec.models.llama import use_coded_panels
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.cache import cached_log
-from specdec.replay.costs import CostModel
 from specdec.replay.log import drafts_trees
 from specdec.replay.simulate import plain_stats, replay
 from specdec.report.table import format_table
@@ -56,7 +56,7 @@ class ReplayConfig(JobConfig):
     check_live: int = 0  # decode the first N prompts live at this point too and report τ's gap (results: live_check)
     live_seeds: int = 8  # T > 0: live runs per prompt checked (generator seeds sampling.seed + 1000 s + prompt index)
     log_dir: Optional[str] = None  # where logs are kept; null = replay/ under specdec's cache ($SPECDEC_CACHE)
-    costs: bool = True  # measure the cost model (verify time per width, draft time per K) for the speedups
+    costs: bool = True  # measure the cost model (verify time per width, live steps per K) for the speedups
     results_file: str = "results.json"
 
 
@@ -75,9 +75,6 @@ def check_replay_config(cfg: DictConfig) -> int:
         value = cfg[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if cfg.data.batch_size != 1:
-        raise ValueError(f"replay logs one prompt per generation: data.batch_size={cfg.data.batch_size}; use "
-                         f"data.batch_size=1 (a batch's tree shape depends on its other rows)")
     return k
 
 
@@ -100,9 +97,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     eos = stop_token_ids(target, tokenizer)
     log, path, from_disk = cached_log(target, drafter, prompts, k_max=k_max, max_new_tokens=cfg.data.max_new_tokens,
                                       tokenizer=tokenizer, eos_token_id=eos, tree=tree, directory=cfg.log_dir,
-                                      costs=cfg.costs, seeds=seeds, **sampling)
+                                      costs=cfg.costs, cost_batch=cfg.data.batch_size, pad_id=tokenizer.pad_token_id,
+                                      seeds=seeds, **sampling)
     start = time.perf_counter()
-    spec = replay(log, k)
+    spec = replay(log, k, batch_size=cfg.data.batch_size)
     replay_time = time.perf_counter() - start
     walk = log.temperature != 0 and log.one_hot  # deterministic drafts: the matching walk too
     walked = total(replay(log, k, walk=True)).mean_accepted_length if walk else None
@@ -111,7 +109,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         live = live_check(target, drafter, prompts[:cfg.check_live], spec[:cfg.check_live], k=k, eos=eos,
                           max_new_tokens=cfg.data.max_new_tokens, seeds=1 if log.temperature == 0 else cfg.live_seeds,
                           seed=cfg.sampling.seed, **sampling)
-    costs = CostModel.from_dict(log.costs) if log.costs else None
+    costs = log.cost_model(cfg.data.batch_size)
     base = [plain_stats(s, costs) for s in spec] if costs else None
     by_category: dict[str, list[int]] = defaultdict(list)
     for i, row in enumerate(rows):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.drafters.base import Drafter
+from specdec.jobs.runs import machine_description
 from specdec.models.loading import cache_root, stop_token_ids
 from specdec.replay.costs import logged_trees, measure
 from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
@@ -38,12 +39,15 @@ def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, 
 def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
                tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seeds: int = 1, tree: bool | None = None,
-               directory: str | Path | None = None, costs: bool = False) -> tuple[ReplayLog, Path, bool]:
+               directory: str | Path | None = None, costs: bool = False, cost_batch: int = 1,
+               pad_id: int = 0) -> tuple[ReplayLog, Path, bool]:
     """The log of ``drafter`` on ``prompts`` (:func:`~specdec.replay.log.log_proposals`), from ``directory`` (None:
     :func:`default_directory`) when an earlier pass wrote it, else logged now and saved there. ``tree``: a tree
     drafter (None: :func:`~specdec.replay.log.drafts_trees`). The key holds K_max: log chains at the largest K a
-    sweep needs. ``costs``: measure the cost model too (:func:`~specdec.replay.costs.measure`: verify widths 1 ..
-    K_max + 1, drafting at every K <= K_max, or the tree) where the log has none, and keep it in the file.
+    sweep needs. ``costs``: measure the cost model at a batch of ``cost_batch`` rows too
+    (:func:`~specdec.replay.costs.measure`: verify widths 1 .. K_max + 1, live steps at every K <= K_max, or the
+    tree's; ``pad_id`` left-pads those rows) where the log has none at that batch measured on this machine (as
+    :func:`~specdec.jobs.runs.machine_description` names it), and keep it in the file.
     ``temperature``, ``top_k``, ``top_p``, ``seeds``: as :func:`~specdec.replay.log.log_proposals` takes them.
     Returns the log, its file and whether it was read from disk."""
     check_replayable(drafter, temperature, top_k, top_p)
@@ -61,10 +65,12 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
     else:
         log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens,
                             tokenizer=tokenizer, eos_token_id=eos, tree=tree, seeds=seeds, **sampling)
-    if costs and not log.costs:
-        model = measure(target, drafter, prompts[0], ks=[k_max] if log.tree else range(1, k_max + 1),
-                        widths=range(1, k_max + 2), trees=logged_trees(log))
-        log.costs = asdict(model)
+    measured = log.cost_model(cost_batch)
+    if costs and (measured is None or measured.machine != machine_description(next(target.parameters()).device)):
+        model = measure(target, drafter, prompts, ks=[k_max] if log.tree else range(1, k_max + 1),
+                        widths=range(1, k_max + 2), trees=logged_trees(log), batch_size=cost_batch, pad_id=pad_id,
+                        **sampling)
+        log.costs[str(cost_batch)] = asdict(model)
         from_disk = False
     if not from_disk:
         log.save(path)

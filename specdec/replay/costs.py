@@ -1,15 +1,20 @@
-"""The cost model a replay predicts time with, measured on this machine: the target's verify time per block width
-and the drafter's time per step.
+"""The cost model a replay predicts time with, measured on this machine at one batch size: the target's verify time
+per block width, and what a live step spends besides.
 
-- **verify**: the target's forward over a block of w tokens (the last token and w − 1 drafts) after a prompt, for
-  each width asked (the median of a few repeats), as the decode loop runs it: under a tree's mask where a tree of
-  that size was logged (the first such shape), capturing the drafter's feature layers; width 1 is a plain step.
-- **draft**: the drafter's proposal time per step at each lookahead K (a chain's K, a tree's size): a short
-  logging pass per K, whose proposal times are averaged, the first left out as a warm-up.
+- **verify**: the target's forward over a block of w tokens per row (the last token and w − 1 drafts) after a
+  prompt, for each width asked (the median of a few repeats), as the decode loop runs it: under a tree's mask where
+  a tree of that size was logged (the first such shape), capturing the drafter's feature layers; width 1 is a plain
+  step.
+- **draft** and **host**, from short live generations per lookahead K (a chain's K, a tree's size) on a few of the
+  prompts (their acceptance sets how much a drafter does between forwards), after a warm-up: the drafter's seconds
+  per step (proposing and observing, as the loop times them), and the rest of the step beyond the verify forward of
+  its mean width (the acceptance rule, the one sync, emitting and committing: the loop's host work). Plain
+  decoding's host work likewise (``plain_host_s``).
 
-A replayed run is then timed as the live loop would spend it: per verify step, ``verify[width]`` +
-``draft[K]``; plain decoding, ``verify[1]`` per token. Loop overhead (host work between steps, the drafter's start
-and observe) is left out: it is what a measured speedup loses against this prediction.
+A replayed run is then timed as the live loop would spend it: per verify step, ``verify[width]`` + ``draft[K]`` +
+``host[K]``; plain decoding, ``verify[1]`` + ``plain_host`` per token. No prefill. At a batch of B rows every
+figure is a step of the whole batch: a replay at batch 1's acceptance timed by them predicts batch B's speedup
+(each row accepting as it would alone: for trees, whose shape a batch's rows share, an optimistic guess).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.models import as_decoder
 from specdec.verify.tree import Tree
 
@@ -29,23 +34,31 @@ if TYPE_CHECKING:
     from specdec.replay.log import ReplayLog
 
 REPEATS = 5
-DRAFT_POSITIONS = 12  # proposals timed per K (the first is a warm-up)
+LIVE_TOKENS = 32  # new tokens per row of each live generation the draft and host times come from
+SPREAD = 4  # prompts those generations decode (at least a batch), evenly spaced through the prompts
 
 
 @dataclass
 class CostModel:
-    """Seconds per target forward by block width, and per drafting step by K (keys as strings in a saved log)."""
+    """Seconds per target forward by block width, per drafting step and per step's host work by K, and plain
+    decoding's host work per token, for a batch of ``batch_size`` rows (keys as strings in a saved log)."""
 
     verify_s: dict[int, float] = field(default_factory=dict)
     draft_s: dict[int, float] = field(default_factory=dict)
+    host_s: dict[int, float] = field(default_factory=dict)
+    plain_host_s: float = 0.0
+    batch_size: int = 1
     machine: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CostModel":
-        return cls({int(w): t for w, t in data.get("verify_s", {}).items()},
-                   {int(k): t for k, t in data.get("draft_s", {}).items()}, data.get("machine", ""))
+        def keyed(name: str) -> dict[int, float]:
+            return {int(w): t for w, t in data.get(name, {}).items()}
 
-    def verify(self, width: int) -> float:
+        return cls(keyed("verify_s"), keyed("draft_s"), keyed("host_s"), data.get("plain_host_s", 0.0),
+                   data.get("batch_size", 1), data.get("machine", ""))
+
+    def verify(self, width: float) -> float:
         """A verify forward over ``width`` tokens (linear between the widths measured, the widest beyond)."""
         if not self.verify_s:
             raise ValueError("this cost model holds no verify times: measure them (specdec.replay.costs.measure)")
@@ -61,29 +74,47 @@ class CostModel:
 
     def draft(self, k: int) -> float:
         """A drafting step at lookahead ``k`` (the nearest K measured)."""
-        if not self.draft_s:
-            return 0.0
-        return self.draft_s[min(self.draft_s, key=lambda measured: (abs(measured - k), measured))]
+        return _nearest(self.draft_s, k)
+
+    def host(self, k: int) -> float:
+        """A verify step's host work at lookahead ``k`` (the nearest K measured)."""
+        return _nearest(self.host_s, k)
+
+    def step(self, width: int, k: int) -> float:
+        """A speculative step at lookahead ``k`` whose block is ``width`` tokens wide."""
+        return self.verify(width) + self.draft(k) + self.host(k)
+
+    def plain_step(self) -> float:
+        """A plain decoding step."""
+        return self.verify(1) + self.plain_host_s
+
+
+def _nearest(times: dict[int, float], k: int) -> float:
+    if not times:
+        return 0.0
+    return times[min(times, key=lambda measured: (abs(measured - k), measured))]
 
 
 def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: int = REPEATS, *,
-                 trees: dict[int, Tree] | None = None, capture: tuple[int, ...] = ()) -> dict[int, float]:
-    """The median seconds of the target's forward over ``w`` tokens after ``prompt`` (in its cache), for each of
-    ``widths``: under ``trees[w]``'s mask where given (a tree of w − 1 nodes), returning the ``capture`` layers'
-    features. The block is written past the committed prompt and never committed, so every repeat reads the
-    same cache."""
+                 trees: dict[int, Tree] | None = None, capture: tuple[int, ...] = (),
+                 batch_size: int = 1) -> dict[int, float]:
+    """The median seconds of the target's forward over ``w`` tokens per row after ``prompt`` (in its cache, in
+    each of ``batch_size`` rows), for each of ``widths``: under ``trees[w]``'s mask where given (a tree of w − 1
+    nodes), returning the ``capture`` layers' features. The block is written past the committed prompt and never
+    committed, so every repeat reads the same cache."""
     trees = trees or {}
     decoder = as_decoder(target)
     device = decoder.device
-    ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]  # [1, S]
+    ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None].expand(batch_size, -1)  # [B, S]
     length = ids.shape[1]
-    cache = decoder.new_cache(1, length + max(widths) + 1, torch.zeros(1, dtype=torch.long, device=device))
+    cache = decoder.new_cache(batch_size, length + max(widths) + 1,
+                              torch.zeros(batch_size, dtype=torch.long, device=device))
     times = {}
     with torch.no_grad():
         decoder(ids, cache, kv_len=length, last_only=True)
-        cache.commit(torch.full((1,), length, device=device))
+        cache.commit(torch.full((batch_size,), length, device=device))
         for width in widths:
-            block = ids[:, -1:].expand(1, width).contiguous()  # [1, w]: the tokens do not change the cost
+            block = ids[:, -1:].expand(batch_size, width).contiguous()  # [B, w]: the tokens do not change the cost
             tree = trees.get(width)
             shape = {} if tree is None else {"tree_mask": tree.mask.to(device), "depths": tree.depths.to(device)}
             decoder(block, cache, kv_len=length + width, capture=capture, **shape)  # a first call packs what it packs
@@ -100,30 +131,81 @@ def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: 
     return times
 
 
-def draft_times(target, drafter: Drafter, prompt: Sequence[int], ks: Sequence[int],
-                positions: int = DRAFT_POSITIONS) -> dict[int, float]:
-    """The mean seconds of ``drafter``'s proposal at each of ``ks`` over ``positions`` positions of ``prompt``'s
-    greedy continuation (a short logging pass per K; the first proposal is left out)."""
-    from specdec.replay.log import log_proposals
+class _Widths(DrafterWrapper):
+    """Counts the block widths a live run verifies (the last token and the proposal's tokens)."""
 
-    out = {}
+    def __init__(self, inner: Drafter):
+        super().__init__(inner)
+        self.widths: list[int] = []
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        proposal = self.inner.propose(state, k)
+        self.widths.append(1 + proposal.tokens.shape[1])
+        return proposal
+
+
+def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int]]], ks: Sequence[int],
+               verify: CostModel, *, new_tokens: int = LIVE_TOKENS, pad_id: int = 0,
+               **sampling: Any) -> tuple[dict[int, float], dict[int, float], float]:
+    """From live generations of ``new_tokens`` per row over each of ``batches`` (prompts decoded together,
+    left-padded) at each of ``ks``, after a warm-up: the drafter's seconds per step, the step's host work (its
+    seconds beyond the drafter's and ``verify``'s forward over the step's mean block width), and plain decoding's
+    host work per step, each pooled over the batches. Sampled runs (``sampling``: temperature, top_k, top_p) draw
+    from a fixed seed."""
+    from specdec.decode.engine import autoregressive_generate, speculative_generate
+    from specdec.jobs.data import left_pad
+
+    device = next(target.parameters()).device
+    generator = torch.Generator(device=device)
+    wrapped = _Widths(drafter)
+
+    def run(k: int | None, max_new_tokens: int) -> tuple[float, float, int]:  # decode seconds, drafter's, steps
+        seconds = drafting = steps = 0.0
+        for batch in batches:
+            ids, mask = left_pad([list(p) for p in batch], pad_id, device)
+            generator.manual_seed(0)
+            options = dict(attention_mask=mask, eos_token_id=[], generator=generator, max_new_tokens=max_new_tokens,
+                           **sampling)
+            stats = (autoregressive_generate(target, ids, **options) if k is None else
+                     speculative_generate(target, wrapped, ids, k=k, **options)).stats
+            seconds += stats.wall_time_s - stats.prefill_time_s
+            drafting += stats.drafter_time_s
+            steps += stats.target_forwards
+        return seconds, drafting, max(steps, 1)
+
+    run(max(ks), min(8, new_tokens))  # warm-up
+    draft, host = {}, {}
     for k in ks:
-        log = log_proposals(target, drafter, [prompt], k_max=k, max_new_tokens=positions + 1, eos_token_id=[])
-        times = log.prompts[0].draft_times_s[1:] or log.prompts[0].draft_times_s
-        out[k] = sum(times) / len(times)
-    return out
+        wrapped.widths = []
+        seconds, drafting, steps = run(k, new_tokens)
+        width = sum(wrapped.widths) / max(len(wrapped.widths), 1)  # a fractional width: interpolated
+        draft[k] = drafting / steps
+        host[k] = seconds / steps - draft[k] - verify.verify(width)
+    run(None, min(8, new_tokens))
+    seconds, _, steps = run(None, new_tokens)
+    return draft, host, seconds / steps - verify.verify(1)
 
 
-def measure(target, drafter: Drafter, prompt: Sequence[int], *, ks: Sequence[int], widths: Sequence[int],
-            trees: dict[int, Tree] | None = None) -> CostModel:
-    """The cost model for ``drafter`` on ``target`` (see the module docstring), timed after ``prompt``; ``trees``:
-    the tree verified at each block width, where the drafter proposes trees."""
+def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: Sequence[int],
+            widths: Sequence[int], trees: dict[int, Tree] | None = None, batch_size: int = 1, pad_id: int = 0,
+            new_tokens: int = LIVE_TOKENS, spread: int = SPREAD, **sampling: Any) -> CostModel:
+    """The cost model for ``drafter`` on ``target`` (see the module docstring) at a batch of ``batch_size`` rows:
+    its live steps over ``spread`` of ``prompts`` (at least a batch; evenly spaced through them, repeated when
+    fewer) in batches of ``batch_size``, its verify forwards after the first prompt; ``trees``: the tree verified
+    at each block width, where the drafter proposes trees; ``sampling``: the live generations' temperature, top_k,
+    top_p."""
     from specdec.jobs.runs import machine_description
 
     device = next(target.parameters()).device
-    return CostModel(verify_times(target, prompt, sorted(set(widths) | {1}), trees=trees,
-                                  capture=tuple(drafter.feature_layers)),
-                     draft_times(target, drafter, prompt, ks), machine_description(device))
+    count = batch_size * max(1, -(-spread // batch_size))
+    rows = [list(prompts[(i * len(prompts) // count) % len(prompts)]) for i in range(count)]
+    batches = [rows[i: i + batch_size] for i in range(0, count, batch_size)]
+    model = CostModel(verify_times(target, rows[0], sorted(set(widths) | {1}), trees=trees,
+                                   capture=tuple(drafter.feature_layers), batch_size=batch_size),
+                      batch_size=batch_size, machine=machine_description(device))
+    model.draft_s, model.host_s, model.plain_host_s = loop_times(target, drafter, batches, ks, model, pad_id=pad_id,
+                                                                 new_tokens=new_tokens, **sampling)
+    return model
 
 
 def logged_trees(log: ReplayLog) -> dict[int, Tree]:

@@ -54,7 +54,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
@@ -64,7 +64,10 @@ from specdec.models.loading import stop_token_ids
 from specdec.replay.acceptance import chain_acceptance, tree_acceptance
 from specdec.verify.sampling import SamplingParams, sample
 
-FORMAT = 2  # bumped when what a log holds changes: an older file is refused, not misread
+if TYPE_CHECKING:
+    from specdec.replay.costs import CostModel
+
+FORMAT = 3  # bumped when what a log holds changes: an older file is refused, not misread
 VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner"}  # per-generation drafter state
 
 
@@ -113,7 +116,7 @@ class ReplayLog:
     k_max: int  # chains: the longest lookahead replayable; trees: the tree size logged
     tree: bool  # a tree drafter: replayable at k_max only
     prompts: list[PromptLog]
-    costs: dict[str, Any] = field(default_factory=dict)  # the cost model (specdec.replay.costs), may be empty
+    costs: dict[str, Any] = field(default_factory=dict)  # cost models (specdec.replay.costs) by batch size (str)
     log_time_s: float = 0.0  # the logging pass's wall time
     top_k: int = 0  # the sampling settings the continuation and the drafts were drawn with (with temperature)
     top_p: float = 1.0
@@ -124,6 +127,13 @@ class ReplayLog:
     @property
     def sampling(self) -> dict[str, float]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    def cost_model(self, batch_size: int = 1) -> CostModel | None:
+        """The cost model measured at a batch of ``batch_size`` rows (None: not measured)."""
+        from specdec.replay.costs import CostModel
+
+        data = self.costs.get(str(batch_size))
+        return None if data is None else CostModel.from_dict(data)
 
     def check(self, *, target: dict | None = None, drafter: dict | None = None, tokenizer: dict | None = None,
               k: int | None = None, sampling: dict | None = None) -> None:

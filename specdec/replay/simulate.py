@@ -30,9 +30,10 @@ are fixed, and the emitted tokens are distributed as the target's samples: τ of
 distributed exactly as a live run's τ (no approximation; one run's noise per seed).
 
 With a cost model (:mod:`specdec.replay.costs`, measured on this machine) the steps are timed too: each verify step
-costs the target's forward over its block (last token + drafts) and a drafting step at K; plain decoding
-(:func:`plain_stats`) one width-1 forward per token. Those times feed :func:`~specdec.decode.metrics.summarize` as a
-live run's measured ones do; its ``speedup`` is then a prediction, decode only (no prefill is timed).
+costs the target's forward over its block (last token + drafts), a drafting step at K and the step's host work at
+K; plain decoding (:func:`plain_stats`) a width-1 forward and a plain step's host work per token. Those times feed
+:func:`~specdec.decode.metrics.summarize` as a live run's measured ones do; its ``speedup`` is then a prediction,
+decode only (no prefill is timed).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[
             block = 1 + (len(drafts) if proposed.parents is None else len(proposed.tokens))
             stats.target_time_s += costs.verify(block)
             stats.drafter_time_s += costs.draft(k)
+            stats.wall_time_s += costs.step(block, k)
         stats.record_step([width], [accepted], [True], depth)
         stats.target_forwards += 1
         kept = c[j: j + accepted + 1][: max_new_tokens - j]
@@ -92,7 +94,6 @@ def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[
         j += len(kept)
         stats.new_tokens += len(kept)
         active = not (kept[-1] in stop or j >= max_new_tokens)
-    stats.wall_time_s = stats.target_time_s + stats.drafter_time_s
     return stats
 
 
@@ -140,31 +141,33 @@ def expected_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequenc
         if costs is not None:
             stats.target_time_s += pi * costs.verify(block)
             stats.drafter_time_s += pi * costs.draft(k)
-    stats.wall_time_s = stats.target_time_s + stats.drafter_time_s
+            stats.wall_time_s += pi * costs.step(block, k)
     return stats
 
 
 def plain_stats(replayed: DecodeStats, costs: CostModel) -> DecodeStats:
-    """Plain decoding of the same prompt, timed by ``costs``: the same tokens (greedy), one width-1 forward each
+    """Plain decoding of the same prompt, timed by ``costs``: the same tokens (greedy), one plain step each
     after the prefill's."""
     stats = DecodeStats(k=0)
     stats.new_tokens, stats.prefill_tokens = replayed.new_tokens, replayed.prefill_tokens
     stats.target_forwards = stats.verify_steps = stats.verified_tokens = replayed.new_tokens - replayed.prefill_tokens
-    stats.target_time_s = stats.wall_time_s = costs.verify(1) * stats.target_forwards
+    stats.target_time_s = costs.verify(1) * stats.target_forwards
+    stats.wall_time_s = costs.plain_step() * stats.target_forwards
     return stats
 
 
-def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False) -> list[DecodeStats]:
+def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False, batch_size: int = 1) -> list[DecodeStats]:
     """Every prompt's live run at lookahead ``k`` (None: the log's K_max, or its tree), replayed from ``log``: one
     :class:`DecodeStats` per prompt (:func:`~specdec.decode.metrics.total` sums them; at T > 0 a prompt's seeds
-    summed, its counts expected values), timed by the log's cost model where it holds one. ``walk`` (T > 0, a
+    summed, its counts expected values), timed by the log's cost model at ``batch_size`` rows where it holds one
+    (each row accepting as at batch 1: the speedup predicted for a batch of that size). ``walk`` (T > 0, a
     log of deterministic drafts only): the matching walk along each sampled continuation instead of the
     expectation (see the module docstring). Refused (:class:`~specdec.replay.log.ReplayMismatchError`) for k
     beyond K_max, or another tree size."""
     k = log.k_max if k is None else k
     log.check(k=k)
     trees: dict[tuple[int, ...], Tree] = {}
-    costs = CostModel.from_dict(log.costs) if log.costs else None
+    costs = log.cost_model(batch_size)
     options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos, costs=costs)
     if log.temperature == 0 or walk:
         if walk and not log.one_hot:

@@ -178,30 +178,47 @@ def test_cost_model_interpolates_and_times_a_replay(models, tmp_path):
     from specdec.replay.costs import CostModel
     from specdec.replay.simulate import plain_stats
 
-    costs = CostModel({1: 1.0, 3: 2.0, 5: 5.0}, {1: 0.5, 4: 2.0})
-    assert (costs.verify(2), costs.verify(4), costs.verify(10)) == (1.5, 3.5, 10.0)
+    costs = CostModel({1: 1.0, 3: 2.0, 5: 5.0}, {1: 0.5, 4: 2.0}, {1: 0.25, 4: 0.5}, 0.125)
+    assert (costs.verify(2), costs.verify(4), costs.verify(10), costs.verify(2.5)) == (1.5, 3.5, 10.0, 1.75)
     assert (costs.draft(1), costs.draft(3), costs.draft(8)) == (0.5, 2.0, 2.0)
+    assert (costs.step(3, 1), costs.step(5, 4), costs.plain_step()) == (2.75, 7.5, 1.125)
     log, path, _ = cached_log(models["tiny"], CASES["draft_model"][1](models), PROMPTS, k_max=3, max_new_tokens=NEW,
                               eos_token_id=[], directory=tmp_path, costs=True)
-    model = CostModel.from_dict(ReplayLog.load(path).costs)
-    assert set(model.verify_s) == {1, 2, 3, 4} and set(model.draft_s) == {1, 2, 3}
-    assert all(t > 0 for t in [*model.verify_s.values(), *model.draft_s.values()])
+    model = ReplayLog.load(path).cost_model(1)
+    assert set(model.verify_s) == {1, 2, 3, 4} and set(model.draft_s) == set(model.host_s) == {1, 2, 3}
+    assert all(t > 0 for t in [*model.verify_s.values(), *model.draft_s.values()]) and model.batch_size == 1
     spec = replay(log, 2)  # the draft model always drafts k: every verify block is 3 wide
     base = [plain_stats(s, model) for s in spec]
     figures = summarize(total(spec), total(base), 2, len(PROMPTS))
-    spec_all, step = total(spec), model.verify(3) + model.draft(2)
-    decoded = spec_all.new_tokens - spec_all.prefill_tokens  # one plain forward each
-    assert figures["speedup"] == pytest.approx(decoded * model.verify(1) / (spec_all.verify_steps * step))
-    assert figures["predicted_speedup_measured_costs"] == pytest.approx(
-        spec_all.mean_accepted_length * model.verify(1) / step)  # τ counts what max_new_tokens cut: above it
+    spec_all, step = total(spec), model.step(3, 2)
+    decoded = spec_all.new_tokens - spec_all.prefill_tokens  # one plain step each
+    assert figures["speedup"] == pytest.approx(decoded * model.plain_step() / (spec_all.verify_steps * step))
+    assert spec_all.target_time_s == pytest.approx(spec_all.verify_steps * model.verify(3))
+
+
+def test_costs_are_kept_per_batch_size(models, tmp_path):
+    from specdec.decode.metrics import total
+
+    options = dict(k_max=2, max_new_tokens=NEW, eos_token_id=[], directory=tmp_path, costs=True)
+    drafter = CASES["ngram"][1](models)
+    log, path, _ = cached_log(models["tiny"], drafter, PROMPTS, **options)
+    log, _, from_disk = cached_log(models["tiny"], drafter, PROMPTS, cost_batch=3, **options)
+    assert not from_disk and sorted(ReplayLog.load(path).costs) == ["1", "3"]  # the batch-3 model added to the file
+    three = log.cost_model(3)
+    assert three.batch_size == 3 and set(three.host_s) == {1, 2}
+    assert log.cost_model(2) is None
+    assert three.verify(1) != log.cost_model(1).verify(1)
+    one, batched = total(replay(log, 2)), total(replay(log, 2, batch_size=3))  # batch 1's acceptance, 3's times
+    assert (batched.verify_steps, batched.verified_tokens) == (one.verify_steps, one.verified_tokens)
+    assert batched.wall_time_s != one.wall_time_s
 
 
 def test_a_tree_logs_cost_model_times_its_trees(models, tmp_path):
-    from specdec.replay.costs import CostModel, logged_trees
+    from specdec.replay.costs import logged_trees
 
     log, _, _ = cached_log(models["markov"], CASES["medusa_tree"][1](models), PROMPTS, k_max=10, max_new_tokens=NEW,
                            eos_token_id=[], directory=tmp_path, costs=True)
     trees = logged_trees(log)
     assert trees and all(tree.num_nodes + 1 == width for width, tree in trees.items())
-    model = CostModel.from_dict(log.costs)
-    assert set(model.verify_s) == set(range(1, 12)) and set(model.draft_s) == {10}
+    model = log.cost_model(1)
+    assert set(model.verify_s) == set(range(1, 12)) and set(model.draft_s) == set(model.host_s) == {10}

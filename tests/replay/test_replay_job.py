@@ -47,7 +47,7 @@ def test_help_lists_the_main_jobs_groups():
     ("sampling.temperature=-1", "temperature must be a finite number >= 0 (0 = greedy), got -1"),
     ("seeds=0", "seeds must be an integer >= 1, got 0"),
     ("check_live=-1", "check_live must be an integer >= 0, got -1"),
-    ("data.batch_size=2", "data.batch_size=2; use data.batch_size=1"),
+    ("data.batch_size=0", "data.batch_size must be an integer >= 1 (prompts decoded together), got 0"),
     ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
 ])
 def test_refused_before_anything_loads(override, message):

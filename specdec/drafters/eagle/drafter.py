@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -66,7 +66,8 @@ class EagleDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "eagle"
-        k: int = 24  # draft tokens per target forward at most: tree nodes (lookup's included), or chain length
+        # draft tokens per target forward at most: tree nodes (lookup's included), or chain length; "auto": specdec.run
+        k: Union[int, str] = 24
         path: str = DEFAULT_EAGLE  # "default" (shipped for SmolLM2-135M-Instruct) or an EAGLE-3 drafter directory
         tree: bool = True  # an EAGLE-2 tree of k nodes; false = a chain of k drafts
         depth: int = 6  # tree levels drafted

@@ -40,7 +40,7 @@ import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -162,7 +162,8 @@ class MedusaDrafter(Drafter):
     @dataclass
     class Config(DrafterConfig):
         name: str = "medusa"
-        k: int = 23  # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads
+        # draft tokens per target forward at most: tree nodes (lookup's included), or chain heads; "auto": specdec.run
+        k: Union[int, str] = 23
         # Where the heads are: "default" (shipped for SmolLM2-135M-Instruct), or what `python -m specdec.train
         # method=medusa` wrote (its output or export directory, or the heads.safetensors in it)
         path: str = DEFAULT_HEADS

@@ -1,0 +1,99 @@
+"""``drafter.k=auto``: the lookahead a run drafts with (a chain's K, a tree's size, or none at all), chosen from a
+replay of held-out prompts timed by costs measured on this machine at the run's batch size.
+
+For each candidate size the replay (:mod:`specdec.replay`) gives τ on the calibration prompts (one logging pass
+covers every chain K; a tree size is its own pass), the cost model (:mod:`specdec.replay.costs`, measured at the
+run's batch size, temperature and weight format: whatever the target was loaded with) times the steps, and the
+predicted decode speedup over plain decoding follows. The run drafts at the best candidate, or not at all (k = 0,
+plain decoding) where no candidate is predicted to reach ``1 + margin``: the margin absorbs what the prediction
+misses (within ~6% at batch 1 here: experiments/README.md#replay-costs-2026-11-26). At a batch of B rows the
+acceptance is batch 1's (a batch's rows share a tree's shape, so batched trees are predicted optimistically).
+
+The logs and costs are cached like the replay job's (:func:`~specdec.replay.cache.cached_log`): a second run of the
+same configuration on this machine chooses in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdec.decode.metrics import total
+from specdec.drafters.base import Drafter
+from specdec.replay.cache import cached_log
+from specdec.replay.simulate import plain_stats, replay
+
+CHAIN_KS = tuple(range(1, 9))  # the chain lookaheads tried unless told
+TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes tried unless told (none at or below a drafter's lookup nodes)
+
+
+@dataclass
+class AutoChoice:
+    """What ``k=auto`` chose (``k``: 0 = plain decoding) and why: τ and the predicted decode speedup per
+    candidate on the calibration prompts, and the seconds choosing took."""
+
+    k: int
+    predicted: dict[int, float] = field(default_factory=dict)
+    tau: dict[int, float] = field(default_factory=dict)
+    margin: float = 0.05
+    prompts: int = 0
+    batch_size: int = 1
+    seconds: float = 0.0
+    logs: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "predicted_speedup": self.predicted, "mean_accepted_length": self.tau,
+                "margin": self.margin, "prompts": self.prompts, "batch_size": self.batch_size,
+                "seconds": self.seconds, "logs": self.logs}
+
+
+def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = None) -> list[int]:
+    """The sizes ``k=auto`` tries: ``given``, else :data:`CHAIN_KS` for a chain and :data:`TREE_SIZES` for a tree
+    (those above the drafter's prompt-lookup nodes, which a tree holds besides its own)."""
+    sizes = list(given) if given else list(TREE_SIZES if tree else CHAIN_KS)
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in sizes):
+        raise ValueError(f"the lookaheads k=auto tries must be integers >= 1, got {sizes!r}")
+    lookup = getattr(drafter, "lookup", 0) or 0
+    kept = sorted({k for k in sizes if not tree or k > lookup})
+    if not kept:
+        raise ValueError(f"none of the tree sizes {sizes} leaves room beside the drafter's {lookup} lookup nodes; "
+                         f"try sizes above {lookup}")
+    return kept
+
+
+def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, tree: bool,
+                     candidates: Sequence[int], batch_size: int, max_new_tokens: int, eos: Sequence[int],
+                     tokenizer: Any = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     seeds: int = 1, margin: float = 0.05, directory: str | Path | None = None) -> AutoChoice:
+    """The lookahead among ``candidates`` (chain K's, or tree sizes where ``tree``) with the best decode speedup
+    predicted on ``prompts`` at a batch of ``batch_size`` rows, or 0 (plain decoding) where none reaches
+    ``1 + margin`` (see the module docstring). At temperature > 0 the replay is in expectation along ``seeds``
+    sampled continuations per prompt."""
+    if not prompts:
+        raise ValueError("k=auto needs at least one calibration prompt")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        raise ValueError(f"auto.margin (the predicted gain a drafter must show) must be a number >= 0, got {margin!r}")
+    start = time.perf_counter()
+    common = dict(max_new_tokens=max_new_tokens, tokenizer=tokenizer, eos_token_id=list(eos), temperature=temperature,
+                  top_k=top_k, top_p=top_p, seeds=seeds, tree=tree, directory=directory, costs=True,
+                  cost_batch=batch_size, pad_id=getattr(tokenizer, "pad_token_id", None) or 0)
+    choice = AutoChoice(0, margin=margin, prompts=len(prompts), batch_size=batch_size)
+    logs = {}
+    for size in (candidates if tree else [max(candidates)]):
+        log, path, _ = cached_log(target, drafter, prompts, k_max=size, **common)
+        logs[size] = log
+        choice.logs.append(str(path))
+    for k in candidates:
+        log = logs[k if tree else max(candidates)]
+        spec = replay(log, k, batch_size=batch_size)
+        base = [plain_stats(s, log.cost_model(batch_size)) for s in spec]
+        spec_all, base_all = total(spec), total(base)
+        choice.tau[k] = spec_all.mean_accepted_length
+        choice.predicted[k] = base_all.wall_time_s / spec_all.wall_time_s  # the same tokens (expected, at T > 0)
+    best = max(choice.predicted, key=lambda k: (choice.predicted[k], -k))
+    choice.k = best if choice.predicted[best] >= 1 + margin else 0
+    choice.seconds = time.perf_counter() - start
+    return choice

@@ -1,0 +1,102 @@
+"""``drafter.k=auto``: the lookahead with the best predicted speedup, or none where drafting does not pay, decided from
+a replay timed by the cost model (costs planted here, so the decision is the test's, not the machine's load); the
+candidates it tries; the main job deciding and decoding with it (the real default target, tiny budgets)."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+from helpers import noisy_copy, tiny_llama
+from test_replay_job import TINY, job
+
+from specdec import DraftModelDrafter, NgramDrafter
+from specdec.jobs.runs import machine_description
+from specdec.replay import ReplayLog
+from specdec.replay.auto import CHAIN_KS, TREE_SIZES, auto_candidates, choose_lookahead
+from specdec.replay.cache import cached_log
+from specdec.replay.costs import CostModel
+
+PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3, 7, 11], [4, 4, 6, 4, 4, 6, 4, 4], [12, 13, 14, 15, 12, 13, 14, 15]]
+NEW = 24
+THIS_MACHINE = machine_description(torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(layers=3, seed=0)
+    return target, DraftModelDrafter(noisy_copy(target))  # a draft that is often right
+
+
+def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MACHINE, **options):
+    """choose_lookahead over a log whose cost model is ``costs`` (planted in the cached file before choosing, as
+    measured on ``machine``)."""
+    common = dict(max_new_tokens=NEW, eos_token_id=[], directory=directory, tree=False)
+    _, path, _ = cached_log(target, drafter, PROMPTS, k_max=4, costs=False, **common)
+    log = ReplayLog.load(path)
+    costs.machine = machine
+    log.costs = {"1": asdict(costs)}
+    log.save(path)
+    return choose_lookahead(target, drafter, PROMPTS, tree=False, candidates=[1, 2, 3, 4], batch_size=1,
+                            max_new_tokens=NEW, eos=[], directory=directory, **options)
+
+
+def test_it_drafts_at_the_best_predicted_lookahead_where_verifying_is_nearly_free(models, tmp_path):
+    flat = CostModel({1: 1.0, 5: 1.1}, {k: 0.01 for k in range(1, 5)}, {k: 0.0 for k in range(1, 5)})
+    choice = choose(*models, tmp_path, flat)
+    assert choice.k == max(choice.predicted, key=choice.predicted.get) and choice.predicted[choice.k] > 1.05
+    assert sorted(choice.predicted) == [1, 2, 3, 4] and all(t >= 1 for t in choice.tau.values())
+    assert choice.as_dict()["k"] == choice.k and choice.logs
+
+
+def test_it_does_not_draft_where_nothing_pays(models, tmp_path):
+    linear = CostModel({1: 1.0, 5: 5.0}, {k: 0.5 for k in range(1, 5)}, {k: 0.1 for k in range(1, 5)})
+    choice = choose(*models, tmp_path, linear)
+    assert choice.k == 0 and max(choice.predicted.values()) < 1
+
+
+def test_a_gain_within_the_margin_is_not_taken(models, tmp_path):
+    flat = CostModel({1: 1.0, 5: 1.1}, {k: 0.01 for k in range(1, 5)}, {k: 0.0 for k in range(1, 5)})
+    best = max(choose(*models, tmp_path, flat).predicted.values())
+    assert choose(*models, tmp_path, flat, margin=best - 1 + 0.01).k == 0
+    assert choose(*models, tmp_path, flat, margin=best - 1 - 0.01).k > 0
+
+
+def test_costs_measured_on_another_machine_are_measured_again(models, tmp_path):
+    planted = CostModel({1: 1.0, 5: 5.0}, {k: 0.5 for k in range(1, 5)}, {k: 0.1 for k in range(1, 5)})
+    choice = choose(*models, tmp_path, planted, machine="another machine")
+    remeasured = ReplayLog.load(choice.logs[0]).cost_model(1)
+    assert remeasured.machine == THIS_MACHINE and remeasured.verify_s != planted.verify_s
+
+
+def test_candidates():
+    ngram = NgramDrafter()
+    assert auto_candidates(ngram, tree=False) == list(CHAIN_KS)
+    assert auto_candidates(ngram, tree=True) == list(TREE_SIZES)
+    ngram.lookup = 8  # a tree with 8 prompt-lookup nodes: sizes above them only
+    assert auto_candidates(ngram, tree=True) == [s for s in TREE_SIZES if s > 8]
+    assert auto_candidates(ngram, tree=False, given=[4, 2, 2]) == [2, 4]
+    with pytest.raises(ValueError, match=r"must be integers >= 1, got \[0, 2\]"):
+        auto_candidates(ngram, tree=False, given=[0, 2])
+    with pytest.raises(ValueError, match="none of the tree sizes \\[4\\] leaves room beside the drafter's 8 lookup"):
+        auto_candidates(ngram, tree=True, given=[4])
+
+
+def test_build_drafter_refuses_auto(models):
+    from specdec.drafters import build_drafter
+
+    with pytest.raises(ValueError, match="drafter.k='auto' is chosen by the main job"):
+        build_drafter({"name": "ngram", "k": "auto"}, models[0])
+
+
+@pytest.mark.real_model
+def test_the_main_job_chooses_and_decodes_with_it(tmp_path):
+    overrides = ["drafter=ngram", "drafter.k=auto", *TINY, "auto.prompts_per_source=1", "auto.max_new_tokens=16",
+                 "auto.ks=[1,2]", f"auto.log_dir={tmp_path}/logs", "warmup=false"]
+    run = job("specdec.run", *overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    auto = results["auto"]
+    assert results["k"] == "auto" and results["k_chosen"] == auto["k"] in (0, 1, 2)
+    assert sorted(auto["predicted_speedup"]) == ["1", "2"] and auto["prompts"] == 2  # one held out per source
+    assert results["greedy_mismatches"] == 0 and len(list((tmp_path / "logs").glob("*.json"))) == 1
