@@ -110,6 +110,10 @@ class Drafter(ABC):
         """Whether this drafter's trees have sampled children (through :attr:`siblings`) under ``params``."""
         return False
 
+    def drafts_at(self, k: int) -> bool:
+        """Whether this drafter drafts at lookahead ``k`` (drafter.k=auto tries no other)."""
+        return k >= 1
+
     @property
     def lossy(self) -> bool:
         """Whether this drafter's runs change the output distribution (a lossy acceptance rule)."""

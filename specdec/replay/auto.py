@@ -27,7 +27,7 @@ from specdec.replay.cache import cached_log
 from specdec.replay.simulate import plain_stats, replay
 
 CHAIN_KS = tuple(range(1, 9))  # the chain lookaheads tried unless told
-TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes tried unless told (none at or below a drafter's lookup nodes)
+TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes tried unless told (those the drafter drafts at)
 
 
 @dataclass
@@ -51,16 +51,15 @@ class AutoChoice:
 
 
 def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = None) -> list[int]:
-    """The sizes ``k=auto`` tries: ``given``, else :data:`CHAIN_KS` for a chain and :data:`TREE_SIZES` for a tree
-    (those above the drafter's prompt-lookup nodes, which a tree holds besides its own)."""
+    """The sizes ``k=auto`` tries: ``given``, else :data:`CHAIN_KS` for a chain and :data:`TREE_SIZES` for a tree,
+    those the drafter drafts at (:meth:`~specdec.drafters.base.Drafter.drafts_at`: e.g. a Medusa tree's sizes
+    beyond its lookup nodes, a Medusa chain's up to its heads)."""
     sizes = list(given) if given else list(TREE_SIZES if tree else CHAIN_KS)
     if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in sizes):
-        raise ValueError(f"the lookaheads k=auto tries must be integers >= 1, got {sizes!r}")
-    lookup = getattr(drafter, "lookup", 0) or 0
-    kept = sorted({k for k in sizes if not tree or k > lookup})
+        raise ValueError(f"the lookaheads k=auto tries (auto.ks) must be integers >= 1, got {sizes!r}")
+    kept = sorted({k for k in sizes if drafter.drafts_at(k)})
     if not kept:
-        raise ValueError(f"none of the tree sizes {sizes} leaves room beside the drafter's {lookup} lookup nodes; "
-                         f"try sizes above {lookup}")
+        raise ValueError(f"{type(drafter).__name__} drafts at none of the sizes {sizes} (auto.ks); try others")
     return kept
 
 

@@ -70,16 +70,22 @@ def test_costs_measured_on_another_machine_are_measured_again(models, tmp_path):
 
 
 def test_candidates():
+    from helpers import PATHS, make_markov_target, markov_heads
+
+    from specdec.drafters.medusa import MedusaDrafter
+
     ngram = NgramDrafter()
     assert auto_candidates(ngram, tree=False) == list(CHAIN_KS)
     assert auto_candidates(ngram, tree=True) == list(TREE_SIZES)
-    ngram.lookup = 8  # a tree with 8 prompt-lookup nodes: sizes above them only
-    assert auto_candidates(ngram, tree=True) == [s for s in TREE_SIZES if s > 8]
     assert auto_candidates(ngram, tree=False, given=[4, 2, 2]) == [2, 4]
     with pytest.raises(ValueError, match=r"must be integers >= 1, got \[0, 2\]"):
         auto_candidates(ngram, tree=False, given=[0, 2])
-    with pytest.raises(ValueError, match="none of the tree sizes \\[4\\] leaves room beside the drafter's 8 lookup"):
-        auto_candidates(ngram, tree=True, given=[4])
+    lm_head = make_markov_target().lm_head.weight
+    medusa = MedusaDrafter(markov_heads(3, strength=2.0), lm_head, PATHS, lookup=4)  # sizes 5 .. 4 + its paths
+    assert auto_candidates(medusa, tree=True) == [s for s in TREE_SIZES if 4 < s <= 4 + len(PATHS)]
+    assert auto_candidates(MedusaDrafter(markov_heads(3, strength=2.0), lm_head), tree=False) == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"MedusaDrafter drafts at none of the sizes \[2, 4\]"):
+        auto_candidates(medusa, tree=True, given=[2, 4])
 
 
 def test_build_drafter_refuses_auto(models):

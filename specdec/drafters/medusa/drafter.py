@@ -225,6 +225,12 @@ class MedusaDrafter(Drafter):
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup))
         self.forwards = 0
 
+    def drafts_at(self, k: int) -> bool:
+        """A tree: its lookup nodes and at least one of its paths; a chain: one head per draft at most."""
+        if self.paths is None:
+            return 1 <= k <= self.heads.num_heads
+        return self.lookup < k <= self.lookup + len(self.paths)
+
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None) -> "MedusaDrafter":
         from specdec.models import as_decoder
