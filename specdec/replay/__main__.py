@@ -69,7 +69,8 @@ def check_replay_config(cfg: DictConfig) -> int:
     check_job_config(cfg)
     k = cfg.drafter.k
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}")
+        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}: a replay sweeps K itself (-m "
+                         f"drafter.k=1,2,4); drafter.k=auto is the main job's (python -m specdec.run drafter.k=auto)")
     SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     for name, low in (("seeds", 1), ("check_live", 0), ("live_seeds", 1)):
         value = cfg[name]

@@ -30,14 +30,14 @@ COLUMNS = [
     "decode_speedup_low", "decode_speedup_high", "few_prompts",
     "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
     "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s",
-    "baseline_prefill_time_s", "lossy", "replayed", "device", "overrides", "run_dir",
+    "baseline_prefill_time_s", "lossy", "replayed", "k_auto", "device", "overrides", "run_dir",
 ]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill;
 # *_low and *_high: the speedup's 95% bootstrap interval over the run's (category's) prompts, empty for fewer than
 # 3 prompts (few_prompts)
 # What a category row copies from its run; its metrics come from per_category.
 CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperature", "top_k", "top_p", "sources",
-                   "max_new_tokens", "batch_size", "drafting", "cost_ratio", "lossy", "replayed", "device", "overrides",
-                   "run_dir"]
+                   "max_new_tokens", "batch_size", "drafting", "cost_ratio", "lossy", "replayed", "k_auto", "device",
+                   "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
                     "baseline_tokens_per_second", "speedup", "decode_tokens_per_second",
                     "baseline_decode_tokens_per_second", "decode_speedup", "predicted_speedup_measured_costs",
@@ -124,6 +124,9 @@ def summarize(runs: Sequence[dict]) -> pd.DataFrame:
         row = {c: run.get(c) for c in COLUMNS}
         row["sources"] = _join(run.get("sources"), ",")
         row["overrides"] = _join(run.get("overrides"), " ")
+        row["k_auto"] = run.get("k") == "auto"
+        if row["k_auto"]:  # drafter.k=auto: the k it chose (0: plain decoding)
+            row["k"] = run.get("k_chosen")
         rows.append({**row, "category": ALL, **_intervals(run), **_alphas(run.get("acceptance_per_position"))})
         config = {c: row[c] for c in CATEGORY_CONFIG}
         for category, metrics in (run.get("per_category") or {}).items():
@@ -163,7 +166,7 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("job", "status", "error", "target", "drafter", "sources", "category", "drafting", "device", "overrides",
               "run_dir"):
         df[c] = df[c].astype("string")
-    for c in ("lossy", "replayed", "few_prompts"):
+    for c in ("lossy", "replayed", "k_auto", "few_prompts"):
         df[c] = df[c].map({True: True, False: False, "True": True, "False": False}).astype("boolean")
     return df
 
@@ -183,11 +186,14 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def _drafter(row: pd.Series) -> str:
-    """The drafter's name, marked where its acceptance rule is lossy (e.g. Medusa's typical acceptance) and where
-    the run was replayed from a log (``python -m specdec.replay``: its speedups are predictions)."""
-    lossy = row["lossy"] is not pd.NA and bool(row["lossy"])
-    replayed = row["replayed"] is not pd.NA and bool(row["replayed"])
-    return str(row["drafter"]) + (" (LOSSY)" if lossy else "") + (" (REPLAYED)" if replayed else "")
+    """The drafter's name, marked where its acceptance rule is lossy (e.g. Medusa's typical acceptance), where
+    the run was replayed from a log (``python -m specdec.replay``: its speedups are predictions) and where its k
+    was chosen by ``drafter.k=auto`` (the k column then holds the choice)."""
+    def flag(name: str) -> bool:
+        return row[name] is not pd.NA and bool(row[name])
+
+    return (str(row["drafter"]) + (" (LOSSY)" if flag("lossy") else "") + (" (REPLAYED)" if flag("replayed") else "")
+            + (" (k=auto)" if flag("k_auto") else ""))
 
 
 def _chain_formula(row: pd.Series) -> float | None:
@@ -251,9 +257,12 @@ def markdown_summary(df: pd.DataFrame) -> str:
         lines += ["", "LOSSY: a run marked so verified with a lossy acceptance rule (typical acceptance); its "
                   "output is not distributed as the target's at temperature > 0."]
     if runs["replayed"].fillna(False).any():
-        lines += ["", "REPLAYED: a run marked so was replayed from a logged greedy pass (python -m specdec.replay): "
-                  "its α and τ are a live run's, its rates and speedups predicted from a cost model measured on "
-                  "this machine (decode only, loop overhead left out), not measured wall clock."]
+        lines += ["", "REPLAYED: a run marked so was replayed from a logged pass (python -m specdec.replay): its α "
+                  "and τ are a live run's (greedy; at T > 0 their expectation), its rates and speedups predicted from "
+                  "a cost model measured on this machine (decode only), not measured wall clock."]
+    if runs["k_auto"].fillna(False).any():
+        lines += ["", "k=auto: a run marked so chose its k before decoding (drafter.k=auto, a replay of held-out "
+                  "prompts); k is its choice, 0 = plain decoding."]
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
         header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup",

@@ -106,3 +106,17 @@ def test_the_main_job_chooses_and_decodes_with_it(tmp_path):
     assert results["k"] == "auto" and results["k_chosen"] == auto["k"] in (0, 1, 2)
     assert sorted(auto["predicted_speedup"]) == ["1", "2"] and auto["prompts"] == 2  # one held out per source
     assert results["greedy_mismatches"] == 0 and len(list((tmp_path / "logs").glob("*.json"))) == 1
+
+
+def test_an_auto_run_shows_its_choice_in_the_sweep_summary(tmp_path):
+    from specdec import report
+
+    run = {"status": "ok", "drafter": "eagle", "k": "auto", "k_chosen": 0, "temperature": 0.0, "acceptance_rate": None,
+           "mean_accepted_length": 1.0, "speedup": 1.0, "per_category": {}, "lossy": False}
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "results.json").write_text(json.dumps(run))
+    paths = report.write_summary(tmp_path, report.collect_runs(tmp_path))
+    md = paths["md"].read_text()
+    assert "| 0 | eagle (k=auto) | 0 |" in md and "k=auto: a run marked so chose its k" in md
+    summary = report.load_summary(paths["csv"])
+    assert bool(summary["k_auto"].iloc[0]) and summary["k"].iloc[0] == 0

@@ -49,6 +49,7 @@ def test_help_lists_the_main_jobs_groups():
     ("check_live=-1", "check_live must be an integer >= 0, got -1"),
     ("data.batch_size=0", "data.batch_size must be an integer >= 1 (prompts decoded together), got 0"),
     ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
+    ("drafter.k=auto", "a replay sweeps K itself (-m drafter.k=1,2,4); drafter.k=auto is the main job's"),
 ])
 def test_refused_before_anything_loads(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
