@@ -58,6 +58,12 @@ def format_table(results: dict[str, Any]) -> str:
     if results.get("lossy"):
         lines.append("LOSSY: the drafter verifies with a lossy acceptance rule (typical acceptance); at temperature "
                      "> 0 the output is not distributed as the target's")
+    if results.get("auto"):
+        auto = results["auto"]
+        predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in auto["predicted_speedup"].items())
+        lines.append(f"drafter.k=auto chose k={auto['k']}{' (plain decoding)' if auto['k'] == 0 else ''} from the "
+                     f"decode speedups a replay of {auto['prompts']} held-out prompts predicted ({predicted}; "
+                     f"{auto['seconds']:.0f} s)")
     if results.get("greedy_mismatches") is not None:
         lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
                      f"({results['greedy_mismatches']} mismatching rows)")

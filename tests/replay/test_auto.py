@@ -105,6 +105,7 @@ def test_the_main_job_chooses_and_decodes_with_it(tmp_path):
     auto = results["auto"]
     assert results["k"] == "auto" and results["k_chosen"] == auto["k"] in (0, 1, 2)
     assert sorted(auto["predicted_speedup"]) == ["1", "2"] and auto["prompts"] == 2  # one held out per source
+    assert f"drafter.k=auto chose k={auto['k']}" in run.stdout
     assert results["greedy_mismatches"] == 0 and len(list((tmp_path / "logs").glob("*.json"))) == 1
 
 
