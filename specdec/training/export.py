@@ -99,7 +99,8 @@ def export(directory: Path, method: TrainMethod, model: torch.nn.Module, cfg: An
         "config": plain(cfg),
         "output_dir": str(Path(cfg.output_dir).resolve()),  # the run exported (what check_export compares)
         "method": {"name": method.name, "description": method.description},
-        "data": {"mode": cfg.data.mode, "size": data_size(splits), "description": data_description(cfg)},
+        "data": {"mode": cfg.data.mode, "size": data_size(splits), "description": data_description(cfg),
+                 "processes": metrics.get("data_processes", 1)},  # processes that built the data
         "git_commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description("cuda" if torch.cuda.is_available() else "cpu"),

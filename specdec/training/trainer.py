@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from specdec.jobs.io import write_json
-from specdec.training.distill.store import Split, build_seconds, load_or_build
+from specdec.training.distill.store import Split, build_processes, build_seconds, load_or_build
 from specdec.training.export import check_export, export, export_dtype, plain
 from specdec.training.loop import fit
 from specdec.training.methods import TrainMethod, build_method
@@ -69,7 +69,9 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     method = build_method(cfg.method)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    accelerator = Accelerator(log_with="wandb" if cfg.logger.name == "wandb" else None)
+    # cpu: without a GPU, processes launched together (torchrun, accelerate launch) form one CPU group (gloo);
+    # left False there, each would run alone as its own single process
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), log_with="wandb" if cfg.logger.name == "wandb" else None)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     times: dict[str, Any] = {}
@@ -78,8 +80,8 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=accelerator.device)
     target.requires_grad_(False)
     method.check_target(target)
-    with accelerator.main_process_first():  # the main process builds the data; the others read its store
-        splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors")
+    # each process builds its share of the data, the main process merges them into the store
+    splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors", accelerator)
     times["data_s"] = time.perf_counter() - start
     times["data_build_s"] = build_seconds(out_dir / "data.safetensors")  # when it was built
     model = method.setup(target, splits, accelerator.device)
@@ -92,6 +94,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     if progress.first_step:
         times["resumed_at_step"] = progress.first_step
     metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
+                               "data_processes": build_processes(out_dir / "data.safetensors"),
                                "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
                                **({"per_epoch": progress.history} if progress.history else {})}
     if progress.step >= progress.total and accelerator.is_main_process:

@@ -85,3 +85,91 @@ def test_a_store_built_from_prompt_files_equals_the_generated_one(tiny_pair, tmp
     cfg.data.prompts_file = str(files / "missing.jsonl")
     with pytest.raises(ValueError, match="data.prompts_file=.*missing.jsonl.* is not a file.*--num 7"):
         check_config(cfg)
+
+
+class Waiting(Exception):
+    """A simulated process reached a barrier: it would wait for the others there."""
+
+
+class FakeAccelerator:
+    """Process ``index`` of ``count`` in this process. A process other than the main one stops at its first
+    barrier (:class:`Waiting`): simulated in turn, the others build their shards first and the main one merges."""
+
+    def __init__(self, index: int, count: int):
+        self.process_index, self.num_processes, self.is_main_process = index, count, index == 0
+
+    def wait_for_everyone(self) -> None:
+        if not self.is_main_process:
+            raise Waiting
+
+
+def _equal_stores(one: dict, other: dict) -> None:
+    from dataclasses import fields
+
+    from specdec.training.distill.store import Split
+
+    assert one.keys() == other.keys()
+    for name, split in one.items():
+        for f in fields(Split):
+            a, b = getattr(split, f.name), getattr(other[name], f.name)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (name, f.name)
+
+
+def test_processes_share_the_build_and_the_merged_store_is_one_processs(tiny_pair, tmp_path, monkeypatch):
+    """Two processes (simulated in turn): each builds every other batch of answers and corpus chunk into a shard
+    file; the merge equals a one-process build tensor for tensor (layers, context states, top-k too); a shard
+    already built is not built again; shards that do not add up are refused."""
+    from specdec.training.distill import store
+
+    model, tokenizer = tiny_pair
+    needs = DataNeeds(layers=(0, 1), topk=3, context=True)
+    single = load_or_build(tiny_config(tmp_path / "one"), model, tokenizer, needs, tmp_path / "one.safetensors")
+    cfg = tiny_config(tmp_path / "two")
+    path = tmp_path / "two.safetensors"
+    built, build_parts = {}, store.build_parts
+
+    def recorded(cfg, target, tokenizer, needs, prompts_path=None, shard=(0, 1)):
+        parts = build_parts(cfg, target, tokenizer, needs, prompts_path, shard)
+        built[shard] = {name: sorted(part) for name, part in parts.items()}
+        return parts
+
+    monkeypatch.setattr(store, "build_parts", recorded)
+    with pytest.raises(Waiting):
+        load_or_build(cfg, model, tokenizer, needs, path, FakeAccelerator(1, 2))
+    alone = store._load_shard(store._shard_path(path, 1, 2))
+    with pytest.raises(ValueError, match=r"part '\w+': the shards lack sequence\(s\) \[0"):
+        store.merge_parts([alone])
+    with pytest.raises(ValueError, match=r"part '\w+': shards 0..1 hold sequence \d+ twice"):
+        store.merge_parts([alone, alone])
+    merged = load_or_build(cfg, model, tokenizer, needs, path, FakeAccelerator(0, 2))
+    assert set(built) == {(0, 2), (1, 2)}
+    for name in built[(0, 2)]:  # nothing twice; both worked where there were two batches (or chunks) or more
+        share = built[(0, 2)][name], built[(1, 2)][name]
+        assert not set(share[0]) & set(share[1]) and (share[1] or name.startswith("answers_")), name
+    assert len(built[(1, 2)]["training"]) == 2  # 6 prompts, 4 a batch: process 1 answers the second batch
+    _equal_stores(merged, single)
+    _equal_stores(load_splits(path), single)
+    assert store.build_processes(path) == 2 and not list(tmp_path.glob(".two.shard*"))  # shards gone once merged
+
+
+def test_two_processes_on_this_cpu_build_the_store_one_process_builds(tmp_path):
+    """torchrun with 2 processes (what ``accelerate launch --multi_gpu --num_processes 2`` starts too): the data
+    phase splits between them (the store says 2 processes built it) and the merged store equals one process's,
+    tensor for tensor (both built with one thread per process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specdec.training.distill import store
+
+    script = Path(__file__).with_name("shard_build.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {"one": [sys.executable, str(script)],
+            "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]}
+    for name, command in runs.items():
+        proc = subprocess.run([*command, str(tmp_path / name)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = tmp_path / "one" / "data.safetensors", tmp_path / "two" / "data.safetensors"
+    assert (store.build_processes(one), store.build_processes(two)) == (1, 2)
+    _equal_stores(load_splits(two), load_splits(one))

@@ -63,23 +63,34 @@ def _answer_batch(target, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens:
     return hidden, result.sequences[:, ids.shape[1]:].tolist()
 
 
-@torch.no_grad()
 def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
                      layers: tuple[int, ...] = (), context: bool = False) -> list[Sequence]:
     """The target's greedy answers to ``prompts``, one :class:`Sequence` per prompt (EOS included), in the
     prompts' order; ``layers``: hidden-state indices (0 = embeddings, as transformers counts) to record too;
     ``context``: record them (and the final hidden state) at the prompt's positions as well."""
+    out = answer_shard(target, prompts, max_new_tokens, batch_size, pad_id, layers, context)
+    return [out[i] for i in range(len(prompts))]
+
+
+@torch.no_grad()
+def answer_shard(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
+                 layers: tuple[int, ...] = (), context: bool = False,
+                 shard: tuple[int, int] = (0, 1)) -> dict[int, Sequence]:
+    """:func:`answer_sequences`' share of a process: ``shard`` = (index, count) answers the batches b with
+    b % count == index, batched as one process batches them all (prompts sorted by length, ``batch_size`` each),
+    so every answer and hidden state is the one a single process computes. Returns {prompt index: Sequence}."""
     from specdec.models import supports, target_decoder
 
+    index, count = shard
     device = target.device
     eos = set(stop_token_ids(target))  # the model's own stop tokens (not the tokenizer's <|endoftext|>)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    batches = [order[start: start + batch_size] for start in range(0, len(order), batch_size)][index::count]
     out: dict[int, Sequence] = {}
     # the compact decoder, on a GPU replaying CUDA graphs (one wrapper: its cache and graphs serve every batch)
     decoder = target_decoder(target) if supports(target) else None
     started = time.perf_counter()
-    for start in range(0, len(order), batch_size):
-        chunk = order[start: start + batch_size]
+    for done, chunk in enumerate(batches, start=1):
         ids, mask = left_pad([prompts[i] for i in chunk], pad_id, device)
         hidden, answers = _answer_batch(target, ids, mask, max_new_tokens, pad_id, eos, decoder)
         for row, i in enumerate(chunk):
@@ -87,15 +98,14 @@ def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batc
             n = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
             out[i] = Sequence(torch.tensor(prompts[i], dtype=torch.long), torch.tensor(answer[:n], dtype=torch.long),
                               hidden[row, :n].clone())
-        done = min(start + batch_size, len(order))
-        tokens = sum(len(out[i].tokens) for i in order[:done])
-        log.info("answered %d/%d prompts (%d tokens, %.0f tokens/s)", done, len(order), tokens,
+        tokens = sum(len(seq.tokens) for seq in out.values())
+        log.info("answered %d/%d prompts%s (%d tokens, %.0f tokens/s)", len(out),
+                 sum(map(len, batches)), f" (process {index} of {count})" if count > 1 else "", tokens,
                  tokens / (time.perf_counter() - started))
-    sequences = [out[i] for i in range(len(prompts))]
     if layers or context:
-        for seq in sequences:
+        for seq in out.values():
             seq.features = layer_features(target, seq, layers, context)
-    return sequences
+    return out
 
 
 @torch.no_grad()
@@ -114,14 +124,26 @@ def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool
     return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu() if layers else None
 
 
-@torch.no_grad()
 def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = (),
                    context: bool = False) -> list[Sequence]:
     """Chunks of ``seq_len`` + 1 token ids through the target: position s of a chunk is its token s + 1,
     predicted from the ones before (the chunk's first token is the context)."""
-    out = []
+    out = text_shard(target, texts, seq_len, layers, context)
+    return [out[i] for i in range(len(out))]
+
+
+@torch.no_grad()
+def text_shard(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = (), context: bool = False,
+               shard: tuple[int, int] = (0, 1)) -> dict[int, Sequence]:
+    """:func:`text_sequences`' share of a process: ``shard`` = (index, count) runs the chunks c (counted over
+    every text) with c % count == index. Returns {chunk index: Sequence}."""
+    index, count = shard
+    out, number = {}, 0
     for ids in texts:
         for start in range(0, max(len(ids) - 1, 0), seq_len):
+            number += 1
+            if (number - 1) % count != index:
+                continue
             chunk = torch.tensor(ids[start: start + seq_len + 1], device=target.device)[None]  # [1, n+1]
             states = target(chunk[:, :-1], output_hidden_states=True).hidden_states  # [1, n, H] each
             features = torch.stack([states[layer][0] for layer in layers], 1).float().cpu() if layers else None
@@ -129,5 +151,5 @@ def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[i
             if context:  # a one-token context has no position before the first prediction
                 seq.context_hidden = seq.hidden[:0]
                 seq.context_features = None if features is None else features[:0]
-            out.append(seq)
+            out[number - 1] = seq
     return out
