@@ -71,7 +71,8 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     # cpu: without a GPU, processes launched together (torchrun, accelerate launch) form one CPU group (gloo);
     # left False there, each would run alone as its own single process
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), log_with="wandb" if cfg.logger.name == "wandb" else None)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                              log_with="wandb" if cfg.logger.name == "wandb" else None)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     times: dict[str, Any] = {}

@@ -166,7 +166,8 @@ def test_two_processes_on_this_cpu_build_the_store_one_process_builds(tmp_path):
     script = Path(__file__).with_name("shard_build.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = {"one": [sys.executable, str(script)],
-            "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]}
+            "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                    str(script)]}
     for name, command in runs.items():
         proc = subprocess.run([*command, str(tmp_path / name)], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
