@@ -53,11 +53,16 @@ def _registered(name: Any) -> type[Drafter]:
 def _merge(cfg: DictConfig, values: Any, name: str, what: str) -> DictConfig:
     """``values`` over ``cfg``, with an error that names the drafter's settings when one is unknown or mistyped."""
     try:
-        return OmegaConf.merge(cfg, values)
+        merged = OmegaConf.merge(cfg, values)
     except OmegaConfBaseException as exc:
         settings = ", ".join(k for k in cfg if k != "name")
         raise ValueError(f"drafter {name!r}: {what} do not fit its config ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0]}); its settings: {settings}") from None
+    k = merged.get("k")
+    if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"drafter {name!r}: k={k!r} in {what}; k is the lookahead, an integer >= 1 (draft tokens "
+                         f"per target forward), or 'auto' (python -m specdec.run chooses it)")
+    return merged
 
 
 def drafter_config(name: str, **overrides: Any) -> DictConfig:

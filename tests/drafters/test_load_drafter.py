@@ -47,7 +47,8 @@ def test_an_unknown_drafter_or_setting_is_named_with_what_to_pass(tiny_target):
         load_drafter("eagel", tiny_target)
     with pytest.raises(ValueError, match=r"drafter 'ngram': the settings \['kk'\] do not fit .*its settings: k"):
         load_drafter("ngram", tiny_target, kk=3)
-    with pytest.raises(ValueError, match=r"the settings \['k'\] do not fit its config .*could not be converted"):
+    with pytest.raises(ValueError, match=r"drafter 'ngram': k='four' in the settings \['k'\]; k is the lookahead, an "
+                                         r"integer >= 1 \(draft tokens per target forward\), or 'auto'"):
         drafter_config("ngram", k="four")
     with pytest.raises(ValueError, match=r"k \(lookahead: draft tokens per target forward\) is needed"):
         speculative_generate(tiny_target, NgramDrafter(), torch.tensor([[1, 2, 3]]), max_new_tokens=2)

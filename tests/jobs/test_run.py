@@ -215,7 +215,7 @@ def test_the_table_names_the_graphs_captured_where_they_ran():
 
 BAD_INPUTS = [  # (overrides, what the error must say)
     ("target.name=./no/such/model", "no/such/model"),
-    ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
+    ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1 or 'auto', got 0"),
     ("sampling.temperature=-0.5", "temperature must be a finite number >= 0"),
     ("sampling.top_p=1.5", "top_p must lie in (0, 1]"),
     ("data.max_prompt_tokens=5", "tokens, more than the 5 allowed"),
