@@ -4,7 +4,7 @@ The public API (``from specdec import ...``):
 
 - ``load_target(name="smollm2-135m")`` -> ``(model, tokenizer)``: the embedded default target (offline), a local
   directory or a hub id.
-- ``load_drafter(name, target, tokenizer, **overrides)``: a registered drafter ("eagle", "medusa", "draft_model",
+- ``load_drafter(name, target, tokenizer, *, backend=Backend(), **overrides)``: a registered drafter ("eagle", "medusa", "draft_model",
   "ngram") with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the default
   target); ``overrides`` as ``drafter.<setting>=...`` on the command line (``k=4``, ``path="outputs/medusa"``).
   ``drafter_config(name, **overrides)`` is that config alone.
@@ -18,6 +18,8 @@ The public API (``from specdec import ...``):
 - Your own drafter: subclass ``Drafter``, ``@register("mine")``; ``DRAFTERS`` holds the registered ones.
   ``NgramDrafter``, ``DraftModelDrafter``, ``EagleDrafter``, ``MedusaDrafter`` are the built-in ones.
 - The verifier's math: ``rejection_sample``, ``logits_to_probs``.
+- How a model runs on CPU: ``as_decoder(model, backend=Backend(...))`` (specdec's kernels or torch's ops, the weights
+  as their codes or float32); drafters take ``backend=`` too (``load_drafter``, their constructors).
 
 Entry points: ``python -m specdec.run`` (the main job, sweeps with ``-m``), ``specdec.train``,
 ``specdec.verify_dist``, ``specdec.export``, ``specdec.report``; the README says what each writes where.
@@ -48,6 +50,8 @@ _EXPORTS = {
     "MedusaDrafter": "specdec.drafters",
     "rejection_sample": "specdec.verify",
     "logits_to_probs": "specdec.verify.sampling",
+    "Backend": "specdec.models.backend",
+    "as_decoder": "specdec.models",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -36,7 +36,8 @@ class TargetConfig:
     compile: str = "auto"
     # CPU: stream weights that are 4- or 8-bit codes with per-block scales (a dequantised GGUF model, as the
     # embedded default is) as those codes, 0.75-1.1 bytes a weight, the products bit for bit the same; false =
-    # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free)
+    # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free).
+    # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")).
     coded_weights: bool = True
 
 

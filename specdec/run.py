@@ -36,10 +36,10 @@ from specdec.drafters import build_drafter
 from specdec.jobs.data import (encode_prompts, held_out_mix, left_pad, load_prompt_mix, prompt_room,
                                result_category)
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
-from specdec.models import target_decoder
+from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task, target_backend
+from specdec.models import as_decoder, target_decoder
+from specdec.models.backend import Backend
 from specdec.models.graphs import check_compile_mode
-from specdec.models.llama import use_coded_panels
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoChoice, auto_candidates, choose_lookahead
 from specdec.report.table import format_table
@@ -49,7 +49,9 @@ register_configs()
 log = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
+    """The main job: ``cfg``'s drafter against plain decoding on its prompts; the results.json fields. The target
+    and the drafter run on ``backend`` (None: the one ``cfg.target`` names, :func:`target_backend`)."""
     check_job_config(cfg)
     auto, tree = cfg.drafter.k == "auto", bool(cfg.drafter.get("tree"))
     k = max(cfg.auto.ks or (TREE_SIZES if tree else CHAIN_KS)) if auto else cfg.drafter.k  # auto: built at its largest
@@ -61,10 +63,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     prompt_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
-    use_coded_panels(cfg.target.coded_weights)
+    backend = target_backend(cfg.target) if backend is None else backend
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter({**cfg.drafter, "k": k}, target, tokenizer)
-    decoder = target_decoder(target, cfg.target.compile)  # what the target's forwards run through
+    drafter = build_drafter({**cfg.drafter, "k": k}, target, tokenizer, backend)
+    decoder = target_decoder(target, cfg.target.compile, backend=backend)  # what the target's forwards run through
     drafter.replay_graphs(cfg.target.compile)  # and the drafter's own model, where it runs one
 
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
@@ -75,7 +77,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
     eos = stop_token_ids(target, tokenizer)
-    choice = choose_auto(cfg, target, drafter, tokenizer, tree, eos, limit, context) if auto else None
+    # k=auto times the target's eager forwards, on the job's backend
+    choice = choose_auto(cfg, as_decoder(target, backend=backend), drafter, tokenizer, tree, eos, limit,
+                         context) if auto else None
     k = choice.k if choice else k
     generator = torch.Generator(device=device)
     gen_args = dict(max_new_tokens=cfg.data.max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
@@ -144,7 +148,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if "target_step_time_s" in results:  # plain decoding ran: the steps' times against the bandwidth floor
         context = (sum(map(len, prompts)) + spec_all.new_tokens / 2) / len(prompts)  # mean tokens attended
         results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
-                                      results["verify_step_time_s"], device))
+                                      results["verify_step_time_s"], device, backend))
     return results
 
 

@@ -19,7 +19,7 @@ Checks that every method's tokens equal plain decoding's, writes ``medusa_<sourc
 the ones whose confidence reaches CONF. A tree written ``K+L`` (``--trees 15+8``, ``--dynamic 15:0.3+4``)
 adds the prompt-lookup branch of up to L nodes (``drafter.lookup=L``, ``drafter.k=K+L``). ``--dtype`` is
 ``drafter.dtype`` (default ``auto``: bfloat16 where it is fast; the target stays float32). ``--cpu-linear mkl``
-runs the target's linear layers through MKL instead of oneDNN (``specdec.models.llama.use_onednn``), as before.
+runs the target's linear layers through MKL instead of oneDNN (``Backend(onednn=False)``), as before.
 
     python experiments/benchmarks/medusa.py --trees 15 15+8 --dynamic 15:0.4+4 --dtype bfloat16 --prompts 16
 """
@@ -38,7 +38,7 @@ from specdec import NgramDrafter, autoregressive_generate, load_target, speculat
 from specdec.drafters.medusa import MedusaDrafter, default_heads_path, drafting_dtype, load_heads
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
-from specdec.models.llama import use_onednn
+from specdec.models import Backend, as_decoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
 from experiments.common import benchmark_parser, side_by_side, spec_type  # noqa: E402
@@ -58,9 +58,10 @@ def main() -> None:
     ap.add_argument("--cpu-linear", choices=["onednn", "mkl"], default="onednn",
                     help="the target's linear layers on CPU: oneDNN with packed weights (default) or MKL's W·xᵀ")
     args = ap.parse_args()
-    use_onednn(args.cpu_linear == "onednn")
+    backend = Backend(onednn=args.cpu_linear == "onednn")
 
     model, tokenizer = load_target()
+    target = as_decoder(model, backend=backend)
     heads_path = Path(args.heads) if args.heads else default_heads_path()
     heads, meta = load_heads(heads_path, hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size)
     provenance_file = heads_path.parent / "provenance.json"
@@ -71,7 +72,7 @@ def main() -> None:
     prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     lm_head = model.get_output_embeddings().weight
-    medusa = partial(MedusaDrafter, heads, lm_head, dtype=args.dtype,
+    medusa = partial(MedusaDrafter, heads, lm_head, dtype=args.dtype, backend=backend,
                      embed_weight=model.get_input_embeddings().weight if heads.token_aware else None)
 
     def tree(spec: str, conf: float = 0.0) -> tuple[MedusaDrafter, int]:  # "K" or "K+L"
@@ -94,8 +95,8 @@ def main() -> None:
 
     def run(drafter, k, ids):
         if drafter is None:
-            return autoregressive_generate(model, ids, max_new_tokens=args.new, eos_token_id=eos)
-        return speculative_generate(model, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
+            return autoregressive_generate(target, ids, max_new_tokens=args.new, eos_token_id=eos)
+        return speculative_generate(target, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
 
     seconds, tokens, stats, mismatches = side_by_side(methods, prompts, run)
 

@@ -41,8 +41,7 @@ from specdec.drafters import DraftModelDrafter, EagleDrafter
 from specdec.export import export_draft_model, export_eagle
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
-from specdec.models import cpu_kernels
-from specdec.models.llama import use_coded_panels
+from specdec.models import Backend, as_decoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
 from experiments.common import benchmark_parser, side_by_side  # noqa: E402
@@ -196,18 +195,17 @@ def main() -> None:
     for name in varied if args.float32_weights else []:
         ours[f"{name}, weights as float32"] = (("float32", ours[name][0]), ours[name][1])
 
+    # the target's decoder per backend: the default, without specdec's CPU kernels, streaming float32 weights
+    targets = {None: as_decoder(model), "no kernels": as_decoder(model, backend=Backend(kernels=False)),
+               "float32": as_decoder(model, backend=Backend(weights="float"))}
+
     def run(drafter, k, ids):
         kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, temperature=0.0)
-        if isinstance(drafter, tuple):  # ("no kernels" | "float32", drafter): the same method, kernels or codes off
-            switch = cpu_kernels.enable if drafter[0] == "no kernels" else use_coded_panels
-            switch(False)
-            try:
-                return run(drafter[1], k, ids)
-            finally:
-                switch(True)
+        # ("no kernels" | "float32", drafter): the same model-free method, the target on another backend
+        backend, drafter = drafter if isinstance(drafter, tuple) else (None, drafter)
         if drafter is None:
-            return autoregressive_generate(model, ids, **kwargs)
-        return speculative_generate(model, drafter, ids, k=k, **kwargs)
+            return autoregressive_generate(targets[backend], ids, **kwargs)
+        return speculative_generate(targets[backend], drafter, ids, k=k, **kwargs)
 
     start = time.perf_counter()
     plain_out: list = []

@@ -34,7 +34,7 @@ HEADS, KV_HEADS, DIM, LAYERS, CAPACITY = 9, 3, 64, 30, 2048
 def kernels_from(path: str | None):
     """The package's built kernels, or the module of another build's .so."""
     if path is None:
-        if not cpu_kernels.enabled():
+        if not cpu_kernels.available():
             raise SystemExit("specdec's CPU kernels are not built here (not x86 with AVX2, no compiler, or "
                              "SPECDEC_CPU_KERNEL=0): nothing to time")
         return cpu_kernels.module()

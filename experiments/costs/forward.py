@@ -1,12 +1,14 @@
 """What one target forward costs by the number of tokens it scores (not a test): the curve behind every
 tree-size choice, since a verification step of N nodes is an N-token forward.
 
-On CPU it compares the forward's paths in one process, interleaved: torch's ops with MKL's W·xᵀ
-(``use_onednn(False)``, specdec's kernels off), torch's ops with oneDNN's prepacked products (kernels off),
-and specdec's C++ CPU kernels (the default where they build: the few-row product and the fused small ops,
-``specdec.models.cpu_kernels``), over the weights' float32 values and over their 4/8-bit codes where they
-are codes (the default, ``target.coded_weights``; the embedded target's are). Prints the median ms per forward for each token count, and the marginal cost
-per extra token (the slope from 1 to the largest count).
+On CPU it compares the forward's paths in one process, interleaved, a decoder per backend
+(``specdec.models.Backend``) over the one model: torch's ops with MKL's W·xᵀ (``Backend(kernels=False,
+onednn=False)``), torch's ops with oneDNN's prepacked products (``Backend(kernels=False)``), and specdec's C++
+CPU kernels (the default where they build: the few-row product and the fused small ops,
+``specdec.models.cpu_kernels``), over the weights' float32 values (``weights="float"``) and over their 4/8-bit
+codes where they are codes (the default, ``target.coded_weights``; the embedded target's are). Prints the median
+ms per forward for each token count, and the marginal cost per extra token (the slope from 1 to the largest
+count).
 
     python experiments/costs/forward.py                       # SmolLM2-135M, 1..32 tokens, 200 tokens of context
     python experiments/costs/forward.py --tokens 1 8 16 --context 500
@@ -24,7 +26,7 @@ import torch
 
 from specdec import load_target
 from specdec.jobs.runs import machine_description
-from specdec.models import as_decoder, cpu_kernels, llama
+from specdec.models import Backend, as_decoder, cpu_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
 from experiments.common import median_ms  # noqa: E402
@@ -42,12 +44,14 @@ def main() -> None:
 
     model, _ = load_target(args.target)
     decoder = as_decoder(model)
-    paths = {"default": (True, True, True)}  # name -> (oneDNN on, specdec's kernels on, coded weights)
+    paths = {"default": Backend()}
     if decoder.device.type == "cpu":
-        paths = {} if args.kernels_only else {"mkl": (False, False, True), "onednn": (True, False, True)}
-        if cpu_kernels.enabled():
-            paths["specdec kernels, float32 weights"] = (True, True, False)
-            paths["specdec kernels, coded weights (default)"] = (True, True, True)
+        paths = {} if args.kernels_only else {"mkl": Backend(kernels=False, onednn=False),
+                                              "onednn": Backend(kernels=False)}
+        if cpu_kernels.available():
+            paths["specdec kernels, float32 weights"] = Backend(weights="float")
+            paths["specdec kernels, coded weights (default)"] = Backend()
+    decoders = {name: as_decoder(model, backend=backend) for name, backend in paths.items()}
     cache = decoder.new_cache(1, args.context + max(args.tokens) + 8, torch.zeros(1, dtype=torch.long))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -55,18 +59,12 @@ def main() -> None:
         cache.commit(torch.tensor([args.context]))
         runs: dict[str, list[list[float]]] = {name: [] for name in paths}
         for _ in range(args.rounds):
-            for name, (onednn, kernels, coded) in paths.items():
-                llama.use_onednn(onednn)
-                cpu_kernels.enable(kernels)
-                llama.use_coded_panels(coded)
+            for name, path in decoders.items():
                 row = []
                 for t in args.tokens:
                     ids = torch.randint(0, decoder.vocab_size, (1, t), generator=generator)
-                    row.append(median_ms(lambda: decoder(ids, cache, kv_len=args.context + t), args.reps))
+                    row.append(median_ms(lambda: path(ids, cache, kv_len=args.context + t), args.reps))
                 runs[name].append(row)
-    llama.use_onednn(True)
-    cpu_kernels.enable(True)
-    llama.use_coded_panels(True)
 
     print(f"{args.target}, {args.context} tokens of context, {machine_description()}")
     print("| path | " + " | ".join(f"{t} tok" for t in args.tokens) + " | ms per extra token |")

@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if not cpu_kernels.enabled():
+    if not cpu_kernels.available():
         raise SystemExit("specdec's CPU kernels are not available on this machine (see specdec/models/cpu_kernels.py)")
     kernels = cpu_kernels.module()
     isas = []

@@ -19,7 +19,7 @@ import time
 import torch
 
 from specdec.jobs.io import write_json
-from specdec.models.llama import streamed_bytes
+from specdec.models.backend import Backend
 
 PROBE_BYTES = {"cpu": 512 * 2**20, "cuda": 2 * 2**30}  # far beyond the caches (last-level or L2)
 PROBE_REPEATS = 5
@@ -76,12 +76,12 @@ def read_bandwidth(device: torch.device | str = "cpu", at_least: float = 0.0) ->
     return bandwidth
 
 
-def step_bytes(model, context: float, batch: int = 1) -> float:
+def step_bytes(model, context: float, batch: int = 1, backend: Backend = Backend()) -> float:
     """Bytes one decode step reads: every parameter once (tied weights counted once; a weight the CPU kernel
-    streams from float16 or coded panels, as those panels' bytes) and the KV cache of ``context`` positions in
-    each of ``batch`` rows."""
+    streams from float16 or coded panels under the model's ``backend``, as those panels' bytes) and the KV cache of
+    ``context`` positions in each of ``batch`` rows."""
     params = {id(p): p for p in model.parameters()}.values()
-    streamed = streamed_bytes()
+    streamed = backend.streamed_bytes()
     weights = sum(streamed.get(id(p), p.numel() * p.element_size()) for p in params)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -91,9 +91,10 @@ def step_bytes(model, context: float, batch: int = 1) -> float:
 
 
 def speed_of_light(model, context: float, batch: int, plain_step_s: float, verify_step_s: float,
-                   device: torch.device | str) -> dict[str, float]:
-    """results.json's speed-of-light fields for a run whose plain and verify steps took these times."""
-    num_bytes = step_bytes(model, context, batch)
+                   device: torch.device | str, backend: Backend = Backend()) -> dict[str, float]:
+    """results.json's speed-of-light fields for a run whose plain and verify steps took these times (the model's
+    forwards on ``backend``)."""
+    num_bytes = step_bytes(model, context, batch, backend)
     bandwidth = read_bandwidth(device, at_least=num_bytes / plain_step_s if plain_step_s > 0 else 0.0)
     floor = num_bytes / bandwidth
     return {

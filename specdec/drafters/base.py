@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
-from specdec.models.graphs import Graphs, check_compile_mode, replays_graphs
+from specdec.models.backend import Backend
+from specdec.models.graphs import Graphs, check_compile_mode
 from specdec.verify.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ class Drafter(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
-        """The drafter ``cfg`` (its :attr:`Config`) describes, drafting for ``target`` (and its ``tokenizer``)."""
+    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None,
+                    backend: Backend = Backend()) -> Drafter:
+        """The drafter ``cfg`` (its :attr:`Config`) describes, drafting for ``target`` (and its ``tokenizer``), its
+        own models on ``backend`` (the target's, in a job)."""
 
     @abstractmethod
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -100,6 +103,8 @@ class Drafter(ABC):
     """The drafter's model forwards this generation (the decode loop zeroes it; 0 for model-free drafters)."""
     feature_layers: tuple[int, ...] = ()
     """Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``)."""
+    backend: Backend = Backend()
+    """How the drafter's own models run on CPU (set by its constructor; a job gives it the target's)."""
     graphs: Graphs | None = None
     """What replays the drafter's own work as graphs (set by :meth:`replay_graphs`); None: it runs eagerly."""
     siblings: SiblingDraws | None = None
@@ -136,8 +141,8 @@ class Drafter(ABC):
         """Run the drafter's own work as the target's forwards run (``target.compile``'s ``mode``), once built."""
         check_compile_mode(mode)  # see specdec.models.target_decoder
         device = self.graph_device()
-        if mode != "none" and device is not None and replays_graphs(device):
-            self.graphs = Graphs(device)
+        if mode != "none" and device is not None and self.backend.replays_graphs(device):
+            self.graphs = Graphs(device, emulate=self.backend.emulate_graphs)
             self.use_graphs(self.graphs, compile=mode == "compiled_graphs")
 
     def graph_runners(self) -> list[Graphs]:
@@ -154,7 +159,8 @@ class DrafterWrapper(Drafter):
         self.inner = inner
 
     @classmethod
-    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
+    def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None,
+                    backend: Backend = Backend()) -> Drafter:
         raise TypeError(f"{cls.__name__} wraps a drafter: build the inner one (build_drafter) and pass it in")
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -174,6 +180,10 @@ class DrafterWrapper(Drafter):
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.inner.feature_layers
+
+    @property
+    def backend(self) -> Backend:
+        return self.inner.backend
 
     @property
     def forwards(self) -> int:
@@ -241,7 +251,7 @@ class NoDrafter(Drafter):
     name = "none"
 
     @classmethod
-    def from_config(cls, cfg, target, tokenizer=None) -> "NoDrafter":
+    def from_config(cls, cfg, target, tokenizer=None, backend=Backend()) -> "NoDrafter":
         return cls()
 
     def propose(self, state: DecodeState, k: int) -> Proposal:

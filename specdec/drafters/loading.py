@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specdec.drafters.base import DRAFTERS, Drafter
+from specdec.models.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -82,28 +83,30 @@ def drafter_config(name: str, **overrides: Any) -> DictConfig:
     return _merge(cfg, overrides, name, f"the settings {sorted(overrides)}")
 
 
-def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None) -> Drafter:
-    """The registered drafter named ``cfg.name`` (its ``from_config``), drafting for ``target``. ``cfg``: its
-    config (a composed one, its ``Config``, or a mapping); fields it lacks take the shipped defaults
-    (:func:`drafter_config`). The drafter keeps the config it was built from as ``drafter.config``."""
+def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None, backend: Backend = Backend()) -> Drafter:
+    """The registered drafter named ``cfg.name`` (its ``from_config``), drafting for ``target``, its own models on
+    ``backend`` (a job passes the target's). ``cfg``: its config (a composed one, its ``Config``, or a mapping);
+    fields it lacks take the shipped defaults (:func:`drafter_config`). The drafter keeps the config it was built
+    from as ``drafter.config``."""
     name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
     cfg = _merge(drafter_config(name), cfg, name, "the given settings")
     if cfg.k == "auto":
         raise ValueError(f"drafter.k='auto' is chosen by the main job (python -m specdec.run drafter.k=auto) after "
                          f"it builds the drafter at the largest size it tries; build {name} with an integer k")
-    drafter = _registered(name).from_config(cfg, target=target, tokenizer=tokenizer)
+    drafter = _registered(name).from_config(cfg, target=target, tokenizer=tokenizer, backend=backend)
     drafter.config = cfg
     return drafter
 
 
-def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, **overrides: Any) -> Drafter:
+def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, *, backend: Backend = Backend(),
+                 **overrides: Any) -> Drafter:
     """The registered drafter ``name`` ("eagle", "medusa", "draft_model", "ngram", ...) for ``target`` and its
-    ``tokenizer``, with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the
-    default target), changed by ``overrides`` (``drafter.<setting>`` on the command line: ``k=4``,
-    ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
+    ``tokenizer``, its own models on ``backend``, with the defaults ``python -m specdec.run drafter=<name>`` uses
+    (the shipped weights for the default target), changed by ``overrides`` (``drafter.<setting>`` on the command
+    line: ``k=4``, ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
     :func:`~specdec.speculative_generate` drafts with unless given one.
 
         model, tokenizer = load_target()
         drafter = load_drafter("eagle", model, tokenizer)
     """
-    return build_drafter(drafter_config(name, **overrides), target, tokenizer)
+    return build_drafter(drafter_config(name, **overrides), target, tokenizer, backend)

@@ -19,6 +19,7 @@ import torch
 
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.models.backend import Backend
 
 
 def lookup(tokens: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> np.ndarray:
@@ -52,7 +53,7 @@ class NgramDrafter(Drafter):
         self.min_ngram = min_ngram
 
     @classmethod
-    def from_config(cls, cfg, target=None, tokenizer=None) -> "NgramDrafter":
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "NgramDrafter":
         return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:

@@ -28,6 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.jobs.io import write_json
+from specdec.models.backend import Backend
 
 T = TypeVar("T")
 
@@ -107,6 +108,12 @@ def check_job_config(cfg: DictConfig) -> None:
     if isinstance(cfg.data.batch_size, bool) or cfg.data.batch_size < 1:
         raise ValueError(f"data.batch_size must be an integer >= 1 (prompts decoded together), got "
                          f"{cfg.data.batch_size!r}")
+
+
+def target_backend(target: Any) -> Backend:
+    """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
+    float32 (``target.coded_weights``), specdec's CPU kernels otherwise at their defaults."""
+    return Backend(weights="codes" if target.coded_weights else "float")
 
 
 def check_target_choice(cfg: Any) -> None:

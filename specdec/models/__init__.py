@@ -1,4 +1,5 @@
-"""Model adapters: every target or draft model is run through a decoder with a per-row cache."""
+"""Model adapters: every target or draft model is run through a decoder with a per-row cache, on a
+:class:`Backend` (how its CPU forwards run and its weights stream) chosen when the decoder is built."""
 
 from __future__ import annotations
 
@@ -6,22 +7,29 @@ from typing import Sequence
 
 from torch import nn
 
+from specdec.models.backend import Backend
 from specdec.models.graphs import GraphedDecoder, target_decoder
 from specdec.models.hf import HFDecoder
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, CompactLlama, supports
 
 
-def as_decoder(model: nn.Module, num_layers: int | None = None) -> nn.Module:
+def as_decoder(model: nn.Module, num_layers: int | None = None, *, backend: Backend | None = None) -> nn.Module:
     """Wrap a transformers causal LM: the compact path for its family (llama, mistral, qwen2, qwen3, gemma3_text)
-    when possible, else the HF fallback.
+    when possible, running on ``backend`` (None: ``Backend()``, specdec's CPU kernels over the weights' codes where
+    they have them), else the HF fallback (its own forward; no backend applies).
 
-    A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is. ``num_layers``
-    (early exit) needs the compact path.
+    A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is: its backend is the one it
+    was built with, and another ``backend`` is an error. ``num_layers`` (early exit) needs the compact path.
     """
-    if isinstance(model, (CompactLlama, GraphedDecoder, HFDecoder)):
+    if isinstance(model, (CompactLlama, GraphedDecoder)):
+        if backend is not None and backend != model.backend:
+            raise ValueError(f"this {type(model).__name__} was built on {model.backend}; pass its HF model to run it "
+                             f"on {backend}")
+        return model
+    if isinstance(model, HFDecoder):
         return model
     if supports(model):
-        return CompactLlama(model, num_layers=num_layers)
+        return CompactLlama(model, num_layers=num_layers, backend=Backend() if backend is None else backend)
     if num_layers is not None:
         raise ValueError(f"num_layers={num_layers} (early exit) needs the compact path (model types "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}); {type(model).__name__} runs through the generic "
@@ -39,5 +47,5 @@ def check_layer_ids(what: str, layers: Sequence[int], total: int) -> None:
                          f"{total}-layer target (outside it: {outside})")
 
 
-__all__ = ["CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "check_layer_ids", "supports",
+__all__ = ["Backend", "CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "check_layer_ids", "supports",
            "target_decoder"]

@@ -18,8 +18,10 @@ step's there, bit for bit.
 
 The kernels are compiled on first use (``torch.utils.cpp_extension``: a C++ compiler and ninja, 40-90 s
 on 2 cores, cached under ``~/.cache/torch_extensions`` or ``TORCH_EXTENSIONS_DIR``, one build per torch
-version and content of the sources). Where they cannot be (not x86 with AVX2, no compiler,
-``SPECDEC_CPU_KERNEL=0``), :func:`enabled` is false and the forward keeps torch's ops over oneDNN.
+version and content of the sources). Where they cannot be (not x86 with AVX2, no compiler, or
+``SPECDEC_CPU_KERNEL=0`` in the environment, which skips the build), :func:`available` is false and the forwards
+keep torch's ops over oneDNN. Whether a model's forwards use them is its backend's choice
+(:class:`specdec.models.backend.Backend`); this module only builds and calls them.
 """
 
 from __future__ import annotations
@@ -44,9 +46,7 @@ HEADERS = tuple(SOURCE.parent / name for name in ("rows_product.h", "panel_produ
 MAX_ROWS = 32  # up to this many rows the kernel beats oneDNN (measured: 1.28x at 1 row, 1.06x at 32, 0.95x at 48)
 
 _module = None
-_state = "untried"  # "untried" | "loaded" | "off" (disabled, unsupported or failed to build)
-_enabled = os.environ.get("SPECDEC_CPU_KERNEL", "1") != "0"
-_codes_allowed = os.environ.get("SPECDEC_CODED_PANELS", "1") != "0"
+_state = "untried"  # "untried" | "loaded" | "off" (skipped, unsupported or failed to build)
 _CODED_ROWS: dict[int, tuple] = {}  # rows_product's coded panels: id(weight) -> (weakref, version, panels)
 _LATER = object()  # seen once: packed at the next use
 
@@ -62,16 +62,10 @@ def supported() -> bool:
     return capability.upper().startswith(("AVX2", "AVX512"))
 
 
-def enable(enabled: bool) -> None:
-    """Use the kernel (the default, where it builds) or not (oneDNN's path), e.g. to compare them.
-    ``SPECDEC_CPU_KERNEL=0`` in the environment turns it off at import and skips the build."""
-    global _enabled
-    _enabled = bool(enabled)
-
-
-def enabled() -> bool:
-    """Whether the forward uses the kernel now: enabled, supported, and built (building it on first call)."""
-    return _enabled and _load() is not None
+def available() -> bool:
+    """Whether the kernels can run here: supported, built (building them on first call), and not skipped
+    (``SPECDEC_CPU_KERNEL=0`` in the environment skips the build: torch's ops everywhere)."""
+    return _load() is not None
 
 
 def _staged_source() -> Path:
@@ -103,6 +97,9 @@ def _load():
     global _module, _state
     if _state == "untried":
         _state = "off"
+        if os.environ.get("SPECDEC_CPU_KERNEL", "1") == "0":
+            log.info("SPECDEC_CPU_KERNEL=0: specdec's CPU kernels are not built; using torch's ops")
+            return None
         if not supported():
             log.info("specdec's CPU kernel needs x86-64 with AVX2; using oneDNN's products")
             return None
@@ -144,32 +141,21 @@ def _ninja_on_path() -> None:
 
 def module():
     """The built extension (few_rows_linear, panel_linear, product_isa, cache_attention, rms_norm, silu_mul,
-    rope_qkv, top_log_softmax); only where :func:`enabled`."""
+    rope_qkv, top_log_softmax); only where :func:`available`."""
     return _module
 
 
-def allow_codes(allowed: bool) -> None:
-    """Whether weights that are codes (:func:`pack_codes`) are streamed as such (the default); see
-    ``specdec.models.llama.use_coded_panels``, which sets it."""
-    global _codes_allowed
-    _codes_allowed = bool(allowed)
-
-
-def codes_allowed() -> bool:
-    return _codes_allowed
-
-
-def rows_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+def rows_product(x: torch.Tensor, weight: torch.Tensor, *, codes: bool = True) -> torch.Tensor | None:
     """x [M, K] · weight [N, K]ᵀ through the kernel where it applies (float32 CPU tensors, no autograd, at most
     ``MAX_ROWS`` rows, the kernel built), else None: for callers outside the compact forward (Medusa's heads,
-    over the target's LM-head rows). A weight that is codes is read from its coded panels (packed at its second
-    use and again after an in-place update; the embedded target's LM-head rows: 3.5x fewer bytes), others through
-    the row-major product (which costs what float32 panels do at the 1-3 rows of a Medusa call)."""
+    over the target's LM-head rows). With ``codes``, a weight that is codes is read from its coded panels (packed
+    at its second use and again after an in-place update; the embedded target's LM-head rows: 3.5x fewer bytes),
+    others through the row-major product (which costs what float32 panels do at the 1-3 rows of a Medusa call)."""
     if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
             or weight.dtype != torch.float32 or x.dim() != 2 or x.shape[0] > MAX_ROWS
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not enabled()):
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not available()):
         return None
-    panels = _coded_rows(weight) if _codes_allowed else None
+    panels = _coded_rows(weight) if codes else None
     if panels is not None:
         return _module.panel_linear(x.contiguous(), panels, None, weight.shape[0])
     return _module.few_rows_linear(x, weight.contiguous(), None)
@@ -201,7 +187,7 @@ def top_log_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     index first; values equal to torch's to float32 rounding), else torch's ops. A drafter's top-k over its
     vocabulary: torch's topk costs ~40-70 us a row of 8192 on a 2-core Xeon, the kernel a few."""
     if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.shape[-1] < k
-            or (torch.is_grad_enabled() and logits.requires_grad) or torch.compiler.is_compiling() or not enabled()):
+            or (torch.is_grad_enabled() and logits.requires_grad) or torch.compiler.is_compiling() or not available()):
         top = logits.log_softmax(-1).topk(k, dim=-1)
         return top.values, top.indices
     values, indices = _module.top_log_softmax(logits.reshape(-1, logits.shape[-1]).contiguous(), k)
@@ -337,12 +323,12 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | Non
     """x [M, K] · weightᵀ (+ bias [N]) -> [M, N] with the weight from :func:`pack_panels` (float32 or float16
     panels) or :func:`pack_codes`, x float32 on CPU: the product of the decode and verification steps (as fast
     as memory allows at 1 row, 1.3-1.5x the row-major kernel at 8-32 rows on a Skylake Xeon; rows bit-identical
-    whatever their number, and whatever the panels' form for the same values). Call only where :func:`enabled`
+    whatever their number, and whatever the panels' form for the same values). Call only where :func:`available`
     is true."""
     return _module.panel_linear(x, panels, bias, n)
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] · weight [N, K]ᵀ (+ bias [N]) -> [M, N], float32 on CPU, weight contiguous. Call only where
-    :func:`enabled` is true."""
+    :func:`available` is true."""
     return _module.few_rows_linear(x, weight, bias)

@@ -19,8 +19,9 @@ and the drafters' own graphs (:meth:`specdec.drafters.base.Drafter.replay_graphs
 Use: ``speculative_generate(GraphedDecoder(as_decoder(model)), drafter, ...)``, the wrapper built once and
 reused across prompts so captures amortise; drafters that read the target's weights see through it.
 
-Without a GPU (CI, this project's CPU machines) :func:`emulated_graphs` lets tests run the graphed path on CPU:
-each capture records the forward's aten ops (:class:`EmulatedGraph`) and fails where a real capture would
+Without a GPU (CI, this project's CPU machines) a decoder on :meth:`Backend.emulated_gpu()
+<specdec.models.backend.Backend.emulated_gpu>` (``Graphs(device, emulate=True)`` for a function of one's own) lets
+tests run the graphed path on CPU, with the torch ops a GPU runs: each capture records the forward's aten ops (:class:`EmulatedGraph`) and fails where a real capture would
 (a host sync such as ``.item()``, an op whose output shape depends on the data), and each replay runs the
 same recorded function again and fails unless it dispatches the same ops on the same shapes and reads the
 same outside tensors (the cache, the weights, the static inputs) as the capture did: what a CUDA graph, which
@@ -29,21 +30,18 @@ replays the recorded kernels on the recorded addresses, would silently get wrong
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from specdec.models.backend import Backend
 from specdec.models.cache import KVCache
 from specdec.models.llama import CompactLlama
 
 CAPACITY_STEP = 256  # the reused cache grows in steps of this many slots
 MAX_COMPILED_SHAPES = 64  # compile=True: shapes torch.compile may specialise the forward for (dynamo's default: 8)
-
-
-_emulating = False  # :func:`emulated_graphs`
 
 
 class GraphCaptureError(RuntimeError):
@@ -96,7 +94,7 @@ class _Recorder(TorchDispatchMode):
 
 
 class EmulatedGraph:
-    """A stand-in for ``torch.cuda.CUDAGraph`` on CPU, for tests (:func:`emulated_graphs`). :meth:`capture` runs
+    """A stand-in for ``torch.cuda.CUDAGraph`` on CPU, for tests (``Backend.emulated_gpu()``). :meth:`capture` runs
     ``run`` once, recording its ops; :meth:`replay` runs it again, checks it dispatched the same ops on the same
     shapes and outside memory, and copies its outputs into the captured ones (a CUDA graph writes its outputs
     into the tensors of the capture). Raises :class:`GraphCaptureError` where a real capture would fail or a
@@ -137,36 +135,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-@contextlib.contextmanager
-def emulated_graphs() -> Iterator[None]:
-    """Inside, CPU devices take the graphed paths as CUDA devices do (:func:`replays_graphs`), their graphs
-    :class:`EmulatedGraph`s, and specdec's CPU kernels and oneDNN's products are off (the forwards run the torch
-    ops a GPU runs): for tests of the graphed code on machines without a GPU. Not for speed: an emulated replay
-    is slower than an eager forward."""
-    global _emulating
-    from specdec.models import cpu_kernels, llama
-
-    before = _emulating, cpu_kernels._enabled, llama._ONEDNN
-    _emulating = True
-    cpu_kernels.enable(False)
-    llama.use_onednn(False)
-    try:
-        yield
-    finally:
-        _emulating = before[0]
-        cpu_kernels.enable(before[1])
-        llama.use_onednn(before[2])
-
-
-def replays_graphs(device: torch.device) -> bool:
-    """Whether forwards on ``device`` can replay graphs: a CUDA device, or the CPU inside :func:`emulated_graphs`."""
-    return device.type == "cuda" or (_emulating and device.type == "cpu")
-
-
 def record_graph(run: Callable[[], Any], device: torch.device, *, warmups: int = 2, pool: Any = None) -> tuple[Any, Any]:
     """``run`` (a function of static tensors) warmed up, then captured as a graph on ``device``: (the graph, its
     outputs). CUDA: warm-up on a side stream (lazy library initialisation must not happen inside a capture),
-    capture into the memory ``pool`` (:func:`graph_pool`). CPU under :func:`emulated_graphs`: an
+    capture into the memory ``pool`` (:func:`graph_pool`). Elsewhere (the CPU, graphs emulated): an
     :class:`EmulatedGraph`. Either replays with ``graph.replay()``, which rewrites the outputs in place."""
     if device.type != "cuda":
         for _ in range(warmups):
@@ -192,9 +164,9 @@ def graph_pool(device: torch.device) -> Any:
 
 
 class Graphs:
-    """Functions of a few tensors replayed as graphs where graphs replay (:func:`replays_graphs`), eagerly
-    elsewhere: the one place graphs are captured, replayed and timed, for the target's forwards
-    (:class:`GraphedDecoder`) and a drafter's own work alike.
+    """Functions of a few tensors replayed as graphs where graphs replay (a CUDA device, or the CPU with
+    ``emulate``, for tests: :class:`EmulatedGraph`), eagerly elsewhere: the one place graphs are captured,
+    replayed and timed, for the target's forwards (:class:`GraphedDecoder`) and a drafter's own work alike.
 
     ``graphs(fn, inputs, key=...)`` returns ``fn(*inputs)`` (a tuple of tensors, fresh): captured on the first
     call with that ``key`` and those inputs' shapes and dtypes, replayed on the next ones with the new inputs
@@ -208,9 +180,9 @@ class Graphs:
     (:meth:`cache`); reallocating it drops every graph. ``captures``, ``replays`` and ``capture_time_s`` count
     what happened (the capture time is a one-off cost, reported apart from decoding)."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, *, emulate: bool = False):
         self.device = torch.device(device)
-        self.enabled = replays_graphs(self.device)
+        self.enabled = self.device.type == "cuda" or (emulate and self.device.type == "cpu")
         self._graphs: dict[tuple, tuple[Any, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]] = {}
         self._pool = None
         self.kept: KVCache | None = None  # :meth:`cache`
@@ -269,8 +241,8 @@ class GraphedDecoder:
     compilation per captured shape, ~9 s each for SmolLM2-135M on an H100, then a step ~1.9x faster than graphs
     of the eager forward), which costs compile time up front; the number of shapes dynamo may compile one
     function for is raised to :data:`MAX_COMPILED_SHAPES` (a tree drafter captures up to ~k + 1 widths).
-    ``graphs`` (a :class:`Graphs`, made here unless given: a drafter passes its own) captures, replays and
-    keeps the cache; ``captures``, ``replays`` and ``capture_time_s`` are its counts.
+    ``graphs`` (a :class:`Graphs`, made here unless given: a drafter passes its own; emulated on CPU where the
+    decoder's backend says so) captures, replays and keeps the cache; ``captures``, ``replays`` and ``capture_time_s`` are its counts.
     """
 
     def __init__(self, decoder: CompactLlama, *, compile: bool = False, graphs: Graphs | None = None):
@@ -278,7 +250,7 @@ class GraphedDecoder:
             raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a model of "
                             f"specdec.models.llama.FAMILIES), got {type(decoder).__name__}")
         self.decoder = decoder
-        self.graphs = Graphs(decoder.device) if graphs is None else graphs
+        self.graphs = Graphs(decoder.device, emulate=decoder.backend.emulate_graphs) if graphs is None else graphs
         self.enabled = self.graphs.enabled
         self.compile = compile
         self._forward = decoder.forward
@@ -344,15 +316,15 @@ def check_compile_mode(mode: str) -> str:
     return mode
 
 
-def target_decoder(model, mode: str = "auto"):
-    """The decoder a job runs the target through (``target.compile``): a :class:`GraphedDecoder` on a GPU unless
-    ``mode`` is ``"none"``, else the eager decoder; ``"compiled_graphs"`` also compiles each captured forward
-    (``GraphedDecoder(compile=True)``). ``"cuda_graphs"`` or ``"compiled_graphs"`` where graphs cannot run is an
-    error."""
+def target_decoder(model, mode: str = "auto", *, backend: Backend | None = None):
+    """The decoder a job runs the target through (``target.compile``), on ``backend`` (``as_decoder``'s): a
+    :class:`GraphedDecoder` on a GPU (or where the backend emulates graphs) unless ``mode`` is ``"none"``, else the
+    eager decoder; ``"compiled_graphs"`` also compiles each captured forward (``GraphedDecoder(compile=True)``).
+    ``"cuda_graphs"`` or ``"compiled_graphs"`` where graphs cannot run is an error."""
     from specdec.models import as_decoder
 
-    decoder = as_decoder(model)
-    graphable = isinstance(decoder, CompactLlama) and replays_graphs(decoder.device)
+    decoder = as_decoder(model, backend=backend)
+    graphable = isinstance(decoder, CompactLlama) and decoder.backend.replays_graphs(decoder.device)
     if check_compile_mode(mode) in ("cuda_graphs", "compiled_graphs") and not graphable:
         where = decoder.device if isinstance(decoder, CompactLlama) else f"the generic path ({type(decoder).__name__})"
         raise ValueError(f"target.compile={mode} needs a target on the compact path (specdec.models.llama.FAMILIES) "

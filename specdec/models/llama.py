@@ -7,14 +7,13 @@ attention over a per-row static cache — and reuses the HF model's own submodul
 layers, norms, MLPs, rotary embeddings) for everything else: no weights are copied or re-implemented,
 and the logits match HF's (tested per family). What a family adds to Llama's layer is data
 (:class:`Family`), read by the one forward: q/k norms, Gemma's norms around the attention and the MLP, a
-rotary embedding per layer kind, sliding-window layers, a final logit soft-cap.
+rotary embedding per layer kind, sliding-window layers, a final logit soft-cap. How the products and the small
+ops run on CPU (specdec's kernels or torch's, the weights as codes or float32) is the decoder's
+:class:`~specdec.models.backend.Backend`, given when it is built.
 """
 
 from __future__ import annotations
 
-import operator
-import os
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.models import cpu_kernels
+from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
 
 
@@ -71,195 +71,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
-    """``layer(x)``: ``F.linear`` on an accelerator; on CPU through specdec's few-row kernel or oneDNN where
-    they apply (see :func:`_cpu_product`), else computed as W·xᵀ with at least two rows.
-
-    For the few rows of a decode step, MKL's x·Wᵀ path is 3-7x slower on CPU than W·xᵀ, and a single
-    row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
-    Same arithmetic, another kernel.
-    """
-    if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
-        return F.linear(x, layer.weight, layer.bias)
-    out = _cpu_product(x, (layer,))
-    if out is not None:
-        return out
-    flat = x.reshape(-1, x.shape[-1])
-    rows = flat.shape[0]
-    if rows == 1:
-        flat = flat.repeat(2, 1)  # contiguous: a stride-0 operand takes a slow kernel
-    # Contiguous [rows, out]: a transposed result sends SDPA down a slow copying path at batch > 1.
-    out = torch.mm(layer.weight, flat.t()).t()[:rows].contiguous()
-    if layer.bias is not None:
-        out = out + layer.bias
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _cpu_product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor | None:
-    """x through the layers' weights stacked along the output ([..., sum of out]), or None where the plain
-    path runs. Up to ``cpu_kernels.MAX_ROWS`` rows through specdec's few-row kernel over the stacked weight
-    packed in panels (streams the weights at close to the machine's read bandwidth; rows bit-identical
-    whatever their number), more rows (a prefill) through oneDNN over each layer's own weight; with the kernel
-    off, oneDNN over a prepacked stacked weight."""
-    prepared = _cpu_group(layers, x)
-    if prepared is None:
-        return None
-    weight, bias, packed = prepared
-    if not packed:
-        flat = x.reshape(-1, x.shape[-1])
-        n = sum(layer.out_features for layer in layers)
-        if flat.shape[0] <= cpu_kernels.MAX_ROWS:
-            return cpu_kernels.panel_linear(flat, weight, bias, n).view(*x.shape[:-1], n)
-        if not _ONEDNN:
-            return None
-        outs = [torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight.detach(),
-                                                   None if layer.bias is None else layer.bias.detach(), "none", [], "")
-                for layer in layers]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
-
-
-# nn.Linear -> {(packed or not, ids of the layers stacked together, this one first) -> (weak references to their
-# weights, the layers and their biases, the weights' and biases' versions then, the stacked copy (oneDNN-packed,
-# or packed in panels for specdec's kernel), the stacked bias)}: a memo of derived data; identities (live references,
-# not addresses that a freed tensor's successor may take) and versions say whether the copy is current.
-_PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
-_ONEDNN_DTYPES = (torch.float32,)
-
-
-def use_onednn(enabled: bool) -> None:
-    """Turn the oneDNN path of the CPU forward on (the default) or off (MKL's W·xᵀ), e.g. to compare them.
-    ``SPECDEC_ONEDNN=0`` in the environment turns it off at import."""
-    global _ONEDNN
-    _ONEDNN = bool(enabled) and _onednn_available()
-    if not _ONEDNN:
-        _PACKED.clear()
-
-
-def use_half_panels(enabled: bool) -> None:
-    """Let the kernel's panels hold float16 where float16 holds a weight exactly (the default: the drafters
-    shipped in float16, half the bytes to stream, the same products bit for bit), or keep every panel float32,
-    e.g. to compare them. ``SPECDEC_HALF_PANELS=0`` in the environment turns it off at import."""
-    global _HALF_PANELS
-    _HALF_PANELS = bool(enabled)
-
-
-def use_coded_panels(enabled: bool) -> None:
-    """Let the kernel's panels hold a weight as 4- or 8-bit codes with per-block scales where those give every
-    value back exactly (the default: a GGUF model dequantised to float32, like the embedded SmolLM2 target,
-    streams 0.75-1.1 bytes a weight instead of 4, the same products bit for bit; see
-    ``cpu_kernels.pack_codes``; Medusa's heads read the target's LM-head rows likewise), or not, e.g. to
-    compare them. ``SPECDEC_CODED_PANELS=0`` in the environment turns it off at import."""
-    cpu_kernels.allow_codes(enabled)
-
-
-def streamed_bytes() -> dict[int, float]:
-    """{id(weight): bytes} for the weights the kernel's products read from panels packed under the current
-    forms: each weight's share of its stacked panels (float16 panels and codes stream fewer bytes than the
-    float32 weight; see ``cpu_kernels.pack_codes``). What the speed of light counts for those weights."""
-    shares: dict[int, float] = {}
-    forms = (False, *_panel_forms())
-    for groups in list(_PACKED.values()):
-        for key, (held, _, panels, _) in list(groups.items()):
-            count = len(key) - len(forms)  # the key: the forms, then the stacked layers' ids
-            weights = [ref() for ref in held[:count]]
-            if key[:len(forms)] != forms or any(weight is None for weight in weights):
-                continue
-            total = sum(weight.numel() for weight in weights)
-            for weight in weights:
-                shares[id(weight)] = panels.numel() * panels.element_size() * weight.numel() / total
-    return shares
-
-
-def _panel_forms() -> tuple[bool, bool]:
-    """The panel forms allowed now (float16, codes): a plan packed under others is rebuilt."""
-    return _HALF_PANELS, cpu_kernels.codes_allowed()
-
-
-def _onednn_available() -> bool:
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
-def _onednn_weight(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
-    """The layer's weight prepacked for oneDNN, or None where another path runs (see :func:`_cpu_group`).
-
-    Why: this CPU path is compute-bound past a few rows, and MKL picks slow kernels for the 2-32 rows of a
-    verification step (on a 2-core AMD EPYC the 49152x576 LM head takes 14 ms for 16 rows in MKL, 6 ms in
-    oneDNN with a packed weight; a 16-token forward of SmolLM2-135M 90 → 65 ms, one token unchanged). The
-    packed copy costs the weight's memory once per layer, is shared by every decoder over the same model,
-    and is rebuilt when the weight changes (another tensor, dtype, device, or an in-place update).
-    """
-    prepared = _cpu_group((layer,), x)
-    return None if prepared is None or not prepared[2] else prepared[0]
-
-
-def _cpu_group(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
-    """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
-    for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
-    neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is packed in panels
-    for it: as codes where they give the weight back exactly (``cpu_kernels.pack_codes``, where
-    :func:`use_coded_panels` allows), else ``cpu_kernels.pack_panels`` (float16 panels where float16 holds the
-    weight exactly and :func:`use_half_panels` allows); with the kernel off, a oneDNN-packed copy. One product for
-    q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
-    step for SmolLM2-135M."""
-    weights = [layer.weight for layer in layers]
-    if (any(w.device.type != "cpu" or w.dtype not in _ONEDNN_DTYPES or x.dtype != w.dtype for w in weights)
-            or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
-            or torch.compiler.is_compiling()):
-        return None
-    packed = not cpu_kernels.enabled()
-    if packed and not _ONEDNN:
-        return None
-    biases = [layer.bias for layer in layers]
-    if any(b is not None for b in biases) and any(b is None for b in biases):
-        return None  # mixed biases: computed one by one
-    held = weights + list(layers) + [b for b in biases if b is not None]
-    stamp = tuple(_version(w) for w in weights) + tuple(_version(b) for b in biases if b is not None)
-    groups = _PACKED.get(layers[0])
-    if groups is None:
-        groups = _PACKED[layers[0]] = {}
-    key = (packed, *_panel_forms(), *(id(layer) for layer in layers))  # a copy per kind, to compare
-    entry = groups.get(key)
-    if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
-            ref() is not obj for ref, obj in zip(entry[0], held)):
-        with torch.no_grad():
-            stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
-            bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
-                                                   else torch.cat([b.detach() for b in biases]))
-            if packed:
-                stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
-            else:
-                coded = cpu_kernels.pack_codes(stacked) if cpu_kernels.codes_allowed() else None
-                stacked = coded if coded is not None else cpu_kernels.pack_panels(
-                    stacked, half=_HALF_PANELS and cpu_kernels.exact_in_half(stacked))
-            entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
-        groups[key] = entry
-    return entry[2], entry[3], packed
-
-
-def _linears(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """``tuple(layer(x) for layer in layers)`` for layers reading the same input (q/k/v, gate/up): on CPU one
-    product over their stacked weights (:func:`_cpu_product`), split; elsewhere :func:`_linear` per layer."""
-    out = _cpu_product(x, layers)
-    if out is None:
-        return tuple(_linear(x, layer) for layer in layers)
-    return out.split([layer.out_features for layer in layers], dim=-1)
-
-
-def _version(weight: torch.Tensor) -> int:
-    """The tensor's in-place update counter (-1 for an inference tensor, which has none and cannot be
-    updated outside inference mode)."""
-    try:
-        return weight._version
-    except RuntimeError:
-        return -1
-
-
-_ONEDNN = os.environ.get("SPECDEC_ONEDNN", "1") != "0" and _onednn_available()
-_HALF_PANELS = os.environ.get("SPECDEC_HALF_PANELS", "1") != "0"
-
-
 def _has_submodule(module: nn.Module, name: str) -> bool:
     try:
         module.get_submodule(name)
@@ -283,10 +94,12 @@ class CompactLlama(nn.Module):
 
     ``num_layers`` keeps only the first N decoder layers (then the final norm and LM head): an
     early-exit copy of the target that costs nothing in memory, usable as a self-speculative drafter.
+    ``backend``: how its CPU forwards run and the weights stream (:class:`~specdec.models.backend.Backend`).
     """
 
-    def __init__(self, hf_model: nn.Module, num_layers: int | None = None):
+    def __init__(self, hf_model: nn.Module, num_layers: int | None = None, *, backend: Backend = Backend()):
         super().__init__()
+        self.backend = backend
         if not supports(hf_model):
             raise TypeError(f"CompactLlama supports model types {SUPPORTED_MODEL_TYPES}, got "
                             f"{getattr(getattr(hf_model, 'config', None), 'model_type', type(hf_model).__name__)!r}")
@@ -376,7 +189,7 @@ class CompactLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = _linears(h, (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k, v = self.backend.linears(h, (attn.q_proj, attn.k_proj, attn.v_proj))
             q = q.view(b, t, self.num_heads, self.head_dim)
             k = k.view(b, t, self.num_kv_heads, self.head_dim)
             if family.qk_norm:  # over each head's dimensions
@@ -389,7 +202,7 @@ class CompactLlama(nn.Module):
             keys, values = cache.write(i, k, v, kv_len)  # [B, Hkv, S, D]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[windows[i]], enable_gqa=True,
                                                  scale=self._scales[i])
-            out = _linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj)
+            out = self.backend.linear(out.transpose(1, 2).reshape(b, t, -1), attn.o_proj)
             mlp = layer.mlp
             if family.sandwich_norms:
                 x = x + layer.post_attention_layernorm(out)
@@ -397,8 +210,8 @@ class CompactLlama(nn.Module):
             else:
                 x = x + out
                 h = layer.post_attention_layernorm(x)
-            gate, up = _linears(h, (mlp.gate_proj, mlp.up_proj))
-            out = _linear(mlp.act_fn(gate) * up, mlp.down_proj)
+            gate, up = self.backend.linears(h, (mlp.gate_proj, mlp.up_proj))
+            out = self.backend.linear(mlp.act_fn(gate) * up, mlp.down_proj)
             x = x + (layer.post_feedforward_layernorm(out) if family.sandwich_norms else out)
             if i + 1 in capture:
                 captured[i + 1] = x
@@ -406,7 +219,7 @@ class CompactLlama(nn.Module):
 
     def _head(self, hidden: torch.Tensor, capture: tuple[int, ...], captured: dict) -> tuple[torch.Tensor, ...]:
         """The outputs of :meth:`forward` from the final hidden state (normed) and the captured streams."""
-        logits = _linear(hidden, self.lm_head).float()
+        logits = self.backend.linear(hidden, self.lm_head).float()
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         if not capture:
@@ -418,9 +231,9 @@ class CompactLlama(nn.Module):
 
     def _fused(self, x: torch.Tensor) -> bool:
         """Whether this forward runs the small ops between the products through specdec's fused CPU kernels
-        (:meth:`_fused_layers`): float32 on CPU without autograd, not being traced by torch.compile, the kernels
-        built, Llama's RMSNorm and SiLU."""
-        if not fusable_input(x) or not self.family.llama_layer:
+        (:meth:`_fused_layers`): float32 on CPU without autograd, not being traced by torch.compile, the backend's
+        kernels on and built, Llama's RMSNorm and SiLU."""
+        if not self.backend.fusable(x) or not self.family.llama_layer:
             return False
         if self._fusable is None:
             norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -445,7 +258,7 @@ class CompactLlama(nn.Module):
         norm = self.layers[0].input_layernorm
         h = kernels.rms_norm(stream, None, norm.weight, norm.variance_epsilon)
         for i, (qkv, o, gate_up, down, post_norm, next_norm) in enumerate(self._layer_plan()):
-            q, k, v = kernels.rope_qkv(_step_product(h, qkv), cos, sin, self.num_heads, self.num_kv_heads)
+            q, k, v = kernels.rope_qkv(self.backend.step_product(h, qkv), cos, sin, self.num_heads, self.num_kv_heads)
             if step:
                 out = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
                                               tree_mask)
@@ -456,23 +269,24 @@ class CompactLlama(nn.Module):
                 keys, values = cache.write(i, k, v, kv_len)
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
                 out = out.transpose(1, 2).reshape(b * t, -1)
-            h = kernels.rms_norm(stream, _step_product(out, o), post_norm[0], post_norm[1])
-            hidden = kernels.silu_mul(_step_product(h, gate_up))
-            h = kernels.rms_norm(stream, _step_product(hidden, down), next_norm[0], next_norm[1])
+            h = kernels.rms_norm(stream, self.backend.step_product(out, o), post_norm[0], post_norm[1])
+            hidden = kernels.silu_mul(self.backend.step_product(h, gate_up))
+            h = kernels.rms_norm(stream, self.backend.step_product(hidden, down), next_norm[0], next_norm[1])
             if i + 1 in capture:
                 captured[i + 1] = stream.view(b, t, width).clone()
         return h.view(b, t, width)
 
     def _layer_plan(self) -> list[tuple]:
         """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
-        (weight in panels, bias, outputs) that :func:`_cpu_group` prepares for the few-row kernel or None, the
+        (weight in panels, bias, outputs) that ``Backend.prepare`` packs for the few-row kernel or None, the
         layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and
-        reused while every submodule and parameter it was built from is still in place, at the same version
-        (:class:`ProductPlan`): a few dictionary lookups per layer instead of four calls to :func:`_cpu_group`
+        reused while the backend is the same and every submodule and parameter it was built from is still in place,
+        at the same version (:class:`ProductPlan`): a few dictionary lookups per layer instead of four calls to
+        ``Backend.prepare``
         and a dozen module attribute reads (a sixth of a CPU decode step for SmolLM2-135M)."""
-        if self._plan is not None and self._plan[1].current():
+        if self._plan is not None and self._plan[1].current(self.backend):
             return self._plan[0]
-        built, plan = ProductPlan(self.dtype), []
+        built, plan = ProductPlan(self.backend, self.dtype), []
         layers, = built.hold(self, "layers")
         built.hold(layers, *layers._modules)
         for i, layer in enumerate(self.layers):
@@ -484,79 +298,3 @@ class CompactLlama(nn.Module):
                          else built.norm(self, "norm")))
         self._plan = (plan, built)
         return plan
-
-
-class ProductPlan:
-    """The record behind a fused CPU forward's plan (:meth:`CompactLlama._layer_plan`, the EAGLE layer's): the
-    submodules and parameters it was built from, with their versions, so that :meth:`current` says whether it
-    still holds (every one still in place, none updated in place since)."""
-
-    def __init__(self, dtype: torch.dtype):
-        # what each recorded object was found as: its owner's store (a module's _modules or _parameters), name
-        self.stores: list[dict] = []
-        self.names: list[str] = []
-        self.objects: list[object] = []
-        self.tensors: list[torch.Tensor] = []  # the recorded parameters with an update counter, and its values
-        self.versions: list[int] = []  # (an inference tensor has none: it cannot be updated outside inference mode)
-        self.probe = torch.empty(1, 1, dtype=dtype)  # stands for the inputs in _cpu_group's checks
-        self.panels = _panel_forms()
-
-    def current(self) -> bool:
-        """Whether every recorded object is still in place, no recorded tensor was updated in place and the panel
-        forms allowed are those the plan was packed with (~100 us for the target's 30 layers on a 2-core Skylake
-        Xeon, once per forward)."""
-        return (self.panels == _panel_forms()
-                and all(map(operator.is_, map(operator.getitem, self.stores, self.names), self.objects))
-                and [tensor._version for tensor in self.tensors] == self.versions)
-
-    def hold(self, owner: nn.Module, *names: str) -> list:
-        """``owner``'s submodules or parameters ``names``, recorded."""
-        found = []
-        for name in names:
-            store = owner._modules if name in owner._modules else owner._parameters
-            obj = store[name]
-            found.append(obj)
-            self.stores.append(store), self.names.append(name), self.objects.append(obj)
-            if isinstance(obj, torch.Tensor) and _version(obj) >= 0:
-                self.tensors.append(obj), self.versions.append(obj._version)
-        return found
-
-    def group(self, owner: nn.Module, *names: str) -> tuple:
-        """(the (panels, bias, outputs) of ``owner``'s linear layers ``names`` stacked, or None where the
-        few-row kernel does not run them, the layers): an entry for :func:`_step_product`."""
-        layers = tuple(self.hold(owner, *names))
-        for linear in layers:
-            self.hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
-        prepared = _cpu_group(layers, self.probe)
-        if prepared is None or prepared[2]:
-            return None, layers
-        return (*prepared[:2], sum(linear.out_features for linear in layers)), layers
-
-    def norm(self, owner: nn.Module, name: str) -> tuple[torch.Tensor, float]:
-        """(weight, eps) of ``owner``'s RMSNorm ``name`` (transformers' Llama norm or torch's nn.RMSNorm)."""
-        module, = self.hold(owner, name)
-        weight, = self.hold(module, "weight")
-        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
-        return weight, float(torch.finfo(weight.dtype).eps if eps is None else eps)
-
-
-def fusable_input(x: torch.Tensor) -> bool:
-    """Whether specdec's fused CPU kernels can take ``x``: float32 on CPU, no autograd, not being traced by
-    torch.compile, the kernels built (what :meth:`CompactLlama._fused` and the EAGLE layer's ask first)."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling() and cpu_kernels.enabled())
-
-
-def _step_product(x: torch.Tensor, entry: tuple) -> torch.Tensor:
-    """x [M, in] through a product of :meth:`CompactLlama._layer_plan` (prepared, layers): the few-row kernel
-    over the prepared stacked weight for at most ``cpu_kernels.MAX_ROWS`` rows, else :func:`_product`."""
-    prepared, layers = entry
-    if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
-        return cpu_kernels.panel_linear(x, *prepared)
-    return _product(x, layers)
-
-
-def _product(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """x [M, in] through the layers stacked along the output: :func:`_cpu_product`, else one by one."""
-    out = _cpu_product(x, layers)
-    return out if out is not None else torch.cat([_linear(x, layer) for layer in layers], -1)

@@ -38,8 +38,8 @@ from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.drafters import build_drafter
 from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room, result_category
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
-from specdec.models.llama import use_coded_panels
+from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task, target_backend
+from specdec.models import as_decoder
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.cache import cached_log
 from specdec.replay.log import drafts_trees
@@ -82,9 +82,10 @@ def check_replay_config(cfg: DictConfig) -> int:
 def run(cfg: DictConfig) -> dict[str, Any]:
     k = check_replay_config(cfg)
     device = resolve_device(cfg.target.device)
-    use_coded_panels(cfg.target.coded_weights)
-    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter(cfg.drafter, target, tokenizer)
+    backend = target_backend(cfg.target)
+    model, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
+    target = as_decoder(model, backend=backend)  # what the target's forwards run through
+    drafter = build_drafter(cfg.drafter, model, tokenizer, backend)
     tree = drafts_trees(drafter)
     k_max = k if tree else max(k, cfg.k_max)
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
@@ -95,7 +96,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     prompts = encode_prompts(tokenizer, rows, limit, context)
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     seeds = [cfg.sampling.seed + s for s in range(cfg.seeds)]
-    eos = stop_token_ids(target, tokenizer)
+    eos = stop_token_ids(model, tokenizer)
     log, path, from_disk = cached_log(target, drafter, prompts, k_max=k_max, max_new_tokens=cfg.data.max_new_tokens,
                                       tokenizer=tokenizer, eos_token_id=eos, tree=tree, directory=cfg.log_dir,
                                       costs=cfg.costs, cost_batch=cfg.data.batch_size, pad_id=tokenizer.pad_token_id,

@@ -3,7 +3,7 @@ replay of held-out prompts timed by costs measured on this machine at the run's 
 
 For each candidate size the replay (:mod:`specdec.replay`) gives τ on the calibration prompts (one logging pass
 covers every chain K; a tree size is its own pass), the cost model (:mod:`specdec.replay.costs`, measured at the
-run's batch size, temperature and weight format: whatever the target was loaded with) times the steps, and the
+run's batch size, temperature and weight format: the target decoder's backend) times the steps, and the
 predicted decode speedup over plain decoding follows. The run drafts at the best candidate, or not at all (k = 0,
 plain decoding) where no candidate is predicted to reach ``1 + margin``: the margin absorbs what the prediction
 misses (within ~6% at batch 1 here: experiments/README.md#replay-costs-2026-11-26). At a batch of B rows the

@@ -199,13 +199,16 @@ def _fingerprint(tensors: Sequence[torch.Tensor]) -> str:
 
 def target_identity(target: torch.nn.Module) -> dict[str, Any]:
     """What tells one target from another in a log: its name, sizes and a fingerprint of its weights, and
-    whether its CPU forwards stream codes (other numerics, possibly another greedy continuation)."""
-    from specdec.models import cpu_kernels
+    whether its CPU forwards stream codes (its decoder's backend: other numerics, possibly another greedy
+    continuation)."""
+    from specdec.models import CompactLlama, GraphedDecoder, as_decoder
 
+    decoder = as_decoder(target)
+    codes = isinstance(decoder, (CompactLlama, GraphedDecoder)) and decoder.backend.weights == "codes"
     config = getattr(target, "config", None)
     return {"name": str(getattr(config, "_name_or_path", "") or type(target).__name__),
             "vocab_size": getattr(config, "vocab_size", None), "layers": getattr(config, "num_hidden_layers", None),
-            "weights": _fingerprint(list(target.parameters())), "codes": cpu_kernels.codes_allowed()}
+            "weights": _fingerprint(list(target.parameters())), "codes": codes}
 
 
 def drafter_identity(drafter: Drafter, *, chain_k_free: bool = True) -> dict[str, Any]:

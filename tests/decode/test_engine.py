@@ -168,7 +168,7 @@ class FixedTreeDrafter(Drafter):
     tree = Tree.from_parents([-1, -1, 0])
 
     @classmethod
-    def from_config(cls, cfg, target, tokenizer=None):
+    def from_config(cls, cfg, target, tokenizer=None, backend=None):
         return cls()
 
     def propose(self, state, k):

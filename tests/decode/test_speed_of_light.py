@@ -21,9 +21,9 @@ def test_step_bytes_counts_each_weight_once_and_the_kv_cache():
 def test_step_bytes_counts_the_panels_a_weight_is_streamed_from():
     """A weight the CPU kernel reads from coded panels counts as those panels' bytes (0.75 a weight for 4-bit
     codes, 1.125 for 8-bit), the rest as their float32 bytes."""
-    from specdec.models import as_decoder, cpu_kernels
+    from specdec.models import Backend, as_decoder, cpu_kernels
 
-    if not cpu_kernels.enabled():
+    if not cpu_kernels.available():
         pytest.skip("specdec's CPU kernel is not built here")
     model = tiny_llama(layers=2, seed=0)
     linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
@@ -35,6 +35,8 @@ def test_step_bytes_counts_the_panels_a_weight_is_streamed_from():
     expected = sum(coded.get(id(p), p.numel() * 4) for p in model.parameters())
     assert sol.step_bytes(model, context=0) == pytest.approx(expected)
     assert expected < sum(p.numel() * 4 for p in model.parameters()) / 3
+    as_float = sol.step_bytes(model, context=0, backend=Backend(weights="float"))  # a backend streaming float32
+    assert as_float == sum(p.numel() * 4 for p in model.parameters())
 
 
 def test_read_bandwidth_is_probed_once_per_machine_and_survives_a_corrupt_cache(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel, load_e
 from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.trees.siblings import without
 from specdec.errors import CheckpointError
-from specdec.models import as_decoder, cpu_kernels
+from specdec.models import Backend, as_decoder, cpu_kernels
 from specdec.training.distill.packing import Packed, pack
 from specdec.training.methods.eagle.objective import ttt_mask, unroll
 
@@ -54,7 +54,7 @@ def test_weights_rounded_to_codes_change_the_drafts_not_the_output(target, bits)
     assert torch.equal(target.get_input_embeddings().weight, embed)
     for layer in (model.fc, model.lm_head, model.layer.mlp.down_proj):
         assert cpu_kernels.pack_codes(layer.weight.detach()) is not None
-    if cpu_kernels.enabled() and cpu_kernels.codes_allowed():
+    if cpu_kernels.available():  # the model's backend: Backend(), weights "codes"
         with torch.no_grad():  # as when drafting
             plan = model._layer_plan()
         assert {plan[name][0][0].dtype for name in ("qkv", "gate_up", "down", "fc", "lm_head")} == \
@@ -142,13 +142,6 @@ def test_decode_drafts_are_the_training_time_test(target):
     assert len(out.sequences[0]) == 12
 
 
-@pytest.fixture
-def kernels_restored():
-    before = cpu_kernels._enabled
-    yield
-    cpu_kernels.enable(before)
-
-
 def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
     """A catch-up step (6 positions, causal), a chain draft, then a tree level whose 2 entries see their own
     choice of the 3 draft entries before them, on a batch of 2 rows (one left-padded): outputs, logits, cache."""
@@ -169,9 +162,9 @@ def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
             cache.values[0][:, :, :11]]
 
 
-@pytest.mark.skipif(not cpu_kernels.enabled(), reason="specdec's CPU kernels are not built here")
+@pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernels are not built here")
 @torch.no_grad()
-def test_the_fused_draft_step_matches_the_torch_ops(target, kernels_restored):
+def test_the_fused_draft_step_matches_the_torch_ops(target):
     """The draft layer through specdec's CPU kernels (norms, rotary, cache write + attention over a tree's
     draft entries, SiLU, products over float16 panels) equals the torch ops' step; after an in-place weight
     update too (the plan of packed weights is rebuilt)."""
@@ -185,7 +178,7 @@ def test_the_fused_draft_step_matches_the_torch_ops(target, kernels_restored):
             model.fc.weight.mul_(0.5)
         results = {}
         for on in (True, False):
-            cpu_kernels.enable(on)
+            model.backend = Backend(kernels=on)  # the plan of packed weights follows the backend
             results[on] = _draft_steps(model)
         for fused, plain in zip(results[True], results[False]):
             assert fused.shape == plain.shape
@@ -193,13 +186,13 @@ def test_the_fused_draft_step_matches_the_torch_ops(target, kernels_restored):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
-def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypatch, kernels_restored):
+def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypatch):
     """Each expanded node of an EAGLE-2 tree gets the draft layer's output that a chain fed its path's tokens
     one by one gets (it attends to its ancestors' draft entries, not to its other relatives'): replayed at
     every step of a generation, batch 2 left-padded, with the CPU kernels and with the torch ops."""
-    if fused and not cpu_kernels.enabled():
+    if fused and not cpu_kernels.available():
         pytest.skip("specdec's CPU kernels are not built here")
-    cpu_kernels.enable(fused)
+    backend = Backend(kernels=fused)
     grow, select, checked = TreeGrowth.grow, TreeGrowth.select, []
 
     def keep_root(self, hidden, k):
@@ -228,9 +221,9 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
     monkeypatch.setattr(TreeGrowth, "grow", keep_root)
     monkeypatch.setattr(TreeGrowth, "select", replay)
     monkeypatch.setattr(TreeGrowth, "prune", False)  # every level grown: paths of 3 expanded nodes
-    drafter = EagleDrafter(random_eagle(target, draft_vocab=40, seed=7), depth=4, top_k=3, expand=3)
+    drafter = EagleDrafter(random_eagle(target, draft_vocab=40, seed=7), depth=4, top_k=3, expand=3, backend=backend)
     with torch.no_grad():
-        speculative_generate(target, drafter, PROMPTS, k=8, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
+        speculative_generate(as_decoder(target, backend=backend), drafter, PROMPTS, k=8, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
     assert max(checked) >= 3  # nodes two levels below a root child were replayed
 
 

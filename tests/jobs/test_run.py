@@ -72,7 +72,7 @@ def test_main_job_writes_results(tmp_path, coded):
     assert "speedup" in proc.stdout and "predicted" in proc.stdout
     # SmolLM2 streamed as its codes where the CPU kernel runs (cpu_kernels.pack_codes): ~112 MB of panels a
     # step; else (or with target.coded_weights=false) float32's 538 MB
-    coded = coded and cpu_kernels.enabled()
+    coded = coded and cpu_kernels.available()
     assert 0 < results["bandwidth_fraction"] and (100e6 < results["step_bytes"] < 130e6 if coded
                                                   else results["step_bytes"] > 500e6)
     assert "speed of light: a step reads" in proc.stdout
@@ -87,15 +87,14 @@ def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
     replaying graphs), in process on CPU through emulated graphs: plain decoding's greedy outputs, the captures
     of each reported in results.json and under the table (ngram runs no model: no drafter graphs)."""
     from specdec.config import config_dir
-    from specdec.models.graphs import emulated_graphs
+    from specdec.models import Backend
     from specdec.report.table import format_table
     from specdec.run import run
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("run", overrides=[f"drafter={drafter}", "data.sources=[mtbench]", *TINY])
-    with emulated_graphs():
-        results = run(cfg)
+    results = run(cfg, Backend.emulated_gpu())
     assert results["greedy_mismatches"] == 0 and results["cuda_graph_captures"] > 0
     assert results["cuda_graph_capture_time_s"] > 0
     graphed = drafter != "ngram"

@@ -7,8 +7,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from specdec.jobs.data import left_pad
-from specdec.models import CompactLlama, HFDecoder, as_decoder, cpu_kernels
-from specdec.models import llama as llama_module
+from specdec.models import Backend, CompactLlama, HFDecoder, as_decoder
+from specdec.models import backend as backend_module
 from specdec.models.cache import KVCache
 from specdec.models.hf import cache_keyword
 
@@ -146,79 +146,73 @@ def test_the_fallback_names_the_cache_as_the_model_s_forward_does():
     assert cache_keyword(gpt2) in inspect.signature(gpt2.forward).parameters
 
 
-@pytest.fixture
-def onednn_restored():
-    """Lets a test switch the oneDNN path off; puts it back as it was. specdec's few-row kernel is off
-    meanwhile, so the packed oneDNN path is the one tested (the kernel's tests: test_cpu_kernels.py)."""
-    before = llama_module._ONEDNN, cpu_kernels._enabled
-    cpu_kernels.enable(False)
-    yield
-    llama_module.use_onednn(before[0])
-    cpu_kernels.enable(before[1])
+# specdec's few-row kernel off, so the packed oneDNN path is the one tested (the kernel's tests: test_cpu_kernels.py)
+ONEDNN, PLAIN = Backend(kernels=False), Backend(kernels=False, onednn=False)
+needs_onednn = pytest.mark.skipif(not backend_module._onednn_available(), reason="this torch build has no oneDNN linear")
 
 
-@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+def _packed_for_onednn(backend: Backend, layer: torch.nn.Linear, x: torch.Tensor) -> bool:
+    prepared = backend.prepare((layer,), x)
+    return prepared is not None and prepared[2]
+
+
+@needs_onednn
 @pytest.mark.parametrize("rows", [1, 3, 16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_onednn_linear_matches_the_plain_product(rows, bias, onednn_restored):
+def test_onednn_linear_matches_the_plain_product(rows, bias):
     layer = torch.nn.Linear(24, 40, bias=bias)
     x = torch.randn(2, rows, 24)
-    llama_module.use_onednn(True)  # whatever SPECDEC_ONEDNN says
     with torch.no_grad():
-        fast = llama_module._linear(x, layer)
-        assert llama_module._onednn_weight(layer, x) is not None  # the packed path ran
-        llama_module.use_onednn(False)
-        assert llama_module._onednn_weight(layer, x) is None
-        plain = llama_module._linear(x, layer)
+        fast = ONEDNN.linear(x, layer)
+        assert _packed_for_onednn(ONEDNN, layer, x)  # the packed path ran
+        assert not _packed_for_onednn(PLAIN, layer, x)
+        plain = PLAIN.linear(x, layer)
     assert fast.shape == plain.shape == (2, rows, 40)
     assert torch.allclose(fast, plain, atol=1e-5) and torch.allclose(fast, layer(x), atol=1e-5)
 
 
-@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+@needs_onednn
 @torch.no_grad()
-def test_onednn_packed_weight_follows_the_weight(onednn_restored):
+def test_onednn_packed_weight_follows_the_weight():
     """A packed copy that outlived an in-place update (a fine-tune step, a load_state_dict) would silently
     compute with the old weights: the copy is checked against the weight's identity and version."""
-    llama_module.use_onednn(True)
     layer = torch.nn.Linear(8, 8, bias=False)
     x = torch.randn(4, 8)
-    before = llama_module._linear(x, layer)
-    assert llama_module._onednn_weight(layer, x) is not None
+    before = ONEDNN.linear(x, layer)
+    assert _packed_for_onednn(ONEDNN, layer, x)
     layer.weight.mul_(2)  # in place: same storage, new version
-    assert torch.allclose(llama_module._linear(x, layer), 2 * before, atol=1e-5)
+    assert torch.allclose(ONEDNN.linear(x, layer), 2 * before, atol=1e-5)
     old = layer.weight
     layer.weight = torch.nn.Parameter(torch.zeros(8, 8))  # another tensor
-    assert llama_module._linear(x, layer).abs().max() == 0
+    assert ONEDNN.linear(x, layer).abs().max() == 0
     del old  # freed: a new weight may take its address (an address key would then go stale)
     layer.weight = torch.nn.Parameter(torch.ones(8, 8))
-    assert torch.allclose(llama_module._linear(x, layer), x.sum(1, keepdim=True).expand(4, 8), atol=1e-5)
+    assert torch.allclose(ONEDNN.linear(x, layer), x.sum(1, keepdim=True).expand(4, 8), atol=1e-5)
 
 
-def test_onednn_path_leaves_autograd_to_torch(onednn_restored):
-    llama_module.use_onednn(True)
+def test_onednn_path_leaves_autograd_to_torch():
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)
-    llama_module._linear(x, layer).sum().backward()  # the packed op has no backward: the plain path runs
+    ONEDNN.linear(x, layer).sum().backward()  # the packed op has no backward: the plain path runs
     assert x.grad is not None and layer.weight.grad is not None
 
 
-@pytest.mark.skipif(not llama_module._onednn_available(), reason="this torch build has no oneDNN linear")
+@needs_onednn
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("bias", [False, True])
 @torch.no_grad()
-def test_stacked_linears_match_one_by_one(rows, bias, onednn_restored):
+def test_stacked_linears_match_one_by_one(rows, bias):
     """q/k/v (and gate/up) run as one packed product over the stacked weights, split back per layer."""
-    llama_module.use_onednn(True)
     layers = (torch.nn.Linear(24, 40, bias=bias), torch.nn.Linear(24, 8, bias=bias), torch.nn.Linear(24, 8, bias=bias))
     x = torch.randn(2, rows, 24)
-    outs = llama_module._linears(x, layers)
+    outs = ONEDNN.linears(x, layers)
     assert [tuple(o.shape) for o in outs] == [(2, rows, 40), (2, rows, 8), (2, rows, 8)]
     for out, layer in zip(outs, layers):
         assert torch.allclose(out, layer(x), atol=1e-5)
     layers[1].weight.mul_(3)  # an in-place update of one of them repacks the group
-    assert torch.allclose(llama_module._linears(x, layers)[1], layers[1](x), atol=1e-5)
+    assert torch.allclose(ONEDNN.linears(x, layers)[1], layers[1](x), atol=1e-5)
     if bias:
         layers[2].bias = torch.nn.Parameter(torch.ones(8))  # another bias tensor
-        assert torch.allclose(llama_module._linears(x, layers)[2], layers[2](x), atol=1e-5)
+        assert torch.allclose(ONEDNN.linears(x, layers)[2], layers[2](x), atol=1e-5)
     mixed = (torch.nn.Linear(24, 4, bias=True), torch.nn.Linear(24, 4, bias=False))  # computed one by one
-    assert all(torch.allclose(o, layer(x), atol=1e-5) for o, layer in zip(llama_module._linears(x, mixed), mixed))
+    assert all(torch.allclose(o, layer(x), atol=1e-5) for o, layer in zip(ONEDNN.linears(x, mixed), mixed))

@@ -9,19 +9,12 @@ import torch
 import torch.nn.functional as F
 from helpers import coded_weight, tiny_llama
 
-from specdec.models import as_decoder, cpu_kernels
-from specdec.models import llama as llama_module
+from specdec.models import Backend, as_decoder, cpu_kernels
+from specdec.models.llama import _rotate_half
 
-needs_kernel = pytest.mark.skipif(not cpu_kernels.enabled(), reason="specdec's CPU kernel is not built here "
+needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernel is not built here "
                                   "(not x86 with AVX2, no compiler, or SPECDEC_CPU_KERNEL=0)")
-
-
-@pytest.fixture
-def kernel_restored():
-    before = llama_module._ONEDNN, cpu_kernels._enabled
-    yield
-    llama_module.use_onednn(before[0])
-    cpu_kernels.enable(before[1])
+TORCH_OPS = Backend(kernels=False)  # torch's ops over oneDNN's products
 
 
 @pytest.fixture(params=["avx2", "avx512"])
@@ -89,22 +82,18 @@ def test_float16_panels_give_the_float32_bits_of_the_same_values(rows, shape, is
 
 @needs_kernel
 @torch.no_grad()
-def test_the_forward_packs_float16_panels_only_for_weights_float16_holds_exactly(kernel_restored):
-    cpu_kernels.enable(True)
+def test_the_forward_packs_float16_panels_only_for_weights_float16_holds_exactly():
     exact, other = torch.nn.Linear(24, 40, bias=False), torch.nn.Linear(24, 40, bias=False)
     exact.weight.copy_(exact.weight.half().float())
     other.weight.copy_(exact.weight)
     other.weight[3, 5] += 1e-4  # one value float16 cannot hold
-    x, before = torch.randn(4, 24), llama_module._HALF_PANELS
-    try:
-        for half in (True, False):
-            llama_module.use_half_panels(half)
-            assert llama_module._cpu_group((exact,), x)[0].dtype == (torch.float16 if half else torch.float32)
-            assert llama_module._cpu_group((other,), x)[0].dtype == torch.float32
-            assert torch.equal(llama_module._linear(x, exact), cpu_kernels.panel_linear(
-                x, cpu_kernels.pack_panels(exact.weight), None, 40))
-    finally:
-        llama_module.use_half_panels(before)
+    x = torch.randn(4, 24)
+    for half in (True, False):
+        backend = Backend(half_panels=half)
+        assert backend.prepare((exact,), x)[0].dtype == (torch.float16 if half else torch.float32)
+        assert backend.prepare((other,), x)[0].dtype == torch.float32
+        assert torch.equal(backend.linear(x, exact), cpu_kernels.panel_linear(
+            x, cpu_kernels.pack_panels(exact.weight), None, 40))
 
 
 @needs_kernel
@@ -172,35 +161,31 @@ def test_rounding_to_codes_names_what_it_cannot_do():
 
 @needs_kernel
 @torch.no_grad()
-def test_the_forward_streams_a_dequantised_model_as_its_codes(kernel_restored):
+def test_the_forward_streams_a_dequantised_model_as_its_codes():
     """A tiny Llama whose weights are 4-bit codes (the layers) and 8-bit codes (the LM head), as the embedded
-    SmolLM2 target's are: its products read coded panels, and its logits are bit for bit those over float32
-    panels, for a one-token step and a verification block."""
-    cpu_kernels.enable(True)
+    SmolLM2 target's are: on a backend of weights "codes" its products read coded panels, and its logits are bit
+    for bit those of a backend of weights "float" (float32 panels), for a one-token step and a verification
+    block, two decoders over the one model."""
     model = tiny_llama(layers=2, seed=4)
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
             module.weight.copy_(coded_weight(tuple(module.weight.shape), 8 if name == "lm_head" else 4,
                                               seed=len(name)))
-    decoder = as_decoder(model)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 4, 4, 6]])
-    before = cpu_kernels.codes_allowed()
     logits = {}
-    try:
-        for coded in (True, False):
-            llama_module.use_coded_panels(coded)
-            kinds = {llama_module._cpu_group((layer,), torch.zeros(1, layer.in_features))[0].dtype
-                     for layer in (model.model.layers[0].mlp.down_proj, model.lm_head)}
-            assert kinds == ({torch.uint8, torch.int8} if coded else {torch.float32})
-            cache, steps = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long)), []
-            for start, end in ((0, 7), (7, 8), (8, 10)):  # a prefill, a one-token step, a verification block
-                steps += decoder(ids[:, start:end], cache)
-                cache.commit(torch.full((1,), end - start))
-            logits[coded] = steps
-            down_panels = decoder._layer_plan()[0][3][0][0]  # the fused forward's plan, rebuilt for each form
-            assert down_panels.dtype == (torch.uint8 if coded else torch.float32)
-    finally:
-        llama_module.use_coded_panels(before)
+    for coded in (True, False):
+        backend = Backend(weights="codes" if coded else "float")
+        decoder = as_decoder(model, backend=backend)
+        kinds = {backend.prepare((layer,), torch.zeros(1, layer.in_features))[0].dtype
+                 for layer in (model.model.layers[0].mlp.down_proj, model.lm_head)}
+        assert kinds == ({torch.uint8, torch.int8} if coded else {torch.float32})
+        cache, steps = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long)), []
+        for start, end in ((0, 7), (7, 8), (8, 10)):  # a prefill, a one-token step, a verification block
+            steps += decoder(ids[:, start:end], cache)
+            cache.commit(torch.full((1,), end - start))
+        logits[coded] = steps
+        down_panels = decoder._layer_plan()[0][3][0][0]  # the fused forward's plan, packed for its backend
+        assert down_panels.dtype == (torch.uint8 if coded else torch.float32)
     for coded_step, float_step in zip(logits[True], logits[False]):
         assert torch.equal(coded_step, float_step)
 
@@ -227,24 +212,24 @@ def test_the_embedded_target_is_streamed_as_codes(real_target):
 def test_rows_product_reads_a_lasting_coded_weight_from_its_codes():
     """Medusa's product over the target's LM-head rows: a weight that is codes is read from coded panels from
     its second use on (a tensor made for one call is never packed), packed again after an in-place update, and
-    not at all when codes are not allowed."""
+    not at all on a backend of weights "float"; a backend without kernels leaves the product to its caller."""
     weight, x = coded_weight((64, 96), 8), torch.randn(3, 96)
-    before = cpu_kernels.codes_allowed()
-    try:
-        cpu_kernels.allow_codes(True)
-        for scale in (1.0, 2.0):
-            weight.mul_(scale)  # an in-place update: packed anew
-            assert torch.equal(cpu_kernels.rows_product(x, weight), cpu_kernels.few_rows_linear(x, weight, None))
-            assert torch.equal(cpu_kernels.rows_product(x, weight),
-                               cpu_kernels.panel_linear(x, cpu_kernels.pack_codes(weight), None, 64))
-            assert cpu_kernels._CODED_ROWS[id(weight)][2].dtype == torch.int8
-        cpu_kernels.allow_codes(False)
-        assert torch.equal(cpu_kernels.rows_product(x, weight), cpu_kernels.few_rows_linear(x, weight, None))
-        key = id(weight)
-        del weight
-        assert key not in cpu_kernels._CODED_ROWS  # forgotten with the weight
-    finally:
-        cpu_kernels.allow_codes(before)
+    for scale in (1.0, 2.0):
+        weight.mul_(scale)  # an in-place update: packed anew
+        assert torch.equal(Backend().rows_product(x, weight), cpu_kernels.few_rows_linear(x, weight, None))
+        assert torch.equal(Backend().rows_product(x, weight),
+                           cpu_kernels.panel_linear(x, cpu_kernels.pack_codes(weight), None, 64))
+        assert cpu_kernels._CODED_ROWS[id(weight)][2].dtype == torch.int8
+    del cpu_kernels._CODED_ROWS[id(weight)]
+    for _ in range(2):
+        assert torch.equal(Backend(weights="float").rows_product(x, weight),
+                           cpu_kernels.few_rows_linear(x, weight, None))
+    assert id(weight) not in cpu_kernels._CODED_ROWS
+    assert TORCH_OPS.rows_product(x, weight) is None
+    Backend().rows_product(x, weight)
+    key = id(weight)
+    del weight
+    assert key not in cpu_kernels._CODED_ROWS  # forgotten with the weight
 
 
 @needs_kernel
@@ -262,26 +247,26 @@ def test_panel_linear_refuses_a_mismatched_packing():
 @needs_kernel
 @torch.no_grad()
 @pytest.mark.parametrize("rows", [1, 5, cpu_kernels.MAX_ROWS + 3])  # past MAX_ROWS: oneDNN over the same weight
-def test_linear_and_stacked_linears_through_the_kernel(rows, kernel_restored):
-    cpu_kernels.enable(True)
+def test_linear_and_stacked_linears_through_the_kernel(rows):
+    backend = Backend()
     layers = (torch.nn.Linear(24, 40), torch.nn.Linear(24, 8), torch.nn.Linear(24, 8))
     x = torch.randn(2, rows, 24)
-    prepared = llama_module._cpu_group(layers, x)
+    prepared = backend.prepare(layers, x)
     assert prepared is not None and not prepared[2]  # a plain stacked weight, not a packed one
-    outs = llama_module._linears(x, layers)
+    outs = backend.linears(x, layers)
     assert [tuple(o.shape) for o in outs] == [(2, rows, 40), (2, rows, 8), (2, rows, 8)]
     for out, layer in zip(outs, layers):
         assert torch.allclose(out, layer(x), atol=1e-5)
     layers[1].weight.mul_(3)  # an in-place update restacks the group
-    assert torch.allclose(llama_module._linears(x, layers)[1], layers[1](x), atol=1e-5)
-    assert torch.allclose(llama_module._linear(x, layers[0]), layers[0](x), atol=1e-5)
-    llama_module.use_onednn(False)  # past MAX_ROWS without oneDNN: the plain product
-    assert torch.allclose(llama_module._linear(x, layers[0]), layers[0](x), atol=1e-5)
+    assert torch.allclose(backend.linears(x, layers)[1], layers[1](x), atol=1e-5)
+    assert torch.allclose(backend.linear(x, layers[0]), layers[0](x), atol=1e-5)
+    # past MAX_ROWS without oneDNN: the plain product
+    assert torch.allclose(Backend(onednn=False).linear(x, layers[0]), layers[0](x), atol=1e-5)
 
 
 @needs_kernel
 @torch.no_grad()
-def test_forward_with_the_kernel_matches_onednn(tiny_target, kernel_restored):
+def test_forward_with_the_kernel_matches_onednn(tiny_target):
     """The compact forward, kernel on vs off (oneDNN's packed products): the same logits to float32 rounding,
     and greedy decoding gives the same tokens."""
     from specdec import autoregressive_generate
@@ -289,16 +274,15 @@ def test_forward_with_the_kernel_matches_onednn(tiny_target, kernel_restored):
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 1]])
     runs = {}
     for on in (True, False):
-        cpu_kernels.enable(on)
-        decoder = as_decoder(tiny_target)
+        decoder = as_decoder(tiny_target, backend=Backend(kernels=on))
         cache = decoder.new_cache(1, 64, torch.zeros(1, dtype=torch.long))
         logits, _ = decoder(ids, cache)
-        runs[on] = logits, autoregressive_generate(tiny_target, ids, max_new_tokens=12, eos_token_id=[]).sequences
+        runs[on] = logits, autoregressive_generate(decoder, ids, max_new_tokens=12, eos_token_id=[]).sequences
     assert torch.allclose(runs[True][0], runs[False][0], atol=1e-5)
     assert runs[True][1] == runs[False][1]
 
 
-def test_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch, kernel_restored):
+def test_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch):
     from torch.utils import cpp_extension
 
     def no_compiler(*args, **kwargs):
@@ -308,20 +292,20 @@ def test_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch, ke
     monkeypatch.setattr(cpu_kernels, "supported", lambda: True)
     monkeypatch.setattr(cpu_kernels, "_state", "untried")
     monkeypatch.setattr(cpu_kernels, "_module", None)
-    cpu_kernels.enable(True)
+    monkeypatch.delenv("SPECDEC_CPU_KERNEL", raising=False)
     with pytest.warns(RuntimeWarning, match="could not be built.*Ninja is required.*pip install ninja"):
-        assert not cpu_kernels.enabled()
+        assert not cpu_kernels.available()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once, not at every layer
-        assert not cpu_kernels.enabled()
+        assert not cpu_kernels.available()
         layer = torch.nn.Linear(24, 40)
         x = torch.randn(1, 3, 24)
         with torch.no_grad():
-            assert torch.allclose(llama_module._linear(x, layer), layer(x), atol=1e-5)
+            assert torch.allclose(Backend().linear(x, layer), layer(x), atol=1e-5)
 
 
 def test_each_content_of_the_sources_builds_in_its_own_directory_under_torch_extensions_dir(
-        monkeypatch, tmp_path, kernel_restored):
+        monkeypatch, tmp_path):
     """TORCH_EXTENSIONS_DIR moves the build, and a changed header (which torch alone does not track) gets a
     build of its own instead of loading the stale one."""
     from torch.utils import cpp_extension
@@ -335,14 +319,14 @@ def test_each_content_of_the_sources_builds_in_its_own_directory_under_torch_ext
     monkeypatch.setattr(cpp_extension, "load", load)
     monkeypatch.setattr(cpu_kernels, "supported", lambda: True)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.delenv("SPECDEC_CPU_KERNEL", raising=False)
     header = tmp_path / "attention.h"
     for content in ("// one", "// two"):
         header.write_text(content)
         monkeypatch.setattr(cpu_kernels, "HEADERS", (*cpu_kernels.HEADERS[:-1], header))
         monkeypatch.setattr(cpu_kernels, "_state", "untried")
-        cpu_kernels.enable(True)
         with pytest.warns(RuntimeWarning, match="could not be built"):
-            assert not cpu_kernels.enabled()
+            assert not cpu_kernels.available()
     assert [path.parent.parent for path in directories] == [tmp_path / "extensions"] * 2
     assert directories[0] != directories[1] and all(torch.__version__.split("+")[0] in p.name for p in directories)
 
@@ -365,14 +349,23 @@ def test_two_checkouts_with_the_same_sources_share_one_build(monkeypatch, tmp_pa
         p.name for p in (cpu_kernels.SOURCE, *cpu_kernels.HEADERS))
 
 
-def test_kernel_off_by_switch_is_never_built(monkeypatch, kernel_restored):
+@torch.no_grad()
+def test_kernels_are_never_built_for_a_backend_without_them_or_where_the_environment_skips_them(monkeypatch,
+                                                                                                tiny_target):
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("built although switched off"))
     monkeypatch.setattr(cpu_kernels, "_state", "untried")
-    cpu_kernels.enable(False)
-    assert not cpu_kernels.enabled()
-    assert cpu_kernels._state == "untried"
+    monkeypatch.setattr(cpu_kernels, "_module", None)
+    decoder = as_decoder(tiny_target, backend=TORCH_OPS)
+    ids = torch.tensor([[5, 9, 3, 7]])
+    decoder(ids, decoder.new_cache(1, 8, torch.zeros(1, dtype=torch.long)))
+    logits = torch.randn(2, 50)
+    assert torch.equal(TORCH_OPS.top_log_softmax(logits, 3)[1], logits.topk(3).indices)
+    assert TORCH_OPS.rows_product(torch.randn(2, 24), torch.randn(40, 24)) is None
+    assert cpu_kernels._state == "untried"  # nothing asked for them
+    monkeypatch.setenv("SPECDEC_CPU_KERNEL", "0")
+    assert not cpu_kernels.available() and not Backend().fusable(torch.zeros(1, 4))
 
 
 @needs_kernel
@@ -407,7 +400,7 @@ def test_fused_small_ops_match_torch(rows):
         ref_q, ref_k, ref_v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
         for got, ref, count in ((q, ref_q, heads), (k, ref_k, kv_heads)):
             ref = ref.view(rows, count, dim)
-            rotated = ref * cos[:, None] + llama_module._rotate_half(ref) * sin[:, None]
+            rotated = ref * cos[:, None] + _rotate_half(ref) * sin[:, None]
             assert torch.equal(got, rotated)  # the same products and sums as torch's, in the same order
         assert torch.equal(v, ref_v.view(rows, kv_heads, dim))
 
@@ -443,17 +436,16 @@ def test_top_log_softmax_is_torch_s_log_softmax_topk(rows, vocab, k):
 @needs_kernel
 @torch.no_grad()
 @pytest.mark.parametrize("last_only", [False, True])
-def test_fused_forward_matches_the_unfused_one(kernel_restored, last_only):
+def test_fused_forward_matches_the_unfused_one(last_only):
     """The forward with the fused C++ small ops (kernel on) against torch's ops over oneDNN (kernel off):
     batch 2 left-padded, a prefill then a verification block, the captured hidden states EAGLE reads."""
     from specdec.jobs.data import left_pad
 
     model = tiny_llama(layers=3, seed=3)
-    decoder = as_decoder(model)
     ids, mask = left_pad([[5, 9, 3, 7, 11, 2, 8], [4, 4, 6]])
     results = {}
     for on in (True, False):
-        cpu_kernels.enable(on)
+        decoder = as_decoder(model, backend=Backend(kernels=on))
         assert decoder._fused(torch.zeros(1, 1, 32)) is on
         cache = decoder.new_cache(2, 32, (mask == 0).sum(1))
         first = decoder(ids, cache, last_only=last_only, capture=(0, 1, 3))
@@ -553,15 +545,15 @@ def test_cache_attention_gives_a_verified_position_the_bits_of_a_one_token_step(
 
 @needs_kernel
 @torch.no_grad()
-def test_the_fused_forward_follows_weight_updates_and_replaced_layers(kernel_restored):
+def test_the_fused_forward_follows_weight_updates_and_replaced_layers():
     """The fused forward's per-layer plan (stacked weights, norms) is rebuilt when a weight changes in place, a
     parameter or a layer is replaced: each forward equals the torch-op forward over the weights of that moment."""
     model = tiny_llama(layers=2, seed=5)
-    decoder = as_decoder(model)
+    decoders = {fused: as_decoder(model, backend=Backend(kernels=fused)) for fused in (True, False)}
     ids = torch.tensor([[3, 1, 4, 1, 5]])
 
     def logits(fused: bool) -> torch.Tensor:
-        cpu_kernels.enable(fused)
+        decoder = decoders[fused]
         cache = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long))
         return decoder(ids, cache)[0]
 

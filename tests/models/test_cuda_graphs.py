@@ -1,5 +1,5 @@
 """The same guarantees on the CUDA path (skipped where no GPU is present). The CUDA-graph tests (``graph_device``)
-also run on CPU through emulated graphs (:func:`specdec.models.graphs.emulated_graphs`: each capture records its
+also run on CPU through emulated graphs (``Backend.emulated_gpu()``, the models' backend there: each capture records its
 ops and refuses host syncs, each replay must dispatch the same ops on the same memory), so CI checks the graphed
 code where it has no GPU."""
 
@@ -11,20 +11,16 @@ from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.jobs.data import left_pad
-from specdec.models import GraphedDecoder, as_decoder
-from specdec.models.graphs import emulated_graphs
+from specdec.models import Backend, GraphedDecoder, as_decoder
 
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
 
 
 @pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "cpu"], ids=["cuda", "cpu-emulated"])
 def graph_device(request):
-    """Where a graph test runs: the GPU, or the CPU with emulated graphs."""
-    if request.param == "cuda":
-        yield "cuda"
-        return
-    with emulated_graphs():
-        yield "cpu"
+    """Where a graph test runs: the GPU, or the CPU with emulated graphs (each model there on
+    ``Backend.emulated_gpu()``: :func:`_backend`)."""
+    return request.param
 
 
 @pytest.mark.gpu
@@ -70,8 +66,18 @@ def test_greedy_medusa_with_lookup_and_auto_dtype_equals_plain_on_cuda(min_confi
         assert out.sequences == ref.sequences
 
 
+def _backend(model) -> Backend:
+    """What a graph test's model runs on: the default backend on a GPU (where graphs replay), the torch ops a GPU
+    runs with graphs emulated on the CPU."""
+    return Backend.emulated_gpu() if model.device.type == "cpu" else Backend()
+
+
+def _eager(model):
+    return as_decoder(model, backend=_backend(model))
+
+
 def _graphed(model):
-    return GraphedDecoder(as_decoder(model))
+    return GraphedDecoder(_eager(model))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
@@ -85,10 +91,10 @@ def test_other_families_replay_graphs_as_they_decode_eagerly(family, graph_devic
     model = tiny_family(family).to(graph_device)
     graphed = _graphed(model)
     ids, mask = (t.to(graph_device) for t in left_pad(PROMPTS))
-    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
     heads = random_heads(scale=1.0).to(graph_device)
-    for drafter, k in ((None, 0), (NgramDrafter(), 4),
-                       (MedusaDrafter(heads, model.lm_head.weight, PATHS, 0.05), len(PATHS))):
+    medusa = MedusaDrafter(heads, model.lm_head.weight, PATHS, 0.05, backend=_backend(model))
+    for drafter, k in ((None, 0), (NgramDrafter(), 4), (medusa, len(PATHS))):
         out = (autoregressive_generate(graphed, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
                if drafter is None else speculative_generate(graphed, drafter, ids, attention_mask=mask, k=k,
                                                             max_new_tokens=16, eos_token_id=[]))
@@ -109,11 +115,12 @@ def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, g
     heads = random_heads(scale=1.0).to(graph_device)
     for batch in (PROMPTS[:1], PROMPTS, PROMPTS[1:2]):
         ids, mask = (t.to(graph_device) for t in left_pad(batch))
-        ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+        ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         plain = autoregressive_generate(graphed, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         assert plain.sequences == ref.sequences
-        for drafter, k in ((NgramDrafter(), 4), (DraftModelDrafter(model, num_layers=1), 3),
-                           (MedusaDrafter(heads, model.lm_head.weight, PATHS, 0.05, lookup=4), len(PATHS) + 4)):
+        for drafter, k in ((NgramDrafter(), 4), (DraftModelDrafter(model, num_layers=1, backend=_backend(model)), 3),
+                           (MedusaDrafter(heads, model.lm_head.weight, PATHS, 0.05, lookup=4,
+                                          backend=_backend(model)), len(PATHS) + 4)):
             out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=k, max_new_tokens=24,
                                        eos_token_id=[])
             assert out.sequences == ref.sequences
@@ -133,12 +140,12 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
     graphed = _graphed(model)
     half = torch.arange(0, model.config.vocab_size, 2, device=graph_device)
     for vocab_ids in (None, half):
-        drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids)
+        drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids, backend=_backend(model))
         drafter.replay_graphs("auto")
         assert isinstance(drafter.decoder, GraphedDecoder)
         for n, batch in enumerate((PROMPTS[:1], PROMPTS[1:2], PROMPTS)):
             ids, mask = (t.to(graph_device) for t in left_pad(batch))
-            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+            ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
             out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=3, max_new_tokens=24,
                                        eos_token_id=[])
             assert out.sequences == ref.sequences
@@ -147,7 +154,7 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = []
     for mode in ("none", "auto"):
-        drafter = DraftModelDrafter(model, num_layers=1)
+        drafter = DraftModelDrafter(model, num_layers=1, backend=_backend(model))
         drafter.replay_graphs(mode)
         runs.append(speculative_generate(graphed, drafter, ids, k=3, max_new_tokens=20, temperature=1.0,
                                          generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]))
@@ -171,15 +178,15 @@ def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, g
     graphed = _graphed(model)
     levels = max(len(p) for p in PATHS)
     for min_confidence in (0.0, 0.05):
-        drafters = [MedusaDrafter(heads, model.lm_head.weight, PATHS, min_confidence, embed, lookup=4)
-                    for _ in range(2)]
+        drafters = [MedusaDrafter(heads, model.lm_head.weight, PATHS, min_confidence, embed, lookup=4,
+                                  backend=_backend(model)) for _ in range(2)]
         drafters[1].replay_graphs("auto")
         drafters[0].replay_graphs("none")
         graphs = drafters[1].drafting.candidates.graphs
         assert graphs is not None and drafters[0].drafting.candidates.graphs is None
         for batch in (PROMPTS[:1], PROMPTS, PROMPTS[:1]):
             ids, mask = (t.to(graph_device) for t in left_pad(batch))
-            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+            ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
             runs = [speculative_generate(graphed, drafter, ids, attention_mask=mask, k=len(PATHS) + 4,
                                          max_new_tokens=24, eos_token_id=[]) for drafter in drafters]
             assert runs[0].sequences == runs[1].sequences == ref.sequences
@@ -249,7 +256,7 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     model = tiny_llama(layers=4, seed=0).to(graph_device)
     graphed = _graphed(model)
     layer = random_eagle(model).to(graph_device)
-    drafters = [EagleDrafter(layer, **options) for _ in range(2)]
+    drafters = [EagleDrafter(layer, **options, backend=_backend(model)) for _ in range(2)]
     drafters[1].replay_graphs("auto")
     drafters[0].replay_graphs("none")
     graphs = drafters[1].graphs
@@ -257,7 +264,7 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     twins = _Twins(*drafters)
     for n, batch in enumerate((PROMPTS[:1], PROMPTS, PROMPTS[:1], PROMPTS[:1])):
         ids, mask = (t.to(graph_device) for t in left_pad(batch))
-        ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+        ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         out = speculative_generate(graphed, twins, ids, attention_mask=mask, k=k, max_new_tokens=24, eos_token_id=[])
         assert out.sequences == ref.sequences
         if n == 2:
@@ -277,9 +284,10 @@ def test_cuda_graphs_sample_as_eager_does(graph_device):
     model = tiny_llama(layers=2).to(graph_device)
     graphed = _graphed(model)
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
-    runs = [speculative_generate(target, DraftModelDrafter(model, num_layers=1), ids, k=3, max_new_tokens=20,
-                                 temperature=1.0, generator=torch.Generator(graph_device).manual_seed(1),
-                                 eos_token_id=[]).sequences for target in (model, graphed)]
+    runs = [speculative_generate(target, DraftModelDrafter(model, num_layers=1, backend=_backend(model)), ids, k=3,
+                                 max_new_tokens=20, temperature=1.0,
+                                 generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]).sequences
+            for target in (_eager(model), graphed)]
     assert runs[0] == runs[1]
 
 
@@ -295,7 +303,8 @@ def test_graph_captures_are_left_out_of_the_decode_times(graph_device):
 
     model = tiny_llama(layers=2, seed=0).to(graph_device)
     graphed = _graphed(model)
-    drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS, 0.0)
+    drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS, 0.0,
+                            backend=_backend(model))
     drafter.replay_graphs("auto")
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = []
@@ -316,8 +325,8 @@ def test_target_compile_auto_replays_graphs_on_cuda(graph_device):
     from specdec.models import target_decoder
 
     model = tiny_llama(layers=1).to(graph_device)
-    assert isinstance(target_decoder(model, "auto"), GraphedDecoder)
-    assert not isinstance(target_decoder(model, "none"), GraphedDecoder)
+    assert isinstance(target_decoder(model, "auto", backend=_backend(model)), GraphedDecoder)
+    assert not isinstance(target_decoder(model, "none", backend=_backend(model)), GraphedDecoder)
 
 
 @pytest.mark.gpu
@@ -334,7 +343,7 @@ def test_compiled_graphs_give_the_eager_outputs_and_compile_each_shape_once():
     assert isinstance(graphed, GraphedDecoder) and graphed.compile
     ids, mask = (t.cuda() for t in left_pad(PROMPTS))
     kwargs = dict(attention_mask=mask, max_new_tokens=24, eos_token_id=[])
-    ref = autoregressive_generate(model, ids, **kwargs).sequences
+    ref = autoregressive_generate(_eager(model), ids, **kwargs).sequences
     before = counters["stats"]["unique_graphs"]
     for _ in range(2):
         assert autoregressive_generate(graphed, ids, **kwargs).sequences == ref
@@ -361,7 +370,8 @@ def test_sampling_through_cuda_graphs_is_distributed_as_the_target(planted, grap
 
     target = make_markov_target().to(graph_device)
     graphed = _graphed(target)
-    drafter = MedusaDrafter(markov_heads().to(graph_device), target.lm_head.weight, PATHS, 0.0)
+    drafter = MedusaDrafter(markov_heads().to(graph_device), target.lm_head.weight, PATHS, 0.0,
+                            backend=_backend(target))
     ids = random_prompts(800, torch.Generator().manual_seed(1)).to(graph_device)
     new = 8
     out = speculative_generate(graphed, drafter, ids, attention_mask=torch.ones_like(ids), k=len(PATHS),
@@ -388,10 +398,11 @@ def test_distillation_answers_replay_cuda_graphs_and_equal_the_eager_ones(monkey
     prompts = PROMPTS + [[7, 8, 9, 10], [3] * 20]
     used = []
     graphed_decoder = specdec.models.target_decoder
-    monkeypatch.setattr(specdec.models, "target_decoder", lambda m: used.append(graphed_decoder(m)) or used[-1])
+    monkeypatch.setattr(specdec.models, "target_decoder",
+                        lambda m: used.append(graphed_decoder(m, backend=_backend(m))) or used[-1])
     graphed = answer_sequences(model, prompts, max_new_tokens=12, batch_size=2, pad_id=0)
     assert isinstance(used[0], GraphedDecoder) and used[0].replays > 0
-    monkeypatch.setattr(specdec.models, "target_decoder", lambda m: as_decoder(m))
+    monkeypatch.setattr(specdec.models, "target_decoder", _eager)
     eager = answer_sequences(model, prompts, max_new_tokens=12, batch_size=2, pad_id=0)
     for a, b in zip(graphed, eager):
         assert torch.equal(a.tokens, b.tokens)

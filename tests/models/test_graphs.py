@@ -62,34 +62,37 @@ def test_a_draft_models_forwards_stay_eager_on_cpu():
 
 
 def test_emulated_graphs_fail_where_a_cuda_graph_would():
-    """emulated_graphs (the CPU stand-in the graph tests of test_cuda_graphs.py run on): a capture refuses a host sync or
-    a shape made from values; a replay rewrites the captured outputs in place, and refuses a function that
-    now reads other memory (a CUDA graph would read the captured addresses) or runs other ops."""
-    from specdec.models.graphs import EmulatedGraph, GraphCaptureError, emulated_graphs, record_graph, replays_graphs
+    """Emulated graphs (the CPU stand-in the graph tests of test_cuda_graphs.py run on): graphs replay on CPU for
+    Backend.emulated_gpu() only; a capture refuses a host sync or a shape made from values; a replay rewrites the
+    captured outputs in place, and refuses a function that now reads other memory (a CUDA graph would read the
+    captured addresses) or runs other ops."""
+    from specdec.models import Backend
+    from specdec.models.graphs import EmulatedGraph, GraphCaptureError, record_graph
 
-    assert not replays_graphs(torch.device("cpu"))
-    with emulated_graphs():
-        assert replays_graphs(torch.device("cpu"))
-        x = torch.arange(4.0)
-        for sync in (lambda: x * x.sum().item(), lambda: x.nonzero(), lambda: x[x > 1]):
-            with pytest.raises(GraphCaptureError, match="on the host"):
-                record_graph(sync, x.device, warmups=0)
-        graph, out = record_graph(lambda: x * 2, x.device)
-        x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    cpu = torch.device("cpu")
+    assert Backend.emulated_gpu().replays_graphs(cpu) and not Backend().replays_graphs(cpu)
+    assert all(backend.replays_graphs(torch.device("cuda")) for backend in (Backend(), Backend.emulated_gpu()))
+    with pytest.raises(ValueError, match="emulated_gpu"):
+        Backend(emulate_graphs=True)
+    x = torch.arange(4.0)
+    for sync in (lambda: x * x.sum().item(), lambda: x.nonzero(), lambda: x[x > 1]):
+        with pytest.raises(GraphCaptureError, match="on the host"):
+            record_graph(sync, x.device, warmups=0)
+    graph, out = record_graph(lambda: x * 2, x.device)
+    x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    graph.replay()
+    assert out.tolist() == [2.0] * 4  # the captured output, rewritten
+    held = {"x": x}
+    graph = EmulatedGraph()
+    graph.capture(lambda: held["x"] + 1)
+    held["x"] = torch.ones(4)
+    with pytest.raises(GraphCaptureError, match="captured memory"):
         graph.replay()
-        assert out.tolist() == [2.0] * 4  # the captured output, rewritten
-        held = {"x": x}
-        graph = EmulatedGraph()
-        graph.capture(lambda: held["x"] + 1)
-        held["x"] = torch.ones(4)
-        with pytest.raises(GraphCaptureError, match="captured memory"):
-            graph.replay()
-        held["x"] = x
+    held["x"] = x
+    graph.replay()
+    held["x"] = x[:2]
+    with pytest.raises(GraphCaptureError, match="other ops"):
         graph.replay()
-        held["x"] = x[:2]
-        with pytest.raises(GraphCaptureError, match="other ops"):
-            graph.replay()
-    assert not replays_graphs(torch.device("cpu"))
 
 
 def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
@@ -97,7 +100,7 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
     captured once per key and input shapes, then replayed on the new inputs copied into the captured ones; the
     kept cache is reused by a generation that fits it, and reallocating it drops the graphs."""
     from specdec.models.cache import KVCache
-    from specdec.models.graphs import CAPACITY_STEP, Graphs, emulated_graphs
+    from specdec.models.graphs import CAPACITY_STEP, Graphs
 
     def double(x):
         return (x * 2,)
@@ -105,22 +108,21 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
     def make(batch, capacity, pad):
         return KVCache.allocate(1, batch, 1, capacity, 2, pad, dtype=torch.float32, device="cpu")
 
-    with emulated_graphs():
-        graphs = Graphs("cpu")
-        pad = torch.zeros(2, dtype=torch.long)
-        cache = graphs.cache(make, 2, 10, pad)
-        for x in (torch.arange(3.0), torch.ones(3), torch.arange(4.0), torch.full((3,), 5.0)):
-            assert torch.equal(graphs(double, (x,), key="double")[0], x * 2)
-        assert (graphs.captures, graphs.replays) == (2, 4) and graphs.capture_time_s > 0
-        graphs(double, (torch.ones(3),), key="other")
-        assert graphs.captures == 3
-        assert cache.capacity == CAPACITY_STEP and graphs.cache(make, 2, CAPACITY_STEP, pad + 1) is cache
-        assert cache.pad.tolist() == [1, 1] and graphs.cache(make, 2, 10, pad, limit=5) is cache
-        graphs(double, (torch.ones(3),), key="double")
-        assert graphs.captures == 3  # a generation that fits the kept cache keeps its graphs
-        assert graphs.cache(make, 3, 10, pad.new_zeros(3)) is not cache
-        graphs(double, (torch.ones(3),), key="double")
-        assert graphs.captures == 4  # reallocated: captured again
-        assert graphs.cache(make, 3, CAPACITY_STEP + 1, pad.new_zeros(3), limit=300).capacity == CAPACITY_STEP + 1
+    graphs = Graphs("cpu", emulate=True)
+    pad = torch.zeros(2, dtype=torch.long)
+    cache = graphs.cache(make, 2, 10, pad)
+    for x in (torch.arange(3.0), torch.ones(3), torch.arange(4.0), torch.full((3,), 5.0)):
+        assert torch.equal(graphs(double, (x,), key="double")[0], x * 2)
+    assert (graphs.captures, graphs.replays) == (2, 4) and graphs.capture_time_s > 0
+    graphs(double, (torch.ones(3),), key="other")
+    assert graphs.captures == 3
+    assert cache.capacity == CAPACITY_STEP and graphs.cache(make, 2, CAPACITY_STEP, pad + 1) is cache
+    assert cache.pad.tolist() == [1, 1] and graphs.cache(make, 2, 10, pad, limit=5) is cache
+    graphs(double, (torch.ones(3),), key="double")
+    assert graphs.captures == 3  # a generation that fits the kept cache keeps its graphs
+    assert graphs.cache(make, 3, 10, pad.new_zeros(3)) is not cache
+    graphs(double, (torch.ones(3),), key="double")
+    assert graphs.captures == 4  # reallocated: captured again
+    assert graphs.cache(make, 3, CAPACITY_STEP + 1, pad.new_zeros(3), limit=300).capacity == CAPACITY_STEP + 1
     eager = Graphs("cpu")  # no graphs replay here: the function runs as it is
     assert torch.equal(eager(double, (torch.ones(3),), key="double")[0], torch.full((3,), 2.0)) and not eager.captures

@@ -71,29 +71,28 @@ def test_greedy_speculative_equals_plain(model, real_prompts, reference, drafter
 @pytest.mark.parametrize("name", ["eagle", "medusa", "draft_model"])
 def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, real_prompts, name):
     """What the main job runs on a GPU (target.compile=auto: the target's forwards and the shipped drafter's own
-    work replaying graphs), run on CPU through emulated graphs (specdec.models.graphs.emulated_graphs): captures
+    work replaying graphs), run on CPU through emulated graphs (both on Backend.emulated_gpu()): captures
     without host syncs, replays of the captured ops on the captured memory, and greedy outputs equal to plain
     decoding's on the torch path a GPU runs (batch 1, then 2 left-padded), with as many drafts accepted as the
     drafter accepts drafting eagerly."""
     from specdec.drafters.base import DRAFTERS
-    from specdec.models import GraphedDecoder, target_decoder
-    from specdec.models.graphs import emulated_graphs
+    from specdec.models import Backend, GraphedDecoder, as_decoder, target_decoder
     from specdec.run import drafter_graph_fields
 
-    cls = DRAFTERS[name]
-    with emulated_graphs():
-        decoder = target_decoder(model, "auto")
-        drafter, eager = (cls.from_config(cls.Config(), target=model) for _ in range(2))
-        drafter.replay_graphs("auto")
-        assert isinstance(decoder, GraphedDecoder)
-        k = 3 if name == "draft_model" else cls.Config().k
-        for prompts in (real_prompts[:1], real_prompts[1:3]):
-            ids, mask = left_pad(prompts, pad_id=2)
-            ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
-            out, unreplayed = (speculative_generate(decoder, d, ids, attention_mask=mask, k=k, max_new_tokens=16,
-                                                    eos_token_id=[]) for d in (drafter, eager))
-            assert out.sequences == ref.sequences
-            assert out.stats.mean_accepted_length == unreplayed.stats.mean_accepted_length > 1.0  # the same drafts
+    cls, backend = DRAFTERS[name], Backend.emulated_gpu()
+    decoder = target_decoder(model, "auto", backend=backend)
+    drafter, eager = (cls.from_config(cls.Config(), target=model, backend=backend) for _ in range(2))
+    drafter.replay_graphs("auto")
+    assert isinstance(decoder, GraphedDecoder)
+    k = 3 if name == "draft_model" else cls.Config().k
+    for prompts in (real_prompts[:1], real_prompts[1:3]):
+        ids, mask = left_pad(prompts, pad_id=2)
+        ref = autoregressive_generate(as_decoder(model, backend=backend), ids, attention_mask=mask, max_new_tokens=16,
+                                      eos_token_id=[])
+        out, unreplayed = (speculative_generate(decoder, d, ids, attention_mask=mask, k=k, max_new_tokens=16,
+                                                eos_token_id=[]) for d in (drafter, eager))
+        assert out.sequences == ref.sequences
+        assert out.stats.mean_accepted_length == unreplayed.stats.mean_accepted_length > 1.0  # the same drafts
     runners = drafter.graph_runners()  # what the main job reports of the drafter's graphs
     assert len(runners) == 1 and runners[0].replays > 0 and decoder.replays > 0 and not eager.graph_runners()
     assert drafter_graph_fields(drafter) == {"drafter_graph_captures": runners[0].captures,

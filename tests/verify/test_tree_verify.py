@@ -221,7 +221,7 @@ class OracleTreeDrafter(Drafter):
         self.leaves = [i for i in range(len(PARENTS)) if i not in PARENTS]
 
     @classmethod
-    def from_config(cls, cfg, target, tokenizer=None):
+    def from_config(cls, cfg, target, tokenizer=None, backend=None):
         raise TypeError("built from a reference continuation, not a config")
 
     def observe(self, state: DecodeState) -> None:

@@ -31,6 +31,7 @@ import torch
 from specdec.drafters.base import DecodeState, Proposal
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.drafters.draft_model.vocab_map import VocabMap, complete_utf8
+from specdec.models.backend import Backend
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,10 @@ class CrossVocabDrafter(DraftModelDrafter):
     """``model`` (a causal LM or decoder) drafting through ``vocab_map`` for a target with another tokenizer."""
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any, *, rule: str = "auto",
-                 schedule: str = "constant", vocab_map: VocabMap | None = None):
+                 schedule: str = "constant", vocab_map: VocabMap | None = None, backend: Backend = Backend()):
         if rule not in RULES:
             raise ValueError(f"drafter.cross_vocab must be one of {list(RULES) + ['off']}, got {rule!r}")
-        super().__init__(model, schedule=schedule)
+        super().__init__(model, schedule=schedule, backend=backend)
         if vocab_map is None:
             vocab_map = VocabMap(draft_tokenizer, target_tokenizer, draft_size=self.decoder.vocab_size)
         self.tokenizer, self.target_tokenizer, self.rule = draft_tokenizer, target_tokenizer, rule

@@ -35,6 +35,7 @@ from specdec.drafters.draft_model.student import DEFAULT_DRAFT
 from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
+from specdec.models.backend import Backend
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
@@ -47,7 +48,8 @@ class DraftModelDrafter(Drafter):
 
     ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
     this is a self-speculative early-exit drafter that needs no extra weights. A distilled student (a
-    directory :func:`~specdec.drafters.draft_model.student.save_student` wrote) runs all its layers.
+    directory :func:`~specdec.drafters.draft_model.student.save_student` wrote) runs all its layers. ``backend``:
+    how the draft's CPU forwards run (a decoder given as ``model`` keeps the one it was built on, which must be it).
     """
 
     @dataclass
@@ -80,12 +82,13 @@ class DraftModelDrafter(Drafter):
     SCHEDULES = ("constant", "heuristic")
 
     def __init__(self, model: torch.nn.Module, num_layers: int | None = None, *, confidence: float = 0.0,
-                 schedule: str = "constant", vocab_ids: torch.Tensor | None = None):
+                 schedule: str = "constant", vocab_ids: torch.Tensor | None = None, backend: Backend = Backend()):
         if not 0.0 <= confidence < 1.0:
             raise ValueError(f"drafter.confidence must be in [0, 1) (0 = off), got {confidence}")
         if schedule not in self.SCHEDULES:
             raise ValueError(f"drafter.schedule must be one of {list(self.SCHEDULES)}, got {schedule!r}")
-        self.decoder = as_decoder(model, num_layers=num_layers)
+        self.backend = backend
+        self.decoder = as_decoder(model, num_layers=num_layers, backend=backend)
         self.confidence, self.schedule = confidence, schedule
         self.vocab_ids = None
         if vocab_ids is not None:
@@ -110,7 +113,7 @@ class DraftModelDrafter(Drafter):
         self.vocab_ids = ids
 
     @classmethod
-    def from_config(cls, cfg, target=None, tokenizer=None) -> "DraftModelDrafter":
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "DraftModelDrafter":
         from specdec.drafters.draft_model.student import default_student_path, is_student_dir, load_student
         from specdec.models.loading import check_same_vocab, load_target, looks_like_path
 
@@ -127,7 +130,8 @@ class DraftModelDrafter(Drafter):
                                         f"from {str(path)!r} (a broken install?); reinstall specdec, or train one with "
                                         f"`python -m specdec.train method=draft_model` and point drafter.path at it")
         if student:
-            return cls(load_student(path, target), **cls._options(cfg, path)).rounded(cfg.weight_bits, target)
+            drafter = cls(load_student(path, target), **cls._options(cfg, path), backend=backend)
+            return drafter.rounded(cfg.weight_bits, target)
         if not early_exit and looks_like_path(path) and not Path(path).expanduser().is_dir():
             raise FileNotFoundError(
                 f"drafter.path={path!r}: no such directory ({str(Path(path).expanduser().absolute())!r}); "
@@ -150,13 +154,13 @@ class DraftModelDrafter(Drafter):
             try:
                 check_same_vocab(tokenizer, draft_tokenizer)
             except VocabMismatchError as mismatch:
-                return cls._cross_vocab(cfg, path, model, draft_tokenizer, tokenizer, mismatch)
-        drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule)
+                return cls._cross_vocab(cfg, path, model, draft_tokenizer, tokenizer, mismatch, backend)
+        drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule, backend=backend)
         return drafter.rounded(cfg.weight_bits, target)
 
     @classmethod
-    def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer,
-                     mismatch: VocabMismatchError) -> "DraftModelDrafter":
+    def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer, mismatch: VocabMismatchError,
+                     backend: Backend) -> "DraftModelDrafter":
         """The drafter for a draft model with another tokenizer (cross_vocab.py), or the refusal cfg asks for."""
         from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
 
@@ -172,7 +176,8 @@ class DraftModelDrafter(Drafter):
         if cfg.confidence or cfg.num_layers is not None or cfg.weight_bits is not None:
             raise ValueError(f"drafter.confidence, num_layers and weight_bits apply to a same-tokenizer draft; "
                              f"drafter.path={path!r} drafts across vocabularies ({names}): leave them at 0 / null")
-        return CrossVocabDrafter(model, draft_tokenizer, tokenizer, rule=cfg.cross_vocab, schedule=cfg.schedule)
+        return CrossVocabDrafter(model, draft_tokenizer, tokenizer, rule=cfg.cross_vocab, schedule=cfg.schedule,
+                                 backend=backend)
 
     def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
         """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;

@@ -48,7 +48,7 @@ from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.drafters.trees.siblings import EXACT_SIBLINGS, SiblingDraws
 from specdec.errors import VocabMismatchError
-from specdec.models import cpu_kernels
+from specdec.models.backend import Backend
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ MAX_TREES = 1024  # tree shapes cached per drafter
 
 @register("eagle")
 class EagleDrafter(Drafter):
-    """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree."""
+    """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree, its
+    forwards on ``backend``."""
 
     siblings: SiblingDraws = EXACT_SIBLINGS
 
@@ -87,7 +88,8 @@ class EagleDrafter(Drafter):
         weight_bits: Optional[int] = 4
 
     def __init__(self, model: EagleModel, *, tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
-                 sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0):
+                 sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0,
+                 backend: Backend = Backend()):
         for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
@@ -96,6 +98,7 @@ class EagleDrafter(Drafter):
         if model.embed_weight is None:
             raise ValueError("the EAGLE model needs the target's input embeddings: call model.attach(embed_weight)")
         self.model = model.eval()
+        self.backend = model.backend = backend  # the draft layer's forwards and logits run on it
         self.tree, self.depth, self.top_k, self.expand = tree, depth, top_k, min(expand, top_k)
         self.sampled, self.lookup, self.min_confidence = sampled, lookup, min_confidence
         self.feature_layers = tuple(model.cfg.aux_layers)
@@ -106,7 +109,7 @@ class EagleDrafter(Drafter):
         self.forwards = 0
 
     @classmethod
-    def from_config(cls, cfg, target=None, tokenizer=None) -> "EagleDrafter":
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "EagleDrafter":
         from specdec.models import as_decoder
 
         decoder = as_decoder(target)
@@ -119,7 +122,7 @@ class EagleDrafter(Drafter):
         log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
                  model.cfg.draft_vocab_size)
         return cls(model, tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
-                   lookup=cfg.lookup, min_confidence=cfg.min_confidence)
+                   lookup=cfg.lookup, min_confidence=cfg.min_confidence, backend=backend)
 
     def graph_device(self) -> torch.device | None:
         """The draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
@@ -236,7 +239,7 @@ class EagleDrafter(Drafter):
         """The ``top_k`` likeliest draft tokens at each of ``hidden`` [B, P, H]: their log-probabilities and
         draft-vocabulary indices."""
         def run(hidden):
-            return cpu_kernels.top_log_softmax(self.model.logits(hidden), self.top_k)
+            return self.backend.top_log_softmax(self.model.logits(hidden), self.top_k)
 
         return self._call(run, (hidden,), key="top")
 

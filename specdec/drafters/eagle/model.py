@@ -28,8 +28,9 @@ from torch import nn
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
+from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
-from specdec.models.llama import ProductPlan, _linear, _linears, _rotate_half, _step_product, fusable_input
+from specdec.models.llama import _rotate_half
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
 SPECULATORS_VERSION = "0.9.0"
@@ -98,33 +99,37 @@ class EagleLayer(nn.Module):
         self.shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
 
     def project(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [B, T, H] x2 -> q [B, Hq, T, D], k, v
+                backend: Backend = Backend()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # [B, T, H] x2 -> q [B, Hq, T, D], k, v; the products on ``backend`` (the model's)
         b, t, _ = hidden.shape
         heads, kv_heads, dim = self.shape
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)  # [B, T, 2H]
         attn = self.self_attn
-        q, k, v = _linears(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = backend.linears(x, (attn.q_proj, attn.k_proj, attn.v_proj))
         q = q.view(b, t, heads, dim).transpose(1, 2)
         k = k.view(b, t, kv_heads, dim).transpose(1, 2)
         v = v.view(b, t, kv_heads, dim).transpose(1, 2)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
-    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:  # [B, T, H], [B, Hq, T, D]
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor,  # [B, T, H], [B, Hq, T, D]
+               backend: Backend = Backend()) -> torch.Tensor:
         b, _, t, _ = attended.shape
-        x = hidden + _linear(attended.transpose(1, 2).reshape(b, t, -1), self.self_attn.o_proj)
+        x = hidden + backend.linear(attended.transpose(1, 2).reshape(b, t, -1), self.self_attn.o_proj)
         h = self.post_attention_layernorm(x)
         mlp = self.mlp
-        gate, up = _linears(h, (mlp.gate_proj, mlp.up_proj))
-        return x + _linear(F.silu(gate) * up, mlp.down_proj)
+        gate, up = backend.linears(h, (mlp.gate_proj, mlp.up_proj))
+        return x + backend.linear(F.silu(gate) * up, mlp.down_proj)
 
 
 class EagleModel(nn.Module):
     """``fc`` + one :class:`EagleLayer` + ``norm`` + the draft ``lm_head``; the target's input embeddings
-    are attached (:meth:`attach`), not owned. See the module docstring."""
+    are attached (:meth:`attach`), not owned. See the module docstring. ``backend``: how its CPU forwards run
+    (its drafter's, set by :class:`~specdec.drafters.eagle.drafter.EagleDrafter`)."""
 
-    def __init__(self, cfg: EagleConfig):
+    def __init__(self, cfg: EagleConfig, backend: Backend = Backend()):
         super().__init__()
         self.cfg = cfg
+        self.backend = backend
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList([EagleLayer(cfg)])
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
@@ -179,16 +184,16 @@ class EagleModel(nn.Module):
         features = features.to(self.fc.weight.dtype)
         if self._fused(features):
             rows = features.reshape(-1, features.shape[-1]).contiguous()
-            return _step_product(rows, self._layer_plan()["fc"]).view(*features.shape[:-1], -1)
-        return _linear(features, self.fc)
+            return self.backend.step_product(rows, self._layer_plan()["fc"]).view(*features.shape[:-1], -1)
+        return self.backend.linear(features, self.fc)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
         if self._fused(hidden):
             plan = self._layer_plan()
             rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
             normed = cpu_kernels.module().rms_norm(rows, None, *plan["norm"])
-            return _step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
-        return _linear(self.norm(hidden), self.lm_head).float()
+            return self.backend.step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
+        return self.backend.linear(self.norm(hidden), self.lm_head).float()
 
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
              kv_len: int | None = None, tree: torch.Tensor | None = None, recent: int = 0) -> torch.Tensor:
@@ -199,17 +204,17 @@ class EagleModel(nn.Module):
         cos, sin = self.rope(positions, hidden.dtype)
         if self._fused(hidden):
             return self._fused_step(hidden, tokens, cache, cos, sin, tree, recent)
-        q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin)
+        q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin, self.backend)
         keys, values = cache.write(0, k, v, kv_len)
         mask = cache.attention_mask(tokens.shape[1], keys.shape[2], tree, recent)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return self.layer.finish(hidden, attended)
+        return self.layer.finish(hidden, attended, self.backend)
 
     def _fused(self, x: torch.Tensor) -> bool:
         """Whether a step (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
         decode step: :meth:`CompactLlama._fused_layers`): float32 on CPU, no autograd, not traced by
-        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the kernels built."""
-        return (fusable_input(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
+        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the backend's kernels on and built."""
+        return (self.backend.fusable(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
                 and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
 
     def _fused_step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
@@ -225,21 +230,22 @@ class EagleModel(nn.Module):
         embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
         x = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
                        kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
-        q, k, v = kernels.rope_qkv(_step_product(x, plan["qkv"]), cos.reshape(b * t, -1), sin.reshape(b * t, -1),
+        product = self.backend.step_product
+        q, k, v = kernels.rope_qkv(product(x, plan["qkv"]), cos.reshape(b * t, -1), sin.reshape(b * t, -1),
                                    heads, kv_heads)
         attended = kernels.cache_attention(q, k, v, cache.keys[0], cache.values[0], cache.lengths, cache.pad, tree,
                                            recent)
-        x = kernels.rms_norm(stream, _step_product(attended, plan["o"]), *plan["post_norm"])
-        stream += _step_product(kernels.silu_mul(_step_product(x, plan["gate_up"])), plan["down"])
+        x = kernels.rms_norm(stream, product(attended, plan["o"]), *plan["post_norm"])
+        stream += product(kernels.silu_mul(product(x, plan["gate_up"])), plan["down"])
         return stream.view(b, t, h)
 
     def _layer_plan(self) -> dict[str, tuple]:
         """What :meth:`_fused_step` and the fused :meth:`logits` read: the products (stacked and packed as
         :meth:`CompactLlama._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
-        parameter it was built from is replaced or updated in place (:class:`ProductPlan`)."""
-        if self._plan is not None and self._plan[1].current():
+        parameter it was built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`)."""
+        if self._plan is not None and self._plan[1].current(self.backend):
             return self._plan[0]
-        built = ProductPlan(self.fc.weight.dtype)
+        built = ProductPlan(self.backend, self.fc.weight.dtype)
         layers, = built.hold(self, "layers")
         layer, = built.hold(layers, "0")
         attn, mlp = built.hold(layer, "self_attn", "mlp")

@@ -52,6 +52,7 @@ from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_he
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
+from specdec.models.backend import Backend
 from specdec.models.graphs import Graphs
 from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
@@ -157,7 +158,7 @@ class TreeDrafting:
 @register("medusa")
 class MedusaDrafter(Drafter):
     """``heads`` on the target's LM head ``lm_head_weight``; ``paths`` = a tree (see the module docstring),
-    None = chain drafting with the first k heads."""
+    None = chain drafting with the first k heads; the heads' CPU products on ``backend`` (set on them)."""
 
     @dataclass
     class Config(DrafterConfig):
@@ -192,7 +193,8 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
                  min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
-                 dtype: torch.dtype | str | None = None, acceptance: str | TypicalAcceptance = "exact"):
+                 dtype: torch.dtype | str | None = None, acceptance: str | TypicalAcceptance = "exact",
+                 backend: Backend = Backend()):
         if acceptance == "typical":
             acceptance = TypicalAcceptance()
         elif acceptance == "exact":
@@ -213,6 +215,7 @@ class MedusaDrafter(Drafter):
         if next(heads.parameters()).dtype != self.dtype:
             heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
         self.heads = heads
+        self.backend = heads.backend = backend
         self.embed_weight = embed_weight  # [V, H] the target's input embeddings (token-aware heads only)
         self.lm_head_weight = heads.draft_lm_head(lm_head_weight).to(self.dtype)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
@@ -232,7 +235,7 @@ class MedusaDrafter(Drafter):
         return self.lookup < k <= self.lookup + len(self.paths)
 
     @classmethod
-    def from_config(cls, cfg, target=None, tokenizer=None) -> "MedusaDrafter":
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "MedusaDrafter":
         from specdec.models import as_decoder
 
         if cfg.lookup and cfg.lookup >= cfg.k:
@@ -258,7 +261,7 @@ class MedusaDrafter(Drafter):
         acceptance = (TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha) if cfg.acceptance == "typical"
                       else cfg.acceptance)  # "exact", or a wrong name the drafter reports
         drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
-                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance)
+                      lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance, backend=backend)
         if drafter.lossy:
             log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
                         "(output not distributed as the target's); results are marked lossy")

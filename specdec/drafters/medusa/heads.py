@@ -30,8 +30,7 @@ from torch import nn
 
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_metadata, read_tensors
-from specdec.models import cpu_kernels
-from specdec.models.llama import _linear
+from specdec.models.backend import Backend
 
 FORMAT = "specdec-medusa-1"
 DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-135M-Instruct
@@ -52,10 +51,11 @@ class ResBlock(nn.Module):
         nn.init.zeros_(self.linear.weight)  # a fresh head is the identity, i.e. the base next-token head
         nn.init.zeros_(self.linear.bias)
 
-    def forward(self, h: torch.Tensor, known: torch.Tensor | None = None) -> torch.Tensor:  # [..., H] -> [..., H]
+    def forward(self, h: torch.Tensor, known: torch.Tensor | None = None,
+                backend: Backend = Backend()) -> torch.Tensor:  # [..., H] -> [..., H]
         x = h if not self.known else torch.cat([h, known[..., : self.known, :].flatten(-2)], -1)  # known [..., n, H]
-        if not torch.is_grad_enabled():  # drafting: specdec's CPU kernel where it applies (training: F.linear)
-            return h + F.silu(_linear(x, self.linear))
+        if not torch.is_grad_enabled():  # drafting: the product on ``backend`` (training: F.linear)
+            return h + F.silu(backend.linear(x, self.linear))
         return h + F.silu(self.linear(x))
 
 
@@ -67,6 +67,10 @@ class MedusaHeads(nn.Module):
     FR-Spec (Zhao et al. 2025). Drafting and training then cost V'/V of the full LM head; a token outside
     the draft vocabulary can never be proposed, which costs acceptance only where the target emits a rare
     token. Verification is unchanged and stays exact: the target still scores its full vocabulary.
+
+    ``backend``: how drafting's CPU products run (its drafter's, set by
+    :class:`~specdec.drafters.medusa.drafter.MedusaDrafter`); the target's LM-head rows are read as codes where
+    they are codes and the backend's weights are ``"codes"``.
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, own_lm_head: bool = False,
@@ -91,6 +95,7 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(ResBlock(hidden_size, i + 1 if token_aware else 0) for i in range(num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
                                       for _ in range(num_heads)) if own_lm_head else None
+        self.backend = Backend()
 
     @property
     def num_heads(self) -> int:
@@ -124,13 +129,13 @@ class MedusaHeads(nn.Module):
         if self.token_aware and known is None:
             raise ValueError("token-aware Medusa heads need the embeddings of the known tokens (known=...)")
         blocks = self.blocks[first: num_heads or self.num_heads]
-        z = torch.stack([block(hidden, known) for block in blocks], -2)  # [..., h, H]
+        z = torch.stack([block(hidden, known, self.backend) for block in blocks], -2)  # [..., h, H]
         if self.lm_heads is not None:
             return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[first: first + len(blocks)])], -2)
         if self.token_ids is not None and lm_head_weight.shape[0] == self.vocab_size:
             lm_head_weight = self.draft_lm_head(lm_head_weight)  # callers in a loop pass the rows, sliced once
         flat = z.reshape(-1, z.shape[-1])  # [R, H]
-        logits = cpu_kernels.rows_product(flat, lm_head_weight)  # specdec's CPU kernel, drafting in float32
+        logits = self.backend.rows_product(flat, lm_head_weight)  # specdec's CPU kernel, drafting in float32
         if logits is None:  # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows
             logits = torch.mm(lm_head_weight, flat.t()).t()
         return logits.reshape(*z.shape[:-1], -1)

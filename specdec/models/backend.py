@@ -1,0 +1,305 @@
+"""How a model's forwards run on CPU: one :class:`Backend`, chosen when the model is loaded and held by what runs
+it (the target's :class:`~specdec.models.llama.CompactLlama`, a drafter's models), which its forwards consult
+(``backend.linear(x, layer)``). Nothing here is process-wide except memos of derived data (packed copies of
+weights, rebuilt when a weight changes).
+
+A backend names the kernels (specdec's fused CPU kernels, :mod:`specdec.models.cpu_kernels`, or torch's ops; for
+the products the kernels leave, oneDNN's or MKL's), the panels (float16 where float16 holds a weight exactly, or
+float32) and the weight format: ``"codes"`` streams a weight that is 4- or 8-bit codes with per-block scales (a
+GGUF model dequantised to float32, like the embedded SmolLM2 target) as those codes, the products bit for bit the
+float32 ones; ``"float"`` streams its float32 values. On an accelerator every product is ``F.linear`` whatever the
+backend. :meth:`Backend.emulated_gpu` runs the torch ops a GPU runs and replays graphs on CPU
+(:class:`~specdec.models.graphs.EmulatedGraph`), for tests of the graphed code on machines without a GPU.
+
+    decoder = as_decoder(model, backend=Backend(weights="float"))   # python -m specdec.run target.coded_weights=false
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models import cpu_kernels
+
+WEIGHT_FORMATS = ("codes", "float")
+
+# nn.Linear -> {(packed or not, panel forms, ids of the layers stacked together, this one first) -> (weak references
+# to their weights, the layers and their biases, the weights' and biases' versions then, the stacked copy
+# (oneDNN-packed, or packed in panels for specdec's kernel), the stacked bias)}: a memo of derived data; identities
+# (live references, not addresses that a freed tensor's successor may take) and versions say whether the copy is
+# current. Decoders over the same model share it; each backend's forms get their own copy.
+_PACKED: "weakref.WeakKeyDictionary[nn.Linear, dict]" = weakref.WeakKeyDictionary()
+_ONEDNN_DTYPES = (torch.float32,)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How a model's CPU forwards run (see the module docstring); the defaults are the fastest exact ones."""
+
+    kernels: bool = True  # specdec's fused CPU kernels where they are built (cpu_kernels.available()); False: torch's
+    onednn: bool = True  # oneDNN's products where the kernels do not run (a prefill; all of them without kernels)
+    half_panels: bool = True  # the kernels' panels in float16 where float16 holds a weight exactly (the drafters)
+    weights: str = "codes"  # "codes": weights that are codes streamed as such; "float": as their float32 values
+    emulate_graphs: bool = False  # CPU forwards take the graphed paths (emulated graphs: tests; see emulated_gpu)
+
+    def __post_init__(self):
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"Backend(weights={self.weights!r}): use 'codes' (weights that are 4- or 8-bit codes "
+                             f"streamed as such, the same products) or 'float' (their float32 values)")
+        if self.emulate_graphs and (self.kernels or self.onednn):
+            raise ValueError("Backend(emulate_graphs=True) runs the torch ops a GPU runs: use Backend.emulated_gpu() "
+                             "(kernels=False, onednn=False)")
+
+    @classmethod
+    def emulated_gpu(cls) -> "Backend":
+        """CPU forwards as a GPU runs them: torch's ops (no specdec kernels, no oneDNN), graphs replayed on CPU
+        (:class:`~specdec.models.graphs.EmulatedGraph`), which fail where a CUDA graph would. For tests; slower
+        than eager."""
+        return cls(kernels=False, onednn=False, emulate_graphs=True)
+
+    # ---- what the forwards ask --------------------------------------------------------------------------
+
+    def replays_graphs(self, device: torch.device) -> bool:
+        """Whether forwards on ``device`` replay graphs: a CUDA device, or the CPU where graphs are emulated."""
+        return device.type == "cuda" or (self.emulate_graphs and device.type == "cpu")
+
+    def fusable(self, x: torch.Tensor) -> bool:
+        """Whether specdec's fused CPU kernels take ``x``: float32 on CPU, no autograd, not being traced by
+        torch.compile, the kernels on and built (what :meth:`CompactLlama._fused` and the EAGLE layer's ask first)."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling() and self.kernels and cpu_kernels.available())
+
+    def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
+        """``layer(x)``: ``F.linear`` on an accelerator; on CPU through specdec's few-row kernel or oneDNN where
+        they apply (see :meth:`_cpu_product`), else computed as W·xᵀ with at least two rows.
+
+        For the few rows of a decode step, MKL's x·Wᵀ path is 3-7x slower on CPU than W·xᵀ, and a single
+        row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
+        Same arithmetic, another kernel.
+        """
+        if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
+            return F.linear(x, layer.weight, layer.bias)
+        out = self._cpu_product(x, (layer,))
+        if out is not None:
+            return out
+        flat = x.reshape(-1, x.shape[-1])
+        rows = flat.shape[0]
+        if rows == 1:
+            flat = flat.repeat(2, 1)  # contiguous: a stride-0 operand takes a slow kernel
+        # Contiguous [rows, out]: a transposed result sends SDPA down a slow copying path at batch > 1.
+        out = torch.mm(layer.weight, flat.t()).t()[:rows].contiguous()
+        if layer.bias is not None:
+            out = out + layer.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def linears(self, x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+        """``tuple(layer(x) for layer in layers)`` for layers reading the same input (q/k/v, gate/up): on CPU one
+        product over their stacked weights (:meth:`_cpu_product`), split; elsewhere :meth:`linear` per layer."""
+        out = self._cpu_product(x, layers)
+        if out is None:
+            return tuple(self.linear(x, layer) for layer in layers)
+        return out.split([layer.out_features for layer in layers], dim=-1)
+
+    def step_product(self, x: torch.Tensor, entry: tuple) -> torch.Tensor:
+        """x [M, in] through a product of a fused forward's plan (:meth:`ProductPlan.group`: prepared, layers):
+        the few-row kernel over the prepared stacked weight for at most ``cpu_kernels.MAX_ROWS`` rows, else the
+        layers stacked along the output (:meth:`_cpu_product`, else one by one)."""
+        prepared, layers = entry
+        if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
+            return cpu_kernels.panel_linear(x, *prepared)
+        out = self._cpu_product(x, layers)
+        return out if out is not None else torch.cat([self.linear(x, layer) for layer in layers], -1)
+
+    def rows_product(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """x [M, K] · weight [N, K]ᵀ through the kernel where it applies (``cpu_kernels.rows_product``; a weight
+        that is codes read as codes where :attr:`weights` is ``"codes"``), else None: Medusa's heads over the
+        target's LM-head rows."""
+        if not self.kernels:
+            return None
+        return cpu_kernels.rows_product(x, weight, codes=self.weights == "codes")
+
+    def top_log_softmax(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logits.log_softmax(-1).topk(k, dim=-1)`` as (values, indices) [..., k]: through the kernel where
+        it applies (``cpu_kernels.top_log_softmax``), else torch's ops. A drafter's top-k over its vocabulary."""
+        if self.kernels:
+            return cpu_kernels.top_log_softmax(logits, k)
+        top = logits.log_softmax(-1).topk(k, dim=-1)
+        return top.values, top.indices
+
+    # ---- the weights as the kernels stream them ---------------------------------------------------------
+
+    @property
+    def panel_forms(self) -> tuple[bool, bool]:
+        """The panel forms this backend packs (float16, codes): a plan packed under others is not its own."""
+        return self.half_panels, self.weights == "codes"
+
+    def streamed_bytes(self) -> dict[int, float]:
+        """{id(weight): bytes} for the weights the kernel's products read from panels packed under this backend's
+        forms: each weight's share of its stacked panels (float16 panels and codes stream fewer bytes than the
+        float32 weight; see ``cpu_kernels.pack_codes``). What the speed of light counts for those weights."""
+        shares: dict[int, float] = {}
+        forms = (False, *self.panel_forms)
+        for groups in list(_PACKED.values()):
+            for key, (held, _, panels, _) in list(groups.items()):
+                count = len(key) - len(forms)  # the key: the forms, then the stacked layers' ids
+                weights = [ref() for ref in held[:count]]
+                if key[:len(forms)] != forms or any(weight is None for weight in weights):
+                    continue
+                total = sum(weight.numel() for weight in weights)
+                for weight in weights:
+                    shares[id(weight)] = panels.numel() * panels.element_size() * weight.numel() / total
+        return shares
+
+    def prepare(self, layers: tuple[nn.Linear, ...], x: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
+        """(the layers' weights stacked along the output, their biases stacked, whether the weight is prepacked
+        for oneDNN), or None where the plain path runs (not CPU float32, autograd needed, inside torch.compile,
+        neither the few-row kernel nor oneDNN on). With the kernel on, the stacked weight is packed in panels
+        for it: as codes where they give the weight back exactly (``cpu_kernels.pack_codes``, where
+        :attr:`weights` is ``"codes"``), else ``cpu_kernels.pack_panels`` (float16 panels where float16 holds the
+        weight exactly and :attr:`half_panels` allows); with the kernel off, a oneDNN-packed copy. One product for
+        q/k/v (or gate/up) instead of three (two) saves a call's overhead per layer, a tenth of a CPU decode
+        step for SmolLM2-135M.
+
+        Why oneDNN without the kernel: this CPU path is compute-bound past a few rows, and MKL picks slow kernels
+        for the 2-32 rows of a verification step (on a 2-core AMD EPYC the 49152x576 LM head takes 14 ms for 16
+        rows in MKL, 6 ms in oneDNN with a packed weight; a 16-token forward of SmolLM2-135M 90 → 65 ms, one
+        token unchanged). The packed copy costs the weight's memory once per layer, is shared by every decoder
+        over the same model, and is rebuilt when the weight changes (another tensor, dtype, device, or an
+        in-place update)."""
+        weights = [layer.weight for layer in layers]
+        if (any(w.device.type != "cpu" or w.dtype not in _ONEDNN_DTYPES or x.dtype != w.dtype for w in weights)
+                or (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+                or torch.compiler.is_compiling()):
+            return None
+        packed = not (self.kernels and cpu_kernels.available())
+        if packed and not self._onednn():
+            return None
+        biases = [layer.bias for layer in layers]
+        if any(b is not None for b in biases) and any(b is None for b in biases):
+            return None  # mixed biases: computed one by one
+        held = weights + list(layers) + [b for b in biases if b is not None]
+        stamp = tuple(_version(w) for w in weights) + tuple(_version(b) for b in biases if b is not None)
+        groups = _PACKED.get(layers[0])
+        if groups is None:
+            groups = _PACKED[layers[0]] = {}
+        key = (packed, *self.panel_forms, *(id(layer) for layer in layers))  # a copy per kind, to compare
+        entry = groups.get(key)
+        if entry is None or entry[1] != stamp or len(entry[0]) != len(held) or any(
+                ref() is not obj for ref, obj in zip(entry[0], held)):
+            with torch.no_grad():
+                stacked = weights[0].detach() if len(layers) == 1 else torch.cat([w.detach() for w in weights])
+                bias = None if biases[0] is None else (biases[0].detach() if len(layers) == 1
+                                                       else torch.cat([b.detach() for b in biases]))
+                if packed:
+                    stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, None)
+                else:
+                    coded = cpu_kernels.pack_codes(stacked) if self.weights == "codes" else None
+                    stacked = coded if coded is not None else cpu_kernels.pack_panels(
+                        stacked, half=self.half_panels and cpu_kernels.exact_in_half(stacked))
+                entry = ([weakref.ref(obj) for obj in held], stamp, stacked, bias)
+            groups[key] = entry
+        return entry[2], entry[3], packed
+
+    def _onednn(self) -> bool:
+        return self.onednn and _onednn_available()
+
+    def _cpu_product(self, x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> torch.Tensor | None:
+        """x through the layers' weights stacked along the output ([..., sum of out]), or None where the plain
+        path runs. Up to ``cpu_kernels.MAX_ROWS`` rows through specdec's few-row kernel over the stacked weight
+        packed in panels (streams the weights at close to the machine's read bandwidth; rows bit-identical
+        whatever their number), more rows (a prefill) through oneDNN over each layer's own weight; with the
+        kernel off, oneDNN over a prepacked stacked weight."""
+        prepared = self.prepare(layers, x)
+        if prepared is None:
+            return None
+        weight, bias, packed = prepared
+        if not packed:
+            flat = x.reshape(-1, x.shape[-1])
+            n = sum(layer.out_features for layer in layers)
+            if flat.shape[0] <= cpu_kernels.MAX_ROWS:
+                return cpu_kernels.panel_linear(flat, weight, bias, n).view(*x.shape[:-1], n)
+            if not self._onednn():
+                return None
+            outs = [torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight.detach(),
+                                                       None if layer.bias is None else layer.bias.detach(), "none",
+                                                       [], "")
+                    for layer in layers]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
+@functools.cache
+def _onednn_available() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def _version(weight: torch.Tensor) -> int:
+    """The tensor's in-place update counter (-1 for an inference tensor, which has none and cannot be
+    updated outside inference mode)."""
+    try:
+        return weight._version
+    except RuntimeError:
+        return -1
+
+
+class ProductPlan:
+    """The record behind a fused CPU forward's plan (:meth:`CompactLlama._layer_plan`, the EAGLE layer's): the
+    backend it was packed for and the submodules and parameters it was built from, with their versions, so that
+    :meth:`current` says whether it still holds (the same backend, every one still in place, none updated in
+    place since)."""
+
+    def __init__(self, backend: Backend, dtype: torch.dtype):
+        self.backend = backend
+        # what each recorded object was found as: its owner's store (a module's _modules or _parameters), name
+        self.stores: list[dict] = []
+        self.names: list[str] = []
+        self.objects: list[object] = []
+        self.tensors: list[torch.Tensor] = []  # the recorded parameters with an update counter, and its values
+        self.versions: list[int] = []  # (an inference tensor has none: it cannot be updated outside inference mode)
+        self.probe = torch.empty(1, 1, dtype=dtype)  # stands for the inputs in Backend.prepare's checks
+
+    def current(self, backend: Backend) -> bool:
+        """Whether the plan holds for forwards on ``backend``: packed for it, every recorded object still in place,
+        no recorded tensor updated in place (~100 us for the target's 30 layers on a 2-core Skylake Xeon, once per
+        forward)."""
+        return (self.backend == backend
+                and all(map(operator.is_, map(operator.getitem, self.stores, self.names), self.objects))
+                and [tensor._version for tensor in self.tensors] == self.versions)
+
+    def hold(self, owner: nn.Module, *names: str) -> list:
+        """``owner``'s submodules or parameters ``names``, recorded."""
+        found = []
+        for name in names:
+            store = owner._modules if name in owner._modules else owner._parameters
+            obj = store[name]
+            found.append(obj)
+            self.stores.append(store), self.names.append(name), self.objects.append(obj)
+            if isinstance(obj, torch.Tensor) and _version(obj) >= 0:
+                self.tensors.append(obj), self.versions.append(obj._version)
+        return found
+
+    def group(self, owner: nn.Module, *names: str) -> tuple:
+        """(the (panels, bias, outputs) of ``owner``'s linear layers ``names`` stacked, or None where the
+        few-row kernel does not run them, the layers): an entry for :meth:`Backend.step_product`."""
+        layers = tuple(self.hold(owner, *names))
+        for linear in layers:
+            self.hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
+        prepared = self.backend.prepare(layers, self.probe)
+        if prepared is None or prepared[2]:
+            return None, layers
+        return (*prepared[:2], sum(linear.out_features for linear in layers)), layers
+
+    def norm(self, owner: nn.Module, name: str) -> tuple[torch.Tensor, float]:
+        """(weight, eps) of ``owner``'s RMSNorm ``name`` (transformers' Llama norm or torch's nn.RMSNorm)."""
+        module, = self.hold(owner, name)
+        weight, = self.hold(module, "weight")
+        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
+        return weight, float(torch.finfo(weight.dtype).eps if eps is None else eps)
