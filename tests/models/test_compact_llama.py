@@ -113,6 +113,19 @@ def test_early_exit_decoder_uses_first_layers(tiny_target):
         as_decoder(tiny_target, num_layers=7)
 
 
+def test_a_decoder_keeps_the_backend_it_was_built_on(tiny_target):
+    """as_decoder(model, backend=...): the decoder holds the backend it was built on (the default: specdec's kernels
+    over the weights' codes); given again it is returned as it is, and another backend for it is refused; a weight
+    format that does not exist is named."""
+    decoder = as_decoder(tiny_target, backend=Backend(weights="float"))
+    assert decoder.backend == Backend(weights="float") and as_decoder(tiny_target).backend == Backend()
+    assert as_decoder(decoder) is decoder and as_decoder(decoder, backend=Backend(weights="float")) is decoder
+    with pytest.raises(ValueError, match="built on Backend.*weights='float'.*pass its HF model"):
+        as_decoder(decoder, backend=Backend())
+    with pytest.raises(ValueError, match="weights='int4'.*'codes'.*'float'"):
+        Backend(weights="int4")
+
+
 @torch.no_grad()
 def test_generic_fallback_for_other_architectures():
     torch.manual_seed(0)
