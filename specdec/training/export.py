@@ -101,7 +101,7 @@ def export(directory: Path, method: TrainMethod, model: torch.nn.Module, cfg: An
         "method": {"name": method.name, "description": method.description},
         "data": {"mode": cfg.data.mode, "size": data_size(splits), "description": data_description(cfg),
                  "processes": metrics.get("data_processes", 1)},  # processes that built the data
-        "git_commit": git_commit(),
+        "git_commit": metrics.get("git_commit") or git_commit(),  # the code training ran
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_description("cuda" if torch.cuda.is_available() else "cpu"),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},

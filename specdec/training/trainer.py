@@ -18,7 +18,7 @@ import torch
 
 from specdec.jobs.io import write_json
 from specdec.training.distill.store import Split, build_processes, build_seconds, load_or_build
-from specdec.training.export import check_export, export, export_dtype, plain
+from specdec.training.export import check_export, export, export_dtype, git_commit, plain
 from specdec.training.loop import fit
 from specdec.training.methods import TrainMethod, build_method
 
@@ -66,6 +66,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     from specdec.models.loading import load_target
 
     check_config(cfg)
+    code = git_commit()  # the code this invocation runs (the provenance's commit, not the one at export time)
     method = build_method(cfg.method)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -95,7 +96,7 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     if progress.first_step:
         times["resumed_at_step"] = progress.first_step
     metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
-                               "data_processes": build_processes(out_dir / "data.safetensors"),
+                               "data_processes": build_processes(out_dir / "data.safetensors"), "git_commit": code,
                                "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
                                **({"per_epoch": progress.history} if progress.history else {})}
     if progress.step >= progress.total and accelerator.is_main_process:

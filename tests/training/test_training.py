@@ -76,6 +76,7 @@ def test_training_finishes_exports_and_heads_load(tiny_pair, tmp_path):
     assert provenance["command"].startswith("python -m specdec.train") and provenance["method"]["name"] == "medusa"
     assert provenance["data"]["size"]["train"]["tokens"] > 0 and provenance["wall_time_s"]["train_s"] > 0
     assert provenance["data"]["processes"] == metrics["data_processes"] == 1  # the processes that built the data
+    assert provenance["git_commit"] == metrics["git_commit"]  # the code training ran, taken when it started
     assert not any(p.suffix == ".pkl" or p.name.endswith(".pt") for p in (tmp_path / "run").rglob("*"))
     prompts = [json.loads(line) for line in (tmp_path / "run" / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) == cfg.data.num_prompts and all(p["text"] for p in prompts)  # what the heads learned from
