@@ -405,6 +405,33 @@ def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, tiny_pair):
     assert speculative_generate(model, drafter, ids, k=5, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_training_starts_from_the_targets_own_final_norm_and_layers(family):
+    """method=eagle on another family: the feature layers default to EAGLE-3's (2, L/2, L-3) of this target, and
+    the draft norm starts as the scale the target's final norm applies (Gemma's is 1 + w, not w)."""
+    from helpers import tiny_family, tiny_llama
+
+    from specdec.drafters.eagle.model import default_aux_layers
+    from specdec.training.distill.store import Split
+    from specdec.training.methods.eagle import EagleMethodConfig
+    from specdec.training.methods.eagle.method import EagleMethod
+
+    target = tiny_family("gemma3") if family == "gemma3" else tiny_llama(layers=4)
+    with torch.no_grad():
+        target.model.norm.weight.normal_(0.0, 0.3)
+    method = EagleMethod(EagleMethodConfig(draft_vocab=None, chunk_len=16))
+    method.check_target(target)
+    layers = target.config.num_hidden_layers
+    assert tuple(method.cfg.aux_layers) == default_aux_layers(layers) and method.needs().layers == tuple(method.cfg.aux_layers)
+    n, hidden = 6, target.config.hidden_size
+    train = Split(torch.tensor([1, 2]), torch.tensor([2]), torch.arange(3, 3 + n), torch.tensor([n]),
+                  torch.randn(n, hidden), torch.randn(n, 3, hidden), context_hidden=torch.randn(1, hidden),
+                  context_features=torch.randn(1, 3, hidden))
+    model = method.setup(target, {"train": train}, torch.device("cpu"))
+    x = torch.randn(5, hidden)
+    assert torch.allclose(model.norm(x), target.model.norm(x), atol=1e-5)
+
+
 # --- exactness at temperature 1 on the bigram ("Markov") target ------------------------------------------
 
 class MarkovEagle(EagleModel):

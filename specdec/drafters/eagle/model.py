@@ -446,3 +446,13 @@ def embedding_scale(embedding: nn.Module) -> float:
     """The factor a target's input embedding module multiplies its rows by: √hidden for Gemma's scaled embedding
     (``scalar_embed_scale``), else 1."""
     return float(getattr(embedding, "scalar_embed_scale", 1.0))
+
+
+@torch.no_grad()
+def norm_scale(norm: nn.Module) -> torch.Tensor:
+    """The per-channel scale an RMSNorm module applies, whatever its family stores: ``w`` for Llama's, ``1 + w``
+    for Gemma's. Read by normalising a vector of ones (RMS 1), whose output is the scale over √(1 + eps)."""
+    weight = next(norm.parameters())
+    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 0.0))
+    ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
+    return norm(ones)[0].float() * (1.0 + eps) ** 0.5

@@ -9,13 +9,13 @@ figures: the greedy chain's expected τ and per-depth acceptance replayed on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from specdec.drafters.eagle.model import EagleConfig, EagleModel, embedding_scale, save_eagle
+from specdec.drafters.eagle.model import EagleConfig, EagleModel, default_aux_layers, embedding_scale, norm_scale, save_eagle
 from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
@@ -27,8 +27,8 @@ from specdec.training.methods.eagle.objective import chain_matches, eagle_loss
 @dataclass
 class EagleMethodConfig(MethodConfig):
     name: str = "eagle"
-    # target layers read (ids: residual stream after k layers); EAGLE-3's (2, L/2, L-3) for the 30-layer default
-    aux_layers: list[int] = field(default_factory=lambda: [2, 15, 27])
+    # target layers read (ids: residual stream after k layers); null: EAGLE-3's (2, L/2, L-3) for the target's L
+    aux_layers: Optional[list[int]] = None
     draft_vocab: Optional[int] = 8192  # the N most frequent training tokens (FR-Spec); null = all
     ttt_steps: int = 4  # training-time test: steps the draft layer is unrolled on its own outputs
     step_decay: float = 0.8  # loss weight of step i
@@ -58,6 +58,8 @@ class EagleMethod(TrainMethod):
         return {k: v for k, v in vars(self.cfg).items() if k != "eval_depth"}
 
     def check_target(self, target: torch.nn.Module) -> None:
+        if self.cfg.aux_layers is None:
+            self.cfg.aux_layers = list(default_aux_layers(target.config.num_hidden_layers))
         check_layer_ids("method.aux_layers", self.cfg.aux_layers, target.config.num_hidden_layers)
         check_draft_vocab(self.cfg.draft_vocab, target.get_output_embeddings().weight.shape[0])
 
@@ -76,7 +78,7 @@ class EagleMethod(TrainMethod):
         if cfg.init_from_target:
             with torch.no_grad():
                 model.lm_head.weight.copy_(self.lm_head_rows)
-                model.norm.weight.copy_(target.model.norm.weight)
+                model.norm.weight.copy_(norm_scale(target.model.norm))  # Gemma's 1 + w
         embedding = target.get_input_embeddings()
         model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
         self.examples = pack(sequence_pairs(train), cfg.chunk_len)
