@@ -4,7 +4,7 @@ In one process, the same prompts, greedy: batch 1 runs each prompt through every
 warm-up (``side_by_side``); batch ``--batch`` runs groups of prompts, left-padded, through the compact path and
 transformers. Methods at batch 1:
 
-- ``compact plain`` / ``compact ngram K``     specdec on its compact decoder (specdec.models.llama.FAMILIES)
+- ``compact plain`` / ``compact ngram K``     specdec on its compact decoder (specdec.models.compact.FAMILIES)
 - ``fallback plain`` / ``fallback ngram K``   specdec on the generic transformers fallback (HFDecoder: batch 1,
                                               chains), what every family outside the compact path gets
 - ``transformers generate`` / ``transformers prompt lookup K``   ``generate(do_sample=False)``, with
@@ -30,7 +30,7 @@ from specdec import NgramDrafter, autoregressive_generate, load_target, speculat
 from specdec.decode.metrics import DecodeStats
 from specdec.jobs.data import encode_prompt, left_pad, load_prompts
 from specdec.jobs.runs import machine_description
-from specdec.models import CompactLlama, HFDecoder, as_decoder
+from specdec.models import CompactDecoder, HFDecoder, as_decoder
 from specdec.models.loading import stop_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
@@ -46,7 +46,7 @@ def main() -> None:
 
     model, tokenizer = load_target(args.target)
     compact = as_decoder(model)
-    if not isinstance(compact, CompactLlama):
+    if not isinstance(compact, CompactDecoder):
         raise SystemExit(f"{args.target} ({model.config.model_type}) is not on the compact path: nothing to compare")
     fallback = HFDecoder(model)
     rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]

@@ -79,7 +79,7 @@ from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
 from specdec.drafters.draft_model.drafter import DraftModelDrafter
 from specdec.drafters.trees.siblings import SiblingDraws, without
 from specdec.models.cache import KVCache
-from specdec.models.llama import CompactLlama, supports
+from specdec.models.compact import CompactDecoder, supports
 from specdec.verify import AcceptanceRule, accept_drafts, next_token_probs
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 from specdec.verify.tree import walk_tree
@@ -249,7 +249,7 @@ class CacheKeepingRejected(KVCache):
         self.lengths += torch.where(num_tokens > 0, self.written, 0)  # rows that stopped stay put
 
 
-class TargetCacheNotRolledBack(CompactLlama):
+class TargetCacheNotRolledBack(CompactDecoder):
     """The target's forward over a :class:`CacheKeepingRejected`: after a rejection it attends to the
     rejected drafts' keys/values, at positions shifted by their number."""
 
@@ -332,7 +332,7 @@ def _plant_target_cache_not_rolled_back(s: Setup) -> Setup:
     _needs_sampling("target_cache_not_rolled_back", s)
     if not supports(s.target):
         raise ValueError("planted bug 'target_cache_not_rolled_back' needs a transformers target of a family the "
-                         "compact static-cache path covers (specdec.models.llama.FAMILIES), got "
+                         "compact static-cache path covers (specdec.models.compact.FAMILIES), got "
                          f"{type(s.target).__name__}")
     return replace(s, target=TargetCacheNotRolledBack(s.target))
 

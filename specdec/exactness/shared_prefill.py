@@ -9,10 +9,10 @@ import torch
 
 from specdec.models import as_decoder
 from specdec.models.cache import KVCache
-from specdec.models.llama import CompactLlama, supports
+from specdec.models.compact import CompactDecoder, supports
 
 
-class SharedPrefillLlama(CompactLlama):
+class SharedPrefillLlama(CompactDecoder):
     """The target's compact forward, with one shortcut for this job, which continues each prompt many
     times: a prefill (a forward of T > 1 tokens on an empty cache) is computed once per distinct prompt
     for the lifetime of this object — across batches, and across speculative sampling, plain sampling
@@ -21,7 +21,7 @@ class SharedPrefillLlama(CompactLlama):
 
     A prefill returns the logits and hidden state of the *last* position only ([B, 1, V], [B, 1, H]):
     that is all the decode loop reads from it, and it spares [B, T, V] logits for long prompts. Every
-    other forward is the plain :class:`CompactLlama` one. With ``capture`` (an EAGLE-style drafter's feature
+    other forward is the plain :class:`CompactDecoder` one. With ``capture`` (an EAGLE-style drafter's feature
     layers) the prefill also returns those layers at every prompt position, computed once per prompt too."""
 
     def __init__(self, hf_model: torch.nn.Module):

@@ -10,7 +10,7 @@ from torch import nn
 from specdec.models.backend import Backend
 from specdec.models.graphs import GraphedDecoder, target_decoder
 from specdec.models.hf import HFDecoder
-from specdec.models.llama import SUPPORTED_MODEL_TYPES, CompactLlama, supports
+from specdec.models.compact import SUPPORTED_MODEL_TYPES, CompactDecoder, supports
 
 
 def as_decoder(model: nn.Module, num_layers: int | None = None, *, backend: Backend | None = None) -> nn.Module:
@@ -21,7 +21,7 @@ def as_decoder(model: nn.Module, num_layers: int | None = None, *, backend: Back
     A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is: its backend is the one it
     was built with, and another ``backend`` is an error. ``num_layers`` (early exit) needs the compact path.
     """
-    if isinstance(model, (CompactLlama, GraphedDecoder)):
+    if isinstance(model, (CompactDecoder, GraphedDecoder)):
         if backend is not None and backend != model.backend:
             raise ValueError(f"this {type(model).__name__} was built on {model.backend}; pass its HF model to run it "
                              f"on {backend}")
@@ -29,7 +29,7 @@ def as_decoder(model: nn.Module, num_layers: int | None = None, *, backend: Back
     if isinstance(model, HFDecoder):
         return model
     if supports(model):
-        return CompactLlama(model, num_layers=num_layers, backend=Backend() if backend is None else backend)
+        return CompactDecoder(model, num_layers=num_layers, backend=Backend() if backend is None else backend)
     if num_layers is not None:
         raise ValueError(f"num_layers={num_layers} (early exit) needs the compact path (model types "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}); {type(model).__name__} runs through the generic "
@@ -47,5 +47,5 @@ def check_layer_ids(what: str, layers: Sequence[int], total: int) -> None:
                          f"{total}-layer target (outside it: {outside})")
 
 
-__all__ = ["Backend", "CompactLlama", "GraphedDecoder", "HFDecoder", "as_decoder", "check_layer_ids", "supports",
+__all__ = ["Backend", "CompactDecoder", "GraphedDecoder", "HFDecoder", "as_decoder", "check_layer_ids", "supports",
            "target_decoder"]

@@ -1,5 +1,5 @@
 """How a model's forwards run on CPU: one :class:`Backend`, chosen when the model is loaded and held by what runs
-it (the target's :class:`~specdec.models.llama.CompactLlama`, a drafter's models), which its forwards consult
+it (the target's :class:`~specdec.models.compact.CompactDecoder`, a drafter's models), which its forwards consult
 (``backend.linear(x, layer)``). Nothing here is process-wide except memos of derived data (packed copies of
 weights, rebuilt when a weight changes).
 
@@ -71,7 +71,7 @@ class Backend:
 
     def fusable(self, x: torch.Tensor) -> bool:
         """Whether specdec's fused CPU kernels take ``x``: float32 on CPU, no autograd, not being traced by
-        torch.compile, the kernels on and built (what :meth:`CompactLlama._fused` and the EAGLE layer's ask first)."""
+        torch.compile, the kernels on and built (what :meth:`CompactDecoder._fused` and the EAGLE layer's ask first)."""
         return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling() and self.kernels and cpu_kernels.available())
 
@@ -251,7 +251,7 @@ def _version(weight: torch.Tensor) -> int:
 
 
 class ProductPlan:
-    """The record behind a fused CPU forward's plan (:meth:`CompactLlama._layer_plan`, the EAGLE layer's): the
+    """The record behind a fused CPU forward's plan (:meth:`CompactDecoder._layer_plan`, the EAGLE layer's): the
     backend it was packed for and the submodules and parameters it was built from, with their versions, so that
     :meth:`current` says whether it still holds (the same backend, every one still in place, none updated in
     place since)."""

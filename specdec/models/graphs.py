@@ -2,7 +2,7 @@
 
 A small model's decode step on a GPU is launch-bound: SmolLM2-135M's forward is ~600 small kernels, each
 costing a launch from Python. :class:`GraphedDecoder` captures the forward of a
-:class:`~specdec.models.llama.CompactLlama` once per input shape (batch, width, chain or tree, captured
+:class:`~specdec.models.compact.CompactDecoder` once per input shape (batch, width, chain or tree, captured
 feature layers) and replays it: one launch per step. What makes that possible is already in the cache's
 design (:mod:`specdec.models.cache`): every piece of bookkeeping is an on-device tensor of fixed shape, updated in
 place. A graphed forward attends over the cache's whole capacity (the slots past each row's block are
@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec.models.backend import Backend
 from specdec.models.cache import KVCache
-from specdec.models.llama import CompactLlama
+from specdec.models.compact import CompactDecoder
 
 CAPACITY_STEP = 256  # the reused cache grows in steps of this many slots
 MAX_COMPILED_SHAPES = 64  # compile=True: shapes torch.compile may specialise the forward for (dynamo's default: 8)
@@ -235,7 +235,7 @@ class Graphs:
 
 
 class GraphedDecoder:
-    """A :class:`CompactLlama` whose fixed-shape forwards replay CUDA graphs (eager on CPU: a no-op there).
+    """A :class:`CompactDecoder` whose fixed-shape forwards replay CUDA graphs (eager on CPU: a no-op there).
 
     ``compile=True`` also runs each captured forward through ``torch.compile`` first (fused kernels, one
     compilation per captured shape, ~9 s each for SmolLM2-135M on an H100, then a step ~1.9x faster than graphs
@@ -245,10 +245,10 @@ class GraphedDecoder:
     decoder's backend says so) captures, replays and keeps the cache; ``captures``, ``replays`` and ``capture_time_s`` are its counts.
     """
 
-    def __init__(self, decoder: CompactLlama, *, compile: bool = False, graphs: Graphs | None = None):
-        if not isinstance(decoder, CompactLlama):
-            raise TypeError(f"GraphedDecoder wraps a CompactLlama (specdec.models.as_decoder of a model of "
-                            f"specdec.models.llama.FAMILIES), got {type(decoder).__name__}")
+    def __init__(self, decoder: CompactDecoder, *, compile: bool = False, graphs: Graphs | None = None):
+        if not isinstance(decoder, CompactDecoder):
+            raise TypeError(f"GraphedDecoder wraps a CompactDecoder (specdec.models.as_decoder of a model of "
+                            f"specdec.models.compact.FAMILIES), got {type(decoder).__name__}")
         self.decoder = decoder
         self.graphs = Graphs(decoder.device, emulate=decoder.backend.emulate_graphs) if graphs is None else graphs
         self.enabled = self.graphs.enabled
@@ -288,7 +288,7 @@ class GraphedDecoder:
     def __call__(self, input_ids: torch.Tensor, cache: KVCache, *, kv_len: int | None = None,
                  tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None, last_only: bool = False,
                  capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
-        """As :meth:`CompactLlama.forward`; the outputs are fresh tensors (safe to keep across steps). Forwards on
+        """As :meth:`CompactDecoder.forward`; the outputs are fresh tensors (safe to keep across steps). Forwards on
         the kept cache replay a graph per input shape; warm-up and capture write only uncommitted cache slots,
         which the replay that follows overwrites."""
         if not self.enabled or cache is not self.graphs.kept or last_only:
@@ -324,10 +324,11 @@ def target_decoder(model, mode: str = "auto", *, backend: Backend | None = None)
     from specdec.models import as_decoder
 
     decoder = as_decoder(model, backend=backend)
-    graphable = isinstance(decoder, CompactLlama) and decoder.backend.replays_graphs(decoder.device)
+    graphable = isinstance(decoder, CompactDecoder) and decoder.backend.replays_graphs(decoder.device)
     if check_compile_mode(mode) in ("cuda_graphs", "compiled_graphs") and not graphable:
-        where = decoder.device if isinstance(decoder, CompactLlama) else f"the generic path ({type(decoder).__name__})"
-        raise ValueError(f"target.compile={mode} needs a target on the compact path (specdec.models.llama.FAMILIES) "
+        where = (decoder.device if isinstance(decoder, CompactDecoder)
+                 else f"the generic path ({type(decoder).__name__})")
+        raise ValueError(f"target.compile={mode} needs a target on the compact path (specdec.models.compact.FAMILIES) "
                          f"on a CUDA device, got {where}; set target.device=cuda on a GPU machine, or "
                          f"target.compile=auto")
     if not graphable or mode == "none":

@@ -1,7 +1,7 @@
 """Generic fallback for causal LMs outside the Llama family: transformers' own forward and DynamicCache.
 
 Rollback is a crop of the cache (O(1) in transformers, but one length for the whole batch), so this path
-runs batch 1 only; the Llama family goes through :mod:`specdec.models.llama` instead.
+runs batch 1 only; the Llama family goes through :mod:`specdec.models.compact` instead.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specdec.models.llama import SUPPORTED_MODEL_TYPES
+from specdec.models.compact import SUPPORTED_MODEL_TYPES
 
 
 @dataclass
@@ -48,7 +48,7 @@ def cache_keyword(hf_model: nn.Module) -> str:
 
 
 class HFDecoder(nn.Module):
-    """Any transformers causal LM behind the interface of :class:`specdec.models.llama.CompactLlama`."""
+    """Any transformers causal LM behind the interface of :class:`specdec.models.compact.CompactDecoder`."""
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
@@ -73,7 +73,7 @@ class HFDecoder(nn.Module):
             raise NotImplementedError(
                 f"{type(self.model).__name__} runs through the generic transformers fallback, which supports "
                 f"batch size 1 only (got {batch_size}); the compact path that batches covers the model types "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} (specdec.models.llama.FAMILIES)"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} (specdec.models.compact.FAMILIES)"
             )
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         return CroppedCache(DynamicCache(), zero, zero.clone(), capacity)

@@ -201,10 +201,10 @@ def target_identity(target: torch.nn.Module) -> dict[str, Any]:
     """What tells one target from another in a log: its name, sizes and a fingerprint of its weights, and
     whether its CPU forwards stream codes (its decoder's backend: other numerics, possibly another greedy
     continuation)."""
-    from specdec.models import CompactLlama, GraphedDecoder, as_decoder
+    from specdec.models import CompactDecoder, GraphedDecoder, as_decoder
 
     decoder = as_decoder(target)
-    codes = isinstance(decoder, (CompactLlama, GraphedDecoder)) and decoder.backend.weights == "codes"
+    codes = isinstance(decoder, (CompactDecoder, GraphedDecoder)) and decoder.backend.weights == "codes"
     config = getattr(target, "config", None)
     return {"name": str(getattr(config, "_name_or_path", "") or type(target).__name__),
             "vocab_size": getattr(config, "vocab_size", None), "layers": getattr(config, "num_hidden_layers", None),

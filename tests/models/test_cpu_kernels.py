@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from helpers import coded_weight, tiny_llama
 
 from specdec.models import Backend, as_decoder, cpu_kernels
-from specdec.models.llama import _rotate_half
+from specdec.models.compact import _rotate_half
 
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernel is not built here "
                                   "(not x86 with AVX2, no compiler, or SPECDEC_CPU_KERNEL=0)")

@@ -1,4 +1,4 @@
-"""The compact decoder for the families beyond Llama (specdec.models.llama.FAMILIES), on tiny random models built
+"""The compact decoder for the families beyond Llama (specdec.models.compact.FAMILIES), on tiny random models built
 from transformers' own classes (tests/helpers.tiny_family): its logits equal transformers' forward at batch 1 and 3
 (left-padded), past the sliding window, step by step; a token tree's logits equal the sequential forward of each
 node's path; greedy decoding equals transformers' generate. Each check fails on a planted bug of the family's own
@@ -16,7 +16,7 @@ from helpers import tiny_family
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import NgramDrafter
 from specdec.jobs.data import left_pad
-from specdec.models import CompactLlama, as_decoder
+from specdec.models import CompactDecoder, as_decoder
 from specdec.models.cache import KVCache
 
 FAMILIES = ("qwen3", "mistral", "gemma3")
@@ -55,7 +55,7 @@ def largest_gap(decoder, model, prompts=PROMPTS) -> float:
 @pytest.mark.parametrize("rows", [1, 3])
 def test_logits_equal_transformers_past_the_window(family_model, rows):
     decoder = as_decoder(family_model)
-    assert isinstance(decoder, CompactLlama) and any(decoder.windows)
+    assert isinstance(decoder, CompactDecoder) and any(decoder.windows)
     assert largest_gap(decoder, family_model, PROMPTS[:rows]) < TOLERANCE
 
 

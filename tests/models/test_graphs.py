@@ -21,18 +21,18 @@ def test_graphed_decoder_is_the_eager_decoder_on_cpu():
 
 
 def test_graphed_decoder_wraps_the_compact_decoder_only():
-    with pytest.raises(TypeError, match="CompactLlama"):
+    with pytest.raises(TypeError, match="CompactDecoder"):
         GraphedDecoder(tiny_llama(layers=1))
 
 
 def test_target_compile_modes():
     """target.compile: auto and none run eagerly on CPU; cuda_graphs or compiled_graphs without a GPU, or a mode
     that does not exist, fail naming the value and what to set."""
-    from specdec.models import CompactLlama, target_decoder
+    from specdec.models import CompactDecoder, target_decoder
 
     model = tiny_llama(layers=1)
-    assert type(target_decoder(model, "auto")) is CompactLlama
-    assert type(target_decoder(model, "none")) is CompactLlama
+    assert type(target_decoder(model, "auto")) is CompactDecoder
+    assert type(target_decoder(model, "none")) is CompactDecoder
     with pytest.raises(ValueError, match="target.compile=cuda_graphs needs .* CUDA device.*target.device=cuda"):
         target_decoder(model, "cuda_graphs")
     with pytest.raises(ValueError, match="target.compile=compiled_graphs needs .* CUDA device.*target.device=cuda"):
@@ -44,7 +44,7 @@ def test_target_compile_modes():
 def test_a_draft_models_forwards_stay_eager_on_cpu():
     """drafter.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
     decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
-    from specdec.models import CompactLlama
+    from specdec.models import CompactDecoder
 
     model = tiny_llama(layers=2, seed=0)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
@@ -53,7 +53,7 @@ def test_a_draft_models_forwards_stay_eager_on_cpu():
     drafter = DraftModelDrafter(model, num_layers=1)
     for mode in ("auto", "none", "cuda_graphs", "compiled_graphs"):
         drafter.replay_graphs(mode)
-        assert type(drafter.decoder) is CompactLlama
+        assert type(drafter.decoder) is CompactDecoder
     out = speculative_generate(model, drafter, ids, k=3, max_new_tokens=16, eos_token_id=[])
     assert out.sequences == ref.sequences and out.stats.acceptance_rate == ref.stats.acceptance_rate
     with pytest.raises(ValueError, match="target.compile='graphs' is not a mode"):

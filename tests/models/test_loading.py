@@ -179,10 +179,10 @@ def test_gemma3_270m_on_the_compact_path_equals_transformers_greedy():
     text equal transformers' generate, at batch 1 and left-padded at batch 3, and n-gram drafting keeps them."""
     from specdec import NgramDrafter, autoregressive_generate, speculative_generate
     from specdec.jobs.data import left_pad
-    from specdec.models import CompactLlama, as_decoder
+    from specdec.models import CompactDecoder, as_decoder
 
     model, tokenizer = load_target("gemma3")
-    assert isinstance(as_decoder(model), CompactLlama) and model.config.model_type == "gemma3_text"
+    assert isinstance(as_decoder(model), CompactDecoder) and model.config.model_type == "gemma3_text"
     texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "The capital of France is",
              "Once upon a time, in a small village,"]
     ids = [tokenizer(text).input_ids for text in texts]

@@ -5,7 +5,7 @@ import torch
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.jobs.data import left_pad
-from specdec.models import CompactLlama, as_decoder
+from specdec.models import CompactDecoder, as_decoder
 
 pytestmark = pytest.mark.real_model
 NEW = 24
@@ -27,7 +27,7 @@ def reference(model, real_prompts):
 def test_compact_forward_matches_transformers(model, real_prompts):
     ids, mask = left_pad(real_prompts[:3], pad_id=2)
     decoder = as_decoder(model)
-    assert isinstance(decoder, CompactLlama)
+    assert isinstance(decoder, CompactDecoder)
     cache = decoder.new_cache(3, ids.shape[1], (mask == 0).sum(1))
     logits, _ = decoder(ids, cache)
     ref = model(ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits

@@ -103,7 +103,8 @@ class DraftModelDrafter(Drafter):
         shared with the target for an early-exit or stitched student, is left alone)."""
         head = getattr(self.decoder, "lm_head", None)
         if not isinstance(head, torch.nn.Linear):
-            raise ValueError("drafter.draft_vocab needs the compact Llama-family path (an LM head to cut)")
+            raise ValueError("drafter.draft_vocab needs the compact path (an LM head to cut; families: llama, "
+                             "mistral, qwen2, qwen3, gemma3)")
         ids = vocab_ids.to(device=head.weight.device, dtype=torch.long)
         small = torch.nn.Linear(head.in_features, ids.numel(), bias=False, device=head.weight.device,
                                 dtype=head.weight.dtype)
@@ -187,12 +188,12 @@ class DraftModelDrafter(Drafter):
         return self
 
     def graph_device(self) -> torch.device | None:
-        """The draft's decode forwards replay graphs as the target's do, on the compact Llama path only: a [B, 2]
+        """The draft's decode forwards replay graphs as the target's do, on the compact path only: a [B, 2]
         and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step is all kernel
         launches: a K-token draft would cost more than the graphed verify)."""
-        from specdec.models import CompactLlama
+        from specdec.models import CompactDecoder
 
-        return self.decoder.device if isinstance(self.decoder, CompactLlama) else None
+        return self.decoder.device if isinstance(self.decoder, CompactDecoder) else None
 
     def use_graphs(self, graphs: Graphs, compile: bool) -> None:
         """The draft's decoder wrapped to replay ``graphs`` (compiled first for ``compile``)."""

@@ -30,7 +30,7 @@ from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
 from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
-from specdec.models.llama import _rotate_half
+from specdec.models.compact import _rotate_half
 
 DEFAULT_EAGLE = "default"  # the drafter shipped for the default target, SmolLM2-135M-Instruct
 SPECULATORS_VERSION = "0.9.0"
@@ -55,7 +55,7 @@ class EagleConfig:
     head_dim: int
     vocab_size: int  # the target's
     draft_vocab_size: int  # rows of the draft LM head
-    aux_layers: tuple[int, ...]  # target layers read (ids as CompactLlama's ``capture``)
+    aux_layers: tuple[int, ...]  # target layers read (ids as CompactDecoder's ``capture``)
     target_hidden_size: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -212,7 +212,7 @@ class EagleModel(nn.Module):
 
     def _fused(self, x: torch.Tensor) -> bool:
         """Whether a step (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
-        decode step: :meth:`CompactLlama._fused_layers`): float32 on CPU, no autograd, not traced by
+        decode step: :meth:`CompactDecoder._fused_layers`): float32 on CPU, no autograd, not traced by
         torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the backend's kernels on and built."""
         return (self.backend.fusable(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
                 and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
@@ -241,7 +241,7 @@ class EagleModel(nn.Module):
 
     def _layer_plan(self) -> dict[str, tuple]:
         """What :meth:`_fused_step` and the fused :meth:`logits` read: the products (stacked and packed as
-        :meth:`CompactLlama._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
+        :meth:`CompactDecoder._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
         parameter it was built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`)."""
         if self._plan is not None and self._plan[1].current(self.backend):
             return self._plan[0]

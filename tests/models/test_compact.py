@@ -1,4 +1,4 @@
-"""The per-row static cache and the compact Llama forward: equal to HF's logits, O(1) rollback."""
+"""The per-row static cache and the compact forward: equal to HF's logits, O(1) rollback."""
 
 import inspect
 
@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from specdec.jobs.data import left_pad
-from specdec.models import Backend, CompactLlama, HFDecoder, as_decoder
+from specdec.models import Backend, CompactDecoder, HFDecoder, as_decoder
 from specdec.models import backend as backend_module
 from specdec.models.cache import KVCache
 from specdec.models.hf import cache_keyword
@@ -22,7 +22,7 @@ def hf_logits(model, ids, mask):
 def test_compact_llama_matches_hf_with_padding_and_incremental_steps(tiny_target):
     ids, mask = left_pad([[5, 9, 3, 7, 11, 2, 8], [4, 4, 6]])
     decoder = as_decoder(tiny_target)
-    assert isinstance(decoder, CompactLlama)
+    assert isinstance(decoder, CompactDecoder)
     cache = decoder.new_cache(2, 32, (mask == 0).sum(1))
     logits, _ = decoder(ids, cache)
     cache.commit(torch.full((2,), ids.shape[1]))

@@ -80,7 +80,7 @@ def _has_submodule(module: nn.Module, name: str) -> bool:
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether :class:`CompactLlama` can run ``model`` (a transformers causal LM)."""
+    """Whether :class:`CompactDecoder` can run ``model`` (a transformers causal LM)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return False
@@ -88,7 +88,7 @@ def supports(model: nn.Module) -> bool:
     return inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb")
 
 
-class CompactLlama(nn.Module):
+class CompactDecoder(nn.Module):
     """Causal LM forward over a :class:`KVCache`, sharing the parameters of an HF model of one of the
     :data:`FAMILIES` (Llama, Mistral, Qwen2, Qwen3, Gemma-3; the name is the first family's).
 
@@ -101,7 +101,7 @@ class CompactLlama(nn.Module):
         super().__init__()
         self.backend = backend
         if not supports(hf_model):
-            raise TypeError(f"CompactLlama supports model types {SUPPORTED_MODEL_TYPES}, got "
+            raise TypeError(f"CompactDecoder supports model types {SUPPORTED_MODEL_TYPES}, got "
                             f"{getattr(getattr(hf_model, 'config', None), 'model_type', type(hf_model).__name__)!r}")
         config = hf_model.config
         total = config.num_hidden_layers
