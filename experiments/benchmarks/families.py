@@ -9,11 +9,15 @@ transformers. Methods at batch 1:
                                               chains), what every family outside the compact path gets
 - ``transformers generate`` / ``transformers prompt lookup K``   ``generate(do_sample=False)``, with
                                               ``prompt_lookup_num_tokens=K`` for the second
+- ``compact eagle`` / ``compact medusa``      learned drafters trained for the target (``--eagle DIR``,
+                                              ``--medusa DIR``: what ``python -m specdec.train`` exported), with
+                                              the main job's drafter defaults (token trees), at batch 1 and batched
 
 Reports tokens/s, ratios to compact plain decoding, τ, and outputs differing from compact plain decoding; writes
 ``families_<target>.json`` / ``.md`` to --out.
 
-    python experiments/benchmarks/families.py --target gemma3-270m --source humaneval wikipedia --prompts 16 --new 128
+    python experiments/benchmarks/families.py --target gemma3-270m --source humaneval wikipedia --prompts 16 --new 128 \
+        --eagle <eagle export> --medusa <medusa export>
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
+from specdec import NgramDrafter, autoregressive_generate, load_drafter, load_target, speculative_generate
 from specdec.decode.metrics import DecodeStats
 from specdec.jobs.data import encode_prompt, left_pad, load_prompts
 from specdec.jobs.runs import machine_description
@@ -42,6 +46,8 @@ def main() -> None:
     ap.add_argument("--target", default="gemma3-270m", help="a target name load_target takes (alias, path, hub id)")
     ap.add_argument("--k", type=int, default=4, help="n-gram draft length (and transformers' prompt lookup)")
     ap.add_argument("--batch", type=int, default=4, help="the batched comparison's batch size (0: skip it)")
+    ap.add_argument("--eagle", help="an EAGLE drafter trained for the target (a directory): its rows too")
+    ap.add_argument("--medusa", help="Medusa heads trained for the target (a directory): their rows too")
     args = ap.parse_args()
 
     model, tokenizer = load_target(args.target)
@@ -52,6 +58,8 @@ def main() -> None:
     rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]
     prompts = [encode_prompt(tokenizer, row) for row in rows]
     eos = stop_token_ids(model, tokenizer)
+    learned = {name: load_drafter(name, compact, tokenizer, path=path)
+               for name, path in (("eagle", args.eagle), ("medusa", args.medusa)) if path}
 
     def hf(ids, mask=None, **extra):
         mask = torch.ones_like(ids) if mask is None else mask
@@ -66,12 +74,15 @@ def main() -> None:
             return autoregressive_generate(target, ids, **kwargs)
         if kind == "ngram":
             return speculative_generate(target, NgramDrafter(), ids, k=k, **kwargs)
+        if kind in learned:  # its own k (tree size)
+            return speculative_generate(target, learned[kind], ids, **kwargs)
         return hf(ids, **({"prompt_lookup_num_tokens": k} if k else {}))
 
     methods = {"compact plain": (("plain", compact), 0), f"compact ngram K={args.k}": (("ngram", compact), args.k),
                "fallback plain": (("plain", fallback), 0), f"fallback ngram K={args.k}": (("ngram", fallback), args.k),
                "transformers generate": (("hf", None), 0),
                f"transformers prompt lookup K={args.k}": (("hf", None), args.k)}
+    methods |= {f"compact {name} k={drafter.config.k}": ((name, compact), 0) for name, drafter in learned.items()}
     batch1 = [torch.tensor([p]) for p in prompts]
     failed = {}
     seconds, tokens, stats, mismatches = side_by_side(methods, batch1, run, failed=failed)
@@ -89,9 +100,13 @@ def main() -> None:
                 compact, NgramDrafter(), ids, attention_mask=mask, k=args.k, max_new_tokens=args.new, eos_token_id=eos),
             "transformers generate": lambda ids, mask: hf(ids, mask),
         }
+        for name, drafter in learned.items():
+            batched[f"compact {name} k={drafter.config.k}"] = lambda ids, mask, drafter=drafter: speculative_generate(
+                compact, drafter, ids, attention_mask=mask, max_new_tokens=args.new, eos_token_id=eos)
         for fn in batched.values():  # warm-up, untimed
             fn(*groups[0])
         totals, counts, outputs = dict.fromkeys(batched, 0.0), dict.fromkeys(batched, 0), {}
+        taus = {}
         for ids, mask in groups:
             for name, fn in batched.items():
                 start = time.perf_counter()
@@ -99,11 +114,14 @@ def main() -> None:
                 totals[name] += time.perf_counter() - start
                 counts[name] += sum(len(s) for s in out.sequences)
                 outputs.setdefault(name, []).extend(out.sequences)
+                if out.stats.verify_steps:
+                    taus[name] = out.stats if name not in taus else taus[name].merge(out.stats)
         reference = outputs["compact plain"]
         for name in batched:
             results[f"{name} batch {args.batch}"] = {
                 "batch": args.batch, "tokens_per_second": counts[name] / totals[name],
                 "vs_compact_plain": counts[name] / totals[name] / rate["compact plain"],
+                "tau": taus[name].mean_accepted_length if name in taus else None,
                 "mismatching_outputs": sum(a != b for a, b in zip(outputs[name], reference))}
     machine = machine_description()
     summary = {"target": args.target, "model_type": model.config.model_type, "sources": args.sources,

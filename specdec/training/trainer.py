@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from specdec.jobs.io import write_json
 from specdec.training.distill.store import Split, build_processes, build_seconds, load_or_build
@@ -100,33 +101,39 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
                                "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
                                **({"per_epoch": progress.history} if progress.history else {})}
     if progress.step >= progress.total and accelerator.is_main_process:
-        _evaluate_and_save(method, accelerator.unwrap_model(model).eval(), cfg, splits, metrics)
+        chat = bool(getattr(tokenizer, "chat_template", None))
+        _evaluate_and_save(method, accelerator.unwrap_model(model).eval(), cfg, splits, metrics, chat)
         accelerator.log(method.log_values(metrics), step=progress.total)
     accelerator.end_training()
     return metrics
 
 
 def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, splits: dict[str, Split],
-                       metrics: dict[str, Any]) -> None:
+                       metrics: dict[str, Any], chat: bool = True) -> None:
     """Held-out evaluation into ``metrics``; the weight file and metrics.json in output_dir; the export."""
     start = time.perf_counter()
     metrics.update(method.evaluate(model, splits))
     metrics["score"] = method.score(metrics)
     metrics["times_s"]["eval_s"] = time.perf_counter() - start
-    metrics["decode_command"] = decode_command(cfg, method, metrics)
+    metrics["decode_command"] = decode_command(cfg, method, metrics, chat)
     method.save(model, Path(cfg.output_dir) / method.weights_file, cfg.target.name, metrics)
     write_json(Path(cfg.output_dir) / "metrics.json", metrics)
     if cfg.export:
         export(Path(cfg.export), method, model, cfg, metrics, splits)
 
 
-def decode_command(cfg: Any, method: TrainMethod, metrics: dict[str, Any]) -> str:
+def decode_command(cfg: Any, method: TrainMethod, metrics: dict[str, Any], chat: bool = True) -> str:
     """``python -m specdec.run`` decoding with what this run wrote: the drafter of the method's name at the run's
-    export (else its output_dir), for its target, with the settings the trained drafter needs
-    (:meth:`~specdec.training.methods.TrainMethod.decode_overrides`); run from where training ran."""
-    from specdec.config import TargetConfig
+    export (else its output_dir), for its target (its preset, ``target=gemma3``, where one names it), with the
+    settings the trained drafter needs (:meth:`~specdec.training.methods.TrainMethod.decode_overrides`), on
+    completion prompts (``data=code_text``) for a target without a chat template; run from where training ran."""
+    from specdec.config import TargetConfig, config_dir
 
     overrides = [f"drafter={method.name}", f"drafter.path={cfg.export or cfg.output_dir}"]
     if cfg.target.name != TargetConfig.name:
-        overrides.append(f"target.name={cfg.target.name}")
+        presets = [p.stem for p in sorted((Path(config_dir()) / "target").glob("*.yaml"))
+                   if OmegaConf.load(p).get("name") == cfg.target.name]
+        overrides.append(f"target={presets[0]}" if presets else f"target.name={cfg.target.name}")
+    if not chat:
+        overrides.append("data=code_text")
     return " ".join(["python -m specdec.run", *map(shlex.quote, overrides + method.decode_overrides(metrics))])

@@ -61,3 +61,18 @@ def test_a_trained_drafter_decodes_with_the_command_its_training_printed(method,
                                             "data.max_new_tokens=8", "warmup=false"])
     results = run_job.run(run_cfg)
     assert results["drafter"] == method and results["greedy_mismatches"] == 0 and results["drafter_forwards"] > 0
+
+
+def test_the_command_names_the_targets_preset_and_completion_prompts_for_a_base_model():
+    """Gemma-3-270M (a base model) decodes as ``target=gemma3 data=code_text``: its preset, and prompts it can take
+    (chat sources refuse a tokenizer without a chat template); a target without a preset keeps its name."""
+    from types import SimpleNamespace
+
+    from specdec.training.trainer import decode_command
+
+    method = SimpleNamespace(name="eagle", decode_overrides=lambda metrics: [])
+    run = lambda name: SimpleNamespace(export="out", output_dir="o", target=SimpleNamespace(name=name))  # noqa: E731
+    assert decode_command(run("gemma3-270m"), method, {}, chat=False).split()[3:] == [
+        "drafter=eagle", "drafter.path=out", "target=gemma3", "data=code_text"]
+    assert decode_command(run("my/model"), method, {}).split()[5:] == ["target.name=my/model"]
+    assert decode_command(run("smollm2-135m"), method, {}).split()[5:] == []
