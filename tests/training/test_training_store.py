@@ -174,3 +174,20 @@ def test_two_processes_on_this_cpu_build_the_store_one_process_builds(tmp_path):
     one, two = tmp_path / "one" / "data.safetensors", tmp_path / "two" / "data.safetensors"
     assert (store.build_processes(one), store.build_processes(two)) == (1, 2)
     _equal_stores(load_splits(two), load_splits(one))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_stored_hidden_states_come_from_the_body_without_the_lm_head(family, monkeypatch):
+    """The data phase's teacher-forced forwards read every layer from the transformer body: the same states as
+    the whole model's forward, and the LM head (Gemma's 262k rows: most of a forward) never runs."""
+    from helpers import tiny_family, tiny_llama
+
+    from specdec.training.distill.answers import hidden_states
+
+    model = tiny_family("gemma3") if family == "gemma3" else tiny_llama()
+    ids = torch.randint(1, 60, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids, output_hidden_states=True).hidden_states
+        monkeypatch.setattr(model.lm_head, "forward", lambda x: pytest.fail("the LM head ran"))
+        found = hidden_states(model, ids)
+    assert len(found) == len(expected) and all(torch.equal(a, b) for a, b in zip(found, expected))

@@ -103,9 +103,21 @@ def answer_shard(target, prompts: list[list[int]], max_new_tokens: int, batch_si
                  sum(map(len, batches)), f" (process {index} of {count})" if count > 1 else "", tokens,
                  tokens / (time.perf_counter() - started))
     if layers or context:
-        for seq in out.values():
+        started = time.perf_counter()
+        for done, seq in enumerate(out.values(), 1):
             seq.features = layer_features(target, seq, layers, context)
+            if done % 64 == 0 or done == len(out):
+                log.info("stored the feature layers of %d/%d answers (%.1f s)", done, len(out),
+                         time.perf_counter() - started)
     return out
+
+
+def hidden_states(target, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every layer's hidden states of ``ids`` [B, T] (embeddings first, the final norm's output last), from the
+    transformer body alone: the LM head's logits, most of a forward's cost for a large vocabulary (Gemma's 262k
+    rows), are not needed."""
+    body = getattr(target, "base_model", target)
+    return body(ids, output_hidden_states=True).hidden_states
 
 
 @torch.no_grad()
@@ -115,7 +127,7 @@ def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool
     ``context``: also fill the sequence's ``context_hidden`` (and ``context_features`` with layers) at the
     positions before."""
     ids = torch.cat([seq.context, seq.tokens[:-1]])[None].to(target.device)  # [1, c + n - 1]
-    states = target(ids, output_hidden_states=True).hidden_states  # (layers + 1) x [1, c + n - 1, H]
+    states = hidden_states(target, ids)  # (layers + 1) x [1, c + n - 1, H]
     first = seq.context.numel() - 1  # the position that predicted tokens[0]
     if context:
         seq.context_hidden = states[-1][0, :first].float().cpu()
@@ -145,7 +157,7 @@ def text_shard(target, texts: list[list[int]], seq_len: int, layers: tuple[int, 
             if (number - 1) % count != index:
                 continue
             chunk = torch.tensor(ids[start: start + seq_len + 1], device=target.device)[None]  # [1, n+1]
-            states = target(chunk[:, :-1], output_hidden_states=True).hidden_states  # [1, n, H] each
+            states = hidden_states(target, chunk[:, :-1])  # [1, n, H] each
             features = torch.stack([states[layer][0] for layer in layers], 1).float().cpu() if layers else None
             seq = Sequence(chunk[0, :1].cpu(), chunk[0, 1:].cpu(), states[-1][0].float().cpu(), features)
             if context:  # a one-token context has no position before the first prediction

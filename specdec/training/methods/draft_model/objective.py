@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.training.distill.answers import hidden_states
 from specdec.training.distill.packing import Packed
 
 LOSSES = ("fkl", "rkl", "tv")
@@ -160,7 +161,7 @@ def scored_pairs(target, sequences: list[torch.Tensor], context_lengths: list[in
     target's final hidden states from one forward each; trained on the positions after the context."""
     out = []
     for x, c in zip(sequences, context_lengths):
-        states = target(x[None, :-1].to(target.device), output_hidden_states=True).hidden_states[-1][0]
+        states = hidden_states(target, x[None, :-1].to(target.device))[-1][0]
         hid = torch.zeros(x.numel(), states.shape[-1])
         hid[1:] = states.float().cpu()
         trained = torch.zeros(x.numel(), dtype=torch.bool)
