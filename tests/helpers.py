@@ -362,3 +362,39 @@ def check_export_force(kind: str, source, tmp_path, capsys) -> list[str]:
     assert main(args + [str(tmp_path / "out")]) == 0 and main(args + [str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["specdec"]["exported_from"] == str(source)
     return args
+
+
+def gguf_weight(shape: tuple[int, int], kind: str, seed: int = 0, *, one_scale_per_32: bool = False) -> torch.Tensor:
+    """Values [N, K] of a GGUF tensor of type ``kind`` ("Q4_K", "Q5_0" or "Q6_K") as gguf-py dequantises it (what
+    transformers loads, so what a converted cache holds): random bytes for the codes and the sub-block scales, the
+    float16 superblock scales of either sign and some zero, and in Q4_K blocks without code 0 (their offset is not
+    their minimum, and with offsets far from the codes' range the sums round so that it cannot stand in for it),
+    blocks of odd codes only, blocks without codes 13-15. ``one_scale_per_32``: Q6_K's two
+    16-value sub-blocks of each block of 32 share their scale (real Q6_K blocks have two)."""
+    from gguf import GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[kind]
+    size, nbytes = GGML_QUANT_SIZES[qtype]
+    n, k = shape
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (n * k // size, nbytes), dtype=np.uint8)
+    scales = rng.uniform(-0.002, 0.004, (len(raw), 2)).astype(np.float16)  # d (and Q4_K's dmin)
+    scales[::7] = 0
+    scales[1::2, 1] = scales[1::2, 0] * 100  # offsets far from the codes: the sums round
+    if kind == "Q4_K":  # d, dmin, 12 bytes of 6-bit sc and m, codes: bytes 32j.. hold blocks 2j (low), 2j + 1 (high)
+        raw[:, :4] = scales.view(np.uint8)
+        codes = raw[:, 16:].reshape(-1, 4, 32)
+        codes[::3, 0] = np.maximum(codes[::3, 0] & 0x0F, 1) | (codes[::3, 0] & 0xF0)  # block 0: no code 0
+        codes[::3, 1] |= 0x01  # block 2: odd codes only
+        codes[::3, 2] = np.minimum(codes[::3, 2] >> 4, 12) << 4 | (codes[::3, 2] & 0x0F)  # block 5: no 13-15
+    elif kind == "Q5_0":  # d, 4 bytes of high bits, 16 bytes of low nibbles
+        raw[:, :2] = scales[:, :1].view(np.uint8)
+    elif kind == "Q6_K":  # 128 + 64 bytes of codes, 16 int8 scales (one per 16 values), d
+        raw[:, 208:] = scales[:, :1].view(np.uint8)
+        if one_scale_per_32:
+            raw[:, 193:208:2] = raw[:, 192:208:2]
+    else:
+        raise ValueError(f"kind must be Q4_K, Q5_0 or Q6_K, got {kind!r}")
+    return torch.from_numpy(dequantize(raw, qtype).reshape(n, k).copy())

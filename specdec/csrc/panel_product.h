@@ -74,11 +74,11 @@ struct Widened {
   typename Vec::type load(int64_t k, int v) const { return Vec::load(values + (k - k0) * PANEL + v * Vec::lanes); }
 };
 
-// Weights that are 4-bit codes in blocks of 32 along k (a GGUF Q4_1 model, dequantised): weight = scale · code
-// + offset, one scale and one offset per output and block. A panel is K/32 blocks of scale [32] and offset [32]
-// (float32) and codes [32 k][16 bytes] (byte j: output j's code in the low nibble, output j + 16's in the high),
-// 0.75 bytes a weight. The scale is a float16 value, so scale · code is exact and one FMA rounds as the
-// dequantiser's multiply then add did (`pack_codes` checks every weight).
+// Weights that are 4-bit codes in blocks of 32 along k (a GGUF Q4_1 or Q4_K model, dequantised): weight = scale ·
+// code + offset, one scale and one offset per output and block. A panel is K/32 blocks of scale [32] and offset
+// [32] (float32) and codes [32 k][16 bytes] (byte j: output j's code in the low nibble, output j + 16's in the
+// high), 0.75 bytes a weight. scale · code is exact (a float16 value, or Q4_K's d · sc, times a code), so one FMA
+// rounds as the dequantiser's multiply then add did (`pack_codes` checks both on every weight).
 struct Codes4 {
   static constexpr bool coded = true;
   static constexpr int64_t BLOCK = 2 * PANEL * 4 + KC * PANEL / 2;  // bytes of a block: 768
@@ -105,9 +105,9 @@ struct Codes4 {
   }
 };
 
-// Weights that are signed 8-bit codes in blocks of 32 along k (GGUF Q8_0, dequantised): weight = scale · code.
-// A panel is K/32 blocks of scale [32] (float32) and codes [32 k][32] (int8), 1.125 bytes a weight; the scale
-// is a float16 value, so the product is exact.
+// Weights that are signed 8-bit codes in blocks of 32 along k (GGUF Q8_0 or Q5_0, dequantised): weight = scale ·
+// code. A panel is K/32 blocks of scale [32] (float32) and codes [32 k][32] (int8), 1.125 bytes a weight; one
+// product rounds as the dequantiser's did (`pack_codes` checks every weight).
 struct Codes8 {
   static constexpr bool coded = true;
   static constexpr int64_t BLOCK = PANEL * 4 + KC * PANEL;  // bytes of a block: 1152

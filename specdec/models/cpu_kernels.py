@@ -10,7 +10,7 @@ weights packed in panels (:func:`pack_panels`, :func:`panel_linear`), which keep
 step 1.3-1.5x faster than the row-major :func:`few_rows_linear` (still used by Medusa's heads over the
 target's LM head); panels hold float16 where float16 holds the weight exactly (the drafters shipped in
 float16), half the bytes for the same bits, and 4- or 8-bit codes with per-block scales where those hold it
-exactly (:func:`pack_codes`: a GGUF model dequantised to float32, like the embedded target; ~112 MB a token
+exactly (:func:`pack_codes`: a GGUF model dequantised to float32, like the embedded targets; ~112 MB a token
 instead of 538 for SmolLM2-135M). Its rows are bit-identical whatever the number of rows, and so
 is each query's attention (``csrc/attention.h``: 16 slots' scores per transpose-sum, vectorized exps,
 2-3.5x the scalar loop it replaced): a verification step's logits for a position equal a plain decode
@@ -26,6 +26,7 @@ keep torch's ops over oneDNN. Whether a model's forwards use them is its backend
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -225,11 +226,12 @@ def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
     embedding) holds in each block of 32 weights along k either 4-bit codes, weight = scale · code + offset
     (``uint8`` panels [ceil(N/32), K/32, 768]: scale and offset [32] float32, then 32 rows of 16 bytes, output
     j's code in byte j % 16, low nibble below 16), or 8-bit codes, weight = scale · code (``int8`` panels
-    [ceil(N/32), K/32, 1152]: scale [32], then 32 rows of 32 codes), with the scale a float16 value. Those are
-    0.75 and 1.125 bytes a weight against float32's 4, and :func:`panel_linear` widens them to the very float32
-    values, so its sums are bit for bit those over float32 panels. The fit is checked on every weight (the
-    scale is a float16 value, so scale · code is exact and the kernel's one FMA rounds as multiply-then-add);
-    a weight it does not reproduce keeps float panels."""
+    [ceil(N/32), K/32, 1152]: scale [32], then 32 rows of 32 codes), the scale any float32 value, found from the
+    values alone (:func:`_fit_codes`: GGUF's Q4_1, Q8_0, Q5_0 and Q4_K, the two embedded targets' types but
+    Gemma's Q6_K, whose blocks of 32 hold two scales). Those are 0.75 and 1.125 bytes a weight against float32's
+    4, and :func:`panel_linear` widens them to the very float32 values, so its sums are bit for bit those over
+    float32 panels. The fit is checked on every weight (with 4 bits, scale · code exact too, so that the kernel's
+    one FMA rounds as multiply-then-add); a weight it does not reproduce keeps float panels."""
     n, k = weight.shape
     if k % CODE_BLOCK or weight.dtype != torch.float32 or weight.numel() == 0:
         return None
@@ -278,29 +280,123 @@ def _code_range(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(scale, offset, codes) with ``scale * codes + offset == blocks`` exactly for every row of ``blocks``
-    [R, 32] (4 bits: codes 0..15, offset the row's minimum; 8 bits: codes -127..127, offset 0), scale the
-    float16 value nearest the span over the largest code or one of its neighbours; None where a row fits none."""
-    offset, span, low, high = _code_range(blocks, bits)
-    if not torch.isfinite(span).all() or span.max() > 15 * 65504.0:
-        return None
-    nearest = (span / high).to(torch.float16).view(torch.int16)
-    scale = torch.zeros_like(offset)
-    codes = torch.zeros_like(blocks)
-    done = torch.zeros(blocks.shape[0], dtype=torch.bool)
-    for step in (0, 1, -1, 2, -2):
-        todo = ~done
-        if not todo.any():
-            break
-        candidate = (nearest[todo] + step).view(torch.float16).float()  # a NaN or negative one fits no row
+    """(scale, offset, codes) [R, 1], [R, 1], [R, 32] that give every row of ``blocks`` [R, 32] back exactly through
+    the kernel's arithmetic, or None where a row fits none: 4 bits, ``fma(scale, code, offset)`` with codes 0..15;
+    8 bits, ``scale * code`` with codes -127..127 (offset 0). Candidates are tried cheapest first, each on the rows
+    still unfitted: a float16 scale near the span over the largest code with the block's minimum as offset (GGUF
+    Q4_1 and Q8_0: every block of the embedded SmolLM2 and Gemma's Q8_0 embedding), then float32 scales recovered
+    from the values themselves (:func:`_float32_fits`: Q4_K's d · sc, Q5_0's d with codes -16..15)."""
+    if bits == 4 and bool((_distinct(blocks) > 16).any()):
+        return None  # more values in a block than 4-bit codes have
+    low, high = (0, 15) if bits == 4 else (-127, 127)
+    found = (blocks.new_zeros(blocks.shape[0], 1), blocks.new_zeros(blocks.shape[0], 1), torch.zeros_like(blocks))
+    todo = torch.arange(blocks.shape[0])
+    for guess in (*_float16_fits(bits), *_float32_fits(bits)):
         rows = blocks[todo]
-        divisor = torch.where(candidate > 0, candidate, torch.ones_like(candidate))
-        guess = torch.round((rows - offset[todo]) / divisor).clamp(low, high)
-        fits = (candidate * guess + offset[todo] == rows).all(-1)
-        index = todo.nonzero().squeeze(1)[fits]
-        scale[index], codes[index] = candidate[fits], guess[fits]
-        done[index] = True
-    return (scale, offset, codes) if bool(done.all()) else None
+        scale, offset, codes = guess(rows)
+        codes = codes.clamp(low, high)
+        fits = _reproduces(rows, scale, offset, codes, bits)
+        index = todo[fits]
+        found[0][index], found[1][index], found[2][index] = scale[fits], offset[fits], codes[fits]
+        todo = todo[~fits]
+        if not len(todo):
+            return found
+    return None
+
+
+def _reproduces(rows: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, codes: torch.Tensor,
+                bits: int) -> torch.Tensor:
+    """Which of ``rows`` [r, 32] the kernel widens back from (scale, offset [r, 1], codes [r, 32]) exactly -> [r]:
+    8 bits, one product (``Codes8``); 4 bits, one FMA (``Codes4``), which rounds as torch's multiply then add only
+    where ``scale * code`` is exact, so that is checked too (in float64, where the product of a float32 and a
+    4-bit code is always exact)."""
+    product = scale * codes
+    same = (product + offset == rows) if bits == 4 else (product == rows)
+    if bits == 4:
+        same &= product.double() == scale.double() * codes.double()
+    return same.all(-1)
+
+
+def _float16_fits(bits: int):
+    """Guesses (functions of rows [r, 32] -> scale, offset [r, 1], codes [r, 32]) with the scale the float16 value
+    nearest the span over the largest code, or one of its neighbours, and the offset the block's minimum (4 bits)
+    or 0: a GGUF Q4_1 or Q8_0 block. Such a scale times a code is exact."""
+    def guess(rows: torch.Tensor, step: int):
+        offset, span, low, high = _code_range(rows, bits)
+        if not torch.isfinite(span).all() or span.max() > 15 * 65504.0:
+            return _none(rows)
+        scale = ((span / high).to(torch.float16).view(torch.int16) + step).view(torch.float16).float()
+        divisor = torch.where(scale > 0, scale, torch.ones_like(scale))  # a NaN or negative one fits no row
+        return scale, offset, torch.round((rows - offset) / divisor)
+
+    return [functools.partial(guess, step=step) for step in (0, 1, -1, 2, -2)]
+
+
+def _float32_fits(bits: int):
+    """Guesses (as in :func:`_float16_fits`) with float32 scales recovered from the values, for blocks whose scale
+    is no float16 value or whose codes do not reach the ends of their range (GGUF Q4_K, Q5_0, ...).
+
+    8 bits: every value is ``scale * code`` exactly, so the scale is the smallest gap between two values (where
+    codes next to each other occur) or the largest magnitude over its code, tried 127..1. 4 bits: the values are
+    ``scale * code + offset`` rounded once, so the span over its number of steps (estimated from the smallest gap,
+    then tried 15..1) is the scale up to rounding; it is snapped to 20 significant bits (so that scale · code is
+    exact; Q4_K's d · sc has 17), tried a grid step or two off and with either sign. Codes are counted from the
+    block's minimum (its maximum for a negative scale) shifted by 0..15 - steps, and the offset is the float32
+    nearest the middle of the range of offsets from which every value rounds back to itself: not the block's
+    minimum where code 0 does not occur."""
+    if bits == 8:
+        guesses = [functools.partial(_symmetric_guess, divisor=None)]
+        return guesses + [functools.partial(_symmetric_guess, divisor=code) for code in range(127, 0, -1)]
+    return [functools.partial(_affine_guess, steps=steps, sign=sign, nudge=nudge, shift=shift)
+            for steps in (None, *range(15, 0, -1)) for nudge in (0, 1, -1, 2, -2)
+            for shift in range(16 if steps is None else 16 - steps) for sign in (1, -1)]
+
+
+def _symmetric_guess(rows: torch.Tensor, divisor: int | None):
+    """scale [r, 1], offset 0, codes [r, 32] for 8-bit codes: the scale is the largest magnitude over ``divisor``,
+    or (None) the smallest gap between the block's values."""
+    magnitude = rows.abs().amax(-1, keepdim=True)
+    scale = _smallest_gap(rows) if divisor is None else magnitude / divisor
+    usable = torch.isfinite(scale) & (scale > 0)  # others fit no row but a block of zeros
+    return scale, torch.zeros_like(scale), torch.round(rows / torch.where(usable, scale, torch.ones_like(scale)))
+
+
+def _affine_guess(rows: torch.Tensor, steps: int | None, sign: int, nudge: int, shift: int):
+    """scale, offset [r, 1], codes [r, 32] for 4-bit codes (see :func:`_float32_fits`): the span over ``steps``
+    codes (None: over the number of smallest gaps it holds), snapped to 20 significant bits, ``nudge`` grid steps
+    off, times ``sign``; codes from the block's minimum (maximum for a negative scale) plus ``shift``."""
+    low, high = rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True)
+    span = high.double() - low.double()
+    if steps is None:
+        steps = torch.round(span / _smallest_gap(rows).double()).clamp(1, 15)
+    bits = (span / steps).float().view(torch.int32)
+    scale = (((bits + 8) >> 4 << 4) + 16 * nudge).view(torch.float32) * sign  # 20 significant bits, if normal
+    usable = torch.isfinite(scale) & (scale != 0)
+    anchor = low if sign > 0 else high
+    codes = torch.round((rows.double() - anchor.double()) / torch.where(usable, scale, 1.0).double()) + shift
+    product = scale.double() * codes
+    # Every value v rounds back to itself from any sum in [v - half the gap below, v + half the gap above].
+    below = (rows.double() + torch.nextafter(rows, rows.new_tensor(-float("inf"))).double()) / 2
+    above = (rows.double() + torch.nextafter(rows, rows.new_tensor(float("inf"))).double()) / 2
+    offset = (((below - product).amax(-1, keepdim=True) + (above - product).amin(-1, keepdim=True)) / 2).float()
+    return scale, offset, codes.float()
+
+
+def _smallest_gap(rows: torch.Tensor) -> torch.Tensor:
+    """The smallest positive difference between two values of each row [r, 32] -> [r, 1] (inf for a constant row)."""
+    gaps = rows.sort(-1).values.diff(dim=-1)
+    return torch.where(gaps > 0, gaps, float("inf")).amin(-1, keepdim=True)
+
+
+def _distinct(blocks: torch.Tensor) -> torch.Tensor:
+    """How many distinct values each row of ``blocks`` [R, 32] holds -> [R]."""
+    return (blocks.sort(-1).values.diff(dim=-1) != 0).sum(-1) + 1
+
+
+def _none(rows: torch.Tensor):
+    """A guess that fits no row."""
+    nan = rows.new_full((rows.shape[0], 1), float("nan"))
+    return nan, nan, torch.zeros_like(rows)
 
 
 def _coded_panels(blocks: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, codes: torch.Tensor,

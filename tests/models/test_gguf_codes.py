@@ -1,0 +1,88 @@
+"""Weights of GGUF's K-quants and Q5_0 (Gemma-3-270M's Q4_K_M file), dequantised by gguf-py as transformers loads
+them, stream as codes (``cpu_kernels.pack_codes``): found from the float32 values alone, with float32 scales, and
+the products over them bit for bit those over the float32 weight; a weight the codes do not give back exactly
+keeps float panels."""
+
+import pytest
+import torch
+from helpers import coded_weight, gguf_weight
+
+from specdec.models import cpu_kernels
+
+needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernel is not built here "
+                                  "(not x86 with AVX2, no compiler, or SPECDEC_CPU_KERNEL=0)")
+SHAPE = (96, 512)  # [N, K]: three panels, two Q4_K / Q6_K superblocks a row
+
+
+def _float_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # x [M, K] -> [M, N]
+    return cpu_kernels.panel_linear(x, cpu_kernels.pack_panels(weight), None, weight.shape[0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind, bits", [("Q4_K", 4), ("Q5_0", 8), ("Q6_K", 8)])
+def test_gguf_weights_pack_as_codes_and_give_the_float32_products(kind, bits):
+    """Q4_K (scale d · sc, a float32 product; offset -dmin · m), Q5_0 (codes -16..15) and Q6_K with one scale per
+    block of 32 (codes -32..31, scale d · sc): each packs as codes, 0.75 or 1.125 bytes a weight, including blocks
+    without code 0, with negative or zero scales, and its products are the float32 ones bit for bit."""
+    weight = gguf_weight(SHAPE, kind, seed=bits, one_scale_per_32=True)
+    blocks = weight.view(-1, 32)
+    if kind == "Q4_K":  # the cases the fit must not assume away are there
+        decreasing = blocks[:, 0] > blocks[:, 1]
+        assert decreasing.any() and (blocks.amax(-1) == blocks.amin(-1)).any()
+    panels = cpu_kernels.pack_codes(weight)
+    assert panels is not None and panels.dtype == (torch.uint8 if bits == 4 else torch.int8)
+    assert panels.numel() == weight.numel() * (0.75 if bits == 4 else 1.125)
+    for rows in (1, 13):
+        x = torch.randn(rows, SHAPE[1], generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(cpu_kernels.panel_linear(x, panels, None, SHAPE[0]), _float_product(x, weight))
+
+
+def test_q4_k_offsets_are_found_where_they_are_not_the_block_minimum():
+    """The fit gives back every value of a Q4_K weight, whose scales are no float16 values, and of a Q4_K block
+    without code 0 whose offset (-dmin · m, some 220 of its steps from zero) cannot be stood in for by its minimum:
+    the sums round, so no scale with the minimum as offset gives every value back."""
+    weight = gguf_weight(SHAPE, "Q4_K", seed=4)
+    scale, offset, codes = cpu_kernels._fit_codes(weight.view(-1, 32), 4)
+    assert torch.equal(scale * codes + offset, weight.view(-1, 32))
+    assert ((scale * codes).double() == scale.double() * codes.double()).all()  # one rounding, as the FMA's
+    assert not torch.equal(scale.half().float(), scale)
+    d, sc, dmin, m = torch.tensor([0.0038471221923828125, 61.0, 1.154296875, 45.0])  # d, dmin float16 values
+    codes = torch.tensor([[7, 3, 3, 11, 11, 8, 9, 2, 3, 6, 3, 4, 8, 15, 12, 13, 9, 15, 10, 9, 14, 9, 4, 2, 1, 13, 13,
+                           13, 1, 13, 15, 10]], dtype=torch.float32)
+    block = (d * sc) * codes - dmin * m  # gguf-py's Q4_K arithmetic, in float32
+    scale, offset, found = cpu_kernels._fit_codes(block, 4)
+    assert torch.equal(scale * found + offset, block) and offset.item() != block.min().item()
+    weight = block.repeat(32, 1)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cpu_kernels.panel_linear(x, cpu_kernels.pack_codes(weight), None, 32), _float_product(x, weight))
+
+
+def test_a_weight_one_value_off_keeps_float_panels():
+    for kind, bits in (("Q4_K", 4), ("Q5_0", 8), ("Q6_K", 8)):
+        weight = gguf_weight(SHAPE, kind, seed=3, one_scale_per_32=True)
+        assert cpu_kernels.pack_codes(weight) is not None
+        weight[70, 300] = torch.nextafter(weight[70, 300], torch.tensor(1.0))  # one value one step off
+        assert cpu_kernels.pack_codes(weight) is None, kind
+
+
+def test_real_q6_k_keeps_float_panels():
+    """A real Q6_K block of 32 holds two sub-blocks of 16 with scales of their own (d · sc, sc any int8): no one
+    scale with 8-bit codes gives both back, so such a weight keeps float panels (a limit of the panel format)."""
+    assert cpu_kernels.pack_codes(gguf_weight(SHAPE, "Q6_K", seed=4)) is None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float16_scales_pack_as_they_always_have(bits):
+    """GGUF Q4_1 and Q8_0 blocks (the embedded SmolLM2, Gemma's embedding) fit with their own float16 scale and, for
+    4 bits, the block's minimum as offset: the panels are those the first fit gave, byte for byte."""
+    weight = coded_weight((64, 256), bits, seed=5)
+    blocks = weight.view(-1, 32)
+    if bits == 4:
+        offset = blocks.amin(-1, keepdim=True)
+        scale = ((blocks.amax(-1, keepdim=True) - offset) / 15).half().float()
+    else:
+        offset = torch.zeros_like(blocks[:, :1])
+        scale = (blocks.abs().amax(-1, keepdim=True) / 127).half().float()
+    codes = torch.round((blocks - offset) / scale)
+    expected = cpu_kernels._coded_panels(weight.view(2, 32, 8, 32), scale, offset, codes, bits)
+    assert torch.equal(cpu_kernels.pack_codes(weight).view(torch.uint8), expected.view(torch.uint8))
