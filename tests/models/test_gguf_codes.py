@@ -86,3 +86,47 @@ def test_float16_scales_pack_as_they_always_have(bits):
     codes = torch.round((blocks - offset) / scale)
     expected = cpu_kernels._coded_panels(weight.view(2, 32, 8, 32), scale, offset, codes, bits)
     assert torch.equal(cpu_kernels.pack_codes(weight).view(torch.uint8), expected.view(torch.uint8))
+
+
+def _greedy(decoder, prompt: list[int], new: int) -> tuple[torch.Tensor, list[int]]:
+    """(the prefill's logits [1, T, V], ``new`` greedy tokens) of one decoder, one token a step."""
+    cache = decoder.new_cache(1, len(prompt) + new, torch.zeros(1, dtype=torch.long))
+    logits, _ = decoder(torch.tensor([prompt]), cache)
+    cache.commit(torch.full((1,), len(prompt)))
+    prefill, tokens = logits, [int(logits[0, -1].argmax())]
+    for _ in range(new - 1):
+        logits, _ = decoder(torch.tensor([[tokens[-1]]]), cache)
+        cache.commit(torch.ones(1, dtype=torch.long))
+        tokens.append(int(logits[0, -1].argmax()))
+    return prefill, tokens
+
+
+@needs_kernel
+@pytest.mark.slow
+@pytest.mark.real_model
+@torch.no_grad()
+def test_gemma3_streams_as_codes_with_the_float32_logits():
+    """Gemma-3-270M (Q4_K_M: Q8_0 embedding tied to the LM head, Q5_0 q/k/gate/up, Q8_0 or Q5_0 v, Q4_K o and half
+    the down projections, Q6_K the other half): on a backend of weights "codes" every product but the Q6_K ones reads
+    codes, and a prefill's logits (within the few-row kernel's rows) and a greedy continuation are those of a
+    backend of weights "float", bit for bit."""
+    from specdec.models import Backend, as_decoder
+    from specdec.models.loading import load_target
+
+    model, tokenizer = load_target("gemma3")
+    prompt = tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n").input_ids
+    assert len(prompt) <= cpu_kernels.MAX_ROWS  # the prefill runs through the panels too
+    results = {}
+    for weights in ("codes", "float"):
+        backend = Backend(weights=weights)
+        results[weights] = _greedy(as_decoder(model, backend=backend), prompt, 6)
+        streamed = sum(backend.streamed_bytes().values())
+        assert streamed == (326_615_040 if weights == "codes" else 1_072_168_960)  # bytes a decode step
+    layer = model.model.layers[2]  # a layer with a Q4_K down projection
+    kinds = [Backend().prepare(layers, torch.zeros(1, 640))[0].dtype
+             for layers in ((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                            (layer.self_attn.o_proj,), (layer.mlp.gate_proj, layer.mlp.up_proj),
+                            (layer.mlp.down_proj,), (model.lm_head,))]
+    assert kinds == [torch.int8, torch.uint8, torch.int8, torch.uint8, torch.int8]
+    assert torch.equal(results["codes"][0], results["float"][0])
+    assert results["codes"][1] == results["float"][1]
