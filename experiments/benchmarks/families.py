@@ -4,7 +4,10 @@ In one process, the same prompts, greedy: batch 1 runs each prompt through every
 warm-up (``side_by_side``); batch ``--batch`` runs groups of prompts, left-padded, through the compact path and
 transformers. Methods at batch 1:
 
-- ``compact plain`` / ``compact ngram K``     specdec on its compact decoder (specdec.models.compact.FAMILIES)
+- ``compact plain`` / ``compact ngram K``     specdec on its compact decoder (specdec.models.compact.FAMILIES), the
+                                              weights streamed as the GGUF's codes where they give them back exactly
+- ``compact plain, float32 weights``          the same decoder streaming the float32 weights (``Backend(weights=
+                                              "float")``)
 - ``fallback plain`` / ``fallback ngram K``   specdec on the generic transformers fallback (HFDecoder: batch 1,
                                               chains), what every family outside the compact path gets
 - ``transformers generate`` / ``transformers prompt lookup K``   ``generate(do_sample=False)``, with
@@ -34,7 +37,7 @@ from specdec import NgramDrafter, autoregressive_generate, load_drafter, load_ta
 from specdec.decode.metrics import DecodeStats
 from specdec.jobs.data import encode_prompt, left_pad, load_prompts
 from specdec.jobs.runs import machine_description
-from specdec.models import CompactDecoder, HFDecoder, as_decoder
+from specdec.models import Backend, CompactDecoder, HFDecoder, as_decoder
 from specdec.models.loading import stop_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
@@ -54,6 +57,7 @@ def main() -> None:
     compact = as_decoder(model)
     if not isinstance(compact, CompactDecoder):
         raise SystemExit(f"{args.target} ({model.config.model_type}) is not on the compact path: nothing to compare")
+    float_weights = as_decoder(model, backend=Backend(weights="float"))
     fallback = HFDecoder(model)
     rows = [row for source in args.sources for row in load_prompts(source, limit=args.prompts)]
     prompts = [encode_prompt(tokenizer, row) for row in rows]
@@ -79,6 +83,7 @@ def main() -> None:
         return hf(ids, **({"prompt_lookup_num_tokens": k} if k else {}))
 
     methods = {"compact plain": (("plain", compact), 0), f"compact ngram K={args.k}": (("ngram", compact), args.k),
+               "compact plain, float32 weights": (("plain", float_weights), 0),
                "fallback plain": (("plain", fallback), 0), f"fallback ngram K={args.k}": (("ngram", fallback), args.k),
                "transformers generate": (("hf", None), 0),
                f"transformers prompt lookup K={args.k}": (("hf", None), args.k)}
