@@ -432,6 +432,35 @@ def test_training_starts_from_the_targets_own_final_norm_and_layers(family):
     assert torch.allclose(model.norm(x), target.model.norm(x), atol=1e-5)
 
 
+def test_scaled_features_train_and_save_as_the_format_reads_them(tmp_path):
+    """method.scale_features: fc trains on each feature layer over its RMS (large for Gemma-3), and the saved drafter
+    reads the target's features as they come: its fc folds the scales in, so it fuses raw features as the trained
+    one fused scaled ones."""
+    from helpers import tiny_llama
+
+    from specdec.drafters.eagle.model import load_eagle
+    from specdec.training.distill.store import Split
+    from specdec.training.methods.eagle import EagleMethodConfig
+    from specdec.training.methods.eagle.method import EagleMethod
+
+    target = tiny_llama(layers=4)
+    hidden, n = target.config.hidden_size, 6
+    rms = torch.tensor([3.0, 40.0, 700.0])[:, None]
+    features = torch.randn(n, 3, hidden) * rms
+    train = Split(torch.tensor([1, 2]), torch.tensor([2]), torch.arange(3, 3 + n), torch.tensor([n]),
+                  torch.randn(n, hidden), features, context_hidden=torch.randn(1, hidden),
+                  context_features=torch.randn(1, 3, hidden) * rms)
+    method = EagleMethod(EagleMethodConfig(draft_vocab=None, chunk_len=16, scale_features=True))
+    method.check_target(target)
+    model = method.setup(target, {"train": train}, torch.device("cpu"))
+    used = method.examples.features[method.examples.segment >= 0].view(-1, 3, hidden)  # what fc trains on
+    assert torch.allclose(used.pow(2).mean((0, 2)).sqrt(), torch.ones(3), rtol=0.2)  # each layer's RMS ~1
+    method.save(model, tmp_path / "model.safetensors", "tiny", {})
+    saved = load_eagle(tmp_path, target_config=target.config)
+    raw = features.flatten(1)[None]
+    assert torch.allclose(saved.fuse(raw), model.fuse(raw * method.feature_scale), rtol=1e-4, atol=1e-4)
+
+
 # --- exactness at temperature 1 on the bigram ("Markov") target ------------------------------------------
 
 class MarkovEagle(EagleModel):

@@ -9,6 +9,8 @@ figures: the greedy chain's expected τ and per-depth acceptance replayed on the
 
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -23,6 +25,8 @@ from specdec.training.methods.base import MethodConfig, TrainMethod, register_me
 from specdec.training.distill.packing import chain_tau, pack, sequence_pairs
 from specdec.training.methods.eagle.objective import chain_matches, eagle_loss
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class EagleMethodConfig(MethodConfig):
@@ -35,6 +39,17 @@ class EagleMethodConfig(MethodConfig):
     chunk_len: int = 256  # positions per example (sequences packed)
     init_from_target: bool = True  # the draft LM head and final norm start as the target's
     eval_depth: int = 6  # chain length replayed on held-out answers
+    # divide each feature layer by its RMS over the training data while training, folded into fc when saved (the
+    # format unchanged): for targets whose residual stream is large (Gemma-3-270M: RMS 40-750 at its feature
+    # layers), where fc's output would swamp the draft layer's attention and MLP
+    scale_features: bool = False
+
+
+def feature_scale(split: Split, rows: int = 65536) -> torch.Tensor:
+    """1 / RMS of each feature layer over (up to ``rows`` of) ``split``'s positions, one per input of fc: [L * H]."""
+    features = split.features[:rows]  # [N, L, H]
+    rms = features.double().pow(2).mean((0, 2)).sqrt().clamp(min=1e-6)  # [L]
+    return (1 / rms).float().repeat_interleave(features.shape[-1])
 
 
 @register_method("eagle")
@@ -47,6 +62,7 @@ class EagleMethod(TrainMethod):
 
     def __init__(self, cfg: EagleMethodConfig):
         super().__init__(cfg)
+        self.feature_scale: torch.Tensor | None = None  # see EagleMethodConfig.scale_features
         for name in ("ttt_steps", "chunk_len", "eval_depth"):
             if getattr(cfg, name) < 1:
                 raise ValueError(f"method.{name} must be >= 1, got {getattr(cfg, name)}")
@@ -82,6 +98,11 @@ class EagleMethod(TrainMethod):
         embedding = target.get_input_embeddings()
         model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
         self.examples = pack(sequence_pairs(train), cfg.chunk_len)
+        self.feature_scale = feature_scale(train) if cfg.scale_features else None  # [L*H] or None
+        if self.feature_scale is not None:
+            self.examples.features *= self.feature_scale
+            log.info("feature layers %s scaled by 1/RMS: %s while training", list(cfg.aux_layers),
+                     [round(float(1 / x), 1) for x in self.feature_scale[:: train.features.shape[-1]]])
         self.device = device
         return model
 
@@ -103,6 +124,8 @@ class EagleMethod(TrainMethod):
         evals = {}
         for name in sorted(set(splits) - {"train"}):
             packed = pack(sequence_pairs(splits[name]), self.cfg.chunk_len)
+            if self.feature_scale is not None:
+                packed.features *= self.feature_scale
             matches, counted = [], []
             for start in range(0, len(packed), 16):
                 batch = packed.rows(torch.arange(start, min(start + 16, len(packed))), self.device)
@@ -122,5 +145,9 @@ class EagleMethod(TrainMethod):
     def save(self, model: EagleModel, path: Path, target_name: str, metrics: dict[str, Any],
              dtype: torch.dtype | None = None) -> None:
         eagle = model.module if hasattr(model, "module") else model
+        if self.feature_scale is not None:  # fc reads the target's features as they come
+            eagle = copy.deepcopy(eagle)
+            with torch.no_grad():
+                eagle.fc.weight.mul_(self.feature_scale.to(eagle.fc.weight))
         save_eagle(Path(path).parent, eagle, verifier=target_name, dtype=dtype,
                    extra={"held_out": metrics.get("eval", {})})
