@@ -43,6 +43,10 @@ class EagleMethodConfig(MethodConfig):
     # format unchanged): for targets whose residual stream is large (Gemma-3-270M: RMS 40-750 at its feature
     # layers), where fc's output would swamp the draft layer's attention and MLP
     scale_features: bool = False
+    # with init_from_target, the draft's final norm starts as the target's too; false: at 1, as for a target whose
+    # final norm scales some channels by hundreds (Gemma-3-270M: up to 301), from which a random draft layer starts
+    # with logits in the hundreds
+    norm_from_target: bool = True
 
 
 def feature_scale(split: Split, rows: int = 65536) -> torch.Tensor:
@@ -94,7 +98,8 @@ class EagleMethod(TrainMethod):
         if cfg.init_from_target:
             with torch.no_grad():
                 model.lm_head.weight.copy_(self.lm_head_rows)
-                model.norm.weight.copy_(norm_scale(target.model.norm))  # Gemma's 1 + w
+                if cfg.norm_from_target:
+                    model.norm.weight.copy_(norm_scale(target.model.norm))  # Gemma's 1 + w
         embedding = target.get_input_embeddings()
         model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
         self.examples = pack(sequence_pairs(train), cfg.chunk_len)
