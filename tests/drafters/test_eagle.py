@@ -422,7 +422,8 @@ def test_training_starts_from_the_targets_own_final_norm_and_layers(family):
     method = EagleMethod(EagleMethodConfig(draft_vocab=None, chunk_len=16))
     method.check_target(target)
     layers = target.config.num_hidden_layers
-    assert tuple(method.cfg.aux_layers) == default_aux_layers(layers) and method.needs().layers == tuple(method.cfg.aux_layers)
+    assert tuple(method.cfg.aux_layers) == default_aux_layers(layers)
+    assert method.needs().layers == tuple(method.cfg.aux_layers)
     n, hidden = 6, target.config.hidden_size
     train = Split(torch.tensor([1, 2]), torch.tensor([2]), torch.arange(3, 3 + n), torch.tensor([n]),
                   torch.randn(n, hidden), torch.randn(n, 3, hidden), context_hidden=torch.randn(1, hidden),

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 import torch
 
-from specdec.drafters.eagle.model import EagleConfig, EagleModel, default_aux_layers, embedding_scale, norm_scale, save_eagle
+from specdec.drafters.eagle.model import (EagleConfig, EagleModel, default_aux_layers, embedding_scale, norm_scale,
+                                         save_eagle)
 from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
@@ -40,7 +41,7 @@ class EagleMethodConfig(MethodConfig):
     init_from_target: bool = True  # the draft LM head and final norm start as the target's
     eval_depth: int = 6  # chain length replayed on held-out answers
     # divide each feature layer by its RMS over the training data while training, folded into fc when saved (the
-    # format unchanged): for targets whose residual stream is large (Gemma-3-270M: RMS 40-750 at its feature
+    # format unchanged): for targets whose residual stream is large (Gemma-3-270M: RMS 41-797 at its feature
     # layers), where fc's output would swamp the draft layer's attention and MLP
     scale_features: bool = False
     # with init_from_target, the draft's final norm starts as the target's too; false: at 1, as for a target whose
@@ -151,6 +152,9 @@ class EagleMethod(TrainMethod):
              dtype: torch.dtype | None = None) -> None:
         eagle = model.module if hasattr(model, "module") else model
         if self.feature_scale is not None:  # fc reads the target's features as they come
+            if dtype == torch.float16:
+                log.warning("method.scale_features: fc's weights, divided by the features' RMS, fall below float16's "
+                            "normal range and lose precision; export in float32 (export_dtype=null) or bfloat16")
             eagle = copy.deepcopy(eagle)
             with torch.no_grad():
                 eagle.fc.weight.mul_(self.feature_scale.to(eagle.fc.weight))
