@@ -301,5 +301,11 @@ class ProductPlan:
         """(weight, eps) of ``owner``'s RMSNorm ``name`` (transformers' Llama norm or torch's nn.RMSNorm)."""
         module, = self.hold(owner, name)
         weight, = self.hold(module, "weight")
-        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
-        return weight, float(torch.finfo(weight.dtype).eps if eps is None else eps)
+        return weight, rms_norm_eps(module)
+
+
+def rms_norm_eps(module: nn.Module) -> float:
+    """The epsilon an RMSNorm module adds (transformers' ``variance_epsilon`` or ``eps``, torch's ``eps``; torch's
+    None means its dtype's machine epsilon)."""
+    eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
+    return float(torch.finfo(module.weight.dtype).eps if eps is None else eps)

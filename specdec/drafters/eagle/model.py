@@ -28,7 +28,7 @@ from torch import nn
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
-from specdec.models.backend import Backend, ProductPlan
+from specdec.models.backend import Backend, ProductPlan, rms_norm_eps
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
 
@@ -452,7 +452,6 @@ def embedding_scale(embedding: nn.Module) -> float:
 def norm_scale(norm: nn.Module) -> torch.Tensor:
     """The per-channel scale an RMSNorm module applies, whatever its family stores: ``w`` for Llama's, ``1 + w``
     for Gemma's. Read by normalising a vector of ones (RMS 1), whose output is the scale over √(1 + eps)."""
-    weight = next(norm.parameters())
-    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 0.0))
+    weight = norm.weight
     ones = torch.ones(1, weight.shape[-1], dtype=weight.dtype, device=weight.device)
-    return norm(ones)[0].float() * (1.0 + eps) ** 0.5
+    return norm(ones)[0].float() * (1.0 + rms_norm_eps(norm)) ** 0.5

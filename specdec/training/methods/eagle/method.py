@@ -23,7 +23,7 @@ from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary
 from specdec.training.methods.base import MethodConfig, TrainMethod, register_method
-from specdec.training.distill.packing import chain_tau, pack, sequence_pairs
+from specdec.training.distill.packing import Packed, chain_tau, pack, sequence_pairs
 from specdec.training.methods.eagle.objective import chain_matches, eagle_loss
 
 log = logging.getLogger(__name__)
@@ -103,14 +103,20 @@ class EagleMethod(TrainMethod):
                     model.norm.weight.copy_(norm_scale(target.model.norm))  # Gemma's 1 + w
         embedding = target.get_input_embeddings()
         model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
-        self.examples = pack(sequence_pairs(train), cfg.chunk_len)
         self.feature_scale = feature_scale(train) if cfg.scale_features else None  # [L*H] or None
+        self.examples = self._packed(train)
         if self.feature_scale is not None:
-            self.examples.features *= self.feature_scale
             log.info("feature layers %s scaled by 1/RMS: %s while training", list(cfg.aux_layers),
                      [round(float(1 / x), 1) for x in self.feature_scale[:: train.features.shape[-1]]])
         self.device = device
         return model
+
+    def _packed(self, split: Split) -> Packed:
+        """``split``'s sequences packed into examples, the features as fc trains on them (scaled, if so)."""
+        packed = pack(sequence_pairs(split), self.cfg.chunk_len)
+        if self.feature_scale is not None:
+            packed.features *= self.feature_scale
+        return packed
 
     def num_examples(self) -> int:
         return len(self.examples)
@@ -129,9 +135,7 @@ class EagleMethod(TrainMethod):
     def evaluate(self, model: EagleModel, splits: dict[str, Split]) -> dict[str, Any]:
         evals = {}
         for name in sorted(set(splits) - {"train"}):
-            packed = pack(sequence_pairs(splits[name]), self.cfg.chunk_len)
-            if self.feature_scale is not None:
-                packed.features *= self.feature_scale
+            packed = self._packed(splits[name])
             matches, counted = [], []
             for start in range(0, len(packed), 16):
                 batch = packed.rows(torch.arange(start, min(start + 16, len(packed))), self.device)
