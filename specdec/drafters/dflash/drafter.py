@@ -1,0 +1,172 @@
+"""The block drafter: a DFlash-style model (:mod:`specdec.drafters.dflash.model`) drafting a whole block a forward.
+
+Each step first *catches up*: the positions the target committed since the last step (``DecodeState.features``)
+enter the drafter's cache as context keys and values of every draft layer (no layer runs on them). Then one
+forward of the draft layers over the block [newest token, mask, .., mask] gives B − 1 per-position draft
+distributions at once. They are candidates exactly as Medusa's heads' are (position i plays head i: each
+depends on the context and the anchor, not on the drafts before it), so the same strategies draft with them
+(:mod:`specdec.drafters.medusa.drafter`):
+
+- **chain** (``tree: null``): draft i is drawn from position i's q (argmax when greedy), the first k positions;
+  verified by the exact rule with those q (independent drafts are allowed: each comes from the q it reports);
+- **tree** (``tree: default``, the tree stored with the drafter, chosen on held-out data when it was trained; or
+  a list of paths): candidates are the top-ranked tokens of each position combined along paths
+  (:mod:`specdec.drafters.trees.plan`), fixed tokens (one-hot q), verified by recursive rejection sampling;
+  ``min_confidence`` keeps the confident part (:mod:`specdec.drafters.trees.dynamic`) and ``lookup`` adds the
+  prompt-lookup branch, as for Medusa.
+
+One draft forward whatever k: the cost of a step does not grow with the drafts, only the verification's does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from specdec.config import DrafterConfig
+from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
+from specdec.drafters.eagle.model import embedding_scale
+from specdec.drafters.medusa.candidates import IndependentHeads
+from specdec.drafters.medusa.drafter import ChainDrafting, TreeDrafting
+from specdec.drafters.trees.plan import check_paths
+from specdec.errors import VocabMismatchError
+from specdec.models.backend import Backend
+
+log = logging.getLogger(__name__)
+
+
+class BlockPositions:
+    """The block's masked positions seen as Medusa-1 heads (what :class:`IndependentHeads` calls): called on the
+    block's hidden states [B, B-1, H], position i's logits over the draft vocabulary are head i's."""
+
+    def __init__(self, model: DFlashModel):
+        self.model = model
+        full = model.cfg.draft_vocab_size == model.cfg.vocab_size
+        self.token_ids = None if full else model.token_ids  # [Dv] target ids, None = the whole vocabulary
+
+    @property
+    def num_heads(self) -> int:
+        return self.model.cfg.block_size - 1
+
+    def to_token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        return index if self.token_ids is None else self.token_ids[index]
+
+    def __call__(self, hidden: torch.Tensor, lm_head_weight: Any = None, num_heads: int | None = None,
+                 ) -> torch.Tensor:  # hidden [B, B-1, H] -> [B, num_heads, Dv]
+        return self.model.logits(hidden[:, :num_heads])
+
+
+@register("dflash")
+class DFlashDrafter(Drafter):
+    """``model`` (a :class:`DFlashModel` attached to the target's embeddings) drafting a chain (``paths`` None)
+    or the tree of ``paths``; its forwards on ``backend``."""
+
+    @dataclass
+    class Config(DrafterConfig):
+        name: str = "dflash"
+        # draft tokens per target forward at most: tree nodes (lookup's included), or chain length (<= block - 1)
+        k: Union[int, str] = 16
+        path: str = DEFAULT_DFLASH  # "default" (shipped for SmolLM2-135M-Instruct) or a block drafter directory
+        tree: Any = "default"  # "default" = the tree stored with the drafter; null = a chain; or a list of paths
+        # of the first k paths keep those whose confidence (product of the positions' probabilities along the
+        # path, averaged over the rows) reaches this; none = a plain step. 0 = the fixed tree of k paths
+        min_confidence: float = 0.0
+        lookup: int = 0  # trees only: up to this many of the k nodes hold the prompt-lookup continuation
+        # the drafter's weights rounded to 8- or 4-bit codes per block of 32 (lossy for the drafts only); null = as
+        # trained
+        weight_bits: Optional[int] = None
+
+    def __init__(self, model: DFlashModel, paths: list[list[int]] | None = None, *, min_confidence: float = 0.0,
+                 lookup: int = 0, backend: Backend = Backend()):
+        if model.embed_weight is None:
+            raise ValueError("the block drafter needs the target's input embeddings: call model.attach(embed_weight)")
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"drafter.min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise ValueError(f"drafter.lookup must be an integer >= 0, got {lookup!r}")
+        if lookup and paths is None:
+            raise ValueError(f"drafter.lookup={lookup}: the prompt-lookup branch joins a tree, and a chain (tree: "
+                             f"null) has none; give a tree or set drafter.lookup=0")
+        self.model = model.eval()
+        self.backend = model.backend = backend
+        self.feature_layers = tuple(model.cfg.aux_layers)
+        self.positions = BlockPositions(model)
+        self.paths = None if paths is None else check_paths(paths, self.positions.num_heads)
+        self.lookup = lookup
+        candidates = IndependentHeads(self.positions, model.lm_head.weight)
+        self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
+                         else TreeDrafting(candidates, self.paths, min_confidence, lookup))
+        self.cache = None
+        self.forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "DFlashDrafter":
+        from specdec.models import as_decoder
+
+        decoder = as_decoder(target)
+        path = default_dflash_path() if cfg.path in (None, "", DEFAULT_DFLASH) else Path(cfg.path).expanduser()
+        model = load_dflash(path, target_config=decoder.config)
+        embedding = decoder.embed_tokens if hasattr(decoder, "embed_tokens") else target.get_input_embeddings()
+        model.to(device=embedding.weight.device, dtype=embedding.weight.dtype).attach(embedding.weight,
+                                                                                     embedding_scale(embedding))
+        round_weights(model, cfg.weight_bits, keep=(embedding.weight,), what="block drafter")
+        if cfg.tree == "default":
+            paths = model.cfg.extra.get("tree")
+            if not paths:
+                raise ValueError(f"{str(path)!r} stores no tree; give drafter.tree=[[0],[1],[0,0],...] or null (a chain)")
+        else:
+            paths = None if cfg.tree is None else [list(p) for p in cfg.tree]
+        log.info("block drafter %s (block %d, %d layers, feature layers %s, draft vocabulary %d, %s)", path,
+                 model.cfg.block_size, model.cfg.num_layers, list(model.cfg.aux_layers), model.cfg.draft_vocab_size,
+                 "a chain" if paths is None else f"a tree of {len(paths)} paths")
+        return cls(model, paths, min_confidence=cfg.min_confidence, lookup=cfg.lookup, backend=backend)
+
+    def drafts_at(self, k: int) -> bool:
+        """A tree: its lookup nodes and at least one of its paths; a chain: one draft per masked position at most."""
+        if self.paths is None:
+            return 1 <= k <= self.positions.num_heads
+        return self.lookup < k <= self.lookup + len(self.paths)
+
+    # ---- one generation -------------------------------------------------------------------------------
+
+    def start(self, state: DecodeState) -> None:
+        cfg = self.model.cfg
+        if state.vocab_size != cfg.vocab_size:
+            raise VocabMismatchError(f"the block drafter was trained for a vocabulary of {cfg.vocab_size} tokens, "
+                                     f"the target has {state.vocab_size}; train one for this target")
+        width = len(cfg.aux_layers) * cfg.target_hidden_size
+        if state.features is None or state.features.shape[-1] != width:
+            got = None if state.features is None else state.features.shape[-1]
+            raise ValueError(f"the block drafter reads {width} target features per position (layers "
+                             f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
+        margin = 2 * (cfg.block_size + state.features.shape[1] + 8)
+        self.cache = self.model.new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+
+    def reset(self) -> None:
+        self.cache = None
+
+    def observe(self, state: DecodeState) -> None:
+        """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
+
+    @torch.no_grad()
+    def catch_up(self, state: DecodeState) -> None:
+        """The positions committed since the last step enter the cache as context (and are committed there)."""
+        cache, feats = self.cache, state.features
+        t = feats.shape[1]
+        base = cache.lengths.clone()
+        kv_len = min(state.max_seq_len + t + 1, cache.capacity)
+        self.model.write_context(feats, cache, kv_len)
+        cache.commit((state.seq_lens - 1 - base).clamp_(min=0, max=t))  # per row: its positions before the newest token
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        self.catch_up(state)
+        kv_len = min(state.max_seq_len + self.model.cfg.block_size + 1, self.cache.capacity)
+        hidden = self.model.draft_block(state.last_tokens, self.cache, kv_len)[:, 1:]  # [B, B-1, H]
+        self.forwards += 1
+        return self.drafting.propose(state, hidden, k)
