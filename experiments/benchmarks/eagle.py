@@ -1,4 +1,5 @@
-"""EAGLE side by side (not a test): plain decoding vs the EAGLE drafter vs the shipped Medusa default vs n-gram.
+"""EAGLE side by side (not a test): plain decoding vs the EAGLE drafter vs the shipped Medusa default vs n-gram,
+and block drafters (``--dflash``).
 
 In one process, on the same prompts, batch 1, each prompt runs every method in turn after an untimed
 warm-up (``experiments.common.side_by_side``), so machine drifts hit all alike. Medusa and EAGLE run with
@@ -12,6 +13,9 @@ draws from its own generator seeded per prompt; outputs differ by design, exactn
     python experiments/benchmarks/eagle.py --source mtbench --prompts 80 --new 128
     python experiments/benchmarks/eagle.py --eagle k=16 k=24,depth=7 tree=false,k=4 --prompts 16
     python experiments/benchmarks/eagle.py --temperature 1.0 --prompts 80
+    python experiments/benchmarks/eagle.py --source mtbench:80 humaneval:40 --dflash "" tree=null,k=7
+
+``--source`` takes several prompt sets, each ``name`` (``--prompts`` of it) or ``name:N`` (N of it).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
-from specdec.drafters import EagleDrafter, MedusaDrafter
+from specdec.drafters import DFlashDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs.data import encode_prompt, load_prompts
 from specdec.jobs.runs import machine_description
 
@@ -32,16 +36,22 @@ from experiments.common import benchmark_parser, parse_overrides, side_by_side  
 
 
 def main() -> None:
-    ap = benchmark_parser(__doc__, prompts=80, temperature=True)
+    ap = benchmark_parser(__doc__, source=["mtbench"], prompts=80, temperature=True)
     ap.add_argument("--eagle", nargs="*", default=[""], metavar="KEY=VALUE,...",
                     help="EAGLE drafter configs, each as overrides of configs/drafter/eagle.yaml ('' = the defaults)")
     ap.add_argument("--medusa", nargs="*", default=[""], metavar="KEY=VALUE,...", help="Medusa configs, likewise")
+    ap.add_argument("--dflash", nargs="*", default=[], metavar="KEY=VALUE,...",
+                    help="block drafter configs, as overrides of configs/drafter/dflash.yaml ('' = the defaults)")
     ap.add_argument("--ngram-k", type=int, default=4, help="the n-gram peer's K (0: leave it out)")
     args = ap.parse_args()
 
     model, tokenizer = load_target()
-    rows = load_prompts(args.source, limit=args.prompts)
-    prompts = [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
+    prompts = []
+    for spec in args.sources:
+        name, _, count = spec.partition(":")
+        rows = load_prompts(name, limit=int(count) if count else args.prompts)
+        prompts += [torch.tensor([encode_prompt(tokenizer, row)]) for row in rows]
+    args.source = "+".join(spec.replace(":", "") for spec in args.sources)
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     methods: dict = {"plain": (None, 0)}
     for spec in args.medusa:
@@ -50,6 +60,9 @@ def main() -> None:
     for spec in args.eagle:
         cfg = EagleDrafter.Config(**parse_overrides(spec, EagleDrafter.Config))
         methods[f"eagle {spec or 'default'}"] = (EagleDrafter.from_config(cfg, target=model), cfg.k)
+    for spec in args.dflash:
+        cfg = DFlashDrafter.Config(**parse_overrides(spec, DFlashDrafter.Config))
+        methods[f"dflash {spec or 'default'}"] = (DFlashDrafter.from_config(cfg, target=model), cfg.k)
     if args.ngram_k:
         methods[f"ngram K={args.ngram_k}"] = (NgramDrafter(), args.ngram_k)
     seeds = iter(range(10**9))
@@ -85,7 +98,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"eagle_{args.source}_T{args.temperature:g}"
     (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"## EAGLE vs Medusa vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, "
+    lines = [f"## Drafters vs plain, {args.source} ({len(prompts)} prompts, {args.new} new tokens, "
              f"T={args.temperature:g}, batch 1)", f"machine: {machine}", "",
              "| method | τ | α per position | tok/s | speedup | predicted (measured costs) | step ms (verify + draft) "
              "| outputs ≠ plain |", "|---|---|---|---|---|---|---|---|"]

@@ -53,7 +53,7 @@ def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_
     """Train ``model`` (resuming from ``out_dir``'s latest checkpoint) until the run's last step, or for
     ``cfg.stop_after_steps`` steps of this invocation. Returns the prepared model and where it stands.
     ``evaluate``: model -> held-out figures, recorded after every epoch (:attr:`Progress.history`)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    optimizer = torch.optim.AdamW(method.param_groups(model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     run = {"method": method.run_config(), "seed": cfg.seed, "optim": dict(vars(cfg.optim))}
     first_step = load_checkpoint(out_dir, model, optimizer, expect=run)
     before = latest_state(out_dir)  # what earlier invocations of this run recorded
@@ -95,7 +95,7 @@ def _step(method: TrainMethod, model: torch.nn.Module, optimizer: torch.optim.Op
           progress: Progress, steps_per_epoch: int) -> None:
     idx = batch_indices(method.num_examples(), progress.step, steps_per_epoch, cfg, accelerator)
     for group in optimizer.param_groups:
-        group["lr"] = lr_at(progress.step, progress.total, cfg.optim)
+        group["lr"] = lr_at(progress.step, progress.total, cfg.optim) * group.get("lr_scale", 1.0)
     loss, logged = method.loss(model, idx)
     accelerator.backward(loss)
     optimizer.step()

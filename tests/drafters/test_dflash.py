@@ -84,9 +84,9 @@ def test_decode_blocks_are_the_training_blocks():
                 j = int(anchors[row, a])
                 start = j - int(positions[row, j])  # the sequence's first index in the chunk
                 cache = model.new_cache(1, 64, torch.zeros(1, dtype=torch.long))
-                model.write_context(features[row: row + 1, start: j + 1], cache)
+                context = model.write_context(features[row: row + 1, start: j + 1], cache)
                 cache.commit(torch.tensor([j + 1 - start]))
-                decoded = model.draft_block(tokens[row, j: j + 1], cache)[0]
+                decoded = model.draft_block(tokens[row, j: j + 1], context[:, -1], cache)[0]
                 assert torch.allclose(decoded, trained[row, a], atol=1e-5), (row, a)
 
 
@@ -126,10 +126,10 @@ class MarkovBlocks(DFlashModel):
     head that is the target's made flatter: position i's candidates are the target's likely tokens i steps ahead,
     good but imperfect, so both acceptance and rejection happen."""
 
-    def draft_block(self, anchors, cache, kv_len=None):
+    def draft_block(self, anchors, last, cache, kv_len=None):
         from helpers import successor
 
-        hidden = super().draft_block(anchors, cache, kv_len)
+        super().draft_block(anchors, last, cache, kv_len)
         chain = [anchors, anchors] + [successor(anchors, i) for i in range(1, self.cfg.block_size - 1)]
         return self.embed_weight[torch.stack(chain, 1)]
 
@@ -205,3 +205,32 @@ def test_training_runs_end_to_end_and_the_drafter_loads(tmp_path, tiny_pair):
     for paths, k in ((None, 3), (loaded.cfg.extra["tree"], len(metrics["tree"]))):
         drafter = DFlashDrafter(loaded, paths)
         assert speculative_generate(model, drafter, ids, k=k, max_new_tokens=12, eos_token_id=[]).sequences == ref.sequences
+
+
+def test_feature_channels_train_scaled_and_save_as_the_format_reads_them(tmp_path):
+    """Each feature channel trains at RMS 1 (a target's residual stream has channels thousands of times larger than
+    the rest), and the saved drafter folds the scales into fc: it fuses raw features as the trained one fused
+    scaled ones. The draft layers get their own learning-rate scale."""
+    from specdec.training.distill.store import Split
+    from specdec.training.methods.dflash import DFlashMethodConfig
+    from specdec.training.methods.dflash.method import DFlashMethod
+
+    target = tiny_llama(layers=4)
+    hidden, n = target.config.hidden_size, 12
+    size = torch.ones(3, hidden)
+    size[1, 5] = 3000.0  # a massive channel
+    features = torch.randn(n, 3, hidden) * size
+    train = Split(torch.tensor([1, 2]), torch.tensor([2]), torch.arange(3, 3 + n), torch.tensor([n]),
+                  torch.randn(n, hidden), features, context_hidden=torch.randn(1, hidden),
+                  context_features=torch.randn(1, 3, hidden) * size)
+    method = DFlashMethod(DFlashMethodConfig(aux_layers=[1, 2, 3], draft_vocab=None, chunk_len=16, block_size=4))
+    model = method.setup(target, {"train": train}, torch.device("cpu"))
+    used = method.examples.features[method.examples.segment >= 0]  # what fc trains on
+    assert used.abs().max() < 10 and torch.allclose(used.pow(2).mean(0).sqrt(), torch.ones(3 * hidden), rtol=0.5)
+    method.save(model, tmp_path / "model.safetensors", "tiny", {"tree": [[0]]})
+    saved = load_dflash(tmp_path, target_config=target.config)
+    raw = features.flatten(1)[None]
+    assert torch.allclose(saved.context(raw), model.context(raw * method.feature_scale), rtol=1e-4, atol=1e-4)
+    groups = method.param_groups(model)
+    assert [g["lr_scale"] for g in groups] == [0.1, 1.0]
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in model.layers.parameters()}

@@ -101,7 +101,7 @@ class DFlashDrafter(Drafter):
         candidates = IndependentHeads(self.positions, model.lm_head.weight)
         self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup))
-        self.cache = None
+        self.cache = self.last = None
         self.forwards = 0
 
     @classmethod
@@ -146,9 +146,11 @@ class DFlashDrafter(Drafter):
                              f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
         margin = 2 * (cfg.block_size + state.features.shape[1] + 8)
         self.cache = self.model.new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+        self.last = torch.zeros(state.seq.shape[0], cfg.hidden_size, dtype=self.model.fc.weight.dtype,
+                                device=state.seq.device)  # [B, H]: each row's newest committed context
 
     def reset(self) -> None:
-        self.cache = None
+        self.cache = self.last = None
 
     def observe(self, state: DecodeState) -> None:
         """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
@@ -160,13 +162,16 @@ class DFlashDrafter(Drafter):
         t = feats.shape[1]
         base = cache.lengths.clone()
         kv_len = min(state.max_seq_len + t + 1, cache.capacity)
-        self.model.write_context(feats, cache, kv_len)
-        cache.commit((state.seq_lens - 1 - base).clamp_(min=0, max=t))  # per row: its positions before the newest token
+        context = self.model.write_context(feats, cache, kv_len)  # [B, T, H]
+        count = (state.seq_lens - 1 - base).clamp_(min=0, max=t)  # per row: its positions before the newest token
+        newest = context[torch.arange(count.shape[0], device=count.device), (count - 1).clamp(min=0)]
+        self.last = torch.where((count > 0)[:, None], newest, self.last)
+        cache.commit(count)
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self.catch_up(state)
         kv_len = min(state.max_seq_len + self.model.cfg.block_size + 1, self.cache.capacity)
-        hidden = self.model.draft_block(state.last_tokens, self.cache, kv_len)[:, 1:]  # [B, B-1, H]
+        hidden = self.model.draft_block(state.last_tokens, self.last, self.cache, kv_len)[:, 1:]  # [B, B-1, H]
         self.forwards += 1
         return self.drafting.propose(state, hidden, k)

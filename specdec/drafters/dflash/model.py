@@ -40,6 +40,7 @@ from specdec.models.backend import Backend
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
 
+INIT_STD = 0.02  # the draft layers' weights start as normal(0, INIT_STD)
 DEFAULT_DFLASH = "default"  # the block drafter shipped for the default target, SmolLM2-135M-Instruct
 
 
@@ -62,6 +63,9 @@ class DFlashConfig:
     target_hidden_size: int
     block_size: int  # B: the anchor and B - 1 masked positions, so B - 1 drafts a forward
     mask_token_id: int  # the target token whose embedding fills the masked positions
+    # every block position's input also holds the newest committed position's fused context, and every masked
+    # one the anchor's embedding (False: the published recipe's inputs, the anchor and the masks alone)
+    anchor_inputs: bool = True
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_positions: int = 8192
@@ -70,7 +74,8 @@ class DFlashConfig:
 
     @classmethod
     def for_target(cls, config: Any, *, num_layers: int, block_size: int, mask_token_id: int,
-                   aux_layers: tuple[int, ...], draft_vocab_size: int | None = None, target: str = "") -> "DFlashConfig":
+                   aux_layers: tuple[int, ...], draft_vocab_size: int | None = None, anchor_inputs: bool = True,
+                   target: str = "") -> "DFlashConfig":
         """Draft layers shaped like ``config``'s (a transformers decoder config)."""
         heads = config.num_attention_heads
         rope = getattr(config, "rope_parameters", None) or {}
@@ -78,7 +83,7 @@ class DFlashConfig:
         return cls(config.hidden_size, config.intermediate_size, num_layers, heads, config.num_key_value_heads,
                    getattr(config, "head_dim", None) or config.hidden_size // heads, config.vocab_size,
                    draft_vocab_size or config.vocab_size, tuple(aux_layers), config.hidden_size, block_size,
-                   mask_token_id, float(config.rms_norm_eps), float(theta), int(config.max_position_embeddings),
+                   mask_token_id, anchor_inputs, float(config.rms_norm_eps), float(theta), int(config.max_position_embeddings),
                    target, {"target_num_layers": int(config.num_hidden_layers)})
 
 
@@ -151,6 +156,8 @@ class DFlashModel(nn.Module):
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_layers)])
+        if cfg.anchor_inputs:  # the token embeddings normed as the context is (see block_inputs)
+            self.embed_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))  # as EagleModel's
@@ -158,6 +165,10 @@ class DFlashModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
         self.embed_scale = 1.0
+        with torch.no_grad():  # transformers' initialisation (std 0.02): the layers' first writes into the stream are
+            for layer in self.layers.modules():  # small, so the block's inputs reach the LM head from the first step
+                if isinstance(layer, nn.Linear):
+                    layer.weight.normal_(0.0, INIT_STD)
 
     def attach(self, embed_weight: torch.Tensor, scale: float = 1.0) -> "DFlashModel":
         """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
@@ -186,25 +197,35 @@ class DFlashModel(nn.Module):
         emb = torch.cat([freqs, freqs], -1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def block_inputs(self, anchors: torch.Tensor) -> torch.Tensor:  # [N] long -> [N, B, H]
-        """The blocks' inputs: each anchor's embedding, then B − 1 mask embeddings."""
+    def block_inputs(self, anchors: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # [N], [N, H] -> [N, B, H]
+        """The blocks' inputs: each anchor's embedding, then B − 1 mask embeddings; with ``anchor_inputs``, plus
+        ``last`` (the fused context of the newest committed position, :meth:`context`) at every position and
+        the anchor's embedding at the masked ones: what EAGLE's layer reads at its first draft, given to every
+        position directly rather than only through attention, which a few draft layers trained on a CPU budget
+        learn slowly (the published recipe trains on ~800k samples)."""
         cfg = self.cfg
         tokens = anchors.new_full((anchors.shape[0], cfg.block_size), cfg.mask_token_id)
         tokens[:, 0] = anchors
         embeds = F.embedding(tokens, self.embed_weight)
         if self.embed_scale != 1.0:
             embeds = embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
-        return embeds.to(self.fc.weight.dtype)
+        x = embeds.to(self.fc.weight.dtype)
+        if cfg.anchor_inputs:  # normed first: a target's embeddings are small beside the normed context (RMS 0.14)
+            x = self.embed_norm(x)
+            anchor = x[:, :1]
+            x = torch.cat([anchor, x[:, 1:] + anchor], 1) + last[:, None].to(x.dtype)
+        return x
 
     def context(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
         """The target's features fused and normed: what every layer's keys and values of the context read."""
         return self.hidden_norm(self.backend.linear(features.to(self.fc.weight.dtype), self.fc))
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor
-                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:  # per layer (k, v) [B, Hkv, T, D]
+                   ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:  # [B, T, H], per layer (k, v)
+        """The fused context [B, T, H] and each layer's keys and values of it [B, Hkv, T, D]."""
         context = self.context(features)
         cos, sin = self.rope(positions, context.dtype)
-        return [layer.context_kv(context, cos, sin, self.backend) for layer in self.layers]
+        return context, [layer.context_kv(context, cos, sin, self.backend) for layer in self.layers]
 
     def blocks(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
         """The draft layers over block inputs x [N, Q, H] (:meth:`block_inputs`; Q = one block, or several side by
@@ -225,17 +246,21 @@ class DFlashModel(nn.Module):
         return KVCache.allocate(cfg.num_layers, batch_size, cfg.num_kv_heads, capacity, cfg.head_dim, pad,
                                 dtype=self.fc.weight.dtype, device=self.fc.weight.device)
 
-    def write_context(self, features: torch.Tensor, cache: KVCache, kv_len: int | None = None) -> None:
+    def write_context(self, features: torch.Tensor, cache: KVCache, kv_len: int | None = None) -> torch.Tensor:
         """The context entries of T positions per row [B, T, L*Ht], written (uncommitted) after each row's
-        committed ones at their positions; the caller commits those that are real."""
+        committed ones at their positions; the caller commits those that are real. Returns the fused context
+        [B, T, H] (a block's ``last`` input is the newest committed position's)."""
         positions = cache.positions(torch.arange(features.shape[1], device=features.device)).clamp_(min=0)
-        for i, (k, v) in enumerate(self.context_kv(features, positions)):
+        context, kv = self.context_kv(features, positions)
+        for i, (k, v) in enumerate(kv):
             cache.write(i, k, v, kv_len)
+        return context
 
-    def draft_block(self, anchors: torch.Tensor, cache: KVCache, kv_len: int | None = None) -> torch.Tensor:
+    def draft_block(self, anchors: torch.Tensor, last: torch.Tensor, cache: KVCache,
+                    kv_len: int | None = None) -> torch.Tensor:
         """One block per row after the committed context: anchors [B] (each row's newest token, at the position
-        after its context) -> hidden states [B, block, H]. The block's entries are written uncommitted (forgotten
-        by the next write)."""
+        after its context) and ``last`` [B, H] (the fused context of the row's newest committed position) ->
+        hidden states [B, block, H]. The block's entries are written uncommitted (forgotten by the next write)."""
         size = self.cfg.block_size
         positions = cache.positions(torch.arange(size, device=anchors.device))
         everything = torch.ones(size, size, dtype=torch.bool, device=anchors.device)  # bidirectional in the block
@@ -245,7 +270,7 @@ class DFlashModel(nn.Module):
             keys, values = cache.write(i, k, v, kv_len)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
-        return self.blocks(self.block_inputs(anchors), positions, attend)
+        return self.blocks(self.block_inputs(anchors, last), positions, attend)
 
 
 # ---- checkpoint format ------------------------------------------------------------------------------------
@@ -265,7 +290,7 @@ def dflash_config_json(cfg: DFlashConfig, verifier: str = "") -> dict[str, Any]:
         "target_hidden_size": cfg.target_hidden_size, "draft_vocab_size": cfg.draft_vocab_size,
         "block_size": cfg.block_size,
         "dflash_config": {"target_layer_ids": list(cfg.aux_layers), "block_size": cfg.block_size,
-                          "mask_token_id": cfg.mask_token_id},
+                          "mask_token_id": cfg.mask_token_id, "anchor_inputs": cfg.anchor_inputs},
         "specdec": {"target": cfg.target, "verifier": verifier, **cfg.extra},
     }
 
@@ -317,7 +342,7 @@ def _config_from_json(raw: dict[str, Any], path: Path) -> DFlashConfig:
             int(raw["vocab_size"]), int(raw.get("draft_vocab_size") or raw["vocab_size"]),
             tuple(int(a) for a in block["target_layer_ids"]), int(raw.get("target_hidden_size") or hidden),
             int(block.get("block_size") or raw.get("block_size") or 16), int(block["mask_token_id"]),
-            float(raw.get("rms_norm_eps", 1e-6)), float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
+            bool(block.get("anchor_inputs", False)), float(raw.get("rms_norm_eps", 1e-6)), float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
             int(raw.get("max_position_embeddings", 8192)), target, extra)
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{str(path)!r}: a field of the block drafter's config is missing or malformed "

@@ -54,6 +54,11 @@ class TrainMethod(ABC):
     def setup(self, target: torch.nn.Module, splits: dict[str, Split], device: torch.device) -> torch.nn.Module:
         """Build the trainable model for ``target`` and prepare the training examples from ``splits``."""
 
+    def param_groups(self, model: torch.nn.Module) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups: dicts of ``params`` and an ``lr_scale`` (the group's learning rate over
+        ``optim.lr``, schedule included). One group at scale 1 by default."""
+        return [{"params": list(model.parameters()), "lr_scale": 1.0}]
+
     @abstractmethod
     def num_examples(self) -> int:
         """Training examples per epoch; the trainer draws batches of their indices."""

@@ -12,6 +12,7 @@ per-position acceptance at every answer position, and the tree of positional can
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,27 @@ class DFlashMethodConfig(MethodConfig):
     anchors: int = 16  # blocks per chunk and step (drawn among the answer positions)
     position_decay: float = 0.8  # loss weight of masked position i: decay^(i-1)
     chunk_len: int = 256  # positions per example (sequences packed)
-    init_from_target: bool = True  # draft layers copied from target layers spread over its depth; LM head, norm
+    # the draft LM head and final norm start as the target's (false: random, the norm at 1). The layers always start
+    # random (std 0.02): target layers copied in start at ~30 nats on SmolLM2-135M. On SmolLM2 the copied norm
+    # starts the logits far too large, and the first 60 steps learn less than from random (5.7 vs 7.0 nats)
+    init_from_target: bool = False
+    # the draft layers' learning rate over optim.lr: the layers read normed inputs of RMS 1, where optim.lr's
+    # steps (right for fc and the LM head) swamp the block's inputs within a few steps; at 0.1 the first 60 steps
+    # of SmolLM2's drafter learn what they learn with the layers frozen, at 1 far less
+    layer_lr_scale: float = 0.1
+    # every block position also reads the newest committed position's fused context, and every masked one the
+    # anchor's embedding (specdec.drafters.dflash.model: DFlashModel.block_inputs); false: the published inputs
+    anchor_inputs: bool = True
     tree_nodes: int = 32  # paths of the tree stored with the drafter, best first (chosen on the val split)
     max_rank: int = 8  # candidates per position considered for the tree
+
+
+def channel_scale(split: Split, rows: int = 65536) -> torch.Tensor:
+    """1 / RMS of each feature channel over (up to ``rows`` of) ``split``'s positions: [L * H]. A target's residual
+    stream has a few channels far larger than the rest (SmolLM2-135M's layers 15 and 27: values near 25,000
+    where the layer's RMS is ~66), which would dominate ``fc``'s output and gradients."""
+    features = split.features[:rows].flatten(1)  # [N, L*H]
+    return (1 / features.double().pow(2).mean(0).sqrt().clamp(min=1e-6)).float()
 
 
 def unseen_token(tokens: torch.Tensor, vocab_size: int) -> int:
@@ -73,6 +92,8 @@ class DFlashMethod(TrainMethod):
                           ("max_rank", 1)):
             if getattr(cfg, name) < low:
                 raise ValueError(f"method.{name} must be >= {low}, got {getattr(cfg, name)}")
+        if not cfg.layer_lr_scale > 0:
+            raise ValueError(f"method.layer_lr_scale must be > 0, got {cfg.layer_lr_scale}")
         if not 0.0 < cfg.position_decay <= 1.0:
             raise ValueError(f"method.position_decay must be in (0, 1], got {cfg.position_decay}")
 
@@ -105,38 +126,37 @@ class DFlashMethod(TrainMethod):
         mask = cfg.mask_token_id if cfg.mask_token_id is not None else unseen_token(seen, vocab)
         config = DFlashConfig.for_target(target.config, num_layers=cfg.num_layers, block_size=cfg.block_size,
                                          mask_token_id=mask, aux_layers=tuple(cfg.aux_layers),
-                                         draft_vocab_size=ids.numel(),
+                                         draft_vocab_size=ids.numel(), anchor_inputs=cfg.anchor_inputs,
                                          target=str(getattr(target.config, "_name_or_path", "")))
         model = DFlashModel(config)
         model.set_token_ids(self.token_ids)
         self.lm_head_rows = full_lm_head[ids.to(device)]  # [Dv, H]: the target's, for its distribution
         if cfg.init_from_target:
-            self._init_from_target(model, target)
+            with torch.no_grad():
+                model.lm_head.weight.copy_(self.lm_head_rows)
+                model.norm.weight.copy_(norm_scale(target.model.norm))
         embedding = target.get_input_embeddings()
         model.to(device).attach(embedding.weight.detach().to(device), embedding_scale(embedding))
-        self.examples = pack(sequence_pairs(train), cfg.chunk_len)
+        self.feature_scale = channel_scale(train)  # [L*H]: features as fc trains on them, folded into it at save
+        self.examples = self._packed(train)
         self.device = device
         self.generator = torch.Generator().manual_seed(0)
         log.info("block drafter: %d layers, block %d, mask token %d, %d training chunks", cfg.num_layers,
                  cfg.block_size, mask, len(self.examples))
         return model
 
-    @torch.no_grad()
-    def _init_from_target(self, model: DFlashModel, target: torch.nn.Module) -> None:
-        """The draft LM head as the target's rows, the final norm as the target's effective scale, and draft layer
-        i as target layer round((i + 1) · L / n) − 1 (the last one the target's last): attention and MLP weights
-        that already read this residual stream."""
-        model.lm_head.weight.copy_(self.lm_head_rows)
-        model.norm.weight.copy_(norm_scale(target.model.norm))
-        layers, n = target.model.layers, len(model.layers)
-        for i, mine in enumerate(model.layers):
-            theirs = layers[round((i + 1) * len(layers) / n) - 1]
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(mine.self_attn, name).weight.copy_(getattr(theirs.self_attn, name).weight)
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                getattr(mine.mlp, name).weight.copy_(getattr(theirs.mlp, name).weight)
-            for name in ("input_layernorm", "post_attention_layernorm"):
-                getattr(mine, name).weight.copy_(norm_scale(getattr(theirs, name)))
+    def _packed(self, split: Split) -> Packed:
+        """``split``'s sequences packed into examples, each feature channel scaled to RMS 1 (:func:`channel_scale`)."""
+        packed = pack(sequence_pairs(split), self.cfg.chunk_len)
+        packed.features *= self.feature_scale
+        return packed
+
+    def param_groups(self, model: torch.nn.Module) -> list[dict[str, Any]]:
+        dflash = model.module if hasattr(model, "module") else model
+        layers = list(dflash.layers.parameters())
+        held = {id(p) for p in layers}
+        return [{"params": layers, "lr_scale": self.cfg.layer_lr_scale},
+                {"params": [p for p in dflash.parameters() if id(p) not in held], "lr_scale": 1.0}]
 
     def num_examples(self) -> int:
         return len(self.examples)
@@ -157,11 +177,13 @@ class DFlashMethod(TrainMethod):
         dflash = model.module if hasattr(model, "module") else model
         evals, split_ranks = {}, {}
         for name in sorted(set(splits) - {"train"}):
-            ranks, valid = self._ranks(dflash, pack(sequence_pairs(splits[name]), self.cfg.chunk_len))
+            ranks, valid = self._ranks(dflash, self._packed(splits[name]))
             labels = torch.where(valid, 0, IGNORE)
             evals[name] = chain_tau(ranks == 0, torch.ones(ranks.shape[0], dtype=torch.bool))
             split_ranks[name] = ranks, labels
-        tree, tau = tree_from_ranks(*split_ranks["val"], self.cfg.tree_nodes)
+        tree, _ = tree_from_ranks(*split_ranks["val"], self.cfg.tree_nodes)
+        tree = tree or [[0]]  # no label ever among the candidates (an untrained drafter): the first position's best
+        tau = tree_tau(*split_ranks["val"], tree)
         for name, (ranks, labels) in split_ranks.items():  # what the tree chosen on val promises elsewhere
             evals[name]["expected_tau_tree"] = [round(t, 4) for t in tree_tau(ranks, labels, tree)]
         return {"eval": evals, "tree": tree, "expected_tau_tree": [round(t, 4) for t in tau]}
@@ -188,7 +210,9 @@ class DFlashMethod(TrainMethod):
 
     def save(self, model: DFlashModel, path: Path, target_name: str, metrics: dict[str, Any],
              dtype: torch.dtype | None = None) -> None:
-        dflash = model.module if hasattr(model, "module") else model
+        dflash = copy.deepcopy(model.module if hasattr(model, "module") else model)
+        with torch.no_grad():  # fc reads the target's features as they come
+            dflash.fc.weight.mul_(self.feature_scale.to(dflash.fc.weight))
         extra = {"held_out": metrics.get("eval", {})}
         if metrics.get("tree"):
             extra["tree"] = metrics["tree"]

@@ -69,7 +69,7 @@ def block_hidden(model: DFlashModel, batch: Packed, anchors: torch.Tensor) -> to
     """The draft layers' outputs (before the final norm) over the blocks at ``anchors`` [b, A] of ``batch``."""
     size = model.cfg.block_size
     b, a = anchors.shape
-    context = model.context_kv(batch.features, batch.positions)  # per layer (k, v) [b, Hkv, T, D]
+    fused, context = model.context_kv(batch.features, batch.positions)  # [b, T, H], per layer (k, v)
     mask = block_mask(batch, anchors, size)
     start = batch.positions.gather(1, anchors) + 1  # [b, A]: the anchor's position
     positions = (start[..., None] + torch.arange(size, device=anchors.device)).view(b, a * size)
@@ -78,7 +78,8 @@ def block_hidden(model: DFlashModel, batch: Packed, anchors: torch.Tensor) -> to
         keys, values = torch.cat([context[i][0], k], 2), torch.cat([context[i][1], v], 2)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
-    x = model.block_inputs(batch.tokens.gather(1, anchors).flatten()).view(b, a * size, -1)  # blocks side by side
+    last = fused.gather(1, anchors[..., None].expand(-1, -1, fused.shape[-1])).flatten(0, 1)  # [b·A, H]
+    x = model.block_inputs(batch.tokens.gather(1, anchors).flatten(), last).view(b, a * size, -1)  # side by side
     x = model.blocks(x, positions, attend)
     return x.view(b, a, size, -1)
 
