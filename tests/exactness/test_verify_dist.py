@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.decode.engine import speculative_generate
 from specdec.drafters import DRAFTERS, DraftModelDrafter, MedusaDrafter, NgramDrafter
+from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel
 from specdec.drafters.draft_model.cross_vocab import CrossVocabDrafter
 from specdec.drafters.eagle import EagleConfig, EagleDrafter, EagleModel
 from specdec.drafters.medusa import MedusaHeads
@@ -86,7 +87,22 @@ FACTORIES = {
     "eagle_sampled_tree": lambda m: EagleDrafter(random_eagle(m["target"], head_scale=3.0), depth=3, top_k=2, expand=2),
     # the close draft over another tokenizer's ids (tests/helpers.py), drafting through the shared tokens
     "cross_vocab": lambda m: cross_vocab(m["close"]),
+    "dflash": lambda m: DFlashDrafter(random_dflash(m["target"])),  # chain: independent draws per position
+    "dflash_tree": lambda m: DFlashDrafter(random_dflash(m["target"]), TREE),
 }
+
+
+def random_dflash(target, seed=3) -> DFlashModel:
+    """A random block drafter (2 layers, blocks of 5) over the target's layers (0, 1, 1), its LM head the target's."""
+    model = DFlashModel(DFlashConfig.for_target(target.config, num_layers=2, block_size=5, mask_token_id=VOCAB - 1,
+                                                aux_layers=(0, 1, 1)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        model.lm_head.weight.copy_(target.lm_head.weight)
+        model.norm.weight.fill_(1.0)
+    return model.attach(target.get_input_embeddings().weight)
 
 
 def cross_vocab(model) -> CrossVocabDrafter:
@@ -137,6 +153,8 @@ FAST_CASES = [
     ("eagle_sampled_tree", 8, 1.0, 0, 1.0),
     ("cross_vocab", 4, 1.0, 0, 1.0),
     ("cross_vocab", 6, 0.7, 10, 0.9),
+    ("dflash", 4, 1.0, 0, 1.0),
+    ("dflash_tree", 8, 0.7, 10, 0.9),
 ]
 
 
