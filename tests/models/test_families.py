@@ -130,7 +130,7 @@ def test_eagle_reads_gemmas_embeddings_as_the_target_does():
     from helpers import random_eagle
 
     from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle.model import embedding_scale
+    from specdec.drafters.features import embedding_scale
 
     model = tiny_family("gemma3")
     embedding = model.get_input_embeddings()

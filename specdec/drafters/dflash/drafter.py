@@ -30,7 +30,7 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
-from specdec.drafters.eagle.model import embedding_scale
+from specdec.drafters.features import on_target
 from specdec.drafters.medusa.candidates import IndependentHeads
 from specdec.drafters.medusa.drafter import ChainDrafting, TreeDrafting
 from specdec.drafters.trees.plan import check_paths
@@ -111,10 +111,8 @@ class DFlashDrafter(Drafter):
         decoder = as_decoder(target)
         path = default_dflash_path() if cfg.path in (None, "", DEFAULT_DFLASH) else Path(cfg.path).expanduser()
         model = load_dflash(path, target_config=decoder.config)
-        embedding = decoder.embed_tokens if hasattr(decoder, "embed_tokens") else target.get_input_embeddings()
-        model.to(device=embedding.weight.device, dtype=embedding.weight.dtype).attach(embedding.weight,
-                                                                                     embedding_scale(embedding))
-        round_weights(model, cfg.weight_bits, keep=(embedding.weight,), what="block drafter")
+        embed = on_target(model, target)
+        round_weights(model, cfg.weight_bits, keep=(embed,), what="block drafter")
         if cfg.tree == "default":
             paths = model.cfg.extra.get("tree")
             if not paths:

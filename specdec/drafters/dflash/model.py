@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
+from specdec.drafters.features import FeatureDraftModel, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models.backend import Backend
@@ -142,15 +142,17 @@ class DFlashLayer(nn.Module):
         return x + backend.linear(F.silu(gate) * up, mlp.down_proj)
 
 
-class DFlashModel(nn.Module):
+class DFlashModel(FeatureDraftModel):
     """``fc`` + ``hidden_norm`` (the context), the draft ``layers``, ``norm`` and the draft ``lm_head``; the
     target's input embeddings are attached (:meth:`attach`), not owned. See the module docstring."""
 
+    what = "block drafter"
+
     def __init__(self, cfg: DFlashConfig, backend: Backend = Backend()):
-        super().__init__()
         if cfg.block_size < 2:
             raise ValueError(f"a block drafter's block_size must be >= 2 (the anchor and at least one masked "
                              f"position), got {cfg.block_size}")
+        super().__init__(cfg.vocab_size, cfg.hidden_size, cfg.draft_vocab_size, cfg.head_dim, cfg.rope_theta)
         self.cfg = cfg
         self.backend = backend
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
@@ -160,42 +162,10 @@ class DFlashModel(nn.Module):
             self.embed_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))  # as EagleModel's
-        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
-        self.embed_scale = 1.0
         with torch.no_grad():  # transformers' initialisation (std 0.02): the layers' first writes into the stream are
             for layer in self.layers.modules():  # small, so the block's inputs reach the LM head from the first step
                 if isinstance(layer, nn.Linear):
                     layer.weight.normal_(0.0, INIT_STD)
-
-    def attach(self, embed_weight: torch.Tensor, scale: float = 1.0) -> "DFlashModel":
-        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
-        ``scale`` as the target's embedding gives them (√hidden for Gemma, else 1)."""
-        if tuple(embed_weight.shape) != (self.cfg.vocab_size, self.cfg.hidden_size):
-            raise ValueError(f"the target's embeddings are {list(embed_weight.shape)}, the block drafter expects "
-                             f"[{self.cfg.vocab_size}, {self.cfg.hidden_size}]")
-        self.embed_weight = embed_weight.detach()
-        self.embed_scale = float(scale)
-        return self
-
-    def set_token_ids(self, token_ids: torch.Tensor | None) -> None:
-        """The draft vocabulary: target ids [Dv] ascending (None = the full vocabulary)."""
-        if token_ids is None:
-            self.d2t.zero_()
-        else:
-            self.d2t.copy_(token_ids.to(self.d2t) - torch.arange(token_ids.numel(), device=self.d2t.device))
-
-    @property
-    def token_ids(self) -> torch.Tensor:  # [Dv] long: the target id of each draft index
-        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, T, D] of ``positions`` [B, T]."""
-        freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat([freqs, freqs], -1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def block_inputs(self, anchors: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # [N], [N, H] -> [N, B, H]
         """The blocks' inputs: each anchor's embedding, then B − 1 mask embeddings; with ``anchor_inputs``, plus
@@ -304,17 +274,8 @@ def save_dflash(directory: str | Path, model: DFlashModel, *, verifier: str = ""
     drafter whose logits over the whole vocabulary would cost more than its layers on a CPU)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().cpu().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
-               for name, t in model.state_dict().items() if name != "d2t"}
+    save_weights(directory, model, dtype)
     cfg = model.cfg
-    if cfg.draft_vocab_size != cfg.vocab_size:
-        tensors["d2t"] = model.d2t.detach().cpu().contiguous()
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[model.token_ids.cpu()] = True
-        tensors["t2d"] = t2d
-    tmp = directory / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / "model.safetensors")
     config = dflash_config_json(cfg, verifier)
     config["specdec"].update(extra or {})
     write_json(directory / "config.json", config)

@@ -43,7 +43,8 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.eagle.growth import TreeGrowth
-from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, embedding_scale, load_eagle
+from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
+from specdec.drafters.features import on_target
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.drafters.trees.siblings import EXACT_SIBLINGS, SiblingDraws
@@ -115,9 +116,7 @@ class EagleDrafter(Drafter):
         decoder = as_decoder(target)
         path = default_eagle_path() if cfg.path in (None, "", DEFAULT_EAGLE) else Path(cfg.path).expanduser()
         model = load_eagle(path, target_config=decoder.config)
-        embedding = decoder.embed_tokens if hasattr(decoder, "embed_tokens") else target.get_input_embeddings()
-        embed = embedding.weight
-        model.to(device=embed.device, dtype=embed.dtype).attach(embed, embedding_scale(embedding))
+        embed = on_target(model, target)
         round_weights(model, cfg.weight_bits, keep=(embed,), what="EAGLE drafter")
         log.info("EAGLE drafter %s (feature layers %s, draft vocabulary %d)", path, list(model.cfg.aux_layers),
                  model.cfg.draft_vocab_size)

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
+from specdec.drafters.features import FeatureDraftModel, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
@@ -121,57 +121,26 @@ class EagleLayer(nn.Module):
         return x + backend.linear(F.silu(gate) * up, mlp.down_proj)
 
 
-class EagleModel(nn.Module):
+class EagleModel(FeatureDraftModel):
     """``fc`` + one :class:`EagleLayer` + ``norm`` + the draft ``lm_head``; the target's input embeddings
     are attached (:meth:`attach`), not owned. See the module docstring. ``backend``: how its CPU forwards run
     (its drafter's, set by :class:`~specdec.drafters.eagle.drafter.EagleDrafter`)."""
 
+    what = "EAGLE drafter"
+
     def __init__(self, cfg: EagleConfig, backend: Backend = Backend()):
-        super().__init__()
+        super().__init__(cfg.vocab_size, cfg.hidden_size, cfg.draft_vocab_size, cfg.head_dim, cfg.rope_theta)
         self.cfg = cfg
         self.backend = backend
         self.fc = nn.Linear(len(cfg.aux_layers) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList([EagleLayer(cfg)])
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        # target id of draft index i is i + d2t[i] (the speculators offset table); all zero = the full vocabulary
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
-        self.embed_scale = 1.0  # what the target's embedding multiplies its rows by (Gemma: √hidden; see attach)
         self._plan: tuple | None = None  # see _layer_plan()
-
-    def attach(self, embed_weight: torch.Tensor, scale: float = 1.0) -> "EagleModel":
-        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
-        ``scale`` as the target's embedding gives them (:func:`embedding_scale`: √hidden for Gemma, else 1)."""
-        if tuple(embed_weight.shape) != (self.cfg.vocab_size, self.cfg.hidden_size):
-            raise ValueError(f"the target's embeddings are {list(embed_weight.shape)}, the EAGLE drafter expects "
-                             f"[{self.cfg.vocab_size}, {self.cfg.hidden_size}]")
-        self.embed_weight = embed_weight.detach()
-        self.embed_scale = float(scale)
-        return self
-
-    def set_token_ids(self, token_ids: torch.Tensor | None) -> None:
-        """The draft vocabulary: target ids [Dv] ascending (None = the full vocabulary)."""
-        if token_ids is None:
-            self.d2t.zero_()
-        else:
-            self.d2t.copy_(token_ids.to(self.d2t) - torch.arange(token_ids.numel(), device=self.d2t.device))
-
-    @property
-    def token_ids(self) -> torch.Tensor:  # [Dv] long: the target id of each draft index
-        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
 
     @property
     def layer(self) -> EagleLayer:
         return self.layers[0]
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding)."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
-        emb = torch.cat([freqs, freqs], -1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
         return self._scaled(F.embedding(tokens, self.embed_weight)).to(self.fc.weight.dtype)
@@ -300,17 +269,8 @@ def save_eagle(directory: str | Path, model: EagleModel, *, verifier: str = "", 
     ``dtype`` (e.g. torch.float16) stores the weights in it; ``d2t`` (and ``t2d``) only for a draft vocabulary."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.detach().cpu().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
-               for name, t in model.state_dict().items() if name != "d2t"}
+    save_weights(directory, model, dtype)
     cfg = model.cfg
-    if cfg.draft_vocab_size != cfg.vocab_size:
-        tensors["d2t"] = model.d2t.detach().cpu().contiguous()
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[model.token_ids.cpu()] = True
-        tensors["t2d"] = t2d
-    tmp = directory / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / "model.safetensors")
     config = speculators_config(cfg, verifier, speculative_tokens)
     config["specdec"].update(extra or {})
     write_json(directory / "config.json", config)
@@ -440,12 +400,6 @@ def _check_target(cfg: EagleConfig, target_config: Any, directory: Path) -> None
             f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
             f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
             f"{theirs[2]} layers; train one for it with `python -m specdec.train method=eagle target=<this target>`")
-
-
-def embedding_scale(embedding: nn.Module) -> float:
-    """The factor a target's input embedding module multiplies its rows by: √hidden for Gemma's scaled embedding
-    (``scalar_embed_scale``), else 1."""
-    return float(getattr(embedding, "scalar_embed_scale", 1.0))
 
 
 @torch.no_grad()

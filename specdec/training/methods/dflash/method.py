@@ -21,7 +21,8 @@ from typing import Any, Optional
 import torch
 
 from specdec.drafters.dflash.model import DFlashConfig, DFlashModel, save_dflash
-from specdec.drafters.eagle.model import default_aux_layers, embedding_scale, norm_scale
+from specdec.drafters.eagle.model import default_aux_layers, norm_scale
+from specdec.drafters.features import embedding_scale
 from specdec.models import check_layer_ids
 from specdec.training.distill.packing import Packed, chain_tau, pack, sequence_pairs
 from specdec.training.distill.store import DataNeeds, Split

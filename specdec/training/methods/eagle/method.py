@@ -17,8 +17,8 @@ from typing import Any, Optional
 
 import torch
 
-from specdec.drafters.eagle.model import (EagleConfig, EagleModel, default_aux_layers, embedding_scale, norm_scale,
-                                         save_eagle)
+from specdec.drafters.eagle.model import EagleConfig, EagleModel, default_aux_layers, norm_scale, save_eagle
+from specdec.drafters.features import embedding_scale
 from specdec.models import check_layer_ids
 from specdec.training.distill.store import DataNeeds, Split
 from specdec.training.distill.vocab import check_draft_vocab, draft_vocabulary

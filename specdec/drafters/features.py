@@ -1,0 +1,92 @@
+"""What the drafters over the target's features share (EAGLE's draft layer, the block drafter): the target's input
+embeddings attached rather than owned, a draft vocabulary mapped to target ids, Llama's rotary embedding, and
+writing the weights with that map.
+
+A *draft vocabulary* is the Dv target tokens the drafter's own LM head scores (the most frequent in its training
+data); ``d2t`` holds offsets, the target id of draft index i being ``i + d2t[i]`` (the speculators format's table),
+all zero for the full vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+
+class FeatureDraftModel(nn.Module):
+    """Base of a draft model over the target's features: :meth:`attach`, the draft vocabulary (``d2t``,
+    :meth:`set_token_ids`, :attr:`token_ids`) and :meth:`rope`. ``what`` names it in errors."""
+
+    what = "drafter"
+
+    def __init__(self, vocab_size: int, hidden_size: int, draft_vocab_size: int, head_dim: int, rope_theta: float):
+        super().__init__()
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+        inv_freq = 1.0 / rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
+        self.embed_scale = 1.0  # what the target's embedding multiplies its rows by (Gemma: √hidden; see attach)
+
+    def attach(self, embed_weight: torch.Tensor, scale: float = 1.0):
+        """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
+        ``scale`` as the target's embedding gives them (√hidden for Gemma's scaled embedding, else 1)."""
+        if tuple(embed_weight.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"the target's embeddings are {list(embed_weight.shape)}, the {self.what} expects "
+                             f"[{self.vocab_size}, {self.hidden_size}]")
+        self.embed_weight = embed_weight.detach()
+        self.embed_scale = float(scale)
+        return self
+
+    def set_token_ids(self, token_ids: torch.Tensor | None) -> None:
+        """The draft vocabulary: target ids [Dv] ascending (None = the full vocabulary)."""
+        if token_ids is None:
+            self.d2t.zero_()
+        else:
+            self.d2t.copy_(token_ids.to(self.d2t) - torch.arange(token_ids.numel(), device=self.d2t.device))
+
+    @property
+    def token_ids(self) -> torch.Tensor:  # [Dv] long: the target id of each draft index
+        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding)."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat([freqs, freqs], -1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def embedding_scale(embedding: nn.Module) -> float:
+    """The factor a target's input embedding module multiplies its rows by: √hidden for Gemma's scaled embedding
+    (``scalar_embed_scale``), else 1."""
+    return float(getattr(embedding, "scalar_embed_scale", 1.0))
+
+
+def on_target(model: FeatureDraftModel, target: nn.Module) -> torch.Tensor:
+    """``model`` moved to the target's device and dtype and attached to its input embeddings (scaled as its embedding
+    module scales them: √hidden for Gemma's); returns the embedding weight (shared: never rounded or trained)."""
+    from specdec.models import as_decoder
+
+    decoder = as_decoder(target)
+    embedding = decoder.embed_tokens if hasattr(decoder, "embed_tokens") else target.get_input_embeddings()
+    weight = embedding.weight
+    model.to(device=weight.device, dtype=weight.dtype).attach(weight, embedding_scale(embedding))
+    return weight
+
+
+def save_weights(directory: Path, model: FeatureDraftModel, dtype: torch.dtype | None = None) -> None:
+    """``model``'s weights to ``directory/model.safetensors`` (atomically), in ``dtype`` if given; a draft vocabulary
+    as ``d2t`` (and ``t2d``: which target ids are draft tokens), none for the full vocabulary."""
+    tensors = {name: t.detach().cpu().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
+               for name, t in model.state_dict().items() if name != "d2t"}
+    if model.d2t.numel() != model.vocab_size:
+        tensors["d2t"] = model.d2t.detach().cpu().contiguous()
+        t2d = torch.zeros(model.vocab_size, dtype=torch.bool)
+        t2d[model.token_ids.cpu()] = True
+        tensors["t2d"] = t2d
+    tmp = directory / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(directory / "model.safetensors")
