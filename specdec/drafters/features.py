@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from specdec.errors import CheckpointError
+
 
 class FeatureDraftModel(nn.Module):
     """Base of a draft model over the target's features: :meth:`attach`, the draft vocabulary (``d2t``,
@@ -90,3 +92,24 @@ def save_weights(directory: Path, model: FeatureDraftModel, dtype: torch.dtype |
     tmp = directory / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")
+
+
+def load_weights(model: FeatureDraftModel, tensors: dict[str, torch.Tensor], d2t: torch.Tensor | None, weights: Path,
+                 described: str, hint: str) -> FeatureDraftModel:
+    """``tensors`` (read from ``weights``, ``d2t`` popped from them) into ``model`` in float32: every tensor its
+    config implies, of its shape, and no other, else :class:`~specdec.errors.CheckpointError` naming what differs
+    (``described``: what the file should hold; ``hint``: what to do)."""
+    state = model.state_dict()
+    missing, unexpected = sorted(set(state) - set(tensors) - {"d2t"}), sorted(set(tensors) - set(state))
+    if missing or unexpected:
+        raise CheckpointError(f"{str(weights)!r} does not match {described}: missing {missing[:6]}, unexpected "
+                              f"{unexpected[:6]}; {hint}")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise CheckpointError(f"{str(weights)!r}: {name} has shape {list(tensor.shape)}, its config implies "
+                                  f"{list(state[name].shape)}; {hint}")
+        state[name] = tensor.float()
+    if d2t is not None:
+        state["d2t"] = d2t
+    model.load_state_dict(state)
+    return model

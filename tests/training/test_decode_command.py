@@ -20,13 +20,16 @@ from specdec.training.methods import METHODS
 
 def method_config(name: str):
     """Each method's smallest settings that train in seconds on the tiny target (34 tokens, hidden 16, 1 layer)."""
+    from specdec.training.methods.dflash import DFlashMethodConfig
     from specdec.training.methods.draft_model import DraftModelMethodConfig
     from specdec.training.methods.eagle import EagleMethodConfig
     from specdec.training.methods.medusa import MedusaMethodConfig
 
     return {"medusa": MedusaMethodConfig(num_heads=3, tree_nodes=5, draft_vocab=None),
             "eagle": EagleMethodConfig(aux_layers=[0, 0, 0], draft_vocab=20, ttt_steps=2, chunk_len=32, eval_depth=3),
-            "draft_model": DraftModelMethodConfig(layers=[0], chunk_len=32, eval_depth=3)}[name]
+            "draft_model": DraftModelMethodConfig(layers=[0], chunk_len=32, eval_depth=3),
+            "dflash": DFlashMethodConfig(aux_layers=[0, 0, 0], num_layers=1, block_size=4, draft_vocab=20, anchors=4,
+                                         chunk_len=32, tree_nodes=4, max_rank=3)}[name]
 
 
 def test_every_training_method_trains_a_registered_drafter():

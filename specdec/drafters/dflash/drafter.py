@@ -110,6 +110,9 @@ class DFlashDrafter(Drafter):
 
         decoder = as_decoder(target)
         path = default_dflash_path() if cfg.path in (None, "", DEFAULT_DFLASH) else Path(cfg.path).expanduser()
+        if path == default_dflash_path() and not (path / "config.json").is_file():
+            raise FileNotFoundError("no block drafter is shipped yet for the default target: train one with `python -m "
+                                    "specdec.train method=dflash export=<dir>` and pass drafter.path=<dir>")
         model = load_dflash(path, target_config=decoder.config)
         embed = on_target(model, target)
         round_weights(model, cfg.weight_bits, keep=(embed,), what="block drafter")

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafters.features import FeatureDraftModel, save_weights
+from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models.backend import Backend
@@ -327,25 +327,12 @@ def load_dflash(path: str | Path, *, target_config: Any | None = None) -> DFlash
     weights = directory / "model.safetensors"
     tensors = read_tensors(weights, what="block drafter weights", hint=_HINT)
     model = DFlashModel(cfg)
-    state = model.state_dict()
     if "lm_head.weight" not in tensors:
         raise CheckpointError(f"{str(weights)!r} has no lm_head.weight: a DFlash drafter that reads the target's full "
                               f"LM head, which specdec does not run (its drafts need their own draft-vocabulary "
                               f"head); {_HINT}")
     d2t = _draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights)
-    missing, unexpected = sorted(set(state) - set(tensors) - {"d2t"}), sorted(set(tensors) - set(state))
-    if missing or unexpected:
-        raise CheckpointError(f"{str(weights)!r} does not match the block drafter its config describes: missing "
-                              f"{missing[:6]}, unexpected {unexpected[:6]}; {_HINT}")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise CheckpointError(f"{str(weights)!r}: {name} has shape {list(tensor.shape)}, its config implies "
-                                  f"{list(state[name].shape)}; {_HINT}")
-        state[name] = tensor.float()
-    if d2t is not None:
-        state["d2t"] = d2t
-    model.load_state_dict(state)
-    return model
+    return load_weights(model, tensors, d2t, weights, "the block drafter its config describes", _HINT)
 
 
 def _check_target(cfg: DFlashConfig, target_config: Any, directory: Path) -> None:

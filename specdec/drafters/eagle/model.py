@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafters.features import FeatureDraftModel, save_weights
+from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import cpu_kernels
@@ -342,26 +342,12 @@ def load_eagle(path: str | Path, *, target_config: Any | None = None) -> EagleMo
     tensors = read_tensors(weights, what="EAGLE drafter weights", hint=_HINT)
     tensors = {("layers.0." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
     model = EagleModel(cfg)
-    state = model.state_dict()
     if "lm_head.weight" not in tensors:
         raise CheckpointError(f"{str(weights)!r} has no lm_head.weight (a drafter sharing the target's LM head); "
                               f"specdec needs the drafter's own; {_HINT}")
     d2t = _draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights)
     tensors.pop("embed_tokens.weight", None)  # the target's embeddings are used (same hidden size)
-    missing = sorted(set(state) - set(tensors) - {"d2t"})
-    unexpected = sorted(set(tensors) - set(state))
-    if missing or unexpected:
-        raise CheckpointError(f"{str(weights)!r} does not match an EAGLE-3 layer of its config: missing "
-                              f"{missing[:6]}, unexpected {unexpected[:6]}; {_HINT}")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise CheckpointError(f"{str(weights)!r}: {name} has shape {list(tensor.shape)}, its config implies "
-                                  f"{list(state[name].shape)}; {_HINT}")
-        state[name] = tensor.float()
-    if d2t is not None:
-        state["d2t"] = d2t
-    model.load_state_dict(state)
-    return model
+    return load_weights(model, tensors, d2t, weights, "an EAGLE-3 layer of its config", _HINT)
 
 
 def _draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, cfg: EagleConfig,

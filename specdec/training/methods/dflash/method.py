@@ -205,6 +205,15 @@ class DFlashMethod(TrainMethod):
     def score(self, metrics: dict[str, Any]) -> float:
         return metrics["eval"]["val"]["tau_chain"][-1]
 
+    def decode_overrides(self, metrics: dict[str, Any]) -> list[str]:
+        """A stored tree of fewer paths than the drafter's defaults draft from (drafter.k - drafter.lookup) asks a
+        smaller drafter.k."""
+        from specdec.drafters import drafter_config
+
+        shipped = drafter_config("dflash")
+        paths = len(metrics["tree"])
+        return [f"drafter.k={paths + shipped.lookup}"] if 0 < paths < shipped.k - shipped.lookup else []
+
     def log_values(self, metrics: dict[str, Any]) -> dict[str, float]:
         return {f"{n}/tau_chain{len(e['tau_chain'])}": e["tau_chain"][-1] for n, e in metrics["eval"].items()} | {
             f"{n}/tau_tree{len(e['expected_tau_tree'])}": e["expected_tau_tree"][-1] for n, e in metrics["eval"].items()}
