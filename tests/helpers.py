@@ -398,3 +398,34 @@ def gguf_weight(shape: tuple[int, int], kind: str, seed: int = 0, *, one_scale_p
     else:
         raise ValueError(f"kind must be Q4_K, Q5_0 or Q6_K, got {kind!r}")
     return torch.from_numpy(dequantize(raw, qtype).reshape(n, k).copy())
+
+
+# --- the block drafter on the bigram target --------------------------------------------------------------
+
+from specdec.drafters.dflash import DFlashConfig, DFlashModel  # noqa: E402
+
+
+class MarkovBlocks(DFlashModel):
+    """A block drafter whose masked position i outputs e_{σ^(i-1)(anchor)} (the cache written as usual), over an LM
+    head that is the target's made flatter: position i's candidates are the target's likely tokens i steps ahead,
+    good but imperfect, so both acceptance and rejection happen."""
+
+    def draft_block(self, anchors, last, cache, kv_len=None):
+        super().draft_block(anchors, last, cache, kv_len)
+        chain = [anchors, anchors] + [successor(anchors, i) for i in range(1, self.cfg.block_size - 1)]
+        return self.embed_weight[torch.stack(chain, 1)]
+
+
+def markov_blocks(target, draft_vocab=None) -> MarkovBlocks:
+    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=5, mask_token_id=0, aux_layers=(0,),
+                                  draft_vocab_size=None if draft_vocab is None else len(draft_vocab))
+    model = MarkovBlocks(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+        model.norm.weight.fill_(VOCAB ** -0.5)
+        ids = torch.arange(VOCAB) if draft_vocab is None else draft_vocab
+        model.lm_head.weight.copy_((target.lm_head.weight * 0.6)[ids])
+    if draft_vocab is not None:
+        model.set_token_ids(draft_vocab)
+    return model.attach(target.get_input_embeddings().weight)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import exact_verdict, tiny_llama
+from helpers import exact_verdict, markov_blocks, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel, load_dflash, save_dflash
@@ -120,36 +120,6 @@ def test_bad_settings_are_named(target):
 
 
 # --- exactness at temperature 1 on the bigram ("Markov") target ------------------------------------------
-
-class MarkovBlocks(DFlashModel):
-    """A block drafter whose masked position i outputs e_{σ^(i-1)(anchor)} (the cache written as usual), over an LM
-    head that is the target's made flatter: position i's candidates are the target's likely tokens i steps ahead,
-    good but imperfect, so both acceptance and rejection happen."""
-
-    def draft_block(self, anchors, last, cache, kv_len=None):
-        from helpers import successor
-
-        super().draft_block(anchors, last, cache, kv_len)
-        chain = [anchors, anchors] + [successor(anchors, i) for i in range(1, self.cfg.block_size - 1)]
-        return self.embed_weight[torch.stack(chain, 1)]
-
-
-def markov_blocks(target, draft_vocab=None) -> MarkovBlocks:
-    from helpers import VOCAB
-
-    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=5, mask_token_id=0, aux_layers=(0,),
-                                  draft_vocab_size=None if draft_vocab is None else len(draft_vocab))
-    model = MarkovBlocks(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.1)
-        model.norm.weight.fill_(VOCAB ** -0.5)
-        ids = torch.arange(VOCAB) if draft_vocab is None else draft_vocab
-        model.lm_head.weight.copy_((target.lm_head.weight * 0.6)[ids])
-    if draft_vocab is not None:
-        model.set_token_ids(draft_vocab)
-    return model.attach(target.get_input_embeddings().weight)
-
 
 MARKOV_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2], [0, 0, 0, 0]]
 

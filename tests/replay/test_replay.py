@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import PATHS, make_markov_target, markov_heads, noisy_copy, random_eagle, tiny_llama, word_tokenizer
+from helpers import PATHS, make_markov_target, markov_blocks, markov_heads, noisy_copy, random_eagle, tiny_llama, word_tokenizer
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.drafters.base import DRAFTERS
+from specdec.drafters.dflash import DFlashDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.replay import ReplayLog, ReplayMismatchError, log_proposals, replay
@@ -56,6 +57,8 @@ CASES = {
     "medusa_dynamic_tree": ("markov", lambda m: MedusaDrafter(markov_heads(3, strength=2.0),
                                                               m["markov"].lm_head.weight, PATHS,
                                                               min_confidence=0.3), 8),
+    "dflash": ("markov", lambda m: DFlashDrafter(markov_blocks(m["markov"])), 4),
+    "dflash_tree": ("markov", lambda m: DFlashDrafter(markov_blocks(m["markov"]), PATHS), 8),
 }
 PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13], [33, 1, 60, 33, 1]]
 
