@@ -16,11 +16,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdec.errors import CheckpointError
+from specdec.models import cpu_kernels
 
 
 class FeatureDraftModel(nn.Module):
     """Base of a draft model over the target's features: :meth:`attach`, the draft vocabulary (``d2t``,
-    :meth:`set_token_ids`, :attr:`token_ids`) and :meth:`rope`. ``what`` names it in errors."""
+    :meth:`set_token_ids`, :attr:`token_ids`), :meth:`rope` and the draft :meth:`logits`. ``what`` names it in
+    errors. A subclass has ``fc`` (the features' fusion), ``norm`` and ``lm_head`` (its final norm and draft LM
+    head), ``backend`` and ``_layer_plan()`` (what its forwards through specdec's CPU kernels read, with "norm" and
+    "lm_head" among it: :class:`~specdec.models.backend.ProductPlan`)."""
 
     what = "drafter"
 
@@ -59,6 +63,22 @@ class FeatureDraftModel(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat([freqs, freqs], -1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
+        """The draft LM head over the final norm of ``hidden``: through the CPU kernels where :meth:`_fused`."""
+        if self._fused(hidden):
+            plan = self._layer_plan()
+            rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+            normed = cpu_kernels.module().rms_norm(rows, None, *plan["norm"])
+            return self.backend.step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
+        return self.backend.linear(self.norm(hidden), self.lm_head).float()
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether a forward (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
+        decode step: :meth:`CompactDecoder._fused_layers`): float32 on CPU, no autograd, not traced by
+        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the backend's kernels on and built."""
+        return (self.backend.fusable(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
+                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
 
 
 def embedding_scale(embedding: nn.Module) -> float:

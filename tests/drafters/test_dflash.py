@@ -13,6 +13,8 @@ from helpers import exact_verdict, markov_blocks, tiny_llama
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel, load_dflash, save_dflash
 from specdec.errors import CheckpointError
+from specdec.models import cpu_kernels
+from specdec.models.backend import Backend
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,34 @@ def test_one_forward_drafts_the_whole_block(target):
     assert out.stats.drafter_forwards == out.stats.verify_steps > 0
 
 
+@torch.no_grad()
+def test_each_block_reads_the_newest_committed_context(target):
+    """A block's ``last`` input is the fused context of the position just before its anchor (the newest one the
+    target committed): at every step of a generation, against the target's own hidden states of the whole
+    sequence. Greedy exactness cannot notice another entry (the drafts would only get worse)."""
+    from specdec.training.distill.answers import hidden_states
+
+    model = random_dflash(target)
+    drafter = DFlashDrafter(model)
+    seen, propose, draft_block = [], drafter.propose, model.draft_block
+
+    def recording_propose(state, k):
+        seen.append([state.seq[0, : int(state.seq_lens[0])].clone()])
+        return propose(state, k)
+
+    def recording_block(anchors, last, cache, kv_len=None):
+        seen[-1].append(last[0].clone())
+        return draft_block(anchors, last, cache, kv_len)
+
+    drafter.propose, model.draft_block = recording_propose, recording_block
+    speculative_generate(target, drafter, PROMPTS[:1], k=3, max_new_tokens=20, eos_token_id=[])
+    assert len(seen) > 5
+    for seq, last in seen:
+        states = hidden_states(target, seq[None, :-1])
+        features = torch.cat([states[layer] for layer in model.cfg.aux_layers], -1)
+        assert torch.allclose(last, model.context(features)[0, -1], atol=1e-5), len(seq)
+
+
 def test_decode_blocks_are_the_training_blocks():
     """A block drafted over the cache (context written as the target commits, then one block forward) is the one
     training computes for the same anchor with many blocks side by side (the mask keeps them apart)."""
@@ -88,6 +118,48 @@ def test_decode_blocks_are_the_training_blocks():
                 cache.commit(torch.tensor([j + 1 - start]))
                 decoded = model.draft_block(tokens[row, j: j + 1], context[:, -1], cache)[0]
                 assert torch.allclose(decoded, trained[row, a], atol=1e-5), (row, a)
+
+
+def _block_steps(model: DFlashModel) -> list[torch.Tensor]:
+    """Context of 6 positions written, a block drafted, 3 more positions committed, another block, on a batch of 2
+    rows (one left-padded): the contexts, the blocks, their logits and the cache's committed entries."""
+    gen = torch.Generator().manual_seed(1)
+    pad = torch.tensor([0, 2])
+    cache = model.new_cache(2, 40, pad)
+    width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
+    feats = torch.randn(2, 9, width, generator=gen)
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 2), generator=gen)
+    first = model.write_context(feats[:, :6], cache, 20)
+    cache.commit(torch.tensor([6, 6]))
+    block = model.draft_block(tokens[:, 0], first[:, -1], cache, 20)
+    second = model.write_context(feats[:, 6:], cache, 20)
+    cache.commit(torch.tensor([3, 3]))
+    again = model.draft_block(tokens[:, 1], second[:, -1], cache, 20)
+    return [first, block, model.logits(block[:, 1:]), second, again, model.logits(again[:, 1:]),
+            *(entries[i][:, :, :9] for entries in (cache.keys, cache.values) for i in range(model.cfg.num_layers))]
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernels are not built here")
+@torch.no_grad()
+def test_the_fused_block_forward_matches_the_torch_ops(target):
+    """The context write and the block forward through specdec's CPU kernels (norms, q/k norms per head, rotary,
+    cache write + attention with the whole block visible, SiLU, products over float16 panels) equal the torch ops';
+    after an in-place weight update too (the plan of packed weights is rebuilt)."""
+    model = random_dflash(target, draft_vocab=40)
+    for p in model.parameters():
+        p.data = p.data.half().float()  # float16 values: float16 panels, as a drafter stored in float16
+    for update in (False, True):
+        if update:
+            model.layers[1].mlp.down_proj.weight.mul_(0.5)
+            model.lm_head.weight.add_(0.25)
+            model.fc.weight.mul_(0.5)
+        results = {}
+        for on in (True, False):
+            model.backend = Backend(kernels=on)
+            results[on] = _block_steps(model)
+        for fused, plain in zip(results[True], results[False]):
+            assert fused.shape == plain.shape
+            assert torch.allclose(fused, plain, atol=1e-5, rtol=1e-5), (fused - plain).abs().max()
 
 
 def test_checkpoint_round_trip_and_refusals(target, tmp_path):

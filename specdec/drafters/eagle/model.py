@@ -156,14 +156,6 @@ class EagleModel(FeatureDraftModel):
             return self.backend.step_product(rows, self._layer_plan()["fc"]).view(*features.shape[:-1], -1)
         return self.backend.linear(features, self.fc)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
-        if self._fused(hidden):
-            plan = self._layer_plan()
-            rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            normed = cpu_kernels.module().rms_norm(rows, None, *plan["norm"])
-            return self.backend.step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
-        return self.backend.linear(self.norm(hidden), self.lm_head).float()
-
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
              kv_len: int | None = None, tree: torch.Tensor | None = None, recent: int = 0) -> torch.Tensor:
         """T new entries per row on the draft cache (written uncommitted): hidden [B, T, H] (fused features
@@ -178,13 +170,6 @@ class EagleModel(FeatureDraftModel):
         mask = cache.attention_mask(tokens.shape[1], keys.shape[2], tree, recent)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.layer.finish(hidden, attended, self.backend)
-
-    def _fused(self, x: torch.Tensor) -> bool:
-        """Whether a step (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
-        decode step: :meth:`CompactDecoder._fused_layers`): float32 on CPU, no autograd, not traced by
-        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the backend's kernels on and built."""
-        return (self.backend.fusable(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
-                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
 
     def _fused_step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
                     sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
