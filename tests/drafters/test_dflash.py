@@ -162,6 +162,28 @@ def test_the_fused_block_forward_matches_the_torch_ops(target):
             assert torch.allclose(fused, plain, atol=1e-5, rtol=1e-5), (fused - plain).abs().max()
 
 
+def test_anchors_come_from_answers_then_real_positions():
+    """Anchors are drawn among answer positions; a chunk without any among its real positions, one without real
+    positions (all padding) anywhere; with replacement only where a chunk has fewer than asked."""
+    from specdec.training.distill.packing import Packed
+    from specdec.training.methods.dflash.objective import sample_anchors
+
+    t = 10
+    segment = torch.tensor([[0] * 6 + [-1] * 4, [0] * 4 + [-1] * 6, [-1] * 10])
+    answer = torch.zeros(3, t, dtype=torch.bool)
+    answer[0, 2:5] = True
+    answer[0, 8] = True  # padding: never drawn
+    zeros = torch.zeros(3, t, dtype=torch.long)
+    batch = Packed(torch.zeros(3, t, 1), zeros, zeros, torch.zeros(3, t, 1), zeros, segment, answer)
+    for seed in range(5):
+        anchors = sample_anchors(batch, 3, torch.Generator().manual_seed(seed))
+        assert sorted(anchors[0].tolist()) == [2, 3, 4]
+        assert set(anchors[1].tolist()) <= {0, 1, 2, 3}
+        assert anchors.shape == (3, 3)
+    wide = sample_anchors(batch, 5, torch.Generator().manual_seed(0))  # chunk 0 has 3 answers: replacement
+    assert set(wide[0].tolist()) <= {2, 3, 4}
+
+
 def test_checkpoint_round_trip_and_refusals(target, tmp_path):
     model = random_dflash(target, draft_vocab=40)
     save_dflash(tmp_path / "d", model, verifier="tiny", extra={"tree": TREE})

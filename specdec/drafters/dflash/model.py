@@ -300,8 +300,8 @@ class DFlashModel(FeatureDraftModel):
         (contiguous, as ``rope_qkv`` reads it); ``heads`` 0 for k|v alone."""
         rms_norm, m = cpu_kernels.module().rms_norm, qkv.shape[0]
         q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
-        parts = [rms_norm(q.reshape(-1, dim), None, *layer["q_norm"]).view(m, -1)] if heads else []
-        parts += [rms_norm(k.reshape(-1, dim), None, *layer["k_norm"]).view(m, -1), v]
+        parts = [rms_norm(q.reshape(-1, dim).contiguous(), None, *layer["q_norm"]).view(m, -1)] if heads else []
+        parts += [rms_norm(k.reshape(-1, dim).contiguous(), None, *layer["k_norm"]).view(m, -1), v]
         return torch.cat(parts, -1)
 
     def _layer_plan(self) -> dict[str, Any]:

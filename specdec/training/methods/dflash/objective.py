@@ -42,9 +42,10 @@ def labels_valid(batch: Packed, anchors: torch.Tensor, block_size: int) -> torch
 def sample_anchors(batch: Packed, count: int, generator: torch.Generator | None = None) -> torch.Tensor:  # [b, A]
     """``count`` anchors per chunk, drawn without replacement among the indices whose first label is an answer
     token (the target's own continuation); chunks with fewer take some twice (their loss counts them twice)."""
-    weights = (batch.answer & (batch.segment >= 0)).float()  # answer[j]: x_{j+2}, the first label, is an answer's
-    weights[weights.sum(1) == 0] = (batch.segment[weights.sum(1) == 0] >= 0).float()
-    weights[weights.sum(1) == 0] = 1.0
+    real = batch.segment >= 0
+    answers = batch.answer & real  # answer[j]: x_{j+2}, the first label, is an answer's
+    # a chunk without answer positions draws among its real ones, one without those among all
+    weights = torch.where(answers.any(1, keepdim=True), answers, real | ~real.any(1, keepdim=True)).float()
     return torch.multinomial(weights.cpu(), count, replacement=bool((weights > 0).sum(1).min() < count),
                              generator=generator).to(batch.tokens.device)
 
@@ -106,12 +107,10 @@ def dflash_loss(model: DFlashModel, batch: Packed, anchors: torch.Tensor, lm_hea
     which = torch.arange(1, size, device=anchors.device).expand_as(valid)[valid]  # [P]: i of each
     weight = position_decay ** (which - 1).float()
     loss = (weight * ce).sum() / weight.sum().clamp(min=1e-9)
-    agree = logq.argmax(-1) == p[valid].argmax(-1)
-    per_ce, per_agree = [], []
-    for i in range(1, size):
-        sel = which == i
-        per_ce.append(float(ce[sel].detach().mean().nan_to_num()) if sel.any() else 0.0)
-        per_agree.append(float(agree[sel].float().mean()) if sel.any() else 0.0)
+    agree = (logq.argmax(-1) == p[valid].argmax(-1)).float()
+    counts = torch.bincount(which - 1, minlength=size - 1).clamp(min=1)  # a position without labels logs 0
+    per_ce, per_agree = (torch.stack([torch.bincount(which - 1, weights=values, minlength=size - 1)
+                                      for values in (ce.detach(), agree)]) / counts).nan_to_num().tolist()
     return loss, per_ce, per_agree
 
 
