@@ -429,3 +429,13 @@ def markov_blocks(target, draft_vocab=None) -> MarkovBlocks:
     if draft_vocab is not None:
         model.set_token_ids(draft_vocab)
     return model.attach(target.get_input_embeddings().weight)
+
+
+def feature_batch(model, positions: int, tokens: int, capacity: int):
+    """For a drafter over the target's features (EAGLE's, the block drafter's model): a cache of two rows, the second
+    left-padded by 2, and random features [2, positions, L*H] and tokens [2, tokens] (seeded)."""
+    gen = torch.Generator().manual_seed(1)
+    cache = model.new_cache(2, capacity, torch.tensor([0, 2]))
+    width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
+    return (cache, torch.randn(2, positions, width, generator=gen),
+            torch.randint(0, model.cfg.vocab_size, (2, tokens), generator=gen))

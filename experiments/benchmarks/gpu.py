@@ -28,7 +28,7 @@ import torch
 
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
-from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec.drafters import DFlashDrafter, DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
 from specdec.models import GraphedDecoder, as_decoder
@@ -131,6 +131,11 @@ def main() -> None:
         drafter.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
+    def dflash():  # the shipped block drafter; its block forward eager (it has no graphs yet)
+        if "dflash" in args.skip:
+            return None
+        return DFlashDrafter.from_config(DFlashDrafter.Config(), target=model)
+
     methods = {  # name -> (target, drafter or None, k)
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
@@ -148,6 +153,8 @@ def main() -> None:
                                      MedusaDrafter.Config().k),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
+        "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(),
+                                               DFlashDrafter.Config().k),
     }
     if args.compile:
         methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)

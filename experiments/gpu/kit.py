@@ -182,20 +182,25 @@ def unpack(args) -> None:
     print(f"{out}: {len(tensors)} tensors rebuilt bit for bit")
 
 
-STAGES = {  # stage -> (carried paths, the command there); the shipped drafters travel in stage 3 only
+STAGES = {  # stage -> (carried paths, the command there); the shipped drafters travel in stage 3, but LATE's in 2
     "1": ([".gpu/target-1"], "mkdir -p /tmp/kit && cp -r .gpu/target-1 /tmp/kit/ && du -sh /tmp/kit"),
-    "2": ([".gpu/target-2"], "mkdir -p /tmp/kit && cp -r .gpu/target-2 /tmp/kit/ && du -sh /tmp/kit"),
+    "2": ([".gpu/target-2"], "mkdir -p /tmp/kit/assets && cp -r .gpu/target-2 /tmp/kit/{late} && du -sh /tmp/kit"),
     "3": ([".gpu/whl", ".gpu/prompts.json"], "source experiments/gpu/setup.sh && <the work>"),
 }
+# shipped drafters that travel beside the target's second part (stage 2: 38 MiB), since stage 3's tree holding every
+# drafter would pass the limit; setup.sh copies them from /tmp/kit/assets into the tree there
+LATE = ("dflash",)
 
 
 def stage(args) -> None:
-    """Move the shipped drafters out of the tree (stages 1, 2: the target's parts travel) or back (stage 3,
-    ``restore``), and print the call to make."""
+    """Move the shipped drafters out of the tree (stages 1, 2: the target's parts travel) or back (stage 3, but
+    those of ``LATE``, which stage 2 carried; ``restore``: all), and print the call to make."""
     keep = args.stage in ("3", "restore")
     HOLD.mkdir(parents=True, exist_ok=True)
     source, target = (HOLD, ASSETS) if keep else (ASSETS, HOLD)
     for path in sorted(source.iterdir()):
+        if args.stage == "3" and path.name in LATE:
+            continue
         if (target / path.name).exists():
             raise SystemExit(f"{target / path.name} exists already: sort {path} out by hand (git status)")
         shutil.move(str(path), str(target / path.name))
@@ -203,6 +208,10 @@ def stage(args) -> None:
         print(f"the shipped drafters are back in {ASSETS}")
         return
     carry, command = STAGES[args.stage]
+    if args.stage == "2":
+        late = [f".gpu/hold/{name}" for name in LATE if (HOLD / name).is_dir()]
+        carry = carry + late
+        command = command.format(late="".join(f" && cp -r {path} /tmp/kit/assets/" for path in late))
     size = transfer_bytes(carry) / MIB
     print(f"specdec/assets: {'in the tree' if keep else 'held in ' + str(HOLD)}; this transfer: {size:.1f} MiB "
           f"(the tree and what is carried; at most {LIMIT_MIB})")

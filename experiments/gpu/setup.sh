@@ -8,3 +8,6 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 export SPECDEC_CACHE=/tmp/cache SPECDEC_CPU_KERNEL=0
 python3 experiments/gpu/kit.py unpack --kit /tmp/kit --to "$SPECDEC_CACHE/smollm2-135m-instruct" \
     || { echo "setup: the target's parts are not on this machine (a fresh one?): run stages 1 and 2 again"; return 1; }
+for late in /tmp/kit/assets/*/; do  # the shipped drafters stage 2 carried (kit.py's LATE), into the tree here
+    if [ -d "$late" ] && [ ! -e "specdec/assets/$(basename "$late")" ]; then cp -r "$late" specdec/assets/; fi
+done

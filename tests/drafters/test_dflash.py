@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import exact_verdict, markov_blocks, tiny_llama
+from helpers import exact_verdict, feature_batch, markov_blocks, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel, load_dflash, save_dflash
@@ -123,12 +123,7 @@ def test_decode_blocks_are_the_training_blocks():
 def _block_steps(model: DFlashModel) -> list[torch.Tensor]:
     """Context of 6 positions written, a block drafted, 3 more positions committed, another block, on a batch of 2
     rows (one left-padded): the contexts, the blocks, their logits and the cache's committed entries."""
-    gen = torch.Generator().manual_seed(1)
-    pad = torch.tensor([0, 2])
-    cache = model.new_cache(2, 40, pad)
-    width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
-    feats = torch.randn(2, 9, width, generator=gen)
-    tokens = torch.randint(0, model.cfg.vocab_size, (2, 2), generator=gen)
+    cache, feats, tokens = feature_batch(model, 9, 2, 40)
     first = model.write_context(feats[:, :6], cache, 20)
     cache.commit(torch.tensor([6, 6]))
     block = model.draft_block(tokens[:, 0], first[:, -1], cache, 20)
@@ -201,6 +196,19 @@ def test_checkpoint_round_trip_and_refusals(target, tmp_path):
         load_dflash(tmp_path / "d")
     with pytest.raises(FileNotFoundError, match="no block drafter"):
         load_dflash(tmp_path / "missing")
+
+
+def test_weight_bits_round_the_layers_and_head_but_not_fc(target, tmp_path):
+    """``drafter.weight_bits`` rounds the draft layers and the LM head to codes, never ``fc`` (its columns for a
+    target's massive channels are tiny beside their block's others) nor the target's embeddings."""
+    model = random_dflash(target, draft_vocab=40)
+    save_dflash(tmp_path / "d", model, extra={"tree": TREE})
+    drafter = DFlashDrafter.from_config(DFlashDrafter.Config(path=str(tmp_path / "d"), weight_bits=4), target=target)
+    loaded = drafter.model
+    assert torch.equal(loaded.fc.weight, model.fc.weight)
+    assert not torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    assert not torch.equal(loaded.layers[0].mlp.down_proj.weight, model.layers[0].mlp.down_proj.weight)
+    assert torch.equal(target.get_input_embeddings().weight, model.embed_weight)
 
 
 def test_bad_settings_are_named(target):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import check_export_force, exact_verdict, random_eagle, shipped_drafter_taus, tiny_llama
+from helpers import check_export_force, exact_verdict, feature_batch, random_eagle, shipped_drafter_taus, tiny_llama
 from safetensors.torch import load_file, save_file
 
 from specdec import autoregressive_generate, speculative_generate
@@ -145,13 +145,8 @@ def test_decode_drafts_are_the_training_time_test(target):
 def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
     """A catch-up step (6 positions, causal), a chain draft, then a tree level whose 2 entries see their own
     choice of the 3 draft entries before them, on a batch of 2 rows (one left-padded): outputs, logits, cache."""
-    gen = torch.Generator().manual_seed(1)
-    pad = torch.tensor([0, 2])
-    cache = model.new_cache(2, 24, pad)
-    width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
-    feats = torch.randn(2, 6, width, generator=gen)
-    tokens = torch.randint(0, model.cfg.vocab_size, (2, 6), generator=gen)
-    positions = (torch.arange(6)[None] - pad[:, None]).clamp(min=0)
+    cache, feats, tokens = feature_batch(model, 6, 6, 24)
+    positions = (torch.arange(6)[None] - cache.pad[:, None]).clamp(min=0)
     first = model.step(model.fuse(feats), tokens, cache, positions, 12)
     cache.commit(torch.tensor([6, 6]))
     chain = model.step(first[:, -3:], tokens[:, :3], cache, positions[:, -3:] + 1, 15)

@@ -77,9 +77,9 @@ class DFlashDrafter(Drafter):
         # path, averaged over the rows) reaches this; none = a plain step. 0 = the fixed tree of k paths
         min_confidence: float = 0.0
         lookup: int = 0  # trees only: up to this many of the k nodes hold the prompt-lookup continuation
-        # the drafter's weights rounded to 8- or 4-bit codes per block of 32 (lossy for the drafts only); null = as
-        # trained
-        weight_bits: Optional[int] = None
+        # the draft layers' and LM head's weights rounded to 8- or 4-bit codes per block of 32, streamed as such by the
+        # CPU kernels (lossy for the drafts only: verification stays exact); null = as trained
+        weight_bits: Optional[int] = 4
 
     def __init__(self, model: DFlashModel, paths: list[list[int]] | None = None, *, min_confidence: float = 0.0,
                  lookup: int = 0, backend: Backend = Backend()):
@@ -115,7 +115,10 @@ class DFlashDrafter(Drafter):
                                     "specdec.train method=dflash export=<dir>` and pass drafter.path=<dir>")
         model = load_dflash(path, target_config=decoder.config)
         embed = on_target(model, target)
-        round_weights(model, cfg.weight_bits, keep=(embed,), what="block drafter")
+        # fc stays as stored: its columns for the target's massive channels (layers 15 and 27 of SmolLM2 reach ~25,000
+        # where the RMS is ~66; the scale folded in at training) are ~1e-4 beside ~1e-2 in the same blocks of 32, which
+        # codes would round to garbage (measured: 4-bit errors of 2-8x those columns' norms)
+        round_weights(model, cfg.weight_bits, keep=(embed, model.fc.weight), what="block drafter")
         if cfg.tree == "default":
             paths = model.cfg.extra.get("tree")
             if not paths:

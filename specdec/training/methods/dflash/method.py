@@ -45,7 +45,7 @@ class DFlashMethodConfig(MethodConfig):
     # the token whose embedding fills the masked positions; null: the lowest id never seen in the training data
     mask_token_id: Optional[int] = None
     draft_vocab: Optional[int] = 8192  # the N most frequent training tokens (FR-Spec); null = all
-    anchors: int = 16  # blocks per chunk and step (drawn among the answer positions)
+    anchors: int = 32  # blocks per chunk and step (drawn among the answer positions)
     position_decay: float = 0.8  # loss weight of masked position i: decay^(i-1)
     chunk_len: int = 256  # positions per example (sequences packed)
     # the draft LM head and final norm start as the target's (false: random, the norm at 1). The layers always start
@@ -55,7 +55,7 @@ class DFlashMethodConfig(MethodConfig):
     # the draft layers' learning rate over optim.lr: the layers read normed inputs of RMS 1, where optim.lr's
     # steps (right for fc and the LM head) swamp the block's inputs within a few steps; at 0.1 the first 60 steps
     # of SmolLM2's drafter learn what they learn with the layers frozen, at 1 far less
-    layer_lr_scale: float = 0.1
+    layer_lr_scale: float = 0.3
     # every block position also reads the newest committed position's fused context, and every masked one the
     # anchor's embedding (specdec.drafters.dflash.model: DFlashModel.block_inputs); false: the published inputs
     anchor_inputs: bool = True
