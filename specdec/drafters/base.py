@@ -66,6 +66,8 @@ class DecodeState:
     features: torch.Tensor | None = None
 
 
+GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, the prompt's: eager)
+
 class Drafter(ABC):
     """Base class of every drafting strategy (see the module docstring). Every drafter implements
     :meth:`from_config`, :meth:`propose` and :meth:`observe`; the other members are hooks whose defaults suit a
@@ -148,6 +150,16 @@ class Drafter(ABC):
     def graph_runners(self) -> list[Graphs]:
         """What replays the drafter's graphs (their ``captures``, ``replays``, ``capture_time_s``); [] if eager."""
         return [] if self.graphs is None else [self.graphs]
+
+    def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
+        """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
+        ``fn``), else eager."""
+        return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
+
+    def _new_cache(self, make, batch: int, capacity: int, pad: torch.Tensor):
+        """The draft cache of a generation (``make(batch, capacity, pad)``, the model's ``new_cache``): a new one,
+        or with graphs the one they keep (:meth:`Graphs.cache`: their graphs read its memory)."""
+        return make(batch, capacity, pad) if self.graphs is None else self.graphs.cache(make, batch, capacity, pad)
 
 
 class DrafterWrapper(Drafter):

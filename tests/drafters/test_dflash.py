@@ -54,6 +54,34 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert one.sequences == ref.sequences[:1]
 
 
+@pytest.mark.parametrize("paths", [None, TREE], ids=["chain", "tree"])
+def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths):
+    """With graphs (emulated on CPU: they fail where a CUDA graph would), the catch-ups and block forwards replay
+    captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2 left-padded, with the drafts
+    the eager drafter drafts (the same τ)."""
+    backend = Backend.emulated_gpu()
+    graphed, eager = (DFlashDrafter(random_dflash(target, draft_vocab=40), paths, backend=backend) for _ in range(2))
+    graphed.replay_graphs("auto")
+    drafts = {id(graphed): [], id(eager): []}
+    for d in (graphed, eager):
+        def recording(state, k, d=d, propose=d.propose):
+            proposal = propose(state, k)
+            drafts[id(d)].append(proposal.tokens.clone())
+            return proposal
+        d.propose = recording
+    k = 4 if paths is None else len(TREE)
+    for ids, mask in ((PROMPTS[:1], None), (PROMPTS, MASK)):
+        ref = autoregressive_generate(target, ids, max_new_tokens=20, attention_mask=mask, eos_token_id=[])
+        out, unreplayed = (speculative_generate(target, d, ids, k=k, max_new_tokens=20, attention_mask=mask,
+                                                eos_token_id=[]) for d in (graphed, eager))
+        assert out.sequences == unreplayed.sequences == ref.sequences
+    mine, theirs = drafts[id(graphed)], drafts[id(eager)]  # the same drafts every step
+    assert len(mine) == len(theirs) > 10 and all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    runners = graphed.graph_runners()
+    assert len(runners) == 1 and runners[0].captures >= 2 and runners[0].replays > runners[0].captures
+    assert not eager.graph_runners()
+
+
 def test_one_forward_drafts_the_whole_block(target):
     """k drafts from one draft forward a step, however large k is."""
     drafter = DFlashDrafter(random_dflash(target, block_size=6))

@@ -16,6 +16,9 @@ depends on the context and the anchor, not on the drafts before it), so the same
   prompt-lookup branch, as for Medusa.
 
 One draft forward whatever k: the cost of a step does not grow with the drafts, only the verification's does.
+On CPU the forward goes through specdec's kernels (the weights as 4-bit codes by default, ``weight_bits``); where
+the target's forwards replay graphs (a GPU) the catch-up and the block forward replay graphs too (over the cache the
+graphs keep), the candidates' logits run eagerly.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any, Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
 from specdec.drafters.features import on_target
 from specdec.drafters.medusa.candidates import IndependentHeads
@@ -149,7 +152,7 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"the block drafter reads {width} target features per position (layers "
                              f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
         margin = 2 * (cfg.block_size + state.features.shape[1] + 8)
-        self.cache = self.model.new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+        self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
         self.last = torch.zeros(state.seq.shape[0], cfg.hidden_size, dtype=self.model.fc.weight.dtype,
                                 device=state.seq.device)  # [B, H]: each row's newest committed context
 
@@ -159,23 +162,37 @@ class DFlashDrafter(Drafter):
     def observe(self, state: DecodeState) -> None:
         """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
 
+    def graph_device(self) -> torch.device | None:
+        """The catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU;
+        both are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly."""
+        return self.model.fc.weight.device
+
     @torch.no_grad()
     def catch_up(self, state: DecodeState) -> None:
         """The positions committed since the last step enter the cache as context (and are committed there)."""
         cache, feats = self.cache, state.features
         t = feats.shape[1]
-        base = cache.lengths.clone()
-        kv_len = min(state.max_seq_len + t + 1, cache.capacity)
-        context = self.model.write_context(feats, cache, kv_len)  # [B, T, H]
-        count = (state.seq_lens - 1 - base).clamp_(min=0, max=t)  # per row: its positions before the newest token
-        newest = context[torch.arange(count.shape[0], device=count.device), (count - 1).clamp(min=0)]
-        self.last = torch.where((count > 0)[:, None], newest, self.last)
+        kv_len = None if self.graphs is not None else min(state.max_seq_len + t + 1, cache.capacity)
+
+        def run(feats, seq_lens, last):  # no commit inside: a graph's warm-up runs it more than once
+            count = (seq_lens - 1 - cache.lengths).clamp(min=0, max=t)  # per row: its positions before the newest token
+            context = self.model.write_context(feats, cache, kv_len)  # [B, T, H]
+            newest = context[torch.arange(count.shape[0], device=count.device), (count - 1).clamp(min=0)]
+            return torch.where((count > 0)[:, None], newest, last), count
+
+        inputs = (feats, state.seq_lens, self.last)
+        self.last, count = self._call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
         cache.commit(count)
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self.catch_up(state)
-        kv_len = min(state.max_seq_len + self.model.cfg.block_size + 1, self.cache.capacity)
-        hidden = self.model.draft_block(state.last_tokens, self.last, self.cache, kv_len)[:, 1:]  # [B, B-1, H]
+        graphed = self.graphs is not None
+        kv_len = None if graphed else min(state.max_seq_len + self.model.cfg.block_size + 1, self.cache.capacity)
+
+        def run(anchors, last):  # the block's entries are written uncommitted: a rerun writes them the same
+            return (self.model.draft_block(anchors, last, self.cache, kv_len)[:, 1:],)  # [B, B-1, H]
+
+        hidden, = self._call(run, (state.last_tokens, self.last), key="block")
         self.forwards += 1
         return self.drafting.propose(state, hidden, k)

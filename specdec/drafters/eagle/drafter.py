@@ -41,7 +41,7 @@ from typing import Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.features import on_target
@@ -54,7 +54,6 @@ from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
-GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, over the prompt: eager)
 MAX_TREES = 1024  # tree shapes cached per drafter
 
 
@@ -128,17 +127,6 @@ class EagleDrafter(Drafter):
         compiled or not, the same graphs."""
         return self.model.fc.weight.device
 
-    def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
-        """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
-        ``fn``), else eager."""
-        return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
-
-    def _new_cache(self, batch: int, capacity: int, pad: torch.Tensor):
-        """The draft cache of a generation: a new one, or with graphs the one they keep (:meth:`Graphs.cache`)."""
-        if self.graphs is None:
-            return self.model.new_cache(batch, capacity, pad)
-        return self.graphs.cache(self.model.new_cache, batch, capacity, pad)
-
     # ---- one generation -------------------------------------------------------------------------------
 
     def start(self, state: DecodeState) -> None:
@@ -152,7 +140,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f"the EAGLE drafter reads {width} target features per position (layers "
                              f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
         margin = 2 * (self.depth * self.expand + state.features.shape[1] + 8)
-        self.cache = self._new_cache(state.seq.shape[0], state.capacity + margin, state.pad)
+        self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
 
     def reset(self) -> None:
         self.cache = None
