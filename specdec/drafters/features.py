@@ -81,6 +81,21 @@ class FeatureDraftModel(nn.Module):
                 and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
 
 
+def check_state(state, cfg, what: str) -> None:
+    """A generation's ``state`` (:class:`~specdec.drafters.base.DecodeState`) as a drafter over ``cfg``'s feature
+    layers reads it: the target's vocabulary and the features of those layers, else an error naming both."""
+    from specdec.errors import VocabMismatchError
+
+    if state.vocab_size != cfg.vocab_size:
+        raise VocabMismatchError(f"the {what} was trained for a vocabulary of {cfg.vocab_size} tokens, the target has "
+                                 f"{state.vocab_size}; train one for this target")
+    width = len(cfg.aux_layers) * cfg.target_hidden_size
+    if state.features is None or state.features.shape[-1] != width:
+        got = None if state.features is None else state.features.shape[-1]
+        raise ValueError(f"the {what} reads {width} target features per position (layers {list(cfg.aux_layers)} x "
+                         f"{cfg.target_hidden_size}), the decode loop gave {got}")
+
+
 def embedding_scale(embedding: nn.Module) -> float:
     """The factor a target's input embedding module multiplies its rows by: √hidden for Gemma's scaled embedding
     (``scalar_embed_scale``), else 1."""

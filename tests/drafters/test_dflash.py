@@ -239,6 +239,21 @@ def test_weight_bits_round_the_layers_and_head_but_not_fc(target, tmp_path):
     assert torch.equal(target.get_input_embeddings().weight, model.embed_weight)
 
 
+def test_a_target_it_was_not_trained_for_is_named(target):
+    """Another vocabulary, or feature layers of another width, are refused when a generation starts, naming both."""
+    from specdec.errors import VocabMismatchError
+
+    drafter = DFlashDrafter(random_dflash(target))
+    with pytest.raises(VocabMismatchError, match="block drafter was trained for a vocabulary of 64 tokens, the target "
+                                                 "has 80"):
+        speculative_generate(tiny_llama(vocab_size=80, layers=4, seed=1), drafter, PROMPTS[:1], k=3, max_new_tokens=4,
+                             eos_token_id=[])
+    with pytest.raises(ValueError, match=r"reads 96 target features per position \(layers \[1, 2, 3\] x 32\), the "
+                                         r"decode loop gave 144"):
+        speculative_generate(tiny_llama(hidden=48, layers=4, seed=1), drafter, PROMPTS[:1], k=3, max_new_tokens=4,
+                             eos_token_id=[])
+
+
 def test_bad_settings_are_named(target):
     model = random_dflash(target)
     with pytest.raises(ValueError, match="min_confidence"):

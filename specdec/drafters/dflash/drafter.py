@@ -33,11 +33,10 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
-from specdec.drafters.features import on_target
+from specdec.drafters.features import check_state, on_target
 from specdec.drafters.medusa.candidates import IndependentHeads
 from specdec.drafters.medusa.drafter import ChainDrafting, TreeDrafting
 from specdec.drafters.trees.plan import check_paths
-from specdec.errors import VocabMismatchError
 from specdec.models.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -143,14 +142,7 @@ class DFlashDrafter(Drafter):
 
     def start(self, state: DecodeState) -> None:
         cfg = self.model.cfg
-        if state.vocab_size != cfg.vocab_size:
-            raise VocabMismatchError(f"the block drafter was trained for a vocabulary of {cfg.vocab_size} tokens, "
-                                     f"the target has {state.vocab_size}; train one for this target")
-        width = len(cfg.aux_layers) * cfg.target_hidden_size
-        if state.features is None or state.features.shape[-1] != width:
-            got = None if state.features is None else state.features.shape[-1]
-            raise ValueError(f"the block drafter reads {width} target features per position (layers "
-                             f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
+        check_state(state, cfg, "block drafter")
         margin = 2 * (cfg.block_size + state.features.shape[1] + 8)
         self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
         self.last = torch.zeros(state.seq.shape[0], cfg.hidden_size, dtype=self.model.fc.weight.dtype,

@@ -44,11 +44,10 @@ from specdec.config import DrafterConfig
 from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
-from specdec.drafters.features import on_target
+from specdec.drafters.features import check_state, on_target
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.drafters.trees.siblings import EXACT_SIBLINGS, SiblingDraws
-from specdec.errors import VocabMismatchError
 from specdec.models.backend import Backend
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
@@ -131,14 +130,7 @@ class EagleDrafter(Drafter):
 
     def start(self, state: DecodeState) -> None:
         cfg = self.model.cfg
-        if state.vocab_size != cfg.vocab_size:
-            raise VocabMismatchError(f"the EAGLE drafter was trained for a vocabulary of {cfg.vocab_size} tokens, the "
-                                     f"target has {state.vocab_size}; train one for this target")
-        width = len(cfg.aux_layers) * cfg.target_hidden_size
-        if state.features is None or state.features.shape[-1] != width:
-            got = None if state.features is None else state.features.shape[-1]
-            raise ValueError(f"the EAGLE drafter reads {width} target features per position (layers "
-                             f"{list(cfg.aux_layers)} x {cfg.target_hidden_size}), the decode loop gave {got}")
+        check_state(state, cfg, "EAGLE drafter")
         margin = 2 * (self.depth * self.expand + state.features.shape[1] + 8)
         self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
 
