@@ -259,7 +259,8 @@ def test_bad_settings_are_named(target):
     with pytest.raises(ValueError, match="min_confidence"):
         DFlashDrafter(model, TREE, min_confidence=1.5)
     with pytest.raises(ValueError, match="lookup"):
-        DFlashDrafter(model, None, lookup=2)
+        DFlashDrafter(model, TREE, lookup=-1)
+    assert DFlashDrafter(model, None, lookup=8).lookup == 0  # a chain ignores the lookup branch, as EAGLE's does
     with pytest.raises(ValueError, match="block_size must be >= 2"):
         DFlashModel(DFlashConfig.for_target(target.config, num_layers=1, block_size=1, mask_token_id=0, aux_layers=(1,)))
 
@@ -349,3 +350,39 @@ def test_feature_channels_train_scaled_and_save_as_the_format_reads_them(tmp_pat
     groups = method.param_groups(model)
     assert [g["lr_scale"] for g in groups] == [0.1, 1.0]
     assert {id(p) for p in groups[0]["params"]} == {id(p) for p in model.layers.parameters()}
+
+
+# --- the shipped drafter on the real default target ---------------------------------------------------------
+
+def test_shipped_drafter_exists_lean_with_provenance():
+    from specdec.drafters.dflash.model import default_dflash_path
+
+    path = default_dflash_path()
+    assert (path / "model.safetensors").is_file(), "shipped block drafter missing: run the command in provenance.json"
+    provenance = json.loads((path / "provenance.json").read_text())
+    for key in ("command", "data", "git_commit", "metrics", "date", "wall_time_s"):
+        assert key in provenance
+    assert provenance["metrics"]["per_epoch"], "held-out τ per epoch"
+    assert (path / "model.safetensors").stat().st_size < 27_000_000  # float16; the GPU kit's transfer has room for it
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["target_hidden_size"] == 576
+    assert config["specdec"]["tree"], "the tree chosen on held-out data"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("cfg", [DFlashDrafter.Config(k=3, tree=None), DFlashDrafter.Config(),
+                                 DFlashDrafter.Config(weight_bits=None)],
+                         ids=["chain", "default-tree", "trained-weights"])
+def test_shipped_drafter_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
+    from helpers import shipped_drafter_taus
+
+    tau = shipped_drafter_taus(real_target, real_prompts, cfg)
+    assert min(tau) > 1.15, tau  # a trained drafter is accepted (a random one gives ~1.0)
+
+
+def test_a_missing_shipped_drafter_says_what_to_do(target, tmp_path, monkeypatch):
+    import specdec.drafters.dflash.drafter as module
+
+    monkeypatch.setattr(module, "default_dflash_path", lambda: tmp_path / "assets")
+    with pytest.raises(FileNotFoundError, match="shipped block drafter is not at .* method=dflash .* drafter.path"):
+        DFlashDrafter.from_config(DFlashDrafter.Config(), target=target)

@@ -29,13 +29,10 @@ def test_drafter_config_composes_as_the_cli_does(name):
     assert OmegaConf.to_container(drafter_config(name, k=3)) == OmegaConf.to_container(cli)
 
 
-NOT_SHIPPED = {"dflash"}  # registered drafters with no shipped default yet: loading one without a path says what to do
-
-
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", sorted(set(DRAFTERS) - NOT_SHIPPED))
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_every_registered_drafter_loads_in_one_call_and_decodes_as_plain_decoding(name, real_target, real_prompts):
-    """The shipped EAGLE, Medusa and draft-model drafters (and n-gram lookup) from the target and tokenizer alone;
+    """The shipped EAGLE, Medusa, block and draft-model drafters (and n-gram lookup) from the target and tokenizer alone;
     speculative_generate then drafts with the config's k."""
     model, tokenizer = real_target
     drafter = load_drafter(name, model, tokenizer)
@@ -43,12 +40,6 @@ def test_every_registered_drafter_loads_in_one_call_and_decodes_as_plain_decodin
     ids = torch.tensor([real_prompts[0]])
     reference = autoregressive_generate(model, ids, max_new_tokens=12)
     assert speculative_generate(model, drafter, ids, max_new_tokens=12).sequences == reference.sequences
-
-
-@pytest.mark.parametrize("name", sorted(NOT_SHIPPED))
-def test_a_drafter_not_shipped_says_how_to_train_one(name, tiny_target):
-    with pytest.raises(FileNotFoundError, match=f"no .* is shipped yet .* method={name} .* drafter.path"):
-        load_drafter(name, tiny_target)
 
 
 def test_an_unknown_drafter_or_setting_is_named_with_what_to_pass(tiny_target):

@@ -77,8 +77,8 @@ class DFlashDrafter(Drafter):
         tree: Any = "default"  # "default" = the tree stored with the drafter; null = a chain; or a list of paths
         # of the first k paths keep those whose confidence (product of the positions' probabilities along the
         # path, averaged over the rows) reaches this; none = a plain step. 0 = the fixed tree of k paths
-        min_confidence: float = 0.0
-        lookup: int = 0  # trees only: up to this many of the k nodes hold the prompt-lookup continuation
+        min_confidence: float = 0.2
+        lookup: int = 8  # trees only (a chain ignores it): up to this many of the k nodes hold the lookup continuation
         # the draft layers' and LM head's weights rounded to 8- or 4-bit codes per block of 32, streamed as such by the
         # CPU kernels (lossy for the drafts only: verification stays exact); null = as trained
         weight_bits: Optional[int] = 4
@@ -91,15 +91,12 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"drafter.min_confidence must be in [0, 1) (0 = a fixed tree), got {min_confidence}")
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise ValueError(f"drafter.lookup must be an integer >= 0, got {lookup!r}")
-        if lookup and paths is None:
-            raise ValueError(f"drafter.lookup={lookup}: the prompt-lookup branch joins a tree, and a chain (tree: "
-                             f"null) has none; give a tree or set drafter.lookup=0")
         self.model = model.eval()
         self.backend = model.backend = backend
         self.feature_layers = tuple(model.cfg.aux_layers)
         self.positions = BlockPositions(model)
         self.paths = None if paths is None else check_paths(paths, self.positions.num_heads)
-        self.lookup = lookup
+        self.lookup = lookup if self.paths is not None else 0  # the lookup branch joins a tree; a chain has none
         candidates = IndependentHeads(self.positions, model.lm_head.weight)
         self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup))
@@ -113,8 +110,9 @@ class DFlashDrafter(Drafter):
         decoder = as_decoder(target)
         path = default_dflash_path() if cfg.path in (None, "", DEFAULT_DFLASH) else Path(cfg.path).expanduser()
         if path == default_dflash_path() and not (path / "config.json").is_file():
-            raise FileNotFoundError("no block drafter is shipped yet for the default target: train one with `python -m "
-                                    "specdec.train method=dflash export=<dir>` and pass drafter.path=<dir>")
+            raise FileNotFoundError(f"the shipped block drafter is not at {str(path)!r} (an install without its "
+                                    f"assets?): reinstall specdec, or train one with `python -m specdec.train "
+                                    f"method=dflash export=<dir>` and pass drafter.path=<dir>")
         model = load_dflash(path, target_config=decoder.config)
         embed = on_target(model, target)
         # fc stays as stored: its columns for the target's massive channels (layers 15 and 27 of SmolLM2 reach ~25,000
