@@ -50,7 +50,7 @@ from specdec.verify.sampling import SamplingParams
 
 @dataclass
 class ReplayConfig(JobConfig):
-    defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "eagle"))  # the main job's choices
+    defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "eagle"))  # a learned drafter's K sweep
     k_max: int = 8  # chains are logged up to max(drafter.k, k_max) drafts, so a K sweep shares one log
     seeds: int = 4  # T > 0: sampled continuations logged per prompt (seeds sampling.seed + 0 .. seeds - 1)
     check_live: int = 0  # decode the first N prompts live at this point too and report τ's gap (results: live_check)

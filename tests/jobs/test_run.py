@@ -225,7 +225,7 @@ BAD_INPUTS = [  # (overrides, what the error must say)
     ("target=hub", "target=hub needs the model: add target.name="),
     ("data.limit_per_source=0", "data.limit_per_source must be an integer >= 1 (prompts per source) or null"),
     ("data.batch_size=0", "data.batch_size must be an integer >= 1"),
-    ("target.max_context=8", "raise target.max_context (at least 34, plus the longest prompt's length)"),
+    ("target.max_context=4", "raise target.max_context (at least 14, plus the longest prompt's length)"),
     ("sampling.temperature=inf", "temperature must be a finite number >= 0 (0 = greedy), got inf"),
 ]
 
