@@ -2,7 +2,7 @@
 
 The GPU machines this project borrows have torch and transformers but none of specdec's other packages, no
 corpora and no network, and each transfer to one carries at most 64 MiB with the working tree (whose shipped
-drafters alone are 56 MB). The embedded target (its Q4_1 GGUF dequantised to float32: 538 MB) therefore
+drafters alone are 84 MB). The embedded target (its Q4_1 GGUF dequantised to float32: 538 MB) therefore
 travels as the exact block codes it is made of: per block of 32 weights along k, 4-bit codes with a float16
 scale and an offset, or the embedding's 8-bit codes with a float16 scale (``specdec.models.cpu_kernels``' fit,
 the one the CPU kernels stream), ~96 MB in two parts. ``unpack`` rebuilds every tensor bit for bit (each one's
