@@ -348,7 +348,7 @@ def test_feature_channels_train_scaled_and_save_as_the_format_reads_them(tmp_pat
     raw = features.flatten(1)[None]
     assert torch.allclose(saved.context(raw), model.context(raw * method.feature_scale), rtol=1e-4, atol=1e-4)
     groups = method.param_groups(model)
-    assert [g["lr_scale"] for g in groups] == [0.1, 1.0]
+    assert [g["lr_scale"] for g in groups] == [method.cfg.layer_lr_scale, 1.0] == [0.3, 1.0]
     assert {id(p) for p in groups[0]["params"]} == {id(p) for p in model.layers.parameters()}
 
 
