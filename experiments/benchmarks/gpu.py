@@ -131,10 +131,12 @@ def main() -> None:
         drafter.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
-    def dflash():  # the shipped block drafter; its block forward eager (it has no graphs yet)
+    def dflash(graphs: bool):  # the shipped block drafter; its catch-up and block forward eager or replaying graphs
         if "dflash" in args.skip:
             return None
-        return DFlashDrafter.from_config(DFlashDrafter.Config(), target=model)
+        drafter = DFlashDrafter.from_config(DFlashDrafter.Config(), target=model)
+        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        return drafter
 
     methods = {  # name -> (target, drafter or None, k)
         "plain eager": (eager, None, 0),
@@ -153,8 +155,9 @@ def main() -> None:
                                      MedusaDrafter.Config().k),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
-        "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(),
+        "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(False),
                                                DFlashDrafter.Config().k),
+        "dflash default graphs": (target("dflash graphs"), dflash(True), DFlashDrafter.Config().k),
     }
     if args.compile:
         methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)

@@ -68,6 +68,7 @@ class DecodeState:
 
 GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, the prompt's: eager)
 
+
 class Drafter(ABC):
     """Base class of every drafting strategy (see the module docstring). Every drafter implements
     :meth:`from_config`, :meth:`propose` and :meth:`observe`; the other members are hooks whose defaults suit a

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from specdec.errors import CheckpointError
+from specdec.errors import CheckpointError, VocabMismatchError
 from specdec.models import cpu_kernels
 
 
@@ -58,6 +58,10 @@ class FeatureDraftModel(nn.Module):
     def token_ids(self) -> torch.Tensor:  # [Dv] long: the target id of each draft index
         return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
 
+    def _scaled(self, embeds: torch.Tensor) -> torch.Tensor:
+        """The target's embeddings as its embedding module gives them (as its own dtype rounds the scale)."""
+        return embeds if self.embed_scale == 1.0 else embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
+
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding)."""
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
@@ -84,8 +88,6 @@ class FeatureDraftModel(nn.Module):
 def check_state(state, cfg, what: str) -> None:
     """A generation's ``state`` (:class:`~specdec.drafters.base.DecodeState`) as a drafter over ``cfg``'s feature
     layers reads it: the target's vocabulary and the features of those layers, else an error naming both."""
-    from specdec.errors import VocabMismatchError
-
     if state.vocab_size != cfg.vocab_size:
         raise VocabMismatchError(f"the {what} was trained for a vocabulary of {cfg.vocab_size} tokens, the target has "
                                  f"{state.vocab_size}; train one for this target")

@@ -179,10 +179,7 @@ class DFlashModel(FeatureDraftModel):
         cfg = self.cfg
         tokens = anchors.new_full((anchors.shape[0], cfg.block_size), cfg.mask_token_id)
         tokens[:, 0] = anchors
-        embeds = F.embedding(tokens, self.embed_weight)
-        if self.embed_scale != 1.0:
-            embeds = embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
-        x = embeds.to(self.fc.weight.dtype)
+        x = self._scaled(F.embedding(tokens, self.embed_weight)).to(self.fc.weight.dtype)
         if cfg.anchor_inputs:  # normed first: a target's embeddings are small beside the normed context (RMS 0.14)
             x = self.embed_norm(x)
             anchor = x[:, :1]

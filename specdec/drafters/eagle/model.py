@@ -145,10 +145,6 @@ class EagleModel(FeatureDraftModel):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T, H]
         return self._scaled(F.embedding(tokens, self.embed_weight)).to(self.fc.weight.dtype)
 
-    def _scaled(self, embeds: torch.Tensor) -> torch.Tensor:
-        """The target's embeddings as its embedding module gives them (as its own dtype rounds the scale)."""
-        return embeds if self.embed_scale == 1.0 else embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
-
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
         features = features.to(self.fc.weight.dtype)
         if self._fused(features):
