@@ -48,6 +48,10 @@ class DrafterConfig:
     # held-out prompts timed on this machine, 0 (no drafting) where nothing pays (RunConfig.auto)
     k: Union[int, str] = 4
 
+    def check(self, job: Any) -> None:
+        """Refuse, before any model loads, settings this drafter cannot run with in ``job`` (the composed job config:
+        its target, sampling, data); a drafter's own ``Config`` adds its rules (the base has none)."""
+
 
 # Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;
 # register_configs() stores every registered drafter's under drafter/<name>_schema. A drafter with weights names

@@ -109,10 +109,23 @@ def _stored_dtype(directory: Path):
         return torch.float32
 
 
+EXPORTED = ("draft_model", "eagle")
+# The other drafters, and why they have no export: what a user who names one is told instead of argparse's choices.
+NOT_EXPORTED = {
+    "dflash": "a block drafter's directory is already written as DFlash's reference drafters are (a Qwen3 config.json "
+              "with dflash_config), but it has its own draft-vocabulary LM head, which SGLang's and vLLM's DFlash "
+              "loaders (reading the target's full head) do not take: it has no export yet",
+    "medusa": "Medusa heads are a specdec heads.safetensors (token-aware heads, a draft vocabulary) that no serving "
+              "engine's Medusa loader reads: they have no export yet",
+    "ngram": "prompt lookup has no weights: vLLM's speculative_config={'method': 'ngram'} does the same",
+    "cross_vocab": "a draft model with another tokenizer is any causal LM already: point the engine at it",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("drafter", choices=["draft_model", "eagle"], help="what to export")
+    ap.add_argument("drafter", metavar="{draft_model,eagle}", help="what to export: draft_model or eagle")
     ap.add_argument("--out", required=True, help="the directory to write")
     ap.add_argument("--model", default="default",
                     help="the drafter: 'default' (the one shipped for the target) or its directory")
@@ -120,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET, help="the target it drafts for (name, alias or path)")
     ap.add_argument("--force", action="store_true", help="replace an earlier export at --out")
     args = ap.parse_args(argv)
+    if args.drafter not in EXPORTED:
+        why = NOT_EXPORTED.get(args.drafter, "no such drafter")
+        print(f"error: cannot export {args.drafter!r}: {why}; python -m specdec.export exports "
+              f"{' or '.join(EXPORTED)}", file=sys.stderr)
+        return 2
     if args.model != "default" and not Path(args.model).expanduser().is_dir():
         print(f"error: --model {args.model!r} is not a directory: pass the directory a training run wrote "
               f"(`python -m specdec.train method={args.drafter}`: its output_dir or its export), or leave --model "

@@ -33,17 +33,15 @@ from specdec.decode.engine import autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters import build_drafter
-from specdec.jobs.data import (encode_prompts, held_out_mix, left_pad, load_prompt_mix, prompt_room,
-                               result_category)
+from specdec.jobs.checks import check_auto, check_before_loading, check_lookahead
+from specdec.jobs.data import encode_prompts, held_out_mix, left_pad, prompt_room, result_category
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task, target_backend
+from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
 from specdec.models import as_decoder, target_decoder
 from specdec.models.backend import Backend
-from specdec.models.graphs import check_compile_mode
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoChoice, auto_candidates, choose_lookahead
 from specdec.report.table import format_table
-from specdec.verify.sampling import SamplingParams
 
 register_configs()
 log = logging.getLogger(__name__)
@@ -52,15 +50,13 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     """The main job: ``cfg``'s drafter against plain decoding on its prompts; the results.json fields. The target
     and the drafter run on ``backend`` (None: the one ``cfg.target`` names, :func:`target_backend`)."""
-    check_job_config(cfg)
     auto, tree = cfg.drafter.k == "auto", bool(cfg.drafter.get("tree"))
+    check_lookahead(cfg.drafter.k, auto=True)
+    if auto:
+        check_auto(cfg.auto)
     k = max(cfg.auto.ks or (TREE_SIZES if tree else CHAIN_KS)) if auto else cfg.drafter.k  # auto: built at its largest
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1 or 'auto', got {k!r}")
+    rows = check_before_loading(cfg, k)  # every refusal that needs no model, before the target loads
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
-    SamplingParams(**sampling)  # bad settings fail before the model loads
-    check_compile_mode(cfg.target.compile)
-    prompt_room(cfg.data.max_new_tokens, k, cfg.target.max_context, "target.max_context")
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     backend = target_backend(cfg.target) if backend is None else backend
@@ -74,7 +70,6 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
                        "target.max_context" if context == cfg.target.max_context else "max_position_embeddings")
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
-    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
     eos = stop_token_ids(target, tokenizer)
     # k=auto times the target's eager forwards, on the job's backend

@@ -5,7 +5,8 @@
     python -m specdec.verify_dist planted_bug=recovered_from_target    # a test of the test: must reject
 
 Exit status: 0 = exactness not rejected, 3 = rejected at ``significance`` (so it can gate CI), 4 = inconclusive
-(the run could not have detected any bias), 1 = the run failed.
+(the run could not have detected any bias), 5 = a lossy drafter (``allow_lossy=true``) not rejected, 1 = the run
+failed or was refused. A drafter with a lossy acceptance rule is refused unless ``allow_lossy=true``.
 Writes ``verify.json`` and ``verify.png`` in the run directory.
 
 The method (sample, score against the exact conditionals, test, report) is :mod:`specdec.exactness.harness`.
@@ -28,15 +29,19 @@ from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.drafters import build_drafter
 from specdec.exactness import strata
 from specdec.exactness.harness import EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, verify_distribution
-from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room
+from specdec.jobs.checks import check_before_loading, check_lookahead
+from specdec.jobs.data import encode_prompts, prompt_room
 from specdec.jobs.io import save_figure, write_json
-from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task
+from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
 from specdec.models.loading import load_target, resolve_device
 from specdec.verify.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXIT_INCONCLUSIVE", "EXIT_REJECTED", "VerifyDistConfig", "run", "summary_text", "verify_distribution"]
+EXIT_LOSSY_PASSED = 5  # allow_lossy=true: the lossy drafter was not rejected (too little power to see its bias)
+
+__all__ = ["EXIT_INCONCLUSIVE", "EXIT_LOSSY_PASSED", "EXIT_REJECTED", "VerifyDistConfig", "run", "summary_text",
+           "verify_distribution"]
 
 
 @dataclass
@@ -53,6 +58,9 @@ class VerifyDistConfig(JobConfig):  # data: sources × limit_per_source = the M 
     detect_tv: Optional[float] = None
     max_samples_per_prompt: int = 4096  # detect_tv refuses to plan more than this
     plot: bool = True
+    # a drafter verifying with a lossy rule (Medusa's typical acceptance) is refused unless this is true; then a run
+    # that does not reject it exits with EXIT_LOSSY_PASSED, never 0
+    allow_lossy: bool = False
     results_file: str = "verify.json"
 
 
@@ -69,19 +77,32 @@ def significance_level(cfg: DictConfig) -> float:
     return cfg.alpha
 
 
+def check_lossy(cfg: DictConfig) -> bool:
+    """Whether the drafter verifies with a lossy rule (Medusa's ``drafter.acceptance=typical``); refused unless
+    ``allow_lossy``: this job tests exactness, and a lossy drafter is not exact by design."""
+    lossy = cfg.drafter.get("acceptance", "exact") not in (None, "exact")
+    if lossy and not cfg.allow_lossy:
+        raise ValueError(f"drafter.acceptance={cfg.drafter.acceptance} is a LOSSY rule: it changes the output "
+                         f"distribution by design, so a PASS would only mean too little power and a CI gate on this "
+                         f"job's exit status would pass it; use drafter.acceptance=exact, or add allow_lossy=true to "
+                         f"measure its bias (exit status {EXIT_LOSSY_PASSED} where it is not rejected)")
+    return lossy
+
+
 def run(cfg: DictConfig) -> VerifyResult:
-    check_job_config(cfg)
+    check_lookahead(cfg.drafter.k, hint="verify_dist tests one lookahead")
+    check_lossy(cfg)
+    rows = check_before_loading(cfg, cfg.drafter.k)  # every refusal that needs no model, before the target loads
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter(cfg.drafter, target, tokenizer)
+    drafter = build_drafter(cfg.drafter, target, tokenizer, target_backend(cfg.target))
     k, length = cfg.drafter.k, cfg.data.max_new_tokens
     context = min(cfg.target.max_context, target.config.max_position_embeddings)
     limit = prompt_room(length, k, context, "target.max_context" if context == cfg.target.max_context
                         else "max_position_embeddings")
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
-    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
     sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     result = verify_distribution(
@@ -119,8 +140,9 @@ def summary_text(report: dict[str, Any]) -> str:
     if report["impossible_tokens"]:
         lines.append(f"{report['impossible_tokens']} emitted tokens have probability 0 under the target")
     if report["lossy_drafter"]:
-        lines.append("the drafter verifies with a LOSSY acceptance rule (typical acceptance): REJECT is the "
-                     "expected verdict; PASS means this run had too little power to see its bias")
+        lines.append(f"the drafter verifies with a LOSSY acceptance rule (typical acceptance): REJECT is the "
+                     f"expected verdict; PASS means this run had too little power to see its bias (exit status "
+                     f"{EXIT_LOSSY_PASSED}, not 0)")
     if report["planted_bug"]:
         caught = "CAUGHT" if report["verdict"] == "reject" else "NOT CAUGHT (too little power for this bias)"
         banner = "!" * 100
@@ -128,8 +150,10 @@ def summary_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _main(cfg: DictConfig, results_path: Path) -> int:  # the exit code: 0 pass, 3 reject, 4 inconclusive
+def _main(cfg: DictConfig, results_path: Path) -> int:  # the exit code: 0 pass, 3 reject, 4 inconclusive, 5 lossy
     result = run(cfg)
+    if result.report["lossy_drafter"] and result.report["exit_code"] == 0:
+        result.report["exit_code"] = EXIT_LOSSY_PASSED
     write_json(results_path, result.report)
     if cfg.plot:
         from specdec.report.exactness import plot_result

@@ -77,7 +77,11 @@ def _eos_ids(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) 
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
 
 
-def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point or input_ids.is_complex():
+        raise ValueError(f"input_ids must be a tensor of token ids (integers), got "
+                         f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
         attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
@@ -90,6 +94,13 @@ def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {list(attention_mask.shape)} differs from input_ids {list(input_ids.shape)}")
     mask = attention_mask.bool()
+    if vocab_size is not None:  # ids the embedding cannot look up (padding slots included: they are embedded too)
+        low, high = input_ids.aminmax()
+        if int(low) < 0 or int(high) >= vocab_size:
+            bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)].unique()[:5].tolist()
+            raise ValueError(f"input_ids hold token ids outside the target's vocabulary of {vocab_size} (0 .. "
+                             f"{vocab_size - 1}): {bad}; encode the prompt with the target's own tokenizer (and "
+                             f"pad with its pad_token_id)")
     pad = (~mask).sum(1)
     left_padded = mask == (torch.arange(mask.shape[1], device=mask.device)[None] >= pad[:, None])
     if not bool(left_padded.all()):
@@ -248,7 +259,10 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     # 1) Validate, and size the caches: prompt + new tokens + one step's lookahead.
     decoder = as_decoder(target)
     device = decoder.device
-    input_ids, pad = _check_prompt(input_ids.to(device), None if attention_mask is None else attention_mask.to(device))
+    input_ids, pad = _check_prompt(input_ids.to(device) if isinstance(input_ids, torch.Tensor) else input_ids,
+                                   None if attention_mask is None else attention_mask.to(device),
+                                   getattr(decoder, "vocab_size", None))
+    k = _capped(k, drafter, max_new_tokens)
     request = _Request(input_ids, pad, pad.tolist(), _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k),
                        params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
     stats = DecodeStats(k=k)
@@ -301,6 +315,16 @@ def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRu
                          f"{drafter.acceptance!r}, which rule={rule!r} would silently replace; build the drafter "
                          f"with the exact rule (e.g. drafter.acceptance=exact) to verify it with another")
     return rule or drafter.acceptance or EXACT
+
+
+def _capped(k: int, drafter: Drafter, max_new_tokens: int) -> int:
+    """A chain's lookahead, at most the drafts a generation of ``max_new_tokens`` can use (the first token comes
+    from the prefill, each step's last from the target): ``k=1000`` for 8 tokens drafts 7 a step, not 1000. A tree's
+    ``k`` is its size, not its depth, and stays."""
+    if k == 0 or getattr(drafter.config, "tree", None) or isinstance(max_new_tokens, bool) \
+            or not isinstance(max_new_tokens, int):  # a bad max_new_tokens: refused by _check_capacity
+        return k
+    return min(k, max(1, max_new_tokens - 1))
 
 
 def _check_k(k, drafter: Drafter) -> int:

@@ -12,6 +12,7 @@ them, with a note to use ``path``.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,63 @@ def drafter_config(name: str, **overrides: Any) -> DictConfig:
     return _merge(cfg, overrides, name, f"the settings {sorted(overrides)}")
 
 
+# What a directory of drafter weights is, told by its files: Medusa's heads file, a block drafter's or an EAGLE
+# drafter's config.json, a distilled student's (a specdec section with its format); the kinds a training run writes.
+KIND_NAMES = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "dflash": "a block (DFlash-style) drafter",
+              "draft_model": "a distilled draft model"}
+
+
+def drafter_kind(path: str | Path) -> str | None:
+    """The kind of drafter (a registered name) whose weights are at ``path``, from its files alone; None where they
+    tell none (a causal LM's directory, a hub id, nothing there)."""
+    path = Path(str(path)).expanduser()
+    directory = path.parent if path.is_file() else path
+    if path.name == "heads.safetensors" or (directory / "heads.safetensors").is_file():
+        return "medusa"
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        provenance = json.loads((directory / "provenance.json").read_text()) \
+            if (directory / "provenance.json").is_file() else {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if "dflash_config" in config:
+        return "dflash"
+    if "eagle" in str(config.get("speculators_model_type", "")).lower() or any(
+            "eagle" in str(a).lower() for a in config.get("architectures") or []):
+        return "eagle"
+    method = provenance.get("method") if isinstance(provenance, dict) else None
+    if method == "draft_model" or isinstance(config.get("specdec"), dict) and "format" in config["specdec"]:
+        return "draft_model"
+    return None
+
+
+def check_drafter_config(cfg: Any, job: Any = None) -> DictConfig:
+    """Refuse, before any model loads, a drafter config that cannot run: an unknown drafter, weights at
+    ``drafter.path`` of another kind of drafter, and what its own config's ``check`` refuses (given ``job``, the
+    composed job config: the target, the sampling). Returns the config composed with its defaults."""
+    name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
+    cfg = _merge(drafter_config(name), cfg, name, "the given settings")
+    path = cfg.get("path")
+    kind = drafter_kind(path) if isinstance(path, str) and path not in ("default", "target", "") else None
+    if kind is not None and kind != name:
+        raise ValueError(f"drafter.path={path!r} holds {KIND_NAMES[kind]}, not what drafter={name} reads; decode "
+                         f"with it as drafter={kind} drafter.path={path}" +
+                         (", or give drafter.path a causal LM's directory (or hub id) to draft with"
+                          if name == "draft_model" else ""))
+    if job is not None:
+        OmegaConf.to_object(cfg).check(job)
+    return cfg
+
+
 def build_drafter(cfg: Any, target: torch.nn.Module, tokenizer: Any = None, backend: Backend = Backend()) -> Drafter:
     """The registered drafter named ``cfg.name`` (its ``from_config``), drafting for ``target``, its own models on
     ``backend`` (a job passes the target's). ``cfg``: its config (a composed one, its ``Config``, or a mapping);
     fields it lacks take the shipped defaults (:func:`drafter_config`). The drafter keeps the config it was built
     from as ``drafter.config``."""
-    name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
-    cfg = _merge(drafter_config(name), cfg, name, "the given settings")
+    cfg = check_drafter_config(cfg)
+    name = cfg.name
     if cfg.k == "auto":
         raise ValueError(f"drafter.k='auto' is chosen by the main job (python -m specdec.run drafter.k=auto) after "
                          f"it builds the drafter at the largest size it tries; build {name} with an integer k")

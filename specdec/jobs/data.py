@@ -143,16 +143,25 @@ def prompt_room(max_new_tokens: int, k: int, context: int, where: str) -> int:
     return room
 
 
-def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
-    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it, and so is a chat
-    prompt for a tokenizer without a chat template (a base model: it would answer a question as text to go on)."""
+def check_chat_prompts(rows, chat_template: bool | None) -> None:
+    """Refuse chat prompts for a target without a chat template (``chat_template`` False: a base model, which would
+    answer a question as text to go on); None (not known before it loads) passes."""
     chat = sorted({row["source"] for row in rows if row["kind"] == "chat"})
-    if chat and not getattr(tokenizer, "chat_template", None):
+    if chat and chat_template is False:
+        files = [source for source in chat if source not in SOURCES and not source.startswith("hub:")]
         raise ValueError(
             f"data.sources {chat} hold chat prompts, and this target's tokenizer has no chat template (a base "
             f"model, such as gemma3-270m); use completion sources: data=code_text (HumanEval and Wikipedia), or "
             f"data.sources=[humaneval,wikipedia,shakespeare,stdlib]"
+            + (f"; in your own file ({', '.join(files)}) mark each row {{\"kind\": \"completion\"}} (a row without "
+               f"a kind is a chat prompt)" if files else "")
         )
+
+
+def encode_prompts(tokenizer, rows, limit: int, context: int) -> list[list[int]]:
+    """Token ids per prompt; a prompt that leaves no room for generation is an error naming it, and so is a chat
+    prompt for a tokenizer without a chat template (a base model: it would answer a question as text to go on)."""
+    check_chat_prompts(rows, bool(getattr(tokenizer, "chat_template", None)))
     encoded = []
     for row in rows:
         ids = encode_prompt(tokenizer, row)
@@ -359,7 +368,11 @@ def _read_user_file(source: str) -> list[dict[str, str]]:
         raise FileNotFoundError(
             f"prompt file {source!r} does not exist; write one JSON object per line with a 'text' field"
         )
-    content = path.read_text()
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"prompt file {source!r} is not UTF-8 text ({err}); save it as UTF-8, one JSON object per "
+                         f"line with a 'text' field") from None
     if path.suffix == ".json" and content.lstrip().startswith("["):  # a JSON array of objects
         try:
             items = list(enumerate(json.loads(content), start=1))

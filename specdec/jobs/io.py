@@ -41,14 +41,20 @@ def read_metadata(path: str | Path, *, what: str, hint: str) -> dict[str, str]:
         raise _unreadable(path, what, hint, exc) from exc
 
 
-def read_tensors(path: str | Path, *, what: str, hint: str) -> dict[str, torch.Tensor]:
+def read_tensors(path: str | Path, *, what: str, hint: str, finite: bool = False) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors file at ``path``; errors as in :func:`read_metadata` (a file whose
-    header reads but whose data is cut short fails here)."""
+    header reads but whose data is cut short fails here). ``finite``: weights, refused (naming the file and the
+    tensor) where one holds NaN or infinite values, which would draft nothing and say nothing."""
     path = Path(path)
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise _unreadable(path, what, hint, exc) from exc
+    for name, tensor in tensors.items() if finite else ():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{str(path)!r} ({what}): {name} holds NaN or infinite values (a training run "
+                                  f"that diverged, or a corrupt file); {hint}")
+    return tensors
 
 
 def read_json_object(path: str | Path, *, hint: str, what: str = "a JSON object") -> dict[str, Any]:

@@ -6,14 +6,19 @@ error, the traceback, the config fields), so a sweep's summary lists it with its
 then raises; in a multirun it returns ``failure_value`` instead, since an escaping exception would make
 Hydra skip the summary callback at the end (which exits 1 when any run failed).
 
-Earlier results are never replaced: a run (or sweep) pointed at a directory that already holds results
-(``hydra.run.dir=...`` given twice, a reused ``hydra.sweep.dir``) is refused before Hydra writes anything
-there (:class:`KeepEarlierResults`, in every entry point's config), and :func:`run_task` checks again, and
-that the results file can be written at all, before any work.
+Earlier results are never replaced: a run (or sweep) pointed at a directory that already holds results of any
+entry point (:data:`RESULT_FILES`: a main job's, verify_dist's, replay's, a sweep's summary, a training run's data,
+checkpoints or metrics) or the record of an earlier run (its ``.hydra/``) is refused before Hydra writes anything
+there (:class:`KeepEarlierResults`, in every entry point's config), and :func:`run_task` checks again, and that
+the results file can be written at all, before any work.
+
+A job that fails on a bad setting or file (a ``ValueError`` or ``OSError``: every refusal of specdec's) prints its
+message alone, without the traceback (kept in the results file); ``HYDRA_FULL_ERROR=1`` shows it as Hydra does.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import tempfile
@@ -136,13 +141,25 @@ def check_logger(cfg: DictConfig) -> None:
         raise ValueError(f"logger.name must be one of {LOGGERS}, got {cfg.logger.name!r}")
 
 
-def earlier_results(directory: str | Path, results_file: str, *, sweep: bool = False) -> list[Path]:
-    """The results already in a run's ``directory`` (its ``results_file``) or, with ``sweep``, in a sweep's
-    (its jobs' results files and its summary)."""
+# What any entry point leaves in its directory: the main job's and replay's results, verify_dist's, a sweep's summary
+# (report), a training run's data store, prompts, checkpoints and metrics, an export's provenance.
+RESULT_FILES = ("results.json", "verify.json", "summary.csv", "summary.md", "data.safetensors", "prompts.jsonl",
+                "checkpoints", "metrics.json", "provenance.json")
+RUN_RECORD = ".hydra"  # Hydra's record of the run that wrote a directory's results (config, overrides)
+
+
+def earlier_results(directory: str | Path, results_file: str, *, sweep: bool = False, record: bool = False,
+                    own: Sequence[str] = ()) -> list[Path]:
+    """What earlier runs left in ``directory``: its ``results_file`` and any of :data:`RESULT_FILES` but ``own``
+    (what the entry point itself resumes from: a training run's), with ``record`` an earlier run's ``.hydra/``
+    too; with ``sweep``, the same one level down (the sweep's jobs) as well."""
     directory = Path(directory)
-    if not sweep:
-        return [path for path in [directory / results_file] if path.exists()]
-    return sorted(directory.glob(f"*/{results_file}")) + [path for path in [directory / "summary.csv"] if path.exists()]
+    names = [name for name in dict.fromkeys([results_file, *RESULT_FILES]) if name not in own]
+    names += [RUN_RECORD] if record and RUN_RECORD not in own else []
+    found = [directory / name for name in names if (directory / name).exists()]
+    if sweep:
+        found += sorted(path for name in names for path in directory.glob(f"*/{name}"))
+    return found
 
 
 def _kept_message(found: list[Path], key: str) -> str:
@@ -153,18 +170,28 @@ def _kept_message(found: list[Path], key: str) -> str:
 
 class KeepEarlierResults(Callback):
     """Hydra callback: refuse a run whose ``hydra.run.dir`` (or a multirun whose ``hydra.sweep.dir``) already
-    holds results, or cannot be written, before Hydra writes its own files there. Exits with status 1 and the
-    reason (Hydra's callback runner lets SystemExit through, and only warns about other exceptions)."""
+    holds results or an earlier run's record (:func:`earlier_results`), or cannot be written, before Hydra writes
+    its own files there. ``own``: names the entry point resumes from and may find (train's checkpoints). Exits with
+    status 1 and the reason (Hydra's callback runner lets SystemExit through, and only warns about other
+    exceptions)."""
+
+    def __init__(self, own: Sequence[str] = ()) -> None:
+        self.own = tuple(own)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _claim(config.hydra.run.dir, "hydra.run.dir", earlier_results(config.hydra.run.dir, config.results_file))
+        _claim(config.hydra.run.dir, "hydra.run.dir",
+               earlier_results(config.hydra.run.dir, _results_file(config), record=True, own=self.own))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _claim(config.hydra.sweep.dir, "hydra.sweep.dir",
-               earlier_results(config.hydra.sweep.dir, config.results_file, sweep=True))
+               earlier_results(config.hydra.sweep.dir, _results_file(config), sweep=True, record=True, own=self.own))
 
 
-def _try_writing(directory: str | Path) -> None:
+def _results_file(config: DictConfig) -> str:
+    return config.get("results_file") or RESULT_FILES[0]  # train writes metrics.json, one of RESULT_FILES
+
+
+def try_writing(directory: str | Path) -> None:
     """Create ``directory`` if need be and write a temporary file there: an OSError where that cannot be done."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=directory):
@@ -175,19 +202,21 @@ def _claim(directory: str, key: str, found: list[Path]) -> None:
     if found:
         raise SystemExit(_kept_message(found, key))
     try:
-        _try_writing(directory)
+        try_writing(directory)
     except OSError as exc:
         raise SystemExit(f"{key}={directory!r} cannot be written ({exc}); choose a directory you can write to")
 
 
-def check_results_path(results_path: Path, results_file: str) -> None:
-    """Before any work: ``results_path`` holds no earlier results (they are never replaced, not even by this
-    run's failure record) and its directory can be written."""
-    found = earlier_results(results_path.parent, results_path.name)
+def check_results_path(results_path: Path, results_file: str, run_dir: Path | None = None) -> None:
+    """Before any work: ``results_path``'s directory and the run's own ``run_dir`` hold no earlier results (they are
+    never replaced, not even by this run's failure record) and the former can be written."""
+    found = earlier_results(results_path.parent, results_path.name)  # this run's .hydra/ is there by now
+    if run_dir is not None and Path(run_dir).resolve() != results_path.parent.resolve():
+        found += earlier_results(run_dir, results_path.name)
     if found:
         raise FileExistsError(_kept_message(found, "the run's output directory"))
     try:
-        _try_writing(results_path.parent)
+        try_writing(results_path.parent)
     except OSError as exc:
         raise ValueError(f"results_file={results_file!r}: cannot write into {str(results_path.parent)!r} ({exc}); "
                          f"set results_file to a name (or path) in a writable directory") from exc
@@ -198,8 +227,14 @@ def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_
     """Run ``task(cfg, results_path)`` under the failure rule of the module docstring; ``results_path`` is
     ``cfg.results_file`` in the job's output directory. Earlier results there, or a directory that cannot be
     written, fail before any work without writing anything (:func:`check_results_path`)."""
-    results_path = Path(HydraConfig.get().runtime.output_dir) / cfg.results_file
-    check_results_path(results_path, cfg.results_file)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    results_path = run_dir / cfg.results_file
+    try:
+        check_results_path(results_path, cfg.results_file, run_dir)
+    except (OSError, ValueError) as exc:  # nothing was written: no failure record either
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise SystemExit(f"error: {exc}") from None
     try:
         check_logger(cfg)
         return task(cfg, results_path)
@@ -207,6 +242,9 @@ def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_
         write_json(results_path, {**failed_result(cfg, exc), **(extra_failure_fields or {}),
                                   "traceback": traceback.format_exc()})
         if HydraConfig.get().mode != RunMode.MULTIRUN:
+            if isinstance(exc, (ValueError, OSError)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+                raise SystemExit(f"error: {type(exc).__name__}: {exc}\n(the traceback is in {results_path}; "
+                                 f"HYDRA_FULL_ERROR=1 shows it here)") from None
             raise
         print(f"job failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
         return failure_value

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -139,6 +140,34 @@ def load_target(
         else:
             tokenizer.pad_token = tokenizer.eos_token
     return model.to(torch_device).eval(), tokenizer
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two names of models (aliases, directories, hub ids) name the same one, as far as names tell."""
+    for aliases in (EMBEDDED_ALIASES, GEMMA3_ALIASES):
+        if a.lower() in aliases or b.lower() in aliases:
+            return a.lower() in aliases and b.lower() in aliases
+    if looks_like_path(a) and looks_like_path(b):
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return a == b
+
+
+def has_chat_template(name_or_path: str) -> bool | None:
+    """Whether the model ``name_or_path`` names has a chat template, told without loading it: the embedded targets'
+    are known, a local directory's tokenizer files are read; None where that cannot be told (a hub id)."""
+    if name_or_path.lower() in EMBEDDED_ALIASES:
+        return True
+    if name_or_path.lower() in GEMMA3_ALIASES:
+        return False  # a base model
+    directory = Path(name_or_path).expanduser()
+    if not looks_like_path(name_or_path) or not (directory / "config.json").is_file():
+        return None
+    if any((directory / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        return bool(json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> list[int]:

@@ -36,16 +36,16 @@ from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.decode.engine import speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.drafters import build_drafter
-from specdec.jobs.data import encode_prompts, load_prompt_mix, prompt_room, result_category
+from specdec.jobs.checks import check_before_loading, check_log_dir, check_lookahead
+from specdec.jobs.data import encode_prompts, prompt_room, result_category
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import check_job_config, config_fields, machine_description, run_task, target_backend
+from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
 from specdec.models import as_decoder
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.cache import cached_log
 from specdec.replay.log import drafts_trees
 from specdec.replay.simulate import plain_stats, replay
 from specdec.report.table import format_table
-from specdec.verify.sampling import SamplingParams
 
 
 @dataclass
@@ -64,23 +64,26 @@ register_configs()
 ConfigStore.instance().store(name="replay_schema", node=ReplayConfig)
 
 
-def check_replay_config(cfg: DictConfig) -> int:
-    """Refuse, before the target loads, what replay does not cover yet; the lookahead k."""
-    check_job_config(cfg)
+def check_replay_config(cfg: DictConfig):
+    """Refuse, before the target loads, what replay does not cover yet, and every other setting that needs no model
+    (:func:`~specdec.jobs.checks.check_before_loading`); the lookahead k and the prompt rows."""
     k = cfg.drafter.k
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"drafter.k (lookahead) must be an integer >= 1, got {k!r}: a replay sweeps K itself (-m "
-                         f"drafter.k=1,2,4); drafter.k=auto is the main job's (python -m specdec.run drafter.k=auto)")
-    SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
-    for name, low in (("seeds", 1), ("check_live", 0), ("live_seeds", 1)):
+    check_lookahead(k, hint="a replay sweeps K itself (-m drafter.k=1,2,4); drafter.k=auto is the main job's "
+                            "(python -m specdec.run drafter.k=auto)")
+    for name, low in (("seeds", 1), ("check_live", 0), ("live_seeds", 1), ("k_max", 1)):
         value = cfg[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return k
+    if cfg.drafter.get("acceptance", "exact") not in (None, "exact"):
+        raise ValueError(f"drafter.acceptance={cfg.drafter.acceptance} is a lossy rule; replay models the exact rule "
+                         f"only: use drafter.acceptance=exact")
+    check_log_dir(cfg.log_dir, "log_dir")
+    tree = bool(cfg.drafter.get("tree"))
+    return k, check_before_loading(cfg, k, room=2 * (k if tree else max(k, cfg.k_max)))
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    k = check_replay_config(cfg)
+    k, rows = check_replay_config(cfg)
     device = resolve_device(cfg.target.device)
     backend = target_backend(cfg.target)
     model, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
@@ -92,7 +95,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     limit = prompt_room(cfg.data.max_new_tokens, 2 * k_max, context, "target.max_context")  # the log's margin too
     if cfg.data.max_prompt_tokens is not None:
         limit = min(limit, cfg.data.max_prompt_tokens)
-    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     prompts = encode_prompts(tokenizer, rows, limit, context)
     sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
     seeds = [cfg.sampling.seed + s for s in range(cfg.seeds)]

@@ -32,7 +32,8 @@ def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, 
     top_p; None: not checked)."""
     log = ReplayLog.load(path)
     log.check(target=target_identity(target), drafter=drafter_identity(drafter, chain_k_free=not log.tree),
-              tokenizer=tokenizer_identity(tokenizer) if log.tokenizer is not None else None, k=k, sampling=sampling)
+              tokenizer=tokenizer_identity(tokenizer) if log.tokenizer is not None else None, k=k, sampling=sampling,
+              path=path)
     return log
 
 
@@ -61,7 +62,7 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
     from_disk = path.is_file()
     if from_disk:
         log = ReplayLog.load(path)
-        log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max, sampling=sampling)
+        log.check(target=ids[0], drafter=ids[1], tokenizer=ids[2], k=k_max, sampling=sampling, path=path)
     else:
         log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens,
                             tokenizer=tokenizer, eos_token_id=eos, tree=tree, seeds=seeds, **sampling)

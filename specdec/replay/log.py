@@ -136,16 +136,19 @@ class ReplayLog:
         return None if data is None else CostModel.from_dict(data)
 
     def check(self, *, target: dict | None = None, drafter: dict | None = None, tokenizer: dict | None = None,
-              k: int | None = None, sampling: dict | None = None) -> None:
+              k: int | None = None, sampling: dict | None = None, path: str | Path | None = None) -> None:
         """Refuse (:class:`ReplayMismatchError`, naming both) a request this log does not answer. ``sampling``:
-        temperature, top_k, top_p (a log answers the settings it was drawn with only)."""
+        temperature, top_k, top_p (a log answers the settings it was drawn with only); ``path``: the log's file,
+        named in the refusal (the file to delete)."""
+        where = (f": delete {str(path)!r} and the next run logs again" if path is not None
+                 else " (specdec.replay.log_proposals)")
         for what, mine, theirs in (("target", self.target, target), ("drafter", self.drafter, drafter),
                                    ("tokenizer", self.tokenizer, tokenizer),
                                    ("sampling", self.sampling, None if sampling is None else _sampling(**sampling))):
             if theirs is not None and _normal(mine) != _normal(theirs):
                 raise ReplayMismatchError(
                     f"this replay log was written for another {what}: logged {_brief(mine)}, asked for "
-                    f"{_brief(theirs)}; log again with this {what} (specdec.replay.log_proposals)")
+                    f"{_brief(theirs)}; log again with this {what}{where}")
         if k is None:
             return
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -167,13 +170,25 @@ class ReplayLog:
 
     @classmethod
     def load(cls, path: str | Path) -> "ReplayLog":
-        data = json.loads(Path(path).read_text())
-        if data.get("format") != FORMAT:
-            raise ReplayMismatchError(f"{str(path)!r} is a replay log of format {data.get('format')!r}, this specdec "
-                                      f"reads format {FORMAT}; delete it and log again")
-        data["prompts"] = [PromptLog(**{**p, "proposals": [Proposed(**q) for q in p["proposals"]]})
-                           for p in data["prompts"]]
-        return cls(**data)
+        """The log in the file at ``path``; a :class:`ReplayMismatchError` naming the file (delete it: the next run
+        logs again) when it is not one this specdec reads: truncated, corrupt, of another format."""
+        redo = "delete it and the next run logs again"
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
+            raise ReplayMismatchError(f"replay log {str(path)!r} cannot be read ({type(exc).__name__}: {exc}): "
+                                      f"truncated or corrupt; {redo}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ReplayMismatchError(f"{str(path)!r} is not a replay log this specdec reads (format {found!r}, "
+                                      f"expected {FORMAT}); {redo}")
+        try:
+            data["prompts"] = [PromptLog(**{**p, "proposals": [Proposed(**q) for q in p["proposals"]]})
+                               for p in data["prompts"]]
+            return cls(**data)
+        except (KeyError, TypeError) as exc:
+            raise ReplayMismatchError(f"replay log {str(path)!r} is missing or has malformed fields ({exc!r}); "
+                                      f"{redo}") from None
 
 
 def _sampling(temperature: float, top_k: int = 0, top_p: float = 1.0) -> dict[str, float]:

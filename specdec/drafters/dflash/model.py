@@ -407,7 +407,7 @@ def load_dflash(path: str | Path, *, target_config: Any | None = None) -> DFlash
     if target_config is not None:
         _check_target(cfg, target_config, directory)
     weights = directory / "model.safetensors"
-    tensors = read_tensors(weights, what="block drafter weights", hint=_HINT)
+    tensors = read_tensors(weights, what="block drafter weights", hint=_HINT, finite=True)
     model = DFlashModel(cfg)
     if "lm_head.weight" not in tensors:
         raise CheckpointError(f"{str(weights)!r} has no lm_head.weight: a DFlash drafter that reads the target's full "

@@ -29,14 +29,14 @@ from typing import Any
 import torch
 
 from specdec.drafters.base import DecodeState, Proposal
-from specdec.drafters.draft_model.drafter import DraftModelDrafter
+from specdec.drafters.draft_model.drafter import CROSS_VOCAB_RULES, DraftModelDrafter
 from specdec.drafters.draft_model.vocab_map import VocabMap, complete_utf8
 from specdec.models.backend import Backend
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
-RULES = ("auto", "intersection", "string")
+RULES = tuple(rule for rule in CROSS_VOCAB_RULES if rule != "off")
 
 
 class CrossVocabDrafter(DraftModelDrafter):

@@ -37,8 +37,10 @@ from specdec.errors import VocabMismatchError
 from specdec.models import as_decoder
 from specdec.models.backend import Backend
 from specdec.models.graphs import Graphs
+from specdec.models.loading import same_model
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
+CROSS_VOCAB_RULES = ("auto", "intersection", "string", "off")  # drafter.cross_vocab (cross_vocab.py)
 EARLY_EXIT_LAYERS = 8  # drafter.path=target: the target's first 8 layers draft (all, for a smaller target)
 
 
@@ -78,6 +80,28 @@ class DraftModelDrafter(Drafter):
         # under greedy decoding, the token-level intersection when sampling; intersection | string force one
         # (string: greedy only); off = refuse another tokenizer. A same-tokenizer draft ignores it.
         cross_vocab: str = "auto"
+
+        def check(self, job) -> None:
+            """Refused before any model loads: a rule or schedule that does not exist, the string rule when
+            sampling, and the target itself as the draft (every draft accepted at a whole target forward each)."""
+            if self.cross_vocab not in CROSS_VOCAB_RULES:
+                raise ValueError(f"drafter.cross_vocab must be one of {list(CROSS_VOCAB_RULES)}, got "
+                                 f"{self.cross_vocab!r}")
+            if self.schedule not in DraftModelDrafter.SCHEDULES:
+                raise ValueError(f"drafter.schedule must be one of {list(DraftModelDrafter.SCHEDULES)}, got "
+                                 f"{self.schedule!r}")
+            if self.cross_vocab == "string" and job.sampling.temperature != 0:
+                raise ValueError(f"drafter.cross_vocab=string is exact under greedy decoding only (a re-tokenised "
+                                 f"draft has no q to verify with), and sampling.temperature="
+                                 f"{job.sampling.temperature}; use drafter.cross_vocab=intersection or auto when "
+                                 f"sampling")
+            path = weights_path(self, "model", DEFAULT_DRAFT)
+            if path not in (DEFAULT_DRAFT, "target", "", None) and same_model(path, job.target.name):
+                raise ValueError(f"drafter.path={path!r} is the target itself ({job.target.name!r}): it would accept "
+                                 f"every draft at the cost of a whole target forward each, never faster than plain "
+                                 f"decoding; drafter=cross_vocab drafts for a target with another tokenizer "
+                                 f"(target=gemma3), drafter.path=default drafts with the shipped student, "
+                                 f"drafter.path=target with the target's first layers")
 
     SCHEDULES = ("constant", "heuristic")
 

@@ -173,7 +173,7 @@ def load_student(path: str | Path, target: nn.Module) -> nn.Module:
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     student = AutoModelForCausalLM.from_config(config)
     weights = directory / "model.safetensors"
-    tensors = read_tensors(weights, what="distilled draft model", hint=_HINT)
+    tensors = read_tensors(weights, what="distilled draft model", hint=_HINT, finite=True)
     taken = set(section["from_target"]) | {LM_HEAD}
     expected = set(student.state_dict()) - taken
     if set(tensors) != expected:

@@ -320,7 +320,7 @@ def load_eagle(path: str | Path, *, target_config: Any | None = None) -> EagleMo
     if target_config is not None:
         _check_target(cfg, target_config, directory)
     weights = directory / "model.safetensors"
-    tensors = read_tensors(weights, what="EAGLE drafter weights", hint=_HINT)
+    tensors = read_tensors(weights, what="EAGLE drafter weights", hint=_HINT, finite=True)
     tensors = {("layers.0." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
     model = EagleModel(cfg)
     if "lm_head.weight" not in tensors:

@@ -183,7 +183,7 @@ def load_heads(path: str | Path, *, hidden_size: int, vocab_size: int) -> tuple[
             f"hidden size {hidden_size} and vocabulary {vocab_size}; train heads for it with "
             f"`python -m specdec.train method=medusa target=<this target>`"
         )
-    tensors = read_tensors(path, what="Medusa heads file", hint=hint)
+    tensors = read_tensors(path, what="Medusa heads file", hint=hint, finite=True)
     heads = MedusaHeads(hidden_size, vocab_size, meta["num_heads"], own_lm_head=meta["own_lm_head"],
                         token_ids=tensors.get("token_ids"), token_aware=meta.get("token_aware", False))
     heads.load_state_dict(tensors)

@@ -1,0 +1,84 @@
+"""Every check of a decoding job's config that needs no model, run before the target loads (a refusal after a
+minute of loading costs a user that minute, and a sweep all its points): the data and sampling settings, the
+lookahead against the target's context, the drafter's own settings and files (:func:`~specdec.drafters.loading.
+check_drafter_config`), ``drafter.k=auto``'s settings, and the prompts themselves (read, and refused where chat
+prompts meet a target known to have no chat template).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from specdec.drafters.loading import check_drafter_config
+from specdec.jobs.data import check_chat_prompts, load_prompt_mix, prompt_room
+from specdec.jobs.runs import check_job_config, try_writing
+from specdec.models.graphs import check_compile_mode
+from specdec.models.loading import has_chat_template
+from specdec.verify.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def check_lookahead(k: Any, *, auto: bool = False, hint: str = "") -> None:
+    """``drafter.k``: an integer >= 1, or (``auto``: the main job) 'auto'."""
+    if auto and k == "auto":
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        allowed = "an integer >= 1 or 'auto'" if auto else "an integer >= 1"
+        raise ValueError(f"drafter.k (lookahead) must be {allowed}, got {k!r}"
+                         + (f": {hint}" if hint else ""))
+
+
+def check_auto(auto: Any) -> None:
+    """``drafter.k=auto``'s settings (:class:`~specdec.config.AutoConfig`), each refused naming itself."""
+    ks = auto.ks
+    if ks is not None and (len(ks) == 0 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks)):
+        raise ValueError(f"auto.ks (the lookaheads drafter.k=auto tries) must be a non-empty list of integers >= 1, "
+                         f"or null for the defaults (chains 1..8, trees 4..24), got {list(ks)!r}")
+    for name, low in (("prompts_per_source", 1), ("max_new_tokens", 1), ("seeds", 1)):
+        value = auto[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"auto.{name} must be an integer >= {low}, got {value!r}")
+    margin = auto.margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < float("inf"):
+        raise ValueError(f"auto.margin (the predicted gain a drafter must show) must be a number >= 0, got {margin!r}")
+    check_log_dir(auto.log_dir, "auto.log_dir")
+
+
+def check_log_dir(directory: str | None, key: str) -> None:
+    """A directory of replay logs (``log_dir``, ``auto.log_dir``; None: specdec's cache) that can be written, checked
+    before the logging pass rather than after it."""
+    if directory is None:
+        return
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{key}={directory!r} is a file, not a directory; give a directory for the replay logs (or "
+                         f"leave {key} null: specdec's cache)")
+    try:
+        try_writing(path)
+    except OSError as exc:
+        raise ValueError(f"{key}={directory!r} cannot be written ({exc}); give a directory you can write to") from exc
+
+
+def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
+    """Refuse what ``cfg`` (a decoding job's composed config) cannot run, before any model loads; the job's prompt
+    rows (:func:`~specdec.jobs.data.load_prompt_mix`), read once here. ``k``: the largest lookahead the job drafts
+    with; ``room``: the lookahead the prompts must leave room for (default ``k``)."""
+    check_job_config(cfg)
+    max_new = cfg.data.max_new_tokens
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"data.max_new_tokens must be an integer >= 1 (tokens generated per prompt), got {max_new!r}")
+    SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
+    check_compile_mode(cfg.target.compile)
+    prompt_room(max_new, room or k, cfg.target.max_context, "target.max_context")
+    check_drafter_config(cfg.drafter, cfg)
+    if isinstance(cfg.drafter.k, int) and cfg.drafter.k > max_new and not cfg.drafter.get("tree"):
+        log.warning("drafter.k=%d drafts more tokens a step than the %d each prompt generates: every step drafts at "
+                    "most %d", cfg.drafter.k, max_new, max(1, max_new - 1))
+    rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
+    check_chat_prompts(rows, has_chat_template(cfg.target.name))
+    return rows
