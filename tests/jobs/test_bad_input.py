@@ -196,8 +196,11 @@ class Asked(NgramDrafter):
 def test_a_lookahead_beyond_the_tokens_left_is_capped(tiny_target):
     """drafter.k=1000 for 8 new tokens: the drafter is asked for 7 a step (it was asked for 1000, a hang with a draft
     model), and the output is plain decoding's."""
+    from specdec.drafters.loading import drafter_config
+
     prompt = torch.tensor([[3, 5, 7, 3, 5, 7, 3, 5]])
     drafter = Asked()
+    drafter.config = drafter_config("ngram", k=1000)  # as load_drafter builds it: a chain drafter's config
     out = speculative_generate(tiny_target, drafter, prompt, k=1000, max_new_tokens=8)
     assert drafter.asked and max(drafter.asked) == 7
     assert out.sequences == autoregressive_generate(tiny_target, prompt, max_new_tokens=8).sequences
