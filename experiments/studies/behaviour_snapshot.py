@@ -1,7 +1,7 @@
 """Did a change alter what specdec decodes? The main job's greedy outputs and τ per drafter, written once before a
 change and compared after it (a refactor must leave both identical, token for token).
 
-    python experiments/studies/behaviour_snapshot.py --out before.json               # all four drafters
+    python experiments/studies/behaviour_snapshot.py --out before.json               # every shipped drafter
     python experiments/studies/behaviour_snapshot.py --out after.json --compare before.json
     python experiments/studies/behaviour_snapshot.py --drafters eagle ngram --out quick.json
 
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-DRAFTERS = ["eagle", "medusa", "draft_model", "ngram"]
+DRAFTERS = ["eagle", "medusa", "draft_model", "ngram", "dflash"]
 
 
 def snapshot(drafter: str) -> dict:
