@@ -50,7 +50,18 @@ class DrafterConfig:
 
     def check(self, job: Any) -> None:
         """Refuse, before any model loads, settings this drafter cannot run with in ``job`` (the composed job config:
-        its target, sampling, data); a drafter's own ``Config`` adds its rules (the base has none)."""
+        its target, sampling, data). Here the settings several drafters share, where a drafter has them (rounding
+        its weights, a confidence threshold, prompt-lookup nodes); a drafter's own ``Config`` adds its rules."""
+        bits = getattr(self, "weight_bits", None)
+        if bits not in (None, 4, 8):
+            raise ValueError(f"drafter.weight_bits must be 4, 8 or null (the weights as trained), got {bits!r}")
+        for name in ("min_confidence", "confidence"):
+            value = getattr(self, name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"drafter.{name} must be a number in [0, 1) (0 = off), got {value!r}")
+        lookup = getattr(self, "lookup", 0)
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise ValueError(f"drafter.lookup (prompt-lookup nodes per tree) must be an integer >= 0, got {lookup!r}")
 
 
 # Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;

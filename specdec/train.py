@@ -19,10 +19,12 @@ import json
 import math
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import config_dir
-from specdec.jobs.runs import check_target_choice
+from specdec.jobs.runs import check_target_choice, refuse_briefly
 from specdec.training.config import register_train_configs
 from specdec.training.trainer import train
 
@@ -31,9 +33,14 @@ register_train_configs()
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
 def main(dict_cfg: DictConfig) -> float:
-    check_target_choice(dict_cfg)
-    cfg = OmegaConf.to_object(dict_cfg)
-    metrics = train(cfg)
+    try:
+        check_target_choice(dict_cfg)
+        cfg = OmegaConf.to_object(dict_cfg)
+        metrics = train(cfg)
+    except Exception as exc:  # a refused setting: its message alone, outside a multirun
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            refuse_briefly(exc)
+        raise
     print(json.dumps(metrics, indent=1))
     if not metrics["finished"]:
         print(f"stopped at step {metrics['step']} of {metrics['total_steps']}: rerun the same command to resume")

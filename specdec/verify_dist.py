@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.drafters import build_drafter
 from specdec.exactness import strata
-from specdec.exactness.harness import EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, verify_distribution
+from specdec.exactness.harness import (EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, check_settings,
+                                       verify_distribution)
 from specdec.jobs.checks import check_before_loading, check_lookahead
 from specdec.jobs.data import encode_prompts, prompt_room
 from specdec.jobs.io import save_figure, write_json
@@ -92,6 +93,11 @@ def check_lossy(cfg: DictConfig) -> bool:
 def run(cfg: DictConfig) -> VerifyResult:
     check_lookahead(cfg.drafter.k, hint="verify_dist tests one lookahead")
     check_lossy(cfg)
+    significance = significance_level(cfg)
+    check_settings(length=cfg.data.max_new_tokens, samples_per_prompt=cfg.samples_per_prompt,
+                   batch_size=cfg.data.batch_size, joint_tokens=cfg.joint_tokens, significance=significance,
+                   temperature=cfg.sampling.temperature, detect_tv=cfg.detect_tv, planted_bug=cfg.planted_bug,
+                   min_rows_per_position=cfg.min_rows_per_position, max_samples_per_prompt=cfg.max_samples_per_prompt)
     rows = check_before_loading(cfg, cfg.drafter.k)  # every refusal that needs no model, before the target loads
     torch.manual_seed(cfg.sampling.seed)
     device = resolve_device(cfg.target.device)
@@ -107,7 +113,7 @@ def run(cfg: DictConfig) -> VerifyResult:
     sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     result = verify_distribution(
         target, drafter, prompts, k=k, length=length, samples_per_prompt=cfg.samples_per_prompt, sampling=sampling,
-        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance_level(cfg),
+        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance,
         joint_tokens=cfg.joint_tokens,
         min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv,
         max_samples_per_prompt=cfg.max_samples_per_prompt,

@@ -322,7 +322,7 @@ def _capped(k: int, drafter: Drafter, max_new_tokens: int) -> int:
     from the prefill, each step's last from the target): ``k=1000`` for 8 tokens drafts 7 a step, not 1000. A tree's
     ``k`` is its size, not its depth, and stays; so does the ``k`` of a drafter built by its constructor (no config
     to say whether it drafts chains)."""
-    config = getattr(drafter, "config", None)
+    config = drafter.config
     if k == 0 or config is None or getattr(config, "tree", None) or isinstance(max_new_tokens, bool) \
             or not isinstance(max_new_tokens, int):  # a bad max_new_tokens: refused by _check_capacity
         return k

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specdec.drafters.base import DRAFTERS, Drafter
 from specdec.models.backend import Backend
+from specdec.models.loading import looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,13 @@ def check_drafter_config(cfg: Any, job: Any = None) -> DictConfig:
     name = cfg.get("name") if isinstance(cfg, dict) else getattr(cfg, "name", None)
     cfg = _merge(drafter_config(name), cfg, name, "the given settings")
     path = cfg.get("path")
-    kind = drafter_kind(path) if isinstance(path, str) and path not in ("default", "target", "") else None
+    given = isinstance(path, str) and path not in ("default", "target", "")
+    if given and looks_like_path(path) and not Path(path).expanduser().exists():
+        raise FileNotFoundError(f"drafter.path={path!r}: no such file or directory "
+                                f"({str(Path(path).expanduser().absolute())!r}); give the directory a training run "
+                                f"wrote (its output_dir or export), or drafter.path=default for the drafter shipped "
+                                f"for the default target")
+    kind = drafter_kind(path) if given else None
     if kind is not None and kind != name:
         raise ValueError(f"drafter.path={path!r} holds {KIND_NAMES[kind]}, not what drafter={name} reads; decode "
                          f"with it as drafter={kind} drafter.path={path}" +

@@ -46,6 +46,12 @@ class NgramDrafter(Drafter):
         max_ngram: int = 3  # longest suffix looked up
         min_ngram: int = 2  # shortest suffix looked up before giving up (see the module docstring)
 
+        def check(self, job) -> None:
+            if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
+                    and 1 <= self.min_ngram <= self.max_ngram):
+                raise ValueError(f"drafter.min_ngram and drafter.max_ngram need 1 <= min_ngram <= max_ngram (the "
+                                 f"suffix lengths looked up), got min_ngram={self.min_ngram}, max_ngram={self.max_ngram}")
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")

@@ -198,6 +198,32 @@ class VerifyResult:
     pit: np.ndarray  # [R, L] randomised PIT values, Uniform(0, 1) under exactness (for plots)
 
 
+def check_settings(*, length: int, samples_per_prompt: int, batch_size: int, joint_tokens: int, significance: float,
+                   temperature: float, detect_tv: float | None = None, planted_bug: str | None = None,
+                   min_rows_per_position: int = 100, max_samples_per_prompt: int = 4096) -> None:
+    """Refuse settings :func:`verify_distribution` cannot run with (no model needed: ``python -m specdec.verify_dist``
+    calls it before the target loads)."""
+    for name, value, low in (("length", length, 1), ("samples_per_prompt", samples_per_prompt, 1),
+                             ("batch_size", batch_size, 1), ("joint_tokens", joint_tokens, 0),
+                             ("min_rows_per_position", min_rows_per_position, 1),
+                             ("max_samples_per_prompt", max_samples_per_prompt, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if joint_tokens > length:
+        raise ValueError(f"joint_tokens ({joint_tokens}) cannot exceed the continuation length ({length})")
+    if not 0.0 < significance < 1.0:
+        raise ValueError(f"significance (the family-wise level) must lie in (0, 1), got {significance!r}")
+    if temperature == 0:
+        raise ValueError("verify_dist tests a sampling distribution, so it needs sampling.temperature > 0 (got 0, "
+                         "greedy); under greedy decoding exactness is token identity with plain decoding, which "
+                         "`python -m specdec.run` checks on every prompt ('greedy outputs identical to plain decoding')")
+    if detect_tv is not None and not 0.0 < detect_tv <= 1.0:
+        raise ValueError(f"detect_tv (a TV distance) must lie in (0, 1], or be null to use samples_per_prompt; "
+                         f"got {detect_tv!r}")
+    if planted_bug is not None and planted_bug not in planted.BUGS:
+        raise ValueError(f"unknown planted bug {planted_bug!r}; choose one of {sorted(planted.BUGS)} (or null for none)")
+
+
 def verify_distribution(
     target: torch.nn.Module,  # a transformers causal LM (Llama family for batch > 1)
     drafter: Drafter,
@@ -222,21 +248,10 @@ def verify_distribution(
     ``samples_per_prompt`` is not used."""
     if not prompts:
         raise ValueError("verify_distribution needs at least one prompt")
-    for name, value, low in (("length", length, 1), ("samples_per_prompt", samples_per_prompt, 1),
-                             ("batch_size", batch_size, 1), ("joint_tokens", joint_tokens, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if joint_tokens > length:
-        raise ValueError(f"joint_tokens ({joint_tokens}) cannot exceed the continuation length ({length})")
-    if not 0.0 < significance < 1.0:
-        raise ValueError(f"significance (the family-wise level) must lie in (0, 1), got {significance!r}")
-    if sampling.temperature == 0:
-        raise ValueError("verify_dist tests a sampling distribution, so it needs sampling.temperature > 0 (got 0, "
-                         "greedy); under greedy decoding exactness is token identity with plain decoding, which "
-                         "`python -m specdec.run` checks on every prompt ('greedy outputs identical to plain decoding')")
-    if detect_tv is not None and not 0.0 < detect_tv <= 1.0:
-        raise ValueError(f"detect_tv (a TV distance) must lie in (0, 1], or be null to use samples_per_prompt; "
-                         f"got {detect_tv!r}")
+    check_settings(length=length, samples_per_prompt=samples_per_prompt, batch_size=batch_size,
+                   joint_tokens=joint_tokens, significance=significance, temperature=sampling.temperature,
+                   detect_tv=detect_tv, planted_bug=planted_bug, min_rows_per_position=min_rows_per_position,
+                   max_samples_per_prompt=max_samples_per_prompt)
     started = time.perf_counter()
     decoder = fast_decoder(target)
     setup = planted.plant(planted_bug, planted.Setup(target, drafter, None, sampling))

@@ -72,6 +72,10 @@ def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
     max_new = cfg.data.max_new_tokens
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
         raise ValueError(f"data.max_new_tokens must be an integer >= 1 (tokens generated per prompt), got {max_new!r}")
+    most = cfg.data.max_prompt_tokens
+    if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+        raise ValueError(f"data.max_prompt_tokens must be an integer >= 1 (longer prompts are refused) or null (the "
+                         f"context's room), got {most!r}")
     SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     check_compile_mode(cfg.target.compile)
     prompt_room(max_new, room or k, cfg.target.max_context, "target.max_context")

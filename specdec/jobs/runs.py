@@ -222,6 +222,14 @@ def check_results_path(results_path: Path, results_file: str, run_dir: Path | No
                          f"set results_file to a name (or path) in a writable directory") from exc
 
 
+def refuse_briefly(exc: BaseException, where: str | Path | None = None) -> None:
+    """Outside a multirun: a bad setting or file (``ValueError``, ``OSError``) exits 1 with its message alone (the
+    traceback is ``where``, or with ``HYDRA_FULL_ERROR=1`` shown as Hydra shows it); other errors go on up."""
+    if isinstance(exc, (ValueError, OSError)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        kept = f"the traceback is in {where}; " if where else ""
+        raise SystemExit(f"error: {type(exc).__name__}: {exc}\n({kept}HYDRA_FULL_ERROR=1 shows it here)") from None
+
+
 def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_value: T,
              extra_failure_fields: dict[str, Any] | None = None) -> T:
     """Run ``task(cfg, results_path)`` under the failure rule of the module docstring; ``results_path`` is
@@ -232,9 +240,8 @@ def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_
     try:
         check_results_path(results_path, cfg.results_file, run_dir)
     except (OSError, ValueError) as exc:  # nothing was written: no failure record either
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        raise SystemExit(f"error: {exc}") from None
+        refuse_briefly(exc)
+        raise
     try:
         check_logger(cfg)
         return task(cfg, results_path)
@@ -242,9 +249,7 @@ def run_task(cfg: DictConfig, task: Callable[[DictConfig, Path], T], *, failure_
         write_json(results_path, {**failed_result(cfg, exc), **(extra_failure_fields or {}),
                                   "traceback": traceback.format_exc()})
         if HydraConfig.get().mode != RunMode.MULTIRUN:
-            if isinstance(exc, (ValueError, OSError)) and os.environ.get("HYDRA_FULL_ERROR") != "1":
-                raise SystemExit(f"error: {type(exc).__name__}: {exc}\n(the traceback is in {results_path}; "
-                                 f"HYDRA_FULL_ERROR=1 shows it here)") from None
+            refuse_briefly(exc, results_path)
             raise
         print(f"job failed: {type(exc).__name__}: {exc} (details in {results_path})", file=sys.stderr)
         return failure_value

@@ -77,6 +77,9 @@ def check_replay_config(cfg: DictConfig):
     if cfg.drafter.get("acceptance", "exact") not in (None, "exact"):
         raise ValueError(f"drafter.acceptance={cfg.drafter.acceptance} is a lossy rule; replay models the exact rule "
                          f"only: use drafter.acceptance=exact")
+    if cfg.drafter.get("schedule", "constant") != "constant":
+        raise ValueError(f"drafter.schedule={cfg.drafter.schedule!r}: the draft length follows earlier steps' "
+                         f"acceptance, which one proposal per position cannot replay; use drafter.schedule=constant")
     check_log_dir(cfg.log_dir, "log_dir")
     tree = bool(cfg.drafter.get("tree"))
     return k, check_before_loading(cfg, k, room=2 * (k if tree else max(k, cfg.k_max)))

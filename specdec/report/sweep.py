@@ -106,6 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         parser.error(f"sweep directory {args.sweep_dir!r} does not exist")
+    if (Path(args.sweep_dir) / args.results_file).is_file() and not list(Path(args.sweep_dir).glob(
+            f"*/{args.results_file}")):  # a summary written there would sit among one run's own files
+        parser.error(f"{args.sweep_dir!r} is one run's directory (its {args.results_file} is there), not a sweep's; "
+                     f"pass the multirun directory that holds the jobs' directories (multirun/<date>/<time>)")
     runs = report_sweep(args.sweep_dir, args.results_file)
     if not runs:
         print(f"specdec.report: no runs found under {args.sweep_dir}", file=sys.stderr)

@@ -82,6 +82,22 @@ def test_a_sweep_directory_with_a_jobs_results_is_refused(tmp_path):
     assert snapshot(sweep) == before
 
 
+def test_train_refuses_a_setting_without_a_traceback(tmp_path):
+    proc = cli("specdec.train", "optim.epochs=0", f"output_dir={tmp_path / 'train'}", cwd=tmp_path)
+    assert proc.returncode == 1 and "error: ValueError: optim.epochs must be an integer >= 1, got 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_report_refuses_one_runs_directory(tmp_path, capsys):
+    """python -m specdec.report <a run's directory> wrote a sweep summary among that run's files."""
+    from specdec.report.sweep import main
+
+    before = finished_run(tmp_path / "run", MAIN_JOB)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "run")])
+    assert "is one run's directory" in capsys.readouterr().err and snapshot(tmp_path / "run") == before
+
+
 def test_a_refusal_prints_its_message_not_a_traceback_unless_asked(tmp_path):
     proc = cli("specdec.run", "drafter.k=0", f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
     assert proc.returncode == 1 and "error: ValueError: drafter.k (lookahead) must be an integer >= 1" in proc.stderr
@@ -143,13 +159,27 @@ CODE = ["target=gemma3", "data=code_text"]  # a target with another tokenizer th
     ("run", ["drafter.k=0"], "drafter.k (lookahead) must be an integer >= 1 or 'auto', got 0"),
     ("run", ["data.max_new_tokens=0"], "data.max_new_tokens must be an integer >= 1"),
     ("run", ["drafter.k=1000", "target.max_context=512"], "exceeds the model's context of 512 positions"),
+    # refused after the target had loaded, before (the probe's own finds)
+    ("run", ["data.max_prompt_tokens=0"], "data.max_prompt_tokens must be an integer >= 1"),
+    ("run", ["drafter=medusa", "drafter.path=/nonexistent/heads"], "drafter.path='/nonexistent/heads': no such file"),
+    ("run", ["drafter=eagle", "drafter.weight_bits=3"], "drafter.weight_bits must be 4, 8 or null"),
+    ("run", ["drafter=medusa", "drafter.min_confidence=2"], "drafter.min_confidence must be a number in [0, 1)"),
+    ("run", ["drafter=dflash", "drafter.lookup=-1"], "drafter.lookup (prompt-lookup nodes per tree) must be"),
+    ("run", ["drafter=ngram", "drafter.max_ngram=0"], "need 1 <= min_ngram <= max_ngram"),
+    ("run", ["drafter=draft_model", "drafter.confidence=1.5"], "drafter.confidence must be a number in [0, 1)"),
+    ("verify_dist", ["samples_per_prompt=0"], "samples_per_prompt must be an integer >= 1, got 0"),
+    ("verify_dist", ["significance=2"], "significance (the family-wise level) must lie in (0, 1)"),
+    ("verify_dist", ["planted_bug=banana"], "unknown planted bug 'banana'"),
+    ("verify_dist", ["detect_tv=-1"], "detect_tv (a TV distance) must lie in (0, 1]"),
+    ("verify_dist", ["joint_tokens=-1"], "joint_tokens must be an integer >= 0, got -1"),
+    ("replay", ["drafter=draft_model", "drafter.schedule=heuristic"], "one proposal per position cannot replay"),
 ])
 def test_refused_before_any_model_loads(no_model, entry, overrides, message):
     if entry == "verify_dist":
         cfg = composed(entry, *overrides)
     else:
         cfg = composed(entry, *overrides, *(["drafter.k=3"] if entry == "replay" else []))
-    with pytest.raises(ValueError) as err:
+    with pytest.raises((ValueError, OSError)) as err:  # OSError: a file or directory that is not there
         JOBS[entry](cfg)
     assert message in str(err.value)
 

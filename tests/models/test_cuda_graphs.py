@@ -219,6 +219,7 @@ class _Twins:
     def __init__(self, eager, graphed):
         self.eager, self.graphed, self.steps = eager, graphed, 0
         self.feature_layers, self.acceptance, self.forwards = eager.feature_layers, eager.acceptance, 0
+        self.config = eager.config
 
     def reset(self):
         self.eager.reset(), self.graphed.reset()

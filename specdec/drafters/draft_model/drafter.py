@@ -84,6 +84,7 @@ class DraftModelDrafter(Drafter):
         def check(self, job) -> None:
             """Refused before any model loads: a rule or schedule that does not exist, the string rule when
             sampling, and the target itself as the draft (every draft accepted at a whole target forward each)."""
+            super().check(job)
             if self.cross_vocab not in CROSS_VOCAB_RULES:
                 raise ValueError(f"drafter.cross_vocab must be one of {list(CROSS_VOCAB_RULES)}, got "
                                  f"{self.cross_vocab!r}")
