@@ -155,9 +155,14 @@ def probe(module: str, args: list[str], scratch: Path, index: int, timeout: floa
         verdict = "TRACEBACK"
     else:
         verdict = "REFUSED AFTER LOAD" if loaded else "REFUSED"
-    lines = [line for line in out.splitlines() if line.strip() and "%|" not in line and "HYDRA_FULL_ERROR" not in line]
-    message = next((line for line in reversed(lines) if "rror" in line or "refus" in line or "already" in line),
-                   lines[-1] if lines else "")
+    lines = [line.strip() for line in out.splitlines() if line.strip() and "%|" not in line
+             and "HYDRA_FULL_ERROR" not in line and not line.startswith("[20")]  # no progress bars, no log lines
+    first = next((i for i, line in enumerate(lines) if any(w in line for w in ("rror", "Could not", "already holds",
+                                                                                "cannot", "refus"))), None)
+    if first is None:
+        message = lines[-1] if lines else ""
+    else:  # Hydra's own errors say what is wrong on their second line
+        message = " ".join(lines[first:first + (2 if not lines[first].startswith("error:") else 1)])
     return {"command": f"python -m {module} {' '.join(args)}", "rc": rc, "seconds": seconds, "verdict": verdict,
             "message": message.strip()}
 

@@ -79,7 +79,8 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
 def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, seed: int = 0) -> datasets.Dataset:
     """Concatenate ``load_prompts(s, limit=limit_per_source, seed=seed)`` over ``sources``, in that order."""
     if not sources:
-        raise ValueError(f"load_prompt_mix needs at least one source; valid built-in sources are {sorted(SOURCES)}")
+        raise ValueError(f"data.sources is empty: give at least one prompt source (built in: {sorted(SOURCES)}; or a "
+                         f".jsonl file, or hub:<dataset>[:split])")
     return datasets.concatenate_datasets([load_prompts(s, limit=limit_per_source, seed=seed) for s in sources])
 
 

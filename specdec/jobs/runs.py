@@ -175,12 +175,15 @@ class KeepEarlierResults(Callback):
     status 1 and the reason (Hydra's callback runner lets SystemExit through, and only warns about other
     exceptions)."""
 
-    def __init__(self, own: Sequence[str] = ()) -> None:
-        self.own = tuple(own)
+    def __init__(self, own: Sequence[str] = (), key: str = "hydra.run.dir") -> None:
+        self.own, self.key = tuple(own), key
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _claim(config.hydra.run.dir, "hydra.run.dir",
-               earlier_results(config.hydra.run.dir, _results_file(config), record=True, own=self.own))
+        run_dir, results_file = Path(config.hydra.run.dir), _results_file(config)
+        results = run_dir / results_file  # a results_file with a directory of its own: that one is checked too
+        if results.parent.resolve() != run_dir.resolve() and (found := earlier_results(results.parent, results.name)):
+            raise SystemExit(_kept_message(found, "results_file"))
+        _claim(run_dir, self.key, earlier_results(run_dir, results.name, record=True, own=self.own))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _claim(config.hydra.sweep.dir, "hydra.sweep.dir",

@@ -70,8 +70,24 @@ def test_a_directory_with_earlier_results_is_refused_and_left_as_it_was(tmp_path
     proc = cli(module, *args, where, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "already holds results" in proc.stderr and "nothing was run" in proc.stderr, proc.stderr[-2000:]
+    assert ("output_dir already" if module == "specdec.train" else "hydra.run.dir already") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert snapshot(run) == before  # every file's bytes and mtime; no file added
+
+
+def test_a_results_file_in_another_runs_directory_is_refused(tmp_path):
+    """python -m specdec.run results_file=<an earlier run's directory>/results.json: refused naming results_file, and
+    nothing made, not even the new run's directory."""
+    from omegaconf import OmegaConf
+
+    from specdec.jobs.runs import KeepEarlierResults
+
+    before = finished_run(tmp_path / "earlier", MAIN_JOB)
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "new")}},
+                               "results_file": str(tmp_path / "earlier" / "results.json")})
+    with pytest.raises(SystemExit, match="results_file already holds results"):
+        KeepEarlierResults().on_run_start(config)
+    assert snapshot(tmp_path / "earlier") == before and not (tmp_path / "new").exists()
 
 
 def test_a_sweep_directory_with_a_jobs_results_is_refused(tmp_path):
@@ -161,6 +177,7 @@ CODE = ["target=gemma3", "data=code_text"]  # a target with another tokenizer th
     ("run", ["drafter.k=1000", "target.max_context=512"], "exceeds the model's context of 512 positions"),
     # refused after the target had loaded, before (the probe's own finds)
     ("run", ["data.max_prompt_tokens=0"], "data.max_prompt_tokens must be an integer >= 1"),
+    ("run", ["data.sources=[]"], "data.sources is empty: give at least one prompt source"),
     ("run", ["drafter=medusa", "drafter.path=/nonexistent/heads"], "drafter.path='/nonexistent/heads': no such file"),
     ("run", ["drafter=eagle", "drafter.weight_bits=3"], "drafter.weight_bits must be 4, 8 or null"),
     ("run", ["drafter=medusa", "drafter.min_confidence=2"], "drafter.min_confidence must be a number in [0, 1)"),
