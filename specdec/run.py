@@ -113,6 +113,7 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     spec_runs = [s for group in by_category.values() for s in group]
     base_runs = [s for group in base_by_category.values() for s in group] if cfg.baseline else None
     spec_all, base_all = total(spec_runs), total(base_runs) if cfg.baseline else None
+    k = spec_runs[0].k if spec_runs else k  # as decoded: a chain's k is capped at the tokens a prompt can use
     results = {
         "status": "ok",
         "error": None,
