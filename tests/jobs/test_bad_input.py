@@ -259,6 +259,10 @@ def test_token_ids_outside_the_vocabulary_are_named(tiny_target, ids):
         speculative_generate(tiny_target, NgramDrafter(), torch.tensor(ids), k=2, max_new_tokens=4)
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
         autoregressive_generate(tiny_target, torch.tensor(ids), max_new_tokens=4)
+    from specdec import compare
+
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        compare(tiny_target, NgramDrafter(), ids, max_new_tokens=4, k=2, warmup=False)
 
 
 # --- files -----------------------------------------------------------------------------------------------------
