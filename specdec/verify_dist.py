@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.drafters import build_drafter
+from specdec.drafters.loading import lossy_rule
 from specdec.exactness import strata
 from specdec.exactness.harness import (EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, check_settings,
                                        verify_distribution)
@@ -81,7 +82,7 @@ def significance_level(cfg: DictConfig) -> float:
 def check_lossy(cfg: DictConfig) -> bool:
     """Whether the drafter verifies with a lossy rule (Medusa's ``drafter.acceptance=typical``); refused unless
     ``allow_lossy``: this job tests exactness, and a lossy drafter is not exact by design."""
-    lossy = cfg.drafter.get("acceptance", "exact") not in (None, "exact")
+    lossy = lossy_rule(cfg.drafter) is not None
     if lossy and not cfg.allow_lossy:
         raise ValueError(f"drafter.acceptance={cfg.drafter.acceptance} is a LOSSY rule: it changes the output "
                          f"distribution by design, so a PASS would only mean too little power and a CI gate on this "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -77,11 +77,14 @@ def _eos_ids(target: torch.nn.Module, eos_token_id: int | Sequence[int] | None) 
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
 
 
-def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, device: torch.device,
                   vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` [B, S] on ``device`` and its left padding per row [B], or a ValueError naming what is wrong."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype.is_floating_point or input_ids.is_complex():
         raise ValueError(f"input_ids must be a tensor of token ids (integers), got "
                          f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}")
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
         attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
@@ -95,9 +98,9 @@ def _check_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
         raise ValueError(f"attention_mask shape {list(attention_mask.shape)} differs from input_ids {list(input_ids.shape)}")
     mask = attention_mask.bool()
     if vocab_size is not None:  # ids the embedding cannot look up (padding slots included: they are embedded too)
-        low, high = input_ids.aminmax()
-        if int(low) < 0 or int(high) >= vocab_size:
-            bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)].unique()[:5].tolist()
+        outside = (input_ids < 0) | (input_ids >= vocab_size)
+        if bool(outside.any()):  # one sync a generation, before its steps
+            bad = input_ids[outside].unique()[:5].tolist()
             raise ValueError(f"input_ids hold token ids outside the target's vocabulary of {vocab_size} (0 .. "
                              f"{vocab_size - 1}): {bad}; encode the prompt with the target's own tokenizer (and "
                              f"pad with its pad_token_id)")
@@ -122,9 +125,12 @@ class StepResult:
     features: torch.Tensor | None = None  # [B, E, F]: the drafter's feature layers along the kept positions
 
 
-def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> int:
+def _check_max_new_tokens(max_new_tokens: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def _check_capacity(decoder, prompt_len: int, max_new_tokens: int, k: int) -> int:
     capacity = prompt_len + max_new_tokens + k + 1
     if capacity > decoder.max_positions:
         raise ValueError(
@@ -259,10 +265,9 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     # 1) Validate, and size the caches: prompt + new tokens + one step's lookahead.
     decoder = as_decoder(target)
     device = decoder.device
-    input_ids, pad = _check_prompt(input_ids.to(device) if isinstance(input_ids, torch.Tensor) else input_ids,
-                                   None if attention_mask is None else attention_mask.to(device),
-                                   getattr(decoder, "vocab_size", None))
-    k = _capped(k, drafter, max_new_tokens)
+    input_ids, pad = _check_prompt(input_ids, attention_mask, device, getattr(decoder, "vocab_size", None))
+    _check_max_new_tokens(max_new_tokens)
+    k = capped_lookahead(k, drafter.config, max_new_tokens)
     request = _Request(input_ids, pad, pad.tolist(), _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k),
                        params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
     stats = DecodeStats(k=k)
@@ -317,14 +322,12 @@ def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRu
     return rule or drafter.acceptance or EXACT
 
 
-def _capped(k: int, drafter: Drafter, max_new_tokens: int) -> int:
-    """A chain's lookahead, at most the drafts a generation of ``max_new_tokens`` can use (the first token comes
-    from the prefill, each step's last from the target): ``k=1000`` for 8 tokens drafts 7 a step, not 1000. A tree's
-    ``k`` is its size, not its depth, and stays; so does the ``k`` of a drafter built by its constructor (no config
-    to say whether it drafts chains)."""
-    config = drafter.config
-    if k == 0 or config is None or getattr(config, "tree", None) or isinstance(max_new_tokens, bool) \
-            or not isinstance(max_new_tokens, int):  # a bad max_new_tokens: refused by _check_capacity
+def capped_lookahead(k: int, config: Any, max_new_tokens: int) -> int:
+    """The lookahead a drafter built from ``config`` drafts with: a chain's, at most the drafts a generation of
+    ``max_new_tokens`` can use (the first token comes from the prefill, each step's last from the target), so
+    ``k=1000`` for 8 tokens drafts 7 a step, not 1000. A tree's ``k`` is its size, not its depth, and stays; so does
+    the ``k`` of a drafter built by its constructor (``config`` None: nothing says it drafts chains)."""
+    if k == 0 or config is None or config.get("tree"):
         return k
     return min(k, max(1, max_new_tokens - 1))
 

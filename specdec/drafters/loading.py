@@ -117,6 +117,12 @@ def drafter_kind(path: str | Path) -> str | None:
     return None
 
 
+def lossy_rule(cfg: Any) -> str | None:
+    """The lossy acceptance rule the drafter config ``cfg`` asks for (Medusa's ``acceptance: typical``); None: exact."""
+    rule = cfg.get("acceptance", "exact")
+    return None if rule in (None, "exact") else rule
+
+
 def check_drafter_config(cfg: Any, job: Any = None) -> DictConfig:
     """Refuse, before any model loads, a drafter config that cannot run: an unknown drafter, weights at
     ``drafter.path`` of another kind of drafter, and what its own config's ``check`` refuses (given ``job``, the

@@ -47,10 +47,7 @@ class NgramDrafter(Drafter):
         min_ngram: int = 2  # shortest suffix looked up before giving up (see the module docstring)
 
         def check(self, job) -> None:
-            if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
-                    and 1 <= self.min_ngram <= self.max_ngram):
-                raise ValueError(f"drafter.min_ngram and drafter.max_ngram need 1 <= min_ngram <= max_ngram (the "
-                                 f"suffix lengths looked up), got min_ngram={self.min_ngram}, max_ngram={self.max_ngram}")
+            NgramDrafter(self.max_ngram, self.min_ngram)  # its own check; the drafter needs no model to build
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if not (1 <= min_ngram <= max_ngram):

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from specdec.decode.engine import capped_lookahead
 from specdec.drafters.loading import check_drafter_config
 from specdec.jobs.data import check_chat_prompts, load_prompt_mix, prompt_room
 from specdec.jobs.runs import check_job_config, try_writing
@@ -80,9 +81,10 @@ def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
     check_compile_mode(cfg.target.compile)
     prompt_room(max_new, room or k, cfg.target.max_context, "target.max_context")
     check_drafter_config(cfg.drafter, cfg)
-    if isinstance(cfg.drafter.k, int) and cfg.drafter.k > max_new and not cfg.drafter.get("tree"):
-        log.warning("drafter.k=%d drafts more tokens a step than the %d each prompt generates: every step drafts at "
-                    "most %d", cfg.drafter.k, max_new, max(1, max_new - 1))
+    drafts = cfg.drafter.k
+    if isinstance(drafts, int) and (capped := capped_lookahead(drafts, cfg.drafter, max_new)) < drafts:
+        log.warning("drafter.k=%d: a prompt of data.max_new_tokens=%d can use at most %d drafts a step, so each step "
+                    "drafts %d", drafts, max_new, capped, capped)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     check_chat_prompts(rows, has_chat_template(cfg.target.name))
     return rows

@@ -36,6 +36,7 @@ from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.decode.engine import speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.drafters import build_drafter
+from specdec.drafters.loading import lossy_rule
 from specdec.jobs.checks import check_before_loading, check_log_dir, check_lookahead
 from specdec.jobs.data import encode_prompts, prompt_room, result_category
 from specdec.jobs.io import write_json
@@ -74,8 +75,8 @@ def check_replay_config(cfg: DictConfig):
         value = cfg[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if cfg.drafter.get("acceptance", "exact") not in (None, "exact"):
-        raise ValueError(f"drafter.acceptance={cfg.drafter.acceptance} is a lossy rule; replay models the exact rule "
+    if lossy_rule(cfg.drafter) is not None:
+        raise ValueError(f"drafter.acceptance={lossy_rule(cfg.drafter)} is a lossy rule; replay models the exact rule "
                          f"only: use drafter.acceptance=exact")
     if cfg.drafter.get("schedule", "constant") != "constant":
         raise ValueError(f"drafter.schedule={cfg.drafter.schedule!r}: the draft length follows earlier steps' "
