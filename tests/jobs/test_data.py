@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import datasets
 import pytest
 from helpers import word_tokenizer
+from omegaconf import OmegaConf
 
 from specdec.jobs import data
 from specdec.jobs.data import KINDS, SOURCES, encode_prompt, encode_prompts, load_prompt_mix, load_prompts
 
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 COLUMNS = ["id", "source", "category", "kind", "text"]
 MTBENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
@@ -24,7 +27,7 @@ WORDS = ["[UNK]", "<eos>", "<user>", "<bot>", "hello", "world", "def", "f"]
 def test_builtin_source_loads_offline_with_fixed_columns(source):
     prompts = load_prompts(source)
     assert prompts.column_names == COLUMNS
-    assert len(prompts) > 50
+    assert len(prompts) > (10 if source == "heldout_text" else 50)  # three licences hold 13 long paragraphs
     assert set(prompts["source"]) == {source}
     assert set(prompts["kind"]) <= set(KINDS)
     assert all(len(text) > 30 for text in prompts["text"])
@@ -37,6 +40,7 @@ def test_builtin_source_loads_offline_with_fixed_columns(source):
         ("mtbench", 80, "chat", MTBENCH_CATEGORIES),
         ("humaneval", 164, "completion", {"code"}),
         ("stdlib", 200, "completion", {"code"}),
+        ("heldout_text", 13, "completion", {"heldout_text"}),
     ],
 )
 def test_known_counts_kinds_and_categories(source, count, kind, categories):
@@ -57,6 +61,37 @@ def test_source_contents():
     plays = load_prompts("shakespeare")
     assert all(len(t) <= 800 for t in plays["text"])
     assert len({i.split("/")[1] for i in plays.select(range(20))["id"]}) == 20, "first rows should span works"
+
+
+def test_heldout_sets_are_completion_prompts_spread_over_their_packages_and_licences():
+    code = load_prompts("heldout_code")
+    assert len(code) > 100 and set(code["kind"]) == {"completion"} and set(code["category"]) == {"heldout_code"}
+    packages = [i.split("/")[1] for i in code["id"]]
+    assert len(set(packages[:8])) == 8, "the first 8 rows should span the 8 packages"
+    assert all("/tests/" not in i and "/testing/" not in i and "/gen/" not in i for i in code["id"])
+    assert all(700 <= len(t) <= 1500 and t.endswith("\n") for t in code["text"])
+    assert all(t.lstrip().startswith(("def ", "async def ", "class ", "@")) for t in code["text"])
+    text = load_prompts("heldout_text")
+    assert set(text["kind"]) == {"completion"}
+    assert {i.split("/")[1] for i in text.select(range(3))["id"]} == {"Apache-2.0", "MIT", "BSD-3-Clause"}
+    assert all(400 <= len(t) <= 1500 and not t.startswith(" ") for t in text["text"])
+    assert "Legal Entity" in text[0]["text"]
+
+
+def test_heldout_sets_are_deterministic_for_a_seed():
+    for source in ("heldout_code", "heldout_text"):
+        assert load_prompts(source, limit=8, seed=3)["text"] == load_prompts(source, limit=8, seed=3)["text"]
+        assert load_prompts(source, limit=8, seed=3)["id"] != load_prompts(source, limit=8, seed=4)["id"]
+    assert len({i.split("/")[1] for i in load_prompts("heldout_code", limit=8, seed=3)["id"]}) == 8, "any seed spans"
+    assert sorted(load_prompts("heldout_text", seed=3)["id"]) == sorted(load_prompts("heldout_text")["id"])
+
+
+def test_heldout_preset_takes_8_completion_prompts_from_each_source():
+    preset = OmegaConf.load(CONFIGS / "data" / "heldout.yaml")
+    mix = load_prompt_mix(list(preset.sources), preset.limit_per_source)
+    assert mix["source"] == ["heldout_code"] * 8 + ["heldout_text"] * 8
+    data.check_chat_prompts(mix, chat_template=False)  # a base target (no chat template) runs it too
+    assert {data.result_category(row) for row in mix} == {"heldout_code", "heldout_text"}
 
 
 def test_mtbench_limit_8_covers_every_category():
