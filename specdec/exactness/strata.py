@@ -19,14 +19,19 @@ skipping). Conditioning on anything the token itself decides (e.g. "was rejected
 would bias the PIT even for an exact verifier, and is never done.
 
 **The draft-match test** is directional: rules of the recovered-token family push mass toward (or away
-from) the draft token. At a drafted position with draft x drawn from q, an exact verifier emits x with
-probability min(1, p(x) / q(x)) given x (accept, or recover from a residual that has no mass at x); for
-a deterministic draft (q one-hot) that is p(x), and at a tree node with deterministic children the
-emitted token is one of them with probability Σ p(child). So the number of matches is tested against the
-sum of those probabilities (:func:`specdec.exactness.stats.hit_rate_test`), with p from the teacher-forced target.
-Note that for a *sampled* draft P(emit x | x) is not p(x): Σ p(x) would under-predict the matches of an
-exact verifier (E_q p(x) ≤ Σ min(p, q)). Sampled tree nodes are left out of it (their law is not one
-probability): the sibling-match test covers them.
+from) the draft token, and a drafter that draws its drafts from another law than the q it reports moves
+the rate at which drafts come out. For a deterministic draft x (q one-hot) an exact verifier emits x
+with probability p(x), and at a tree node with deterministic children the emitted token is one of them
+with probability Σ p(child), p from the teacher-forced target. For a sampled chain draft at position j the
+law is taken *before* the draft is drawn: given the drafts before it (accepted, since j was reached), x_j
+is drawn from its reported q_j, so an exact verifier emits it with probability β_j = Σ_x min(q_j(x), p_j(x))
+(accepts x with probability min(1, p_j(x) / q_j(x))), with p_j the one the verifier was given, read by
+:class:`MatchWatch` around the acceptance rule. Whether j is reached is fixed before x_j is drawn (it rests
+on the earlier drafts and coins), so the test is valid there. Conditioning on the drawn x instead
+(min(1, p(x) / q(x)), the verifier's own formula) would give it no power against a misreported q: it
+would compute what the verifier computes from the same wrong q. So the number of matches is tested against
+the sum of those probabilities (:func:`specdec.exactness.stats.hit_rate_test`). Sampled tree nodes are left
+out of it (their law is not one probability): the sibling-match test covers them.
 
 **The sibling-match test** covers tree candidates *drawn* from q (without replacement: EAGLE's sampled tree).
 Their exactness rests on the q the drafter reports for each child — the law of that draw given the siblings
@@ -41,13 +46,14 @@ residual mass, so it is never emitted later). Whether a child is tried is fixed 
 one event per tried child. A drafter that draws from another law than it reports moves the hit rate (the
 planted tree bugs do, a later sibling's one way or the other), and so does a verifier bug that emits a
 rejected child (the recovered token drawn from p). p is the one the verifier was given (the target's
-processed distribution of the verify forward), read by :class:`SiblingWatch` around the acceptance rule:
+processed distribution of the verify forward), read by :class:`MatchWatch` around the acceptance rule:
 the test is of the drafter's reports and the sibling walk; the target's own mistakes are the PIT tests'.
 
 Recording needs no change to the decode loop: :class:`DraftRecorder` wraps the drafter and reads each
 proposal and, after each verify step, the tokens the step appended (host-side); it reads the proposal's
-tokens after the loop's own sync of that step. For sampled trees, :meth:`DraftRecorder.watch` wraps the
-acceptance rule too, to compute each tried child's β where p and the q's are at hand.
+tokens after the loop's own sync of that step. For sampled drafts, :meth:`DraftRecorder.watch` wraps the
+acceptance rule too, to compute each sampled chain draft's and each tried child's β where p and the q's are
+at hand; without it, sampled drafts have no match law.
 """
 
 from __future__ import annotations
@@ -75,11 +81,12 @@ class _Entry(NamedTuple):  # one emitted token's record (:class:`DraftRecord`)
     depth: int
     accepted_before: int
     candidates: tuple[int, ...]
-    q: float
+    deterministic: bool = False  # the drafts are not drawn: their match law is read from the target
+    beta: float = math.nan  # a sampled chain draft's match law, Σ min(q, p) (module docstring); nan: none known
     siblings: tuple[_Sibling, ...] = ()
 
 
-_UNDRAFTED = _Entry(0, 0, (), math.nan)
+_UNDRAFTED = _Entry(0, 0, ())
 
 
 # --- recording ----------------------------------------------------------------------------------------------
@@ -92,7 +99,8 @@ class DraftRecord:
     depth: np.ndarray  # [R, L] int64: chain position / tree depth of a draft at this position; 0 = none
     accepted_before: np.ndarray  # [R, L] int64: drafts accepted earlier in the same verify step
     candidates: np.ndarray  # [R, L, W] int64: the draft token(s) at this position (tree: the node's children); -1 pads
-    draft_q: np.ndarray  # [R, L] float64: q(x) of a chain's sampled draft, 1 for deterministic drafts, nan: no match law
+    deterministic: np.ndarray  # [R, L] bool: the draft(s) at this position were not drawn (q one-hot)
+    draft_beta: np.ndarray  # [R, L] float64: a sampled chain draft's Σ min(q, p); nan: not one, or not watched
     # [R, L, S] sampled tree children tried at this position, in order (module docstring): β, nan pads
     sibling_beta: np.ndarray
     sibling_hit: np.ndarray  # [R, L, S] bool: whether the emitted token is that child
@@ -114,8 +122,8 @@ class DraftRecord:
                     beta[r, t, j], hit[r, t, j] = b, h
         field = lambda name, dtype: np.array([[getattr(e, name) for e in row] for row in rows],  # noqa: E731
                                              dtype=dtype).reshape(len(rows), length)
-        return cls(field("depth", np.int64), field("accepted_before", np.int64), candidates, field("q", np.float64),
-                   beta, hit)
+        return cls(field("depth", np.int64), field("accepted_before", np.int64), candidates,
+                   field("deterministic", bool), field("beta", np.float64), beta, hit)
 
     @staticmethod
     def concat(parts: Sequence[DraftRecord]) -> DraftRecord:
@@ -127,7 +135,8 @@ class DraftRecord:
             return np.concatenate([np.pad(a, ((0, 0), (0, 0), (0, width - a.shape[2])), constant_values=fill)
                                    for a in arrays])
 
-        return DraftRecord(cat("depth", 0), cat("accepted_before", 0), cat("candidates", -1), cat("draft_q", 0),
+        return DraftRecord(cat("depth", 0), cat("accepted_before", 0), cat("candidates", -1),
+                           cat("deterministic", False), cat("draft_beta", np.nan),
                            cat("sibling_beta", np.nan), cat("sibling_hit", False))
 
 
@@ -139,10 +148,12 @@ def _children(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:  # per b
     return tuple(tuple(k) for k in kids)
 
 
-def _chain_entries(tokens: list[int], q: list[float] | None, proposed: int, count: int) -> list[_Entry]:
-    """The j-th token a chain step appended was drawn where draft j stood, if the drafter proposed it."""
-    return [_Entry(j + 1, j, (tokens[j],), 1.0 if q is None else q[j]) if j < proposed else _Entry(0, j, (), math.nan)
-            for j in range(count)]
+def _chain_entries(tokens: list[int], sampled: bool, beta: list[float] | None, proposed: int,
+                   count: int) -> list[_Entry]:
+    """The j-th token a chain step appended was drawn where draft j stood, if the drafter proposed it; a sampled
+    draft's match law is ``beta[j]`` where the verdict was watched (:class:`MatchWatch`)."""
+    return [_Entry(j + 1, j, (tokens[j],), not sampled, math.nan if beta is None else beta[j]) if j < proposed
+            else _Entry(0, j, ()) for j in range(count)]
 
 
 def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], sampled: bool,
@@ -155,10 +166,10 @@ def _tree_entries(parents: tuple[int, ...], tokens: list[int], new: list[int], s
     for j, token in enumerate(new):
         below = kids[node + 1]
         if below:
-            out.append(_Entry(j + 1, j, tuple(dict.fromkeys(tokens[i] for i in below)),
-                              math.nan if sampled else 1.0, () if siblings is None else siblings[j]))
+            out.append(_Entry(j + 1, j, tuple(dict.fromkeys(tokens[i] for i in below)), not sampled,
+                              siblings=() if siblings is None else siblings[j]))
         else:
-            out.append(_Entry(0, j, (), math.nan))
+            out.append(_Entry(0, j, ()))
         if j < len(new) - 1:  # token j was accepted: move to its node
             node = next((i for i in below if tokens[i] == token), None)
             if node is None:
@@ -198,10 +209,19 @@ def tried_siblings(tree: Tree, draft_tokens: torch.Tensor, draft_probs: torch.Te
     return beta, hit
 
 
+def chain_match_laws(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:  # -> [B, K] float64
+    """β_j = Σ_x min(q_j(x), p_j(x)) at each chain position (module docstring): the probability that an exact
+    verifier emits draft j, given the drafts before it and that position j is reached. ``draft_probs`` [B, K, V],
+    ``target_probs`` [B, K+1, V]."""
+    k = draft_probs.shape[1]
+    return torch.minimum(draft_probs, target_probs[:, :k]).double().sum(-1)
+
+
 @dataclass(frozen=True)
-class SiblingWatch:
-    """An acceptance rule around ``inner`` (whose verdicts it returns unchanged) that hands ``recorder`` the
-    tried children of each sampled tree it verifies (:func:`tried_siblings`)."""
+class MatchWatch:
+    """An acceptance rule around ``inner`` (whose verdicts it returns unchanged) that hands ``recorder`` the match
+    laws of each sampled chain (:func:`chain_match_laws`) and the tried children of each sampled tree
+    (:func:`tried_siblings`) it verifies."""
 
     inner: AcceptanceRule
     recorder: DraftRecorder
@@ -211,6 +231,8 @@ class SiblingWatch:
         return self.inner.lossy
 
     def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
+        if draft_probs is not None:
+            self.recorder.chain_beta = chain_match_laws(draft_probs, target_probs).tolist()
         return self.inner.chain(draft_tokens, draft_probs, target_probs, generator)
 
     def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
@@ -226,8 +248,8 @@ class SiblingWatch:
 class DraftRecorder(DrafterWrapper):
     """Wraps ``inner`` and records, for every token a generation emits, its :class:`DraftRecord` entry:
     :meth:`take` returns them per row after the generation. Drafts and the verdicts are ``inner``'s (its rule,
-    feature layers, forwards and graphs too); to record sampled trees' tried children, verify with
-    :meth:`watch`'s rule."""
+    feature layers, forwards and graphs too); to record the match laws of sampled drafts (chains' β, trees'
+    tried children), verify with :meth:`watch`'s rule."""
 
     name = "recorder"
 
@@ -236,12 +258,12 @@ class DraftRecorder(DrafterWrapper):
         self.rows: list[list[_Entry]] = []
         self._seen: list[int] = []  # per row, host tokens already recorded
         self._proposal: Proposal | None = None
-        self._q: torch.Tensor | None = None  # [B, K'] q at each draft token (sampled drafts)
+        self.chain_beta: list[list[float]] | None = None  # [B][K]: the last sampled chain verdict's match laws
         self.tried: list[list[tuple[_Sibling, ...]]] | None = None  # [B][depth]: the last tree verdict's tried children
 
-    def watch(self, rule: AcceptanceRule) -> SiblingWatch:
-        """``rule``, recording the tried children of sampled trees into this recorder."""
-        return SiblingWatch(rule, self)
+    def watch(self, rule: AcceptanceRule) -> MatchWatch:
+        """``rule``, recording the match laws of sampled chains and trees into this recorder."""
+        return MatchWatch(rule, self)
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)
@@ -250,21 +272,20 @@ class DraftRecorder(DrafterWrapper):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         proposal = self.inner.propose(state, k)
-        self._proposal, self.tried = proposal, None
-        self._q = None if proposal.probs is None else proposal.probs.gather(-1, proposal.tokens[..., None])[..., 0]
+        self._proposal, self.tried, self.chain_beta = proposal, None, None
         return proposal
 
     def observe(self, state: DecodeState) -> None:
         proposal = self._proposal
-        tokens = proposal.tokens.tolist()
-        q = None if self._q is None else self._q.tolist()
+        tokens, sampled = proposal.tokens.tolist(), proposal.probs is not None
         proposed = proposal.num_proposed or [proposal.tokens.shape[1]] * len(tokens)
         for b, row in enumerate(state.tokens):
             new, self._seen[b] = row[self._seen[b]:], len(row)
             if proposal.tree is None:
-                self.rows[b] += _chain_entries(tokens[b], None if q is None else q[b], proposed[b], len(new))
+                self.rows[b] += _chain_entries(tokens[b], sampled, None if self.chain_beta is None else self.chain_beta[b],
+                                               proposed[b], len(new))
             else:
-                self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, q is not None,
+                self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, sampled,
                                               None if self.tried is None else self.tried[b])
         self.inner.observe(state)
 
@@ -288,11 +309,10 @@ def strata(record: DraftRecord, min_rows: int) -> list[tuple[str, np.ndarray]]: 
 
 
 def match_probabilities(record: DraftRecord, p_candidates: np.ndarray) -> np.ndarray:  # [R·L, W] -> [R·L]
-    """P(the emitted token is one of the drafts | what was drafted) under exactness (module docstring):
-    min(1, p(x) / q(x)) for one draft, Σ p over deterministic tree children; nan where no draft or no law."""
+    """P(the emitted token is one of the drafts) under exactness (module docstring): Σ p over deterministic
+    drafts (one, or a node's children), a sampled chain draft's recorded β; nan where no draft or no law."""
     p = np.where(record.candidates.reshape(p_candidates.shape) >= 0, p_candidates, 0.0).sum(1)
-    q = record.draft_q.ravel()
-    return np.where(np.isfinite(q), np.minimum(1.0, p / np.where(np.isfinite(q), q, 1.0)), np.nan)
+    return np.minimum(1.0, np.where(record.deterministic.ravel(), p, record.draft_beta.ravel()))  # rounding: ≤ 1
 
 
 def matches(record: DraftRecord, tokens: np.ndarray) -> np.ndarray:  # tokens [R, L] -> [R·L] bool
@@ -461,9 +481,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(line)
     budget = report["budget"]
     if budget:
-        need = lambda test: ", ".join(f"{n} for TV {d}" for d, n in budget[test].items())  # noqa: E731
-        lines.append(f"continuations needed for power {budget['power']} at drafted positions "
-                     f"({budget['drafted_share']:.1%} of tokens): PIT chi-square {need('pit_chi2')}"
+        prompts = report["num_prompts"]
+
+        def need(test: str) -> str:  # per TV: the continuations over all prompts, and the samples_per_prompt for them
+            return ", ".join(f"{n} (samples_per_prompt={math.ceil(n / prompts)}) for TV {d}"
+                             for d, n in budget[test].items())
+
+        lines.append(f"continuations needed over all {prompts} prompts for power {budget['power']} at drafted "
+                     f"positions ({budget['drafted_share']:.1%} of tokens), with the samples_per_prompt that gives "
+                     f"them: PIT chi-square {need('pit_chi2')}"
                      + (f"; draft match {need('draft_match')}" if budget["draft_match"] else "")
                      + (f"; sibling match {need('sibling_match')}" if budget.get("sibling_match") else ""))
     return lines

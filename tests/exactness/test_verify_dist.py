@@ -376,7 +376,8 @@ def record_of(models, drafter, *, k=4, n=8, length=12, temperature=1.0):
     recorder = strata.DraftRecorder(FACTORIES[drafter](models))
     ids, mask = left_pad_prompts(PROMPTS * n)
     out = speculative_generate(models["target"], recorder, ids, attention_mask=mask, k=k, max_new_tokens=length,
-                               temperature=temperature, generator=torch.Generator().manual_seed(3), eos_token_id=[])
+                               temperature=temperature, generator=torch.Generator().manual_seed(3), eos_token_id=[],
+                               rule=recorder.watch(ExactRule()))
     return recorder.take(length), np.array(out.sequences)
 
 
@@ -403,9 +404,10 @@ def test_draft_record_follows_the_verify_steps(models, drafter):
     assert drafted.mean() > 0.05 and continued.any()
     if drafter == "draft_model":  # K drafts every step: undrafted only for the prefill's and the bonus tokens
         assert ((depth == 0) == ((before == 4) | (np.arange(tokens.shape[1]) == 0))).all()
-        assert (record.draft_q[drafted] > 0).all() and (record.draft_q[drafted] <= 1).all()
+        beta = record.draft_beta[drafted]  # Σ min(q, p): in (0, 1] for a draft close to the target
+        assert not record.deterministic.any() and (beta > 0).all() and (beta <= 1 + 1e-9).all()
     else:  # deterministic drafts
-        assert (record.draft_q[drafted] == 1.0).all()
+        assert record.deterministic[drafted].all() and np.isnan(record.draft_beta).all()
 
 
 def test_recorder_verifies_with_the_drafters_rule(models):
@@ -429,6 +431,31 @@ def test_a_sampled_draft_is_emitted_with_probability_min_1_p_over_q():
     expected = torch.minimum(torch.ones(4), p / q)[draft].double().numpy()
     assert not stats.hit_rate_test(hit, expected, alpha=0.001).reject
     assert stats.hit_rate_test(hit, p[draft].double().numpy(), alpha=0.001).reject  # the tempting wrong law
+
+
+def test_the_marginal_match_law_sees_a_misreported_q():
+    """A sampled chain draft's match law is taken before it is drawn: an exact verifier emits it with probability
+    Σ min(q, p). A drafter that draws from one law and reports another moves that rate; conditioning on the drawn
+    token (min(1, p(x)/q(x)) with the reported q, the verifier's own formula) cannot see it."""
+    g = torch.Generator().manual_seed(12)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    reported = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    n = 40_000
+    for drawn_from, exact in ((reported, True), (torch.tensor([0.4, 0.3, 0.2, 0.1]), False)):
+        draft = torch.multinomial(drawn_from, n, replacement=True, generator=g)
+        laws = strata.chain_match_laws(reported.expand(n, 1, 4), p.expand(n, 2, 4))[:, 0].numpy()
+        num_accepted, recovered = rejection_sample(draft[:, None], reported.expand(n, 1, 4), p.expand(n, 2, 4), g)
+        hit = ((num_accepted == 1) | (recovered == draft)).numpy()
+        assert stats.hit_rate_test(hit, laws, alpha=0.001).reject != exact
+        conditional = torch.minimum(torch.ones(4), p / reported)[draft].double().numpy()
+        assert not stats.hit_rate_test(hit, conditional, alpha=0.001).reject  # blind to the misreport
+
+
+def test_the_draft_match_test_sees_the_draft_models_misreported_q(models):
+    """The draft model drawing at temperature 1 while reporting its T=0.7 law: the draft-match test rejects."""
+    result = check(models, "draft_model", bug="temperature_ignored_by_draft", k=4, temperature=0.7, n=250)
+    match = result.report["strata"][0]["draft_match"]
+    assert result.reject and match["test"]["reject"], match
 
 
 def test_tree_path_is_read_from_the_emitted_tokens():
