@@ -4,10 +4,13 @@ The public API (``from specdec import ...``):
 
 - ``load_target(name="smollm2-135m")`` -> ``(model, tokenizer)``: the embedded default target (offline), a local
   directory or a hub id.
-- ``load_drafter(name, target, tokenizer, *, backend=Backend(), **overrides)``: a registered drafter ("eagle", "medusa", "draft_model",
-  "ngram") with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights for the default
-  target); ``overrides`` as ``drafter.<setting>=...`` on the command line (``k=4``, ``path="outputs/medusa"``).
-  ``drafter_config(name, **overrides)`` is that config alone.
+- ``load_drafter(name, target, tokenizer, *, backend=Backend(), **overrides)``: a registered drafter ("ngram",
+  "draft_model", "medusa", "eagle", "dflash": prompt lookup, an independent draft model, Medusa heads, EAGLE-3,
+  DFlash-style block drafting) with the defaults ``python -m specdec.run drafter=<name>`` uses (the shipped weights
+  for the default target); ``overrides`` as ``drafter.<setting>=...`` on the command line (``k=4``,
+  ``path="outputs/medusa"``). A draft model with another tokenizer than the target's drafts across vocabularies
+  (``load_drafter("draft_model", target, tokenizer, path=<its directory or hub id>, draft_vocab=0)``, a
+  ``CrossVocabDrafter``; ``drafter=cross_vocab`` on the command line). ``drafter_config(name, **overrides)`` is that config alone.
 - ``speculative_generate(target, drafter, input_ids, *, max_new_tokens, k=None, temperature=0.0, ...)`` and
   ``autoregressive_generate(target, input_ids, *, max_new_tokens, ...)`` return a ``GenerationOutput``:
   ``.sequences`` per row the generated token ids only (lists, the prompt left out), ``.stats`` a ``DecodeStats``
@@ -16,12 +19,14 @@ The public API (``from specdec import ...``):
   measured as the main job measures them (an untimed warm-up first, the two in turn per prompt), the speedup with
   its interval over the prompts.
 - Your own drafter: subclass ``Drafter``, ``@register("mine")``; ``DRAFTERS`` holds the registered ones.
-  ``NgramDrafter``, ``DraftModelDrafter``, ``EagleDrafter``, ``MedusaDrafter`` are the built-in ones.
+  ``NgramDrafter``, ``DraftModelDrafter``, ``CrossVocabDrafter``, ``MedusaDrafter``, ``EagleDrafter``,
+  ``DFlashDrafter`` are the built-in ones.
 - The verifier's math: ``rejection_sample``, ``logits_to_probs``.
 - How a model runs on CPU: ``as_decoder(model, backend=Backend(...))`` (specdec's kernels or torch's ops, the weights
   as their codes or float32); drafters take ``backend=`` too (``load_drafter``, their constructors).
 
-Entry points: ``python -m specdec.run`` (the main job, sweeps with ``-m``), ``specdec.train``,
+Entry points: ``python -m specdec.run`` (the main job, sweeps with ``-m``), ``specdec.replay`` (a K sweep replayed
+from one logged pass: exact greedy α and τ, the speedup predicted from this machine's costs), ``specdec.train``,
 ``specdec.verify_dist``, ``specdec.export``, ``specdec.report``; the README says what each writes where.
 Terms (draft, accepted, recovered, bonus, α, τ) are defined once in :mod:`specdec.verify`.
 
@@ -46,8 +51,10 @@ _EXPORTS = {
     "DRAFTERS": "specdec.drafters",
     "NgramDrafter": "specdec.drafters",
     "DraftModelDrafter": "specdec.drafters",
+    "CrossVocabDrafter": "specdec.drafters.draft_model",
     "EagleDrafter": "specdec.drafters",
     "MedusaDrafter": "specdec.drafters",
+    "DFlashDrafter": "specdec.drafters",
     "rejection_sample": "specdec.verify",
     "logits_to_probs": "specdec.verify.sampling",
     "Backend": "specdec.models.backend",

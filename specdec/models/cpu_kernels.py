@@ -41,6 +41,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
+NAME = "specdec_cpu_kernels"  # the extension's name: the library it builds is NAME + .so (.pyd on Windows)
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_kernels.cpp"
 # Included by SOURCE; their content, with SOURCE's, names the build directory (see _load).
 HEADERS = tuple(SOURCE.parent / name for name in ("rows_product.h", "panel_product.h", "attention.h"))
@@ -83,7 +84,7 @@ def _staged_source() -> Path:
     key = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode() + b"".join(contents.values()))
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     build = (Path(root) / f"py{sys.version_info[0]}{sys.version_info[1]}"
-             / f"specdec_cpu_kernels-torch{torch.__version__.replace('+', '-')}-{key.hexdigest()[:12]}")
+             / f"{NAME}-torch{torch.__version__.replace('+', '-')}-{key.hexdigest()[:12]}")
     build.mkdir(parents=True, exist_ok=True)
     for name, content in contents.items():
         staged = build / name
@@ -112,13 +113,14 @@ def _load():
         _ninja_on_path()
         from torch.utils import cpp_extension
 
-        log.info("loading specdec's CPU kernels (%s: built once per version of the sources, ~40-90 s, then cached)",
-                 SOURCE.name)
+        source = _staged_source()
+        if not _built(source.parent):  # a build directory holding the library: torch only loads it
+            log.info("building specdec's CPU kernels (%s: once per version of the sources, ~40-90 s, then cached "
+                     "in %s)", SOURCE.name, source.parent)
         flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"]
         try:
-            _module = cpp_extension.load("specdec_cpu_kernels", [str(_staged_source())], extra_cflags=flags,
-                                         extra_ldflags=["-fopenmp"], build_directory=str(_staged_source().parent),
-                                         verbose=False)
+            _module = cpp_extension.load(NAME, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                         build_directory=str(source.parent), verbose=False)
         except Exception as error:  # no compiler, no ninja, a failed build: the forward still runs
             warnings.warn(f"specdec's CPU kernel {SOURCE} could not be built ({type(error).__name__}: "
                           f"{str(error).strip()[:300]}); CPU decode steps use oneDNN instead (~1.3x slower). "
@@ -127,6 +129,14 @@ def _load():
             return None
         _state = "loaded"
     return _module
+
+
+def _built(build: Path) -> bool:
+    """Whether ``build`` (a directory of :func:`_staged_source`'s, one per content of the sources) holds the built
+    library, which :func:`torch.utils.cpp_extension.load` then loads without compiling."""
+    from torch.utils import cpp_extension
+
+    return (build / f"{NAME}{cpp_extension.LIB_EXT}").is_file()
 
 
 def _ninja_on_path() -> None:

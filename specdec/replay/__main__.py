@@ -5,16 +5,19 @@
 
     python -m specdec.replay sampling=sample drafter=ngram drafter.k=2 seeds=16 check_live=8 live_seeds=16
 
-It composes the main job's groups (target, drafter, sampling, data, logger) and prints the main job's table, marked
-replayed: α, τ and the per-position acceptance as a live greedy run gives them (exactly: tests/replay), or at T > 0
-their expectation along ``seeds`` sampled continuations per prompt (:mod:`specdec.replay.simulate`; with
-deterministic drafts also τ of the matching walk, exact in distribution), and the speedups the measured cost model
-predicts (decode only, the loop's host work included: :mod:`specdec.replay.costs`). The first point logs the target's
-continuations and the drafter's proposals (chains up to ``k_max`` drafts, a tree at its ``k``) and measures the
-costs; the file is kept under ``log_dir`` and every later point it covers reuses it. ``check_live: N`` decodes the
-first N prompts live as well (``live_seeds`` runs each at T > 0) and reports τ's gap (results: ``live_check``).
-The log holds one prompt per generation; ``data.batch_size=B`` times the replay by a cost model measured at B rows
-(each row accepting as it would alone: for trees, whose shape a batch's rows share, optimistic).
+It composes the main job's groups (target, drafter, sampling, data, logger) and prints a table like the main job's,
+marked REPLAYED (:func:`~specdec.report.table.format_replay_table`): α, τ and the per-position acceptance as a live
+greedy run gives them (exactly: tests/replay), or at T > 0 their expectation along ``seeds`` sampled continuations per
+prompt (:mod:`specdec.replay.simulate`; with deterministic drafts also τ of the matching walk, exact in
+distribution), and one figure of speed: the decode speedup the measured cost model predicts (``predicted_speedup``:
+decode only, the loop's host work included, :mod:`specdec.replay.costs`; :func:`~specdec.decode.metrics.as_replayed`),
+at this point's K and, for chains, at every K the log covers (``predicted_speedup_by_k``, the best marked in the
+table). The first point logs the target's continuations and the drafter's proposals (chains up to ``k_max`` drafts,
+a tree at its ``k``) and measures the costs; the file is kept under ``log_dir`` and every later point it covers
+reuses it. ``check_live: N`` decodes the first N prompts live as well (``live_seeds`` runs each at T > 0) and
+reports τ's gap (results: ``live_check``). The log holds one prompt per generation; ``data.batch_size=B`` times the
+replay by a cost model measured at B rows (each row accepting as it would alone: for trees, whose shape a batch's rows
+share, optimistic).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import hydra
 import torch
@@ -34,7 +37,7 @@ from omegaconf import DictConfig
 
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.decode.engine import speculative_generate
-from specdec.decode.metrics import DecodeStats, summarize_prompts, total
+from specdec.decode.metrics import DecodeStats, as_replayed, summarize_prompts, total
 from specdec.drafters import build_drafter
 from specdec.drafters.loading import lossy_rule
 from specdec.jobs.checks import check_before_loading, check_log_dir, check_lookahead
@@ -44,9 +47,9 @@ from specdec.jobs.runs import config_fields, machine_description, run_task, targ
 from specdec.models import as_decoder
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.cache import cached_log
-from specdec.replay.log import drafts_trees
+from specdec.replay.log import ReplayLog, drafts_trees
 from specdec.replay.simulate import plain_stats, replay
-from specdec.report.table import format_table
+from specdec.report.table import format_replay_table
 
 
 @dataclass
@@ -131,11 +134,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "error": None,
         **config_fields(cfg),
         "num_prompts": len(prompts),
-        **summarize_prompts(spec, base, k, len(prompts)),
-        "per_category": {cat: summarize_prompts(*group(ids), k, len(ids)) for cat, ids in sorted(by_category.items())},
+        **as_replayed(summarize_prompts(spec, base, k, len(prompts))),
+        "per_category": {cat: as_replayed(summarize_prompts(*group(ids), k, len(ids)))
+                         for cat, ids in sorted(by_category.items())},
+        # chains: the prediction at every K the log covers (one replay each, milliseconds); a tree's log holds one
+        "predicted_speedup_by_k": (None if tree or costs is None else
+                                   predicted_by_k(log, range(1, log.k_max + 1), cfg.data.batch_size)),
         "greedy_mismatches": None,
         "lossy": False,
-        "replayed": True,  # α and τ from the log (greedy: exact; T > 0: expected); times and speedups: the cost model
+        "replayed": True,  # α and τ from the log (greedy: exact; T > 0: expected); rates, prediction: the cost model
         "replay_seeds": log.seeds if log.temperature else None,  # sampled continuations per prompt
         "mean_accepted_length_walk": walked,  # T > 0, deterministic drafts: τ of the matching walk
         "live_check": live,
@@ -146,6 +153,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "k_max": log.k_max,
         "device": (costs.machine if costs else None) or machine_description(device),
     }
+
+
+def predicted_by_k(log: ReplayLog, ks: Iterable[int], batch_size: int) -> dict[str, float]:
+    """The decode speedup ``log``'s replay predicts at each lookahead in ``ks`` at a batch of ``batch_size`` rows, as
+    ``predicted_speedup`` is (plain decoding's time over the replayed run's, the same tokens), keyed as in JSON."""
+    costs = log.cost_model(batch_size)
+    out = {}
+    for k in ks:
+        spec = total(replay(log, k, batch_size=batch_size))
+        out[str(k)] = plain_stats(spec, costs).wall_time_s / spec.wall_time_s
+    return out
 
 
 def live_check(target, drafter, prompts: list[list[int]], replayed: list[DecodeStats], *, k: int, eos: list[int],
@@ -178,8 +196,8 @@ def _main(cfg: DictConfig, results_path: Path) -> float:
     how = ("as a live greedy run's" if results["temperature"] == 0 else
            f"expected over the verifier's draws along {results['replay_seeds']} sampled continuation(s) per prompt")
     print(f"REPLAYED from {results['replay_log']} ({'reused' if results['replay_log_reused'] else 'logged now'}: "
-          f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ {how}; rates "
-          f"and speedups predicted from the measured cost model (no prefill)")
+          f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ {how}; the "
+          f"speedup predicted from the measured cost model (no prefill)")
     if results["mean_accepted_length_walk"] is not None:
         print(f"τ of the matching walk along the same continuations: {results['mean_accepted_length_walk']:.4f}")
     if results["live_check"]:
@@ -188,9 +206,9 @@ def _main(cfg: DictConfig, results_path: Path) -> float:
               f"{check['mean_accepted_length_live']:.4f} (± {check['live_stderr']:.4f}), replayed "
               f"{check['mean_accepted_length_replayed']:.4f} (gap {100 * check['gap']:+.2f}%, "
               f"{check['live_time_s']:.1f} s live)")
-    print(format_table(results))
+    print(format_replay_table(results))
     print(f"results: {results_path}")
-    return results["speedup"]
+    return results["predicted_speedup"]
 
 
 @hydra.main(config_path=config_dir(), config_name="replay", version_base="1.3")

@@ -12,10 +12,13 @@ the verifier keeps an *accepted* prefix, then emits a *recovered* token (at the 
   ``decode_tokens_per_second``, ``decode_speedup``: decode only, the prefill's time and its token left out.
 - ``speedup_low``/``speedup_high`` (and ``decode_speedup_*``): the speedup's 95% bootstrap interval over the run's
   (the category's) prompts, from results.json's ``speedup_interval``; none where ``few_prompts`` (fewer than 3).
-- predicted speedup, ``predicted_speedup_measured_costs``: τ · plain step time / (verify + draft time per step),
-  from measured costs: it holds for trees as well as chains.
-- ``predicted_speedup``: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8), which assumes a
-  chain of k drafts verified at a plain step's cost: shown only for runs whose ``drafting`` is ``chain``.
+- ``predicted_speedup``: τ · plain step time / (verify + draft time per step), from measured costs: it holds for
+  trees as well as chains (a replayed run's: its replay's, :func:`specdec.decode.metrics.as_replayed`; among
+  replayed runs that differ in k alone, the best is marked).
+- ``leviathan_chain_formula``: (1 − α^(k+1)) / ((1 − α)(k·c + 1)) (Leviathan et al. 2023, Thm 3.8), which assumes
+  a chain of k drafts verified at a plain step's cost: shown only for runs whose ``drafting`` is ``chain``.
+  (:mod:`specdec.decode.metrics` defines both; results.json and summary.csv files written under their old names,
+  ``predicted_speedup_measured_costs`` and ``predicted_speedup``, are read under these.)
 
 Every number in the summary is copied from ``results.json``, category rows included (each category's
 predicted speedup and cost ratio are the ones the run computed for it); nothing is recomputed.

@@ -82,16 +82,15 @@ def plot_speedup_vs_k(df: pd.DataFrame) -> Figure:
     fig, axes = _new_figure()
     ax = axes[0, 0]
     for label, g in runs.groupby(_series(runs), sort=True):
-        means = _by_k(g, ["speedup", "decode_speedup", "predicted_speedup_measured_costs", "speedup_low",
-                          "speedup_high"])
+        means = _by_k(g, ["speedup", "decode_speedup", "predicted_speedup", "speedup_low", "speedup_high"])
         (line,) = ax.plot(means.index, means["speedup"], marker="o", label=f"{label} measured, end to end")
         if means["speedup_low"].notna().any():
             ax.fill_between(means.index, means["speedup_low"], means["speedup_high"], color=line.get_color(),
                             alpha=0.15, label=f"{label} end to end, 95% interval")
         ax.plot(means.index, means["decode_speedup"], marker="s", linestyle=":", color=line.get_color(),
                 label=f"{label} measured, decode only")
-        ax.plot(means.index, means["predicted_speedup_measured_costs"], marker="x", linestyle="--",
-                color=line.get_color(), label=f"{label} predicted")
+        ax.plot(means.index, means["predicted_speedup"], marker="x", linestyle="--", color=line.get_color(),
+                label=f"{label} predicted")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set(xlabel="k (draft tokens per verify)", ylabel="speedup over plain decoding",
            title="Measured vs predicted speedup")

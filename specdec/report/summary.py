@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 from omegaconf import OmegaConf
 
+from specdec.decode.metrics import as_replayed
 from specdec.jobs.runs import failed_result
 
 RESULTS_FILE = "results.json"
@@ -28,7 +29,7 @@ COLUMNS = [
     "acceptance_rate", "mean_accepted_length", "tokens_per_second", "baseline_tokens_per_second", "speedup",
     "speedup_low", "speedup_high", "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup",
     "decode_speedup_low", "decode_speedup_high", "few_prompts",
-    "predicted_speedup_measured_costs", "predicted_speedup", "drafting", "cost_ratio", "target_forwards",
+    "predicted_speedup", "leviathan_chain_formula", "drafting", "cost_ratio", "target_forwards",
     "drafter_forwards", "new_tokens", "wall_time_s", "baseline_wall_time_s", "prefill_time_s",
     "baseline_prefill_time_s", "lossy", "replayed", "k_auto", "device", "overrides", "run_dir",
 ]  # then alpha_1 .. alpha_<max k>; rates and speedups end to end, decode_* without the prompt's prefill;
@@ -40,9 +41,13 @@ CATEGORY_CONFIG = ["job", "status", "error", "target", "drafter", "k", "temperat
                    "overrides", "run_dir"]
 CATEGORY_METRICS = ["num_prompts", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
                     "baseline_tokens_per_second", "speedup", "decode_tokens_per_second",
-                    "baseline_decode_tokens_per_second", "decode_speedup", "predicted_speedup_measured_costs",
-                    "predicted_speedup", "cost_ratio", "few_prompts"]
+                    "baseline_decode_tokens_per_second", "decode_speedup", "predicted_speedup",
+                    "leviathan_chain_formula", "cost_ratio", "few_prompts"]
 INTERVALS = ["speedup", "decode_speedup"]  # results.json's <name>_interval: [low, high] -> <name>_low, <name>_high
+# results.json (and summary.csv) written before the predictions took their names (specdec.decode.metrics): the
+# prediction from measured costs was predicted_speedup_measured_costs, and predicted_speedup Leviathan's formula
+OLD_PREDICTIONS = {"predicted_speedup_measured_costs": "predicted_speedup",
+                   "predicted_speedup": "leviathan_chain_formula"}
 
 
 def _is_job_dir(path: Path, names: Sequence[str], results_file: str, is_top: bool, is_sweep_child: bool) -> bool:
@@ -98,6 +103,7 @@ def collect_runs(sweep_dir: str | os.PathLike, results_file: str = RESULTS_FILE)
                     raise ValueError(f"expected a JSON object, got {type(run).__name__}")
             except ValueError as e:
                 run = _failed_from_hydra_files(job_dir, f"unreadable {results_file}: {type(e).__name__}: {e}")
+            run = _current_names(run)
             if not run.get("overrides") and (job_dir / ".hydra" / "overrides.yaml").is_file():
                 run["overrides"] = [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
         rel = job_dir.relative_to(sweep_dir).as_posix()
@@ -106,6 +112,24 @@ def collect_runs(sweep_dir: str | os.PathLike, results_file: str = RESULTS_FILE)
         runs.append(run)
     runs.sort(key=lambda r: _job_sort_key(r["run_dir"]))
     return runs
+
+
+def _current_names(run: dict) -> dict:
+    """A run's results.json, its categories' too, with the predictions under their names where an older file gave
+    them the old ones (:data:`OLD_PREDICTIONS`; such a file has ``predicted_speedup_measured_costs``); an older
+    replayed run's figures as a replay gives them now (:func:`~specdec.decode.metrics.as_replayed`)."""
+    replayed = bool(run.get("replayed"))
+
+    def renamed(metrics: Any) -> Any:
+        if not isinstance(metrics, dict) or "predicted_speedup_measured_costs" not in metrics:
+            return metrics
+        metrics = {OLD_PREDICTIONS.get(key, key): value for key, value in metrics.items()}
+        return as_replayed(metrics) if replayed else metrics
+
+    run = renamed(run)
+    if isinstance(run.get("per_category"), dict):
+        run["per_category"] = {category: renamed(m) for category, m in run["per_category"].items()}
+    return run
 
 
 def _join(value: Any, sep: str) -> Any:
@@ -159,7 +183,7 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
         "temperature", "top_p", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
         "baseline_tokens_per_second", "speedup", "decode_tokens_per_second", "baseline_decode_tokens_per_second",
         "decode_speedup", *(f"{n}_{end}" for n in INTERVALS for end in ("low", "high")),
-        "predicted_speedup_measured_costs", "predicted_speedup", "cost_ratio", "wall_time_s",
+        "predicted_speedup", "leviathan_chain_formula", "cost_ratio", "wall_time_s",
         "baseline_wall_time_s", "prefill_time_s", "baseline_prefill_time_s"]
     for c in floats:
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
@@ -176,6 +200,8 @@ def load_summary(path: str | os.PathLike) -> pd.DataFrame:
     # pandas < 3 parses floats exactly only when asked; pandas 3 always does and deprecates the option.
     exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
     df = pd.read_csv(path, keep_default_na=False, na_values=[""], **exact)
+    if "predicted_speedup_measured_costs" in df.columns:  # written before the predictions' names
+        df = df.rename(columns=OLD_PREDICTIONS)
     return _typed(df.reindex(columns=list(dict.fromkeys(COLUMNS + list(df.columns)))))
 
 
@@ -197,8 +223,21 @@ def _drafter(row: pd.Series) -> str:
 
 
 def _chain_formula(row: pd.Series) -> float | None:
-    """Leviathan et al.'s predicted speedup where the run drafted chains, the shape it assumes; None for trees."""
-    return row["predicted_speedup"] if row["drafting"] is not pd.NA and row["drafting"] == "chain" else None
+    """Leviathan et al.'s chain formula where the run drafted chains, the shape it assumes; None for trees."""
+    return row["leviathan_chain_formula"] if row["drafting"] is not pd.NA and row["drafting"] == "chain" else None
+
+
+def _best_replayed_k(runs: pd.DataFrame, other: pd.Series) -> set:
+    """The replayed runs (a K sweep of ``python -m specdec.replay``) whose predicted speedup is the highest among
+    the replayed runs that differ from them in k alone, where there are several k."""
+    replayed = runs[runs["replayed"].fillna(False).astype(bool) & (runs["status"] == "ok")
+                    & runs["predicted_speedup"].notna()]
+    keys = ["drafter", "temperature", *SERIES_KEYS]
+    best = set()
+    for _, group in replayed.assign(other=other[replayed.index]).groupby([*keys, "other"], dropna=False):
+        if group["k"].nunique() > 1:
+            best.add(group["predicted_speedup"].idxmax())
+    return best
 
 
 def _varying(runs: pd.DataFrame, keys: Sequence[str]) -> list[str]:
@@ -243,6 +282,7 @@ def markdown_summary(df: pd.DataFrame) -> str:
              "Leviathan (chain): Leviathan et al.'s formula, for chain drafting only (it assumes a chain verified "
              "at a plain step's cost).", "",
              _md_row(header), _md_row(["---"] * len(header))]
+    best = _best_replayed_k(runs, other)
     for i, r in runs.iterrows():
         lines.append(_md_row([
             _fmt(r["job"]), *(_fmt(r[k]) for k in extra), *others(i), _fmt(_drafter(r)), _fmt(r["k"]),
@@ -250,30 +290,32 @@ def markdown_summary(df: pd.DataFrame) -> str:
             _fmt(r["tokens_per_second"], ".1f"), _fmt(r["baseline_tokens_per_second"], ".1f"),
             _speedup(r, "speedup"), _fmt(r["decode_tokens_per_second"], ".1f"),
             _fmt(r["baseline_decode_tokens_per_second"], ".1f"), _speedup(r, "decode_speedup"),
-            _fmt(r["predicted_speedup_measured_costs"], ".2f"),
+            _fmt(r["predicted_speedup"], ".2f") + (" (best K)" if i in best else ""),
             _fmt(_chain_formula(r), ".2f"), _fmt(r["status"]),
         ]))
     if runs["lossy"].fillna(False).any():
         lines += ["", "LOSSY: a run marked so verified with a lossy acceptance rule (typical acceptance); its "
                   "output is not distributed as the target's at temperature > 0."]
     if runs["replayed"].fillna(False).any():
-        lines += ["", "REPLAYED: a run marked so was replayed from a logged pass (python -m specdec.replay): its α "
-                  "and τ are a live run's (greedy; at T > 0 their expectation), its rates and speedups predicted from "
-                  "a cost model measured on this machine (decode only), not measured wall clock."]
+        lines += ["", "REPLAYED: a run marked so was replayed from a logged pass (python -m specdec.replay) and "
+                  "measured no wall clock: its α and τ are a live run's (greedy; at T > 0 their expectation), its "
+                  "predicted speedup and decode tok/s come from a cost model measured on this machine (decode only, "
+                  "the loop's host work included), and its speedup columns are empty. (best K): the highest "
+                  "predicted speedup among replayed runs that differ in k alone."]
     if runs["k_auto"].fillna(False).any():
         lines += ["", "k=auto: a run marked so chose its k before decoding (drafter.k=auto, a replay of held-out "
                   "prompts); k is its choice, 0 = plain decoding."]
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
         header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup",
-                  "decode speedup"]
+                  "decode speedup", "predicted speedup"]
         lines += ["", "## Per category", "", _md_row(header), _md_row(["---"] * len(header))]
         for i, r in cats.iterrows():
             lines.append(_md_row([
                 _fmt(r["job"]), *others(i), _fmt(_drafter(r)), _fmt(r["k"]), _fmt(r["temperature"], "g"),
                 _fmt(r["category"]), _fmt(r["num_prompts"]) + ("\\*" if _few(r) else ""),
                 _fmt(r["acceptance_rate"], ".3f"), _fmt(r["mean_accepted_length"], ".2f"),
-                _speedup(r, "speedup"), _speedup(r, "decode_speedup"),
+                _speedup(r, "speedup"), _speedup(r, "decode_speedup"), _fmt(r["predicted_speedup"], ".2f"),
             ]))
         if any(_few(r) for _, r in cats.iterrows()):
             lines += ["", "\\* fewer than 3 prompts: no interval; a speedup resting on so few prompts is not to be "

@@ -1,5 +1,6 @@
 """The main job's table: one row per prompt category and ALL, end to end and decode only, then the lines that say
-what the figures rest on (step costs, the prefill's share, the speed of light, graph captures, exactness)."""
+what the figures rest on (step costs, the prefill's share, the speed of light, graph captures, exactness); and a
+replay's table (:func:`format_replay_table`), whose one figure is its prediction."""
 
 from __future__ import annotations
 
@@ -14,26 +15,19 @@ def format_table(results: dict[str, Any]) -> str:
     rates = f"{'tok/s':>9}{'base tok/s':>11}{'speedup':>9}{'95% CI':>12}"
     head = f"{'category':<19}{'prompts':>8}{'α':>7}{'τ':>7}{rates}{rates}{'predicted':>11}"
     groups = f"{'':<41}{'end to end (with prefill)':^41}{'decode only (no prefill)':^41}"
-    lines = [groups.rstrip(), head, "-" * len(head)]
+    lines = [f"{_setting(results)} against plain decoding on the same prompts: speedup = measured wall clock, "
+             f"predicted = from the run's measured step costs", groups.rstrip(), head, "-" * len(head)]
     rows = list(results["per_category"].items()) + [("ALL", results)]
     for name, r in rows:
-        prompts = f"{r['num_prompts']}{'*' if r.get('few_prompts') else ''}"
         lines.append(
-            f"{name:<19}{prompts:>8}{r['acceptance_rate']:>7.3f}{r['mean_accepted_length']:>7.2f}"
+            f"{_lead(name, r)}"
             f"{r['tokens_per_second']:>9.1f}{r['baseline_tokens_per_second']:>11.1f}{r['speedup']:>8.2f}x"
             f"{_interval(r.get('speedup_interval')):>12}"
             f"{r['decode_tokens_per_second']:>9.1f}{r['baseline_decode_tokens_per_second']:>11.1f}"
             f"{r['decode_speedup']:>8.2f}x{_interval(r.get('decode_speedup_interval')):>12}"
-            f"{r['predicted_speedup_measured_costs']:>10.2f}x"
+            f"{r['predicted_speedup']:>10.2f}x"
         )
-    lines.append("95% CI: the speedup's interval over its prompts, resampled (a bootstrap)"
-                 + ("; * fewer than 3 prompts: no interval, too few to tell the speedup from noise"
-                    if any(r.get("few_prompts") for _, r in rows) else ""))
-    measured = list(results["acceptance_per_position"])
-    while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
-        measured.pop()
-    pos = ", ".join(f"{a:.2f}" for a in measured)
-    lines.append(f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}")
+    lines += _under_rows(results, rows)
     if "verify_step_time_s" in results:
         lines.append(f"verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms; predicted = τ · plain step / (verify + draft "
@@ -43,8 +37,9 @@ def format_table(results: dict[str, Any]) -> str:
         if results["baseline_wall_time_s"] > 0:
             share += f" ({results['baseline_prefill_time_s'] / results['baseline_wall_time_s']:.0%} for plain decoding)"
         lines.append(share + ", left out of the decode-only figures with the token it gives")
-    if results.get("drafting") == "chain" and not math.isnan(results["predicted_speedup"]):
-        lines.append(f"Leviathan's chain formula (verify at a plain step's cost): {results['predicted_speedup']:.2f}x")
+    if results.get("drafting") == "chain" and not math.isnan(results["leviathan_chain_formula"]):
+        lines.append(f"Leviathan's chain formula (verify at a plain step's cost): "
+                     f"{results['leviathan_chain_formula']:.2f}x")
     if "bandwidth_fraction" in results:
         lines.append(f"speed of light: a step reads {results['step_bytes'] / 1e6:.0f} MB (weights + KV cache); at "
                      f"{results['read_bandwidth_GBps']:.1f} GB/s (probe) the floor is "
@@ -68,6 +63,60 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"greedy outputs identical to plain decoding: {results['greedy_mismatches'] == 0} "
                      f"({results['greedy_mismatches']} mismatching rows)")
     return "\n".join(lines)
+
+
+def format_replay_table(results: dict[str, Any]) -> str:
+    """The table ``python -m specdec.replay`` prints, from its ``results.json`` fields: α and τ as a live run gives
+    them, and one figure of speed, the decode speedup the replay predicts from this machine's measured costs (with
+    the rates it rests on and its interval over the prompts), then the prediction at each lookahead the log
+    covers, the best marked. A replay times no prefill and measures no wall clock: there is nothing end to end."""
+    head = (f"{'category':<19}{'prompts':>8}{'α':>7}{'τ':>7}{'tok/s':>9}{'base tok/s':>11}"
+            f"{'predicted (replay)':>20}{'95% CI':>12}")
+    lines = [f"{_setting(results)}, REPLAYED against plain decoding: speedup predicted from this machine's measured "
+             f"costs, decode only (no prefill); no wall clock measured", head, "-" * len(head)]
+    rows = list(results["per_category"].items()) + [("ALL", results)]
+    for name, r in rows:
+        lines.append(f"{_lead(name, r)}{r['decode_tokens_per_second']:>9.1f}"
+                     f"{r['baseline_decode_tokens_per_second']:>11.1f}{r['predicted_speedup']:>19.2f}x"
+                     f"{_interval(r.get('predicted_speedup_interval')):>12}")
+    lines += _under_rows(results, rows)
+    if "verify_step_time_s" in results:
+        lines.append(f"cost model: verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
+                     f"{1000 * results['target_step_time_s']:.1f} ms, the loop's host work included in the prediction")
+    by_k = results.get("predicted_speedup_by_k")
+    if by_k and len(by_k) > 1:
+        best = max(by_k, key=lambda k: (by_k[k], -int(k)))
+        lines.append("predicted (replay) at each k the log covers: " + ", ".join(
+            f"{k}: {x:.2f}x{' (best k)' if k == best else ''}" for k, x in by_k.items()))
+    return "\n".join(lines)
+
+
+def _setting(results: dict[str, Any]) -> str:
+    """What a table's figures are for: the drafter, the lookahead it decoded with (k=auto's choice marked) and the
+    shape of its drafts, e.g. ``ngram, k=4 (chain drafts)``."""
+    k = results.get("k_chosen", results["k"])
+    chosen = " chosen by drafter.k=auto" if results["k"] == "auto" else ""
+    shape = "plain decoding" if k == 0 else f"{results['drafting']} drafts"
+    return f"{results['drafter']}, k={k}{chosen} ({shape})"
+
+
+def _lead(name: str, r: dict[str, Any]) -> str:
+    """A row's first cells: the category, its prompts (* where too few for an interval), α and τ."""
+    prompts = f"{r['num_prompts']}{'*' if r.get('few_prompts') else ''}"
+    return f"{name:<19}{prompts:>8}{r['acceptance_rate']:>7.3f}{r['mean_accepted_length']:>7.2f}"
+
+
+def _under_rows(results: dict[str, Any], rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The lines right under a table's rows: what its intervals are, and the acceptance per position, cost ratio and
+    machine of the whole run."""
+    measured = list(results["acceptance_per_position"])
+    while measured and math.isnan(measured[-1]):  # depths no step reached (a tree's k exceeds its depth)
+        measured.pop()
+    pos = ", ".join(f"{a:.2f}" for a in measured)
+    return ["95% CI: the speedup's interval over its prompts, resampled (a bootstrap)"
+            + ("; * fewer than 3 prompts: no interval, too few to tell the speedup from noise"
+               if any(r.get("few_prompts") for _, r in rows) else ""),
+            f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}"]
 
 
 def _interval(interval: list[float] | None) -> str:

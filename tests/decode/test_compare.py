@@ -17,8 +17,9 @@ def test_compare_warms_up_then_decodes_each_prompt_both_ways(tiny_target):
     assert all(len(out.sequences[0]) == 10 for out in result.speculative)
     assert result.stats.verify_steps > 0 and result.speedup > 0
     low, high = result.speedup_interval
-    assert low <= high and str(result).startswith("3 prompts: τ ")
-    assert "95% interval" in str(result) and str(result).endswith("same output as plain decoding: True")
+    assert low <= high and str(result).startswith(f"ngram, k={result.stats.k} (chain drafts), 3 prompts: τ ")
+    assert "speedup vs plain decoding" in str(result) and "(measured wall clock, end to end; 95% interval" in str(result)
+    assert str(result).endswith("same output as plain decoding: True")
     assert "no interval: 1 prompts, 3 needed" in str(compare(tiny_target, drafter, prompts[:1], max_new_tokens=4))
     with pytest.raises(ValueError, match="at least one prompt"):
         compare(tiny_target, drafter, [], max_new_tokens=4)

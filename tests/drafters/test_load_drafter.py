@@ -70,4 +70,8 @@ def test_the_package_lists_its_public_api():
             "compare"} <= set(specdec.__all__)
     assert all(getattr(specdec, name) is not None for name in specdec.__all__)
     assert all(re.search(rf"\b{name}\b", specdec.__doc__) for name in specdec.__all__)  # help(specdec) names each
+    # every registered drafter by name and class (the block drafter, cross-vocabulary drafting too), and replay
+    assert all(f'"{name}"' in specdec.__doc__ for name in specdec.DRAFTERS)
+    assert {cls.__name__ for cls in specdec.DRAFTERS.values()} | {"CrossVocabDrafter"} <= set(specdec.__all__)
+    assert "``specdec.replay``" in specdec.__doc__
     assert "``sequences``" in specdec.GenerationOutput.__doc__

@@ -27,7 +27,8 @@ def test_the_readmes_python_example_runs_as_written():
     with contextlib.redirect_stdout(out):
         exec(compile(python_example(), str(README), "exec"), {"__name__": "readme"})
     printed = out.getvalue().strip().splitlines()
-    assert printed and printed[-1].startswith("3 prompts: τ ") and "speedup" in printed[-1]
+    assert printed and printed[-1].startswith("eagle, k=") and "3 prompts: τ " in printed[-1]
+    assert "speedup vs plain decoding" in printed[-1] and "measured wall clock" in printed[-1]
     assert printed[-1].endswith("same output as plain decoding: True")  # greedy: identical outputs
 
 

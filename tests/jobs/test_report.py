@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specdec import report
-from specdec.decode.metrics import predicted_speedup
+from specdec.decode.metrics import leviathan_chain_formula
 from specdec.jobs.runs import failed_result
 from specdec.report.plots import _series
 
@@ -30,8 +30,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
               "mean_accepted_length": 1 + (tau - 1) * f, "tokens_per_second": 30.0 * f,
               "baseline_tokens_per_second": 19.0, "speedup": 30.0 * f / 19.0, "decode_tokens_per_second": 45.0 * f,
               "baseline_decode_tokens_per_second": 25.0, "decode_speedup": 45.0 * f / 25.0,
-              "predicted_speedup": predicted_speedup(alpha * f, k, 0.1 * f),
-              "predicted_speedup_measured_costs": 1.05 * 30.0 * f / 19.0, "cost_ratio": 0.1 * f}
+              "predicted_speedup": 1.05 * 30.0 * f / 19.0,
+              "leviathan_chain_formula": leviathan_chain_formula(alpha * f, k, 0.1 * f), "cost_ratio": 0.1 * f}
         for cat, f in (("coding", 1.1), ("writing", 0.7))
     }
     return {
@@ -42,8 +42,8 @@ def _results(drafter: str, k: int, temperature: float, alpha_i: list[float], tau
         "baseline_tokens_per_second": 19.0, "speedup": (25.0 + k / 3) / 19.0,
         "decode_tokens_per_second": 40.0 + k / 3, "baseline_decode_tokens_per_second": 25.0,
         "decode_speedup": (40.0 + k / 3) / 25.0, "prefill_time_s": 3.0, "baseline_prefill_time_s": 3.0,
-        "predicted_speedup": predicted_speedup(alpha, k, 0.1),
-        "predicted_speedup_measured_costs": 1.05 * (25.0 + k / 3) / 19.0, "drafting": "chain", "cost_ratio": 0.1,
+        "predicted_speedup": 1.05 * (25.0 + k / 3) / 19.0,
+        "leviathan_chain_formula": leviathan_chain_formula(alpha, k, 0.1), "drafting": "chain", "cost_ratio": 0.1,
         "target_forwards": 100, "drafter_forwards": 100 * k, "new_tokens": int(100 * tau),
         "wall_time_s": 10.0, "baseline_wall_time_s": 13.0, "per_category": categories, "lossy": False,
         "device": "cpu", "overrides": [f"drafter={drafter}", f"drafter.k={k}", f"sampling.temperature={temperature}"],
@@ -114,7 +114,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
         assert row["mean_accepted_length"] == res["mean_accepted_length"]
         assert row["acceptance_rate"] == res["acceptance_rate"]
         assert row["speedup"] == res["speedup"] and row["predicted_speedup"] == res["predicted_speedup"]
-        assert row["predicted_speedup_measured_costs"] == res["predicted_speedup_measured_costs"]
+        assert row["leviathan_chain_formula"] == res["leviathan_chain_formula"]
         assert row["decode_speedup"] == res["decode_speedup"] and row["prefill_time_s"] == res["prefill_time_s"]
         assert [row[f"alpha_{i}"] for i in range(1, res["k"] + 1)] == res["acceptance_per_position"]
         assert all(math.isnan(row[f"alpha_{i}"]) for i in range(res["k"] + 1, 5))
@@ -123,7 +123,7 @@ def _check_copied_exactly(df: pd.DataFrame) -> None:
             assert [rows.loc[cat, f"alpha_{i}"] for i in range(1, res["k"] + 1)] == metrics["acceptance_per_position"]
             # copied, not recomputed (the run computes each category's from its own α and cost ratio)
             assert rows.loc[cat, "predicted_speedup"] == metrics["predicted_speedup"]
-            assert rows.loc[cat, "predicted_speedup_measured_costs"] == metrics["predicted_speedup_measured_costs"]
+            assert rows.loc[cat, "leviathan_chain_formula"] == metrics["leviathan_chain_formula"]
             assert rows.loc[cat, "decode_speedup"] == metrics["decode_speedup"]
             assert rows.loc[cat, "cost_ratio"] == metrics["cost_ratio"]
 
@@ -201,14 +201,42 @@ def test_the_predicted_speedup_is_the_one_from_measured_costs_and_leviathans_onl
     (sweep / "2" / "results.json").write_text(json.dumps(tree))
     runs = report.collect_runs(sweep)
     md = report.markdown_summary(report.summarize(runs))
-    chain, measured = OK_RUNS["1"], tree["predicted_speedup_measured_costs"]
-    assert (f"| {chain['decode_speedup']:.2f} | {chain['predicted_speedup_measured_costs']:.2f} | "
-            f"{chain['predicted_speedup']:.2f} | ok |") in md
+    chain, measured = OK_RUNS["1"], tree["predicted_speedup"]
+    assert (f"| {chain['decode_speedup']:.2f} | {chain['predicted_speedup']:.2f} | "
+            f"{chain['leviathan_chain_formula']:.2f} | ok |") in md
     assert f"| {tree['decode_speedup']:.2f} | {measured:.2f} | – | ok |" in md  # no chain formula for a tree
     fig = report.make_plots(report.summarize(runs))["speedup_vs_k"]
     lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
     assert lines["eagle T=0 predicted"] == [measured]
-    assert lines["ngram T=0 predicted"] == [OK_RUNS[j]["predicted_speedup_measured_costs"] for j in ("0", "1")]
+    assert lines["ngram T=0 predicted"] == [OK_RUNS[j]["predicted_speedup"] for j in ("0", "1")]
+
+
+def test_results_written_under_the_old_names_of_the_predictions_still_read(sweep: Path) -> None:
+    """A results.json (and a summary.csv) from before the predictions' names held the prediction from measured costs
+    as predicted_speedup_measured_costs and Leviathan's formula as predicted_speedup: read under today's names, its
+    categories too; an old replayed run's one prediction is its replay's (its speedups were not measured)."""
+    def old_names(metrics: dict) -> dict:
+        out = {k: v for k, v in metrics.items() if k not in ("predicted_speedup", "leviathan_chain_formula")}
+        return {**out, "predicted_speedup_measured_costs": metrics["predicted_speedup"],
+                "predicted_speedup": metrics["leviathan_chain_formula"]}
+
+    res = OK_RUNS["1"]
+    old = {**old_names(res), "per_category": {c: old_names(m) for c, m in res["per_category"].items()}}
+    (sweep / "1" / "results.json").write_text(json.dumps(old))
+    (sweep / "2" / "results.json").write_text(json.dumps({**old_names(OK_RUNS["2"]), "replayed": True}))
+    runs = report.collect_runs(sweep)
+    assert runs[1] == {**res, "run_dir": "1", "job": "1"}
+    replayed = runs[2]
+    assert replayed["predicted_speedup"] == OK_RUNS["2"]["decode_speedup"] and "speedup" not in replayed
+    df = report.summarize(runs)
+    run = df[(df["job"] == "1") & (df["category"] == report.ALL)].iloc[0]
+    assert (run["predicted_speedup"], run["leviathan_chain_formula"]) == (res["predicted_speedup"],
+                                                                          res["leviathan_chain_formula"])
+    csv = sweep / "old.csv"
+    df.rename(columns={"predicted_speedup": "predicted_speedup_measured_costs",
+                       "leviathan_chain_formula": "predicted_speedup"}).to_csv(csv, index=False)
+    again = report.load_summary(csv)
+    assert list(again.columns) == list(df.columns) and again["predicted_speedup"].equals(df["predicted_speedup"])
 
 
 def test_the_summary_shows_end_to_end_and_decode_only_rates(sweep: Path) -> None:
@@ -264,10 +292,10 @@ def test_the_summary_shows_each_speedups_interval_and_marks_categories_of_few_pr
     assert band.get_paths()[0].vertices[:, 1].min() == pytest.approx(1.2)
 
 
-def test_predicted_speedup_formula() -> None:
-    assert predicted_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
-    assert predicted_speedup(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify
-    assert predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+def test_leviathan_chain_formula() -> None:
+    assert leviathan_chain_formula(0.0, 4, 0.5) == pytest.approx(1 / 3)
+    assert leviathan_chain_formula(1.0, 4, 0.0) == 5.0  # the α → 1 limit: k + 1 tokens per verify
+    assert leviathan_chain_formula(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
 
 
 def test_failed_result_from_a_run_config() -> None:

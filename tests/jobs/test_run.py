@@ -17,7 +17,7 @@ CONFIGS = ROOT / "configs"
 REQUIRED = ["drafter", "k", "temperature", "acceptance_rate", "acceptance_per_position", "mean_accepted_length",
             "tokens_per_second", "baseline_tokens_per_second", "speedup", "predicted_speedup", "num_prompts",
             "decode_tokens_per_second", "baseline_decode_tokens_per_second", "decode_speedup", "prefill_time_s",
-            "predicted_speedup_measured_costs", "drafting", "speedup_interval", "decode_speedup_interval",
+            "leviathan_chain_formula", "drafting", "speedup_interval", "decode_speedup_interval",
             "few_prompts", "per_prompt"]
 TINY = ["data.limit_per_source=1", "data.max_new_tokens=8", "warmup=false"]
 
@@ -109,12 +109,24 @@ def table_results(**fields) -> dict:
     """What run() hands format_table, for a chain drafter on one category of prompts."""
     row = dict(num_prompts=2, acceptance_rate=0.5, mean_accepted_length=1.5, tokens_per_second=10.0,
                baseline_tokens_per_second=8.0, speedup=1.25, decode_tokens_per_second=24.0,
-               baseline_decode_tokens_per_second=16.0, decode_speedup=1.5, predicted_speedup=2.33,
-               predicted_speedup_measured_costs=1.07, drafting="chain")
-    return {**row, "per_category": {"chat": row}, "acceptance_per_position": [0.5], "cost_ratio": 0.1,
-            "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
+               baseline_decode_tokens_per_second=16.0, decode_speedup=1.5, predicted_speedup=1.07,
+               leviathan_chain_formula=2.33, drafting="chain")
+    return {**row, "drafter": "ngram", "k": 4, "per_category": {"chat": row}, "acceptance_per_position": [0.5],
+            "cost_ratio": 0.1, "device": "cpu", "cuda_graph_captures": None, "cuda_graph_capture_time_s": None,
             "drafter_graph_captures": None, "drafter_graph_capture_time_s": None, "wall_time_s": 4.0,
             "prefill_time_s": 2.6, "baseline_wall_time_s": 5.0, "baseline_prefill_time_s": 2.6, **fields}
+
+
+def test_the_table_names_the_drafter_its_lookahead_and_which_speedup_it_shows():
+    """The table's first line: the drafter, the k it decoded with (k=auto's choice marked) and the shape of its
+    drafts, and what its figures are: the speedups measured wall clock, the prediction from measured step costs."""
+    from specdec.report.table import format_table
+
+    title = format_table(table_results()).splitlines()[0]
+    assert title == ("ngram, k=4 (chain drafts) against plain decoding on the same prompts: speedup = measured wall "
+                     "clock, predicted = from the run's measured step costs")
+    auto = format_table(table_results(k="auto", k_chosen=0)).splitlines()[0]
+    assert auto.startswith("ngram, k=0 chosen by drafter.k=auto (plain decoding) against plain decoding")
 
 
 def test_the_table_shows_end_to_end_and_decode_only_figures():
@@ -122,7 +134,7 @@ def test_the_table_shows_end_to_end_and_decode_only_figures():
     the columns, from results.json's keys; the prefill's share of the time under the table."""
     from specdec.report.table import format_table
 
-    lines = format_table(table_results()).splitlines()
+    lines = format_table(table_results()).splitlines()[1:]  # under the title (test_the_table_names_...)
     assert "end to end (with prefill)" in lines[0]
     assert lines[0].index("end to end") < lines[0].index("decode only (no prefill)")
     assert lines[1].split() == ["category", "prompts", "α", "τ", "tok/s", "base", "tok/s", "speedup", "95%", "CI",
@@ -160,7 +172,7 @@ def test_the_main_job_gives_each_speedup_its_interval_and_marks_categories_of_fe
     writing = results["per_category"]["mtbench/writing"]
     assert writing["few_prompts"] and writing["speedup_interval"] is None
     table = format_table(results)
-    rows = {line.split()[0]: line.split() for line in table.splitlines()[3:8]}
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[4:9]}
     assert rows["mtbench/writing"][1] == "1*" and rows["mtbench/writing"][7] == "–"
     code = rows["humaneval/code"]
     assert code[1] == "3" and code[7] == "{:.2f}-{:.2f}x".format(*results["per_category"]["humaneval/code"]
@@ -184,6 +196,22 @@ def test_summarize_gives_end_to_end_and_decode_only_rates():
     assert out["decode_tokens_per_second"] == 36.0 and out["baseline_decode_tokens_per_second"] == 18.0
 
 
+def test_results_predicted_speedup_is_the_one_from_measured_costs():
+    """results.json's predicted_speedup is τ · plain step / (verify + draft time per step); Leviathan's idealised
+    chain formula is leviathan_chain_formula, and the measured-cost prediction's old name is gone."""
+    from specdec.decode.metrics import DecodeStats, leviathan_chain_formula, summarize
+
+    spec = DecodeStats(k=2, new_tokens=40, prefill_tokens=4, wall_time_s=2.0, prefill_time_s=1.0, target_forwards=12,
+                       target_time_s=1.8, drafter_time_s=0.6, verify_steps=12, verified_tokens=36,
+                       proposed_per_position=[12, 8], accepted_per_position=[8, 4])
+    base = DecodeStats(k=0, new_tokens=40, prefill_tokens=4, wall_time_s=3.0, prefill_time_s=1.0,
+                       target_forwards=36, target_time_s=3.6, verify_steps=36, verified_tokens=36)
+    out = summarize(spec, base, k=2, num_prompts=4)
+    assert out["predicted_speedup"] == pytest.approx(3.0 * 0.1 / (0.15 + 0.05))  # τ 3, plain step 0.1 s
+    assert out["leviathan_chain_formula"] == pytest.approx(leviathan_chain_formula(0.6, 2, 0.25))  # α 12/20, c 0.25
+    assert "predicted_speedup_measured_costs" not in out
+
+
 def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_chains():
     """The predicted column holds the prediction from measured costs, which fits trees too; Leviathan's chain
     formula, from results.json, is shown under the table for chain drafting only."""
@@ -192,8 +220,8 @@ def test_the_tables_prediction_is_from_measured_costs_and_leviathans_only_for_ch
     for drafting in ("chain", "tree"):
         results = table_results(drafting=drafting, verify_step_time_s=0.012, target_step_time_s=0.01)
         lines = format_table(results).splitlines()
-        assert lines[1].split()[-1] == "predicted"
-        assert all(line.endswith("1.07x") for line in lines[3:5])  # the chat row and ALL
+        assert lines[2].split()[-1] == "predicted"
+        assert all(line.endswith("1.07x") for line in lines[4:6])  # the chat row and ALL
         assert ("Leviathan's chain formula (verify at a plain step's cost): 2.33x" in lines) == (drafting == "chain")
         assert ("2.33" in format_table(results)) == (drafting == "chain")
 

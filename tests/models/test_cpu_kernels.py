@@ -1,6 +1,7 @@
 """specdec's few-row CPU kernel (specdec/csrc/cpu_kernels.cpp): equal to torch's product, rows
 bit-identical whatever their number, the forward's paths around it, and the fallback when it cannot be built."""
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -347,6 +348,27 @@ def test_two_checkouts_with_the_same_sources_share_one_build(monkeypatch, tmp_pa
     assert staged[0] == staged[1] and staged[0].read_bytes() == cpu_kernels.SOURCE.read_bytes()
     assert sorted(p.name for p in staged[0].parent.iterdir()) == sorted(
         p.name for p in (cpu_kernels.SOURCE, *cpu_kernels.HEADERS))
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_the_build_is_announced_only_when_the_kernels_are_built(built, monkeypatch, tmp_path, caplog):
+    """The "building ... ~40-90 s" line appears where torch will compile the kernels, not where their build directory
+    already holds the library (every run after the first), which torch only loads."""
+    from torch.utils import cpp_extension
+
+    loaded = object()
+    monkeypatch.setattr(cpp_extension, "load", lambda *args, **kwargs: loaded)
+    monkeypatch.setattr(cpu_kernels, "supported", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "_ninja_on_path", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "_staged_source", lambda: tmp_path / cpu_kernels.SOURCE.name)
+    monkeypatch.setattr(cpu_kernels, "_state", "untried")
+    monkeypatch.setattr(cpu_kernels, "_module", None)
+    monkeypatch.delenv("SPECDEC_CPU_KERNEL", raising=False)
+    if built:
+        (tmp_path / f"{cpu_kernels.NAME}{cpp_extension.LIB_EXT}").write_bytes(b"")
+    with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
+        assert cpu_kernels.available() and cpu_kernels.module() is loaded
+    assert ("building specdec's CPU kernels" in caplog.text) == (not built)
 
 
 @torch.no_grad()

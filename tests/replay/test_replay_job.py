@@ -68,6 +68,9 @@ def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
     runs = [json.loads((tmp_path / "sweep" / str(i) / "results.json").read_text()) for i in (0, 1)]
     assert [r["replayed"] for r in runs] == [True, True] and [r["replay_log_reused"] for r in runs] == [False, True]
     assert len(list((tmp_path / "logs").glob("*.json"))) == 1 and runs[0]["k_max"] == 4
+    assert "predicted (replay)" in sweep.stdout and "(best k)" in sweep.stdout  # one prediction, the best k marked
+    assert sorted(runs[0]["predicted_speedup_by_k"]) == ["1", "2", "3", "4"] and "speedup" not in runs[0]
+    assert runs[1]["predicted_speedup_by_k"]["2"] == pytest.approx(runs[1]["predicted_speedup"])
     live = job("specdec.run", "drafter=ngram", "drafter.k=2", *TINY, "warmup=false", f"hydra.run.dir={tmp_path}/run",
                cwd=tmp_path)
     assert live.returncode == 0, live.stderr[-2000:]
@@ -76,16 +79,54 @@ def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
         assert runs[1][key] == measured[key], key
 
 
-def test_a_replayed_run_is_marked_in_the_sweep_summary(tmp_path):
-    from specdec import report
+def replayed_figures() -> dict:
+    """A group's summarize_prompts figures over a replay, its two predictions disagreeing as in issue 65 (n-gram K=3
+    on MT-Bench: τ · plain step / (verify + draft) 1.22x, the replay's cost model 1.04x)."""
+    return {"num_prompts": 4, "acceptance_rate": 0.5, "acceptance_per_position": [0.6, 0.4],
+            "mean_accepted_length": 1.6, "tokens_per_second": 30.1, "baseline_tokens_per_second": 28.9, "speedup": 1.04,
+            "speedup_interval": [1.0, 1.1], "decode_tokens_per_second": 30.0, "baseline_decode_tokens_per_second": 28.8,
+            "decode_speedup": 1.04, "decode_speedup_interval": [1.0, 1.1], "predicted_speedup": 1.22,
+            "leviathan_chain_formula": 1.37, "few_prompts": False, "drafting": "chain", "cost_ratio": 0.05}
 
-    run = {"status": "ok", "drafter": "ngram", "k": 2, "temperature": 0.0, "acceptance_rate": 0.5,
-           "mean_accepted_length": 1.5, "speedup": 1.2, "per_category": {}, "lossy": False, "replayed": True}
-    (tmp_path / "0").mkdir()
-    (tmp_path / "0" / "results.json").write_text(json.dumps(run))
+
+def test_a_replay_shows_one_prediction_with_the_best_k_marked():
+    """A replay's figures hold one prediction, the cost model's decode speedup (the loop's host work included), and
+    nothing a live run measures; its table shows that one, marked as the replay's prediction, with its interval over
+    the prompts, and the prediction at each K the log covers with the best marked."""
+    from specdec.decode.metrics import as_replayed
+    from specdec.report.table import format_replay_table
+
+    replayed = as_replayed(replayed_figures())
+    assert replayed["predicted_speedup"] == 1.04 and replayed["predicted_speedup_interval"] == [1.0, 1.1]
+    assert not {"speedup", "decode_speedup", "tokens_per_second", "leviathan_chain_formula"} & set(replayed)
+    results = {**replayed, "drafter": "ngram", "k": 3, "per_category": {"mtbench/writing": replayed}, "device": "cpu",
+               "replayed": True, "predicted_speedup_by_k": {"1": 1.02, "2": 1.06, "3": 1.04}}
+    table = format_replay_table(results)
+    lines = table.splitlines()
+    assert lines[0].startswith("ngram, k=3 (chain drafts), REPLAYED against plain decoding: speedup predicted from "
+                               "this machine's measured costs")
+    assert lines[1].split()[-4:] == ["predicted", "(replay)", "95%", "CI"]
+    assert lines[4].split()[-2:] == ["1.04x", "1.00-1.10x"] and lines[4].startswith("ALL")
+    assert "1.22" not in table and "1.37" not in table and "end to end" not in table
+    assert "predicted (replay) at each k the log covers: 1: 1.02x, 2: 1.06x (best k), 3: 1.04x" in lines
+
+
+def test_a_replayed_sweep_is_marked_in_the_summary_with_its_best_k(tmp_path):
+    """summary.md marks replayed runs, shows their one prediction with no measured speedup (and says so, never
+    "measured wall clock" for them), and marks the best k among replayed runs that differ in k alone."""
+    from specdec import report
+    from specdec.decode.metrics import as_replayed
+
+    for job, (k, predicted) in enumerate([(1, 1.02), (2, 1.06), (3, 1.04)]):
+        run = {"status": "ok", "drafter": "ngram", "k": k, "temperature": 0.0, "per_category": {}, "lossy": False,
+               "replayed": True, **as_replayed({**replayed_figures(), "decode_speedup": predicted})}
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / "results.json").write_text(json.dumps(run))
     paths = report.write_summary(tmp_path, report.collect_runs(tmp_path))
     md = paths["md"].read_text()
-    assert "| 0 | ngram (REPLAYED) | 2 |" in md and "REPLAYED: a run marked so was replayed" in md
+    assert "| 1 | ngram (REPLAYED) | 2 | 0 | 0.500 | 1.60 | – | – | – | 30.0 | 28.8 | – | 1.06 (best K) | – | ok |" in md
+    assert "| 0 | ngram (REPLAYED) | 1 |" in md and "| 1.02 | – | ok |" in md
+    assert "REPLAYED: a run marked so was replayed" in md and "measured no wall clock" in md
     assert bool(report.load_summary(paths["csv"])["replayed"].iloc[0])
 
 
