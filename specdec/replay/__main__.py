@@ -16,8 +16,10 @@ table). The first point logs the target's continuations and the drafter's propos
 a tree at its ``k``) and measures the costs; the file is kept under ``log_dir`` and every later point it covers
 reuses it. ``check_live: N`` decodes the first N prompts live as well (``live_seeds`` runs each at T > 0) and
 reports τ's gap (results: ``live_check``). The log holds one prompt per generation; ``data.batch_size=B`` times the
-replay by a cost model measured at B rows (each row accepting as it would alone: for trees, whose shape a batch's rows
-share, optimistic).
+replay by a cost model measured at B rows, each row accepting as it would alone, and (the overall and per-K figures)
+its rows stepping together in batches of B as a live run's do (:func:`~specdec.replay.simulate.batched_speedup`: each
+step as wide as its widest row's block, each batch as long as its slowest row; no interval, since a batch's time does
+not split into prompts); the per-category figures time each row alone at B rows' costs.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from specdec.models import as_decoder
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.cache import cached_log
 from specdec.replay.log import ReplayLog, drafts_trees
-from specdec.replay.simulate import plain_stats, replay
+from specdec.replay.simulate import batched_speedup, plain_stats, replay
 from specdec.report.table import format_replay_table
 
 
@@ -129,12 +131,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     def group(indices: list[int]) -> tuple[list[DecodeStats], list[DecodeStats] | None]:
         return [spec[i] for i in indices], None if base is None else [base[i] for i in indices]
 
+    figures = as_replayed(summarize_prompts(spec, base, k, len(prompts)))
+    if costs is not None and cfg.data.batch_size > 1:  # the rows of a batch step together
+        figures.update(predicted_speedup=batched_speedup(log, k, cfg.data.batch_size), predicted_speedup_interval=None)
     return {
         "status": "ok",
         "error": None,
         **config_fields(cfg),
         "num_prompts": len(prompts),
-        **as_replayed(summarize_prompts(spec, base, k, len(prompts))),
+        **figures,
         "per_category": {cat: as_replayed(summarize_prompts(*group(ids), k, len(ids)))
                          for cat, ids in sorted(by_category.items())},
         # chains: the prediction at every K the log covers (one replay each, milliseconds); a tree's log holds one
@@ -157,13 +162,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def predicted_by_k(log: ReplayLog, ks: Iterable[int], batch_size: int) -> dict[str, float]:
     """The decode speedup ``log``'s replay predicts at each lookahead in ``ks`` at a batch of ``batch_size`` rows, as
-    ``predicted_speedup`` is (plain decoding's time over the replayed run's, the same tokens), keyed as in JSON."""
-    costs = log.cost_model(batch_size)
-    out = {}
-    for k in ks:
-        spec = total(replay(log, k, batch_size=batch_size))
-        out[str(k)] = plain_stats(spec, costs).wall_time_s / spec.wall_time_s
-    return out
+    ``predicted_speedup`` is (:func:`~specdec.replay.simulate.batched_speedup`), keyed as in JSON."""
+    return {str(k): batched_speedup(log, k, batch_size) for k in ks}
 
 
 def live_check(target, drafter, prompts: list[list[int]], replayed: list[DecodeStats], *, k: int, eos: list[int],

@@ -6,8 +6,9 @@ covers every chain K; a tree size is its own pass), the cost model (:mod:`specde
 run's batch size, temperature and weight format: the target decoder's backend) times the steps, and the
 predicted decode speedup over plain decoding follows. The run drafts at the best candidate, or not at all (k = 0,
 plain decoding) where no candidate is predicted to reach ``1 + margin``: the margin absorbs what the prediction
-misses (within ~6% at batch 1 here: experiments/README.md#replay-costs-2026-11-26). At a batch of B rows the
-acceptance is batch 1's (a batch's rows share a tree's shape, so batched trees are predicted optimistically).
+misses (within ~6% at batch 1 here: experiments/README.md#replay-costs-2026-11-26). At a batch of B rows each row
+accepts as at batch 1, and the rows step together as a live batch does: each step as wide as the widest row's
+block, each batch as long as its slowest row (:func:`~specdec.replay.simulate.batched_speedup`).
 
 The logs and costs are cached like the replay job's (:func:`~specdec.replay.cache.cached_log`): a second run of the
 same configuration on this machine chooses in a fraction of a second.
@@ -24,7 +25,7 @@ from typing import Any, Sequence
 from specdec.decode.metrics import total
 from specdec.drafters.base import Drafter
 from specdec.replay.cache import cached_log
-from specdec.replay.simulate import plain_stats, replay
+from specdec.replay.simulate import batched_speedup, replay
 
 CHAIN_KS = tuple(range(1, 9))  # the chain lookaheads tried unless told
 TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes tried unless told (those the drafter drafts at)
@@ -87,11 +88,8 @@ def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]],
         choice.logs.append(str(path))
     for k in candidates:
         log = logs[k if tree else max(candidates)]
-        spec = replay(log, k, batch_size=batch_size)
-        base = [plain_stats(s, log.cost_model(batch_size)) for s in spec]
-        spec_all, base_all = total(spec), total(base)
-        choice.tau[k] = spec_all.mean_accepted_length
-        choice.predicted[k] = base_all.wall_time_s / spec_all.wall_time_s  # the same tokens (expected, at T > 0)
+        choice.tau[k] = total(replay(log, k)).mean_accepted_length
+        choice.predicted[k] = batched_speedup(log, k, batch_size)  # the same tokens (expected, at T > 0)
     best = max(choice.predicted, key=lambda k: (choice.predicted[k], -k))
     choice.k = best if choice.predicted[best] >= 1 + margin else 0
     choice.seconds = time.perf_counter() - start

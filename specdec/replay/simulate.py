@@ -32,8 +32,9 @@ distributed exactly as a live run's τ (no approximation; one run's noise per se
 With a cost model (:mod:`specdec.replay.costs`, measured on this machine) the steps are timed too: each verify step
 costs the target's forward over its block (last token + drafts), a drafting step at K and the step's host work at
 K; plain decoding (:func:`plain_stats`) a width-1 forward and a plain step's host work per token. Those times feed
-:func:`~specdec.decode.metrics.summarize` as a live run's measured ones do; its ``speedup`` is then a prediction,
-decode only (no prefill is timed).
+:func:`~specdec.decode.metrics.summarize` as a live run's measured ones do; its ``decode_speedup`` is then a
+prediction (no prefill is timed), the one a replay reports, as ``predicted_speedup``
+(:func:`~specdec.decode.metrics.as_replayed`).
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ from specdec.verify.tree import Tree
 
 
 def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
-                  trees: dict[tuple[int, ...], Tree] | None = None, costs: CostModel | None = None) -> DecodeStats:
+                  trees: dict[tuple[int, ...], Tree] | None = None, costs: CostModel | None = None,
+                  blocks: list[int] | None = None) -> DecodeStats:
     """One prompt's live greedy run at lookahead ``k`` (a chain's K, or the tree's size: its proposals as logged),
-    re-enacted from ``log``: its :class:`DecodeStats`, with times from ``costs`` (None: counts only)."""
+    re-enacted from ``log``: its :class:`DecodeStats`, with times from ``costs`` (None: counts only); each verify
+    step's block (last token + drafts) appended to ``blocks`` where given."""
     trees = {} if trees is None else trees
     stop, c = set(eos), log.continuation
     stats = DecodeStats(k=k)
@@ -79,8 +82,10 @@ def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[
             target = torch.tensor([[c[j + d] for d in depths]])  # [1, N+1]: the argmax wherever the walk reads it
             accepted = int(greedy_tree(shape_tree, torch.tensor([proposed.tokens]), target)[1][0])
             width, depth = proposed.num_proposed, shape_tree.max_depth
+        block = 1 + (len(drafts) if proposed.parents is None else len(proposed.tokens))
+        if blocks is not None:
+            blocks.append(block)
         if costs is not None:
-            block = 1 + (len(drafts) if proposed.parents is None else len(proposed.tokens))
             stats.target_time_s += costs.verify(block)
             stats.drafter_time_s += costs.draft(k)
             stats.wall_time_s += costs.step(block, k)
@@ -177,6 +182,37 @@ def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False, batch_si
     else:
         runs = [expected_prompt(p, k, **options) for p in log.prompts]
     return [total(runs[i: i + log.seeds]) for i in range(0, len(runs), log.seeds)]  # a prompt's seeds together
+
+
+def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
+    """The decode speedup over plain decoding predicted for a live run of ``log``'s prompts at lookahead ``k`` in
+    batches of ``batch_size`` rows (consecutive prompts, as the live run takes its own), timed by the log's cost
+    model at that batch size. A batch steps together until its last row ends (a finished row waits), and each step
+    is as wide as its widest row's block, since the loop verifies every row's drafts in one forward padded to the
+    widest; plain decoding takes the batch's longest row's tokens, one plain step each. So a batch pays for its
+    slowest row and its longest proposal: a prompt-lookup draft in one row widens every row's forward. Greedy
+    (or ``walk``-able): each row's logged steps, stepped together exactly. T > 0: each row's expected steps,
+    a batch as many as its row with the most, each at the largest of its rows' mean step costs (an approximation).
+    At one row, :func:`replay`'s per-prompt times summed."""
+    log.check(k=k)
+    costs = log.cost_model(batch_size)
+    options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos)
+    trees: dict[tuple[int, ...], Tree] = {}
+    spec_s = plain_s = 0.0
+    for start in range(0, len(log.prompts), batch_size):
+        rows = log.prompts[start: start + batch_size]
+        if log.temperature == 0:
+            blocks: list[list[int]] = [[] for _ in rows]
+            runs = [replay_prompt(p, k, trees=trees, blocks=b, **options) for p, b in zip(rows, blocks)]
+            spec_s += sum(costs.step(max(b[s] for b in blocks if s < len(b)), k)
+                          for s in range(max(len(b) for b in blocks)))
+        else:
+            runs = [expected_prompt(p, k, costs=costs, **options) for p in rows]
+            stepping = [r for r in runs if r.verify_steps > 0]
+            spec_s += max((r.verify_steps for r in stepping), default=0.0) * max(
+                (r.wall_time_s / r.verify_steps for r in stepping), default=0.0)
+        plain_s += costs.plain_step() * max(r.new_tokens - r.prefill_tokens for r in runs)
+    return plain_s / spec_s if spec_s > 0 else 1.0
 
 
 def replay_total(log: ReplayLog, k: int | None = None, *, walk: bool = False) -> DecodeStats:

@@ -178,6 +178,7 @@ def test_a_log_round_trips(models, tmp_path):
 
 def test_cost_model_interpolates_and_times_a_replay(models, tmp_path):
     from specdec.decode.metrics import summarize, total
+    from specdec.replay.__main__ import predicted_by_k
     from specdec.replay.costs import CostModel
     from specdec.replay.simulate import plain_stats
 
@@ -197,6 +198,7 @@ def test_cost_model_interpolates_and_times_a_replay(models, tmp_path):
     decoded = spec_all.new_tokens - spec_all.prefill_tokens  # one plain step each
     assert figures["speedup"] == pytest.approx(decoded * model.plain_step() / (spec_all.verify_steps * step))
     assert spec_all.target_time_s == pytest.approx(spec_all.verify_steps * model.verify(3))
+    assert predicted_by_k(log, [1, 2], 1)["2"] == pytest.approx(figures["decode_speedup"])  # the replay job's, by K
 
 
 def test_costs_are_kept_per_batch_size(models, tmp_path):
@@ -214,6 +216,28 @@ def test_costs_are_kept_per_batch_size(models, tmp_path):
     one, batched = total(replay(log, 2)), total(replay(log, 2, batch_size=3))  # batch 1's acceptance, 3's times
     assert (batched.verify_steps, batched.verified_tokens) == (one.verify_steps, one.verified_tokens)
     assert batched.wall_time_s != one.wall_time_s
+
+
+def test_a_batch_steps_together_at_its_widest_block_until_its_slowest_row_ends():
+    """Two rows of a greedy chain log (K=2, 5 new tokens): row 0 drafts right every step, row 1 finds nothing to
+    draft. Alone, row 1 costs a plain-width step a token; batched with row 0, every step is as wide as row 0's block,
+    and the batch takes as many steps as row 1 (its slowest row)."""
+    from dataclasses import asdict, replace
+
+    from specdec.replay.costs import CostModel
+    from specdec.replay.log import PromptLog, Proposed
+    from specdec.replay.simulate import batched_speedup
+
+    c = [5, 6, 7, 8, 9, 10, 11]
+    drafting = PromptLog([1], c, [Proposed(c[j: j + 2], None, 2) for j in range(1, 6)])
+    idle = PromptLog([1], c, [Proposed([], None, 0) for _ in range(1, 6)])
+    costs = CostModel({1: 1.0, 3: 2.0}, {2: 0.0}, {2: 0.0}, 0.0)
+    log = ReplayLog({}, {}, None, 5, 0.0, [], 2, False, [drafting, idle],
+                    costs={"1": asdict(costs), "2": asdict(replace(costs, batch_size=2))})
+    # alone: row 0 steps from positions 1 and 4 (blocks of 3), 4 s; row 1 takes 4 plain-width steps, 4 s; plain 4 s each
+    assert batched_speedup(log, 2, 1) == pytest.approx((4 + 4) / (4 + 4))
+    # together: 4 steps (row 1's), the first two 3 wide (row 0's blocks), then 1 wide once row 0 has ended
+    assert batched_speedup(log, 2, 2) == pytest.approx(4 / (2 * 2.0 + 2 * 1.0))
 
 
 def test_a_tree_logs_cost_model_times_its_trees(models, tmp_path):
