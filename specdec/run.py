@@ -1,18 +1,20 @@
 """Main job: speculative vs plain decoding of one configuration on a real prompt set.
 
-    python -m specdec.run                                  # embedded SmolLM2-135M, the shipped EAGLE drafter
+    python -m specdec.run                                  # embedded SmolLM2-135M, prompt lookup (n-gram, K=4)
     python -m specdec.run drafter=draft_model drafter.k=2 sampling=sample
     python -m specdec.run -m drafter=ngram drafter.k=1,2,4,8   # a sweep (summary written at the end)
     python -m specdec.run drafter.k=auto data.batch_size=4     # the lookahead chosen for this machine and batch
 
 Speculative and plain decoding run on the same prompts in the same process, batch by batch in
-alternation so slow drifts in machine load hit both alike. Each prompt's figures are kept (``per_prompt``), and
+alternation so slow drifts in machine load hit both alike (plain decoding first in every other batch: the first of
+two runs over a batch is the slower). Each prompt's figures are kept (``per_prompt``), and
 every speedup comes with its 95% bootstrap interval over the prompts it rests on; a category of fewer than 3
 prompts is marked (``few_prompts``). Writes ``results.json`` in the run directory.
 
 ``drafter.k=auto`` chooses the lookahead before decoding (:mod:`specdec.replay.auto`: a replay of held-out
-prompts, timed at this batch size on this machine), down to none: k = 0 decodes plainly. ``results.json`` keeps the
-choice and its predictions under ``auto``.
+prompts, timed at this batch size on this machine), down to none: k = 0 decodes plainly, once, and that run is
+both sides (1.00x: timing plain decoding against itself would measure only the machine's noise, ±10% at batch 8
+here). ``results.json`` keeps the choice and its predictions under ``auto``.
 """
 
 from __future__ import annotations
@@ -104,9 +106,12 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
 
         # every other batch plain decoding runs first: the first of two runs over a batch is the slower (5% at
         # batch 4 on a 2-core EPYC, plain decoding against itself: experiments/README.md#heldout-2026-11-27)
-        base = plain() if cfg.baseline and (start // bs) % 2 else None
-        generator.manual_seed(cfg.sampling.seed + start)
-        spec = generate(ids, mask, **gen_args)
+        base = plain() if cfg.baseline and ((start // bs) % 2 or k == 0) else None
+        if k == 0 and base is not None:  # k=auto chose plain decoding: both sides are this one run (1.00x)
+            spec = base
+        else:
+            generator.manual_seed(cfg.sampling.seed + start)
+            spec = generate(ids, mask, **gen_args)
         category = result_category(batch_rows[0]) if bs == 1 else "mixed"
         by_category[category].append(spec.stats)
         if cfg.baseline:

@@ -4,7 +4,7 @@
         target.coded_weights=true,false
     python experiments/studies/auto_k_table.py multirun/<date>/<time> [more sweep directories]
 
-Groups the runs by (batch size, temperature, weight format) and prints, per group, each fixed k's decode-only
+Groups the runs by (drafter, batch size, temperature, weight format) and prints, per group, each fixed k's decode-only
 speedup over plain decoding (measured in its own run), what ``k=auto`` chose with its measured speedup and the
 predictions it chose from, and whether it kept the two aims: at least 0.95x plain decoding, and within 5% of the
 best fixed k. Each run's speedup is against plain decoding in the same process.
@@ -35,23 +35,24 @@ def runs(directories: list[Path]) -> list[dict]:
 def table(results: list[dict]) -> str:
     groups: dict[tuple, dict] = defaultdict(dict)
     for r in results:
-        groups[(r["batch_size"], r["temperature"], r["weights"])][str(r["k"])] = r
+        groups[(r["drafter"], r["batch_size"], r["temperature"], r["weights"])][str(r["k"])] = r
     fixed_ks = sorted({k for g in groups.values() for k in g if k != "auto"}, key=int)
-    lines = ["| batch | T | weights | plain tok/s (auto's run) | " + " | ".join(f"k={k}" for k in fixed_ks)
-             + " | auto chose | auto | predicted (auto's calibration) | ≥ 0.95x | within 5% of best |",
-             "|" + "---|" * (len(fixed_ks) + 8)]
-    for (batch, temperature, weights), group in sorted(groups.items()):
+    lines = ["| drafter | batch | T | weights | plain tok/s (auto's run) | " + "".join(f"k={k} | " for k in fixed_ks)
+             + "auto chose | auto | predicted (auto's calibration) | ≥ 0.95x | within 5% of the best fixed k |",
+             "|" + "---|" * (len(fixed_ks) + 10)]
+    for (drafter, batch, temperature, weights), group in sorted(groups.items()):
         fixed = {k: group[k]["decode_speedup"] for k in fixed_ks if k in group}
         auto = group.get("auto")
         cells = [f"{fixed[k]:.2f}x" if k in fixed else "–" for k in fixed_ks]
         plain = (auto or next(iter(group.values())))["baseline_decode_tokens_per_second"]  # auto's run where there
-        row = [str(batch), f"{temperature:g}", weights, f"{plain:.0f}", *cells]
+        row = [drafter, str(batch), f"{temperature:g}", weights, f"{plain:.0f}", *cells]
         if auto:
             best = max(fixed.values(), default=float("nan"))
             chosen, measured = auto["k_chosen"], auto["decode_speedup"]
             predicted = ", ".join(f"{k}: {x:.2f}" for k, x in auto["auto"]["predicted_speedup"].items())
+            within = "–" if not fixed else "yes" if measured >= 0.95 * best else f"NO (best {best:.2f}x)"
             row += [str(chosen) if chosen else "0 (plain)", f"{measured:.2f}x", predicted,
-                    "yes" if measured >= 0.95 else "NO", "yes" if measured >= 0.95 * best else f"NO (best {best:.2f}x)"]
+                    "yes" if measured >= 0.95 else "NO", within]
         else:
             row += ["–"] * 5
         lines.append("| " + " | ".join(row) + " |")

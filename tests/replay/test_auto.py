@@ -107,6 +107,12 @@ def test_the_main_job_chooses_and_decodes_with_it(tmp_path):
     assert sorted(auto["predicted_speedup"]) == ["1", "2"] and auto["prompts"] == 2  # one held out per source
     assert f"drafter.k=auto chose k={auto['k']}" in run.stdout
     assert results["greedy_mismatches"] == 0 and len(list((tmp_path / "logs").glob("*.json"))) == 1
+    # a margin no lookahead reaches: plain decoding, decoded once and reported as both sides (the log reused)
+    plain = job("specdec.run", *overrides, "auto.margin=100", f"hydra.run.dir={tmp_path}/plain", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    results = json.loads((tmp_path / "plain" / "results.json").read_text())
+    assert results["k_chosen"] == 0 and results["decode_speedup"] == 1.0
+    assert results["wall_time_s"] == results["baseline_wall_time_s"]
 
 
 def test_an_auto_run_shows_its_choice_in_the_sweep_summary(tmp_path):
