@@ -302,9 +302,8 @@ def as_replayed(figures: dict[str, Any]) -> dict[str, Any]:
     live loop spends it, its host work included; ``predicted_speedup_interval`` its interval over the prompts), and
     the decode rates it rests on stay (predictions too). The rest of :data:`NOT_REPLAYED` goes: a replay measures no
     wall clock, times no prefill (its end-to-end figures would repeat the decode-only ones), and the formulas leave
-    the host work out and run high against the replay: summarize's τ · plain step / (verify + draft time per step)
-    gave 1.22x for n-gram K=3 on MT-Bench where the replay predicted 1.04x and a live run measured 1.00x (issue 65),
-    and Leviathan's chain formula assumes a cheaper verify still."""
+    the host work out, so they run high against the replay and a live run (Leviathan's chain formula assumes a
+    cheaper verify still)."""
     out = {key: value for key, value in figures.items() if key not in NOT_REPLAYED}
     out["predicted_speedup"] = figures.get("decode_speedup", math.nan)
     out["predicted_speedup_interval"] = figures.get("decode_speedup_interval")

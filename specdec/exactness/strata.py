@@ -232,7 +232,7 @@ class MatchWatch:
 
     def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
         if draft_probs is not None:
-            self.recorder.chain_beta = chain_match_laws(draft_probs, target_probs).tolist()
+            self.recorder.chain_beta = chain_match_laws(draft_probs, target_probs)  # read after the step's sync
         return self.inner.chain(draft_tokens, draft_probs, target_probs, generator)
 
     def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
@@ -258,7 +258,7 @@ class DraftRecorder(DrafterWrapper):
         self.rows: list[list[_Entry]] = []
         self._seen: list[int] = []  # per row, host tokens already recorded
         self._proposal: Proposal | None = None
-        self.chain_beta: list[list[float]] | None = None  # [B][K]: the last sampled chain verdict's match laws
+        self.chain_beta: torch.Tensor | None = None  # [B, K]: the last sampled chain verdict's match laws
         self.tried: list[list[tuple[_Sibling, ...]]] | None = None  # [B][depth]: the last tree verdict's tried children
 
     def watch(self, rule: AcceptanceRule) -> MatchWatch:
@@ -278,12 +278,13 @@ class DraftRecorder(DrafterWrapper):
     def observe(self, state: DecodeState) -> None:
         proposal = self._proposal
         tokens, sampled = proposal.tokens.tolist(), proposal.probs is not None
+        beta = None if self.chain_beta is None else self.chain_beta.tolist()
         proposed = proposal.num_proposed or [proposal.tokens.shape[1]] * len(tokens)
         for b, row in enumerate(state.tokens):
             new, self._seen[b] = row[self._seen[b]:], len(row)
             if proposal.tree is None:
-                self.rows[b] += _chain_entries(tokens[b], sampled, None if self.chain_beta is None else self.chain_beta[b],
-                                               proposed[b], len(new))
+                self.rows[b] += _chain_entries(tokens[b], sampled, None if beta is None else beta[b], proposed[b],
+                                               len(new))
             else:
                 self.rows[b] += _tree_entries(proposal.tree.parent_list, tokens[b], new, sampled,
                                               None if self.tried is None else self.tried[b])
