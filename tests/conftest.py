@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
+# Without a GPU specdec's Triton kernels run in Triton's interpreter, which Triton reads when it is imported (torch
+# and transformers may import it): set before them. nvidia-smi stands for a CUDA device (torch is not imported yet).
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 from helpers import make_markov_target, tiny_llama, tiny_train_pair

@@ -4,7 +4,11 @@ One process, the same prompts for every method; batch 1 runs each prompt through
 an untimed warm-up (``side_by_side``), batch 8 runs groups of 8 prompts (left-padded) through each method in
 turn. The target runs in bf16 on the GPU; "graphs" replays CUDA graphs of its forwards
 (:class:`specdec.models.GraphedDecoder`, one wrapper per setting, reused across prompts; capture time is
-reported apart), "compiled" also runs each captured forward through ``torch.compile`` first.
+reported apart), "compiled" also runs each captured forward through ``torch.compile`` first. The target's fused
+forward runs on specdec's Triton kernels (:mod:`specdec.models.gpu_kernels`); a method marked "torch ops" runs the
+same forward through torch's ops (``Backend(gpu_kernels=False)``). "transformers compiled static cache" is the peer
+a reviewer runs (:class:`CompiledStaticLoop`: transformers' model, a StaticCache, torch.compile's reduce-overhead
+mode; batch 1, CUDA only).
 
 Speed of light: a plain decode step must read the target's weights once and the KV cache it attends; the
 floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.decode.speed_of_light``).
@@ -31,7 +35,7 @@ from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
 from specdec.drafters import DFlashDrafter, DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
-from specdec.models import GraphedDecoder, as_decoder
+from specdec.models import Backend, GraphedDecoder, as_decoder
 from specdec.run import drafter_graph_fields
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
@@ -48,6 +52,54 @@ def prompt_ids(args, tokenizer) -> list[list[int]]:
     else:
         rows = load_prompts(args.source, limit=args.prompts)
     return [encode_prompt(tokenizer, row) for row in rows]
+
+
+class CompiledStaticLoop:
+    """The peer a reviewer runs: transformers' own model decoded the gpt-fast way (greedy, batch 1), a
+    ``StaticCache`` of ``max_cache_len`` slots, the one-token forward under ``torch.compile(mode="reduce-overhead",
+    fullgraph=True)`` (CUDA graphs of Inductor's fused kernels), the argmax on the device. Stop tokens are looked for
+    every ``check_every`` tokens (one host sync each), the tokens past the first one dropped. Called as the benchmark's
+    methods are: a GenerationOutput whose stats count its one-token forwards and their time."""
+
+    def __init__(self, model, max_cache_len: int = 1024, check_every: int = 8):
+        from transformers import StaticCache
+
+        self.model, self.check_every = model, check_every
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        self.step = torch.compile(self._step, mode="reduce-overhead", fullgraph=True)
+
+    def _step(self, token, position):  # [1, 1], [1] -> the next token [1, 1]
+        logits = self.model(token, past_key_values=self.cache, cache_position=position, position_ids=position[None],
+                            use_cache=True).logits
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    def __call__(self, ids, max_new_tokens: int, eos_token_id: list[int]):
+        from specdec.decode.engine import GenerationOutput
+        from specdec.decode.metrics import DecodeStats
+
+        self.cache.reset()
+        n = ids.shape[1]
+        start = time.perf_counter()
+        logits = self.model(ids, past_key_values=self.cache, cache_position=torch.arange(n, device=ids.device),
+                            use_cache=True).logits
+        tokens = [logits[:, -1].argmax(-1, keepdim=True)]
+        torch.cuda.synchronize() if ids.is_cuda else None
+        prefill = time.perf_counter() - start
+        stops = torch.tensor([t for t in eos_token_id if t is not None], device=ids.device)
+        position = torch.tensor([n], device=ids.device)
+        start = time.perf_counter()
+        while len(tokens) < max_new_tokens:
+            tokens.append(self.step(tokens[-1], position).clone())
+            position += 1
+            if len(tokens) % self.check_every == 0 and torch.isin(torch.cat(tokens[-self.check_every:]), stops).any():
+                break
+        row = torch.cat(tokens, 1)[0].tolist()  # synchronises
+        elapsed = time.perf_counter() - start
+        steps = len(tokens) - 1
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_token_id), len(row))
+        stats = DecodeStats(target_forwards=steps, target_time_s=elapsed, prefill_time_s=prefill,
+                            new_tokens=cut, wall_time_s=prefill + elapsed)
+        return GenerationOutput(sequences=[row[:cut]], stats=stats)
 
 
 def write_report(args, device: torch.device, num_prompts: int, bandwidth: float, by_name: dict,
@@ -102,11 +154,12 @@ def main() -> None:
         return
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     eager = as_decoder(model)
+    torch_ops = as_decoder(model, backend=Backend(gpu_kernels=False))  # the forward through torch's ops only
     graphed = {}  # one wrapper (one cache, its graphs) per method
 
     def target(name: str, compiled: bool = False):
         if name not in graphed:
-            graphed[name] = GraphedDecoder(eager, compile=compiled)
+            graphed[name] = GraphedDecoder(torch_ops if "torch ops" in name else eager, compile=compiled)
         return graphed[name]
 
     def eagle(graphs: bool, **settings):  # the shipped EAGLE layer; its forwards and logits eager or replaying graphs
@@ -141,8 +194,11 @@ def main() -> None:
     methods = {  # name -> (target, drafter or None, k)
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
+        "plain graphs, torch ops": (target("plain graphs, torch ops"), None, 0),
+        "transformers compiled static cache": (CompiledStaticLoop(model), "peer", 0),
         "ngram K=4 eager": (eager, NgramDrafter(), 4),
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
+        "ngram K=4 graphs, torch ops": (target("ngram graphs, torch ops"), NgramDrafter(), 4),
         "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
                                               EagleDrafter.Config().k),
         "eagle default graphs": (target("eagle graphs"), eagle(True), EagleDrafter.Config().k),
@@ -153,6 +209,8 @@ def main() -> None:
         "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),
         "medusa fixed tree graphs": (target("medusa fixed graphs"), medusa(True, min_confidence=0.0),
                                      MedusaDrafter.Config().k),
+        "medusa fixed tree graphs, torch ops": (target("medusa fixed graphs, torch ops"),
+                                                medusa(True, min_confidence=0.0), MedusaDrafter.Config().k),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
         "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(False),
@@ -161,6 +219,8 @@ def main() -> None:
     }
     if args.compile:
         methods["plain compiled+graphs"] = (target("plain compiled", compiled=True), None, 0)
+    if device.type != "cuda":  # the peer's reduce-overhead mode captures CUDA graphs
+        del methods["transformers compiled static cache"]
     methods = {name: spec for name, spec in methods.items()
                if name.startswith("plain") or not any(word in name for word in args.skip)}
     by_name = {}
@@ -169,7 +229,9 @@ def main() -> None:
         tgt, drafter = spec
         kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask)
         start = time.perf_counter()
-        if drafter is None:
+        if drafter == "peer":
+            out = tgt(ids, args.new, eos)
+        elif drafter is None:
             out = autoregressive_generate(tgt, ids, **kwargs)
         else:
             out = speculative_generate(tgt, drafter, ids, k=k, **kwargs)
@@ -198,7 +260,7 @@ def main() -> None:
         tgt, drafter = methods[name][:2]
         if isinstance(tgt, GraphedDecoder):
             results[name].update(captures=tgt.captures, capture_time_s=tgt.capture_time_s)
-        if drafter is not None and drafter.graph_runners():
+        if drafter not in (None, "peer") and drafter.graph_runners():
             results[name].update(drafter_graph_fields(drafter))
     for r in results.values():
         r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]
@@ -214,7 +276,8 @@ def main() -> None:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in
-                   ("plain eager", "plain graphs", "ngram K=4 eager", "ngram K=4 graphs") if name in stats}
+                   ("plain eager", "plain graphs", "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs")
+                   if name in stats}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)
         totals = dict.fromkeys(batched, 0.0)

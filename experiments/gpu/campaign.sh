@@ -1,7 +1,8 @@
 # The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
 #     source experiments/gpu/setup.sh && BUDGET=500 bash experiments/gpu/campaign.sh
-# runs the GPU tests, the benchmark with every drafter (eager, graphs and compiled graphs) in float32 at batch 1
-# and in bf16 at batch 1 and 8, and a profile of EAGLE's draft step, in that order. Each step has its own time
+# runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
+# ops, transformers' compiled static-cache loop, and each drafter on graphs) in bf16 at batch 1 and 8, then in float32
+# at batch 1 with compiled graphs too, and a profile of EAGLE's draft step, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
@@ -35,9 +36,12 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/N
 } | tee "$OUT/machine.txt"
 
 bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
+# SKIP: the benchmark's methods left out, by word (the drafters' eager variants by default)
+read -r -a skip <<<"${SKIP:-eager draft_model}"
 step tests 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider
-step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --out "$OUT/float32"
-step bench_bf16 200 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --out "$OUT/bf16"
+step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
+    --out "$OUT/bf16"
+step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
 step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"

@@ -44,15 +44,35 @@ class GenerationOutput:
     stats: DecodeStats
 
 
-@contextmanager
-def _timer(stats: DecodeStats, attr: str, device: torch.device) -> Iterator[None]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    yield
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    setattr(stats, attr, getattr(stats, attr) + time.perf_counter() - start)
+class _PhaseTimer:
+    """The time each phase of a generation (prefill, drafting, verification) takes, added to ``stats``' field of its
+    name. On CUDA a phase is timed by two events on the stream, read once when the generation ends (:meth:`close`),
+    so that timing adds no host synchronisation to a step; elsewhere by the host's clock."""
+
+    def __init__(self, stats: DecodeStats, device: torch.device):
+        self.stats, self.cuda = stats, device.type == "cuda"
+        self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def __call__(self, attr: str) -> Iterator[None]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.pending.append((attr, start, end))
+            return
+        start = time.perf_counter()
+        yield
+        setattr(self.stats, attr, getattr(self.stats, attr) + time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Add the events' times to the stats (one synchronisation, at the end)."""
+        if self.pending:
+            self.pending[-1][2].synchronize()
+        for attr, start, end in self.pending:
+            setattr(self.stats, attr, getattr(self.stats, attr) + start.elapsed_time(end) / 1000)
+        self.pending.clear()
 
 
 def _capture_times(decoder, drafter: Drafter) -> tuple[float, float]:
@@ -271,37 +291,41 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     request = _Request(input_ids, pad, pad.tolist(), _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k),
                        params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
     stats = DecodeStats(k=k)
+    timer = _PhaseTimer(stats, device)
     captured = _capture_times(decoder, drafter)
     wall_start = time.perf_counter()
     # 2) Prefill the prompt; the first token comes from its last position.
-    with _timer(stats, "prefill_time_s", device):
+    with timer("prefill_time_s"):
         cache, first, hidden, features = _prefill(decoder, request)
     first_host = first.tolist()
     state = _initial_state(decoder, request, first, first_host, hidden, features)
     out = [[t] for t in first_host]
     drafter.reset()
     drafter.forwards = 0
-    with _timer(stats, "drafter_time_s", device):
+    with timer("drafter_time_s"):
         drafter.start(state)
     # 3) Steps: propose -> verify (device) -> one sync -> emit (host) -> commit -> the drafter observes.
     while any(state.active):
-        with _timer(stats, "drafter_time_s", device):
+        with timer("drafter_time_s"):
             proposal = drafter.propose(state, k)
         width = proposal.tokens.shape[1]
         if width > k:
             raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
-        with _timer(stats, "target_time_s", device):
+        with timer("target_time_s"):
             step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            accepted, emitted = step.num_accepted.tolist(), step.emitted.tolist()  # the one sync per step
+            # the one sync per step: the accepted counts and the emitted tokens in one read
+            read = torch.cat([step.num_accepted[:, None], step.emitted], 1).tolist()
+            accepted, emitted = [row[0] for row in read], [row[1:] for row in read]
         stats.target_forwards += 1
         stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
                           None if proposal.tree is None else proposal.tree.max_depth)
         counts = _emit(state, out, accepted, emitted, request.eos, max_new_tokens)
         stats.new_tokens += sum(counts)
         _commit(cache, state, step, counts, request.host_pad)
-        with _timer(stats, "drafter_time_s", device):
+        with timer("drafter_time_s"):
             drafter.observe(state)
     # 4) Totals.
+    timer.close()
     stats.drafter_forwards = drafter.forwards
     stats.prefill_tokens = len(out)  # the first token of each row, from the prefill's last position
     stats.new_tokens += stats.prefill_tokens

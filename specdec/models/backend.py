@@ -20,6 +20,7 @@ import functools
 import operator
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,15 @@ WEIGHT_FORMATS = ("codes", "float")
 # current. Decoders over the same model share it; each backend's forms get their own copy.
 _PACKED: "weakref.WeakKeyDictionary[nn.Linear, dict]" = weakref.WeakKeyDictionary()
 _ONEDNN_DTYPES = (torch.float32,)
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class Stacked(NamedTuple):
+    """Linear layers reading one input, their weights (and biases) stacked along the output once: one product for
+    q|k|v or gate|up on a GPU (:meth:`ProductPlan.group` with ``stacked``), as ``F.linear``."""
+
+    weight: torch.Tensor  # [sum of out, in]
+    bias: torch.Tensor | None  # [sum of out]
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class Backend:
     half_panels: bool = True  # the kernels' panels in float16 where float16 holds a weight exactly (the drafters)
     weights: str = "codes"  # "codes": weights that are codes streamed as such; "float": as their float32 values
     emulate_graphs: bool = False  # CPU forwards take the graphed paths (emulated graphs: tests; see emulated_gpu)
+    gpu_kernels: bool = True  # specdec's Triton kernels in the target's forward on a GPU (gpu_kernels.available())
+    triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
 
     def __post_init__(self):
         if self.weights not in WEIGHT_FORMATS:
@@ -55,13 +67,22 @@ class Backend:
         if self.emulate_graphs and (self.kernels or self.onednn):
             raise ValueError("Backend(emulate_graphs=True) runs the torch ops a GPU runs: use Backend.emulated_gpu() "
                              "(kernels=False, onednn=False)")
+        if self.triton_on_cpu and not (self.emulate_graphs and self.gpu_kernels):
+            raise ValueError("Backend(triton_on_cpu=True) runs a GPU's forwards on CPU: use Backend.interpreted_gpu()")
 
     @classmethod
     def emulated_gpu(cls) -> "Backend":
         """CPU forwards as a GPU runs them: torch's ops (no specdec kernels, no oneDNN), graphs replayed on CPU
         (:class:`~specdec.models.graphs.EmulatedGraph`), which fail where a CUDA graph would. For tests; slower
         than eager."""
-        return cls(kernels=False, onednn=False, emulate_graphs=True)
+        return cls(kernels=False, onednn=False, emulate_graphs=True, gpu_kernels=False)
+
+    @classmethod
+    def interpreted_gpu(cls) -> "Backend":
+        """CPU forwards as a GPU runs them with specdec's Triton kernels (:mod:`~specdec.models.gpu_kernels`), the
+        kernels under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported), graphs emulated.
+        For tests of the GPU's fused path on machines without a GPU; slow."""
+        return cls(kernels=False, onednn=False, emulate_graphs=True, triton_on_cpu=True)
 
     # ---- what the forwards ask --------------------------------------------------------------------------
 
@@ -74,6 +95,26 @@ class Backend:
         torch.compile, the kernels on and built (what :meth:`CompactDecoder._fused` and the EAGLE layer's ask first)."""
         return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling() and self.kernels and cpu_kernels.available())
+
+    def fused_kernels(self, x: torch.Tensor):
+        """The kernel set a fused forward over ``x`` runs (both have the same calls: rms_norm, rope_qkv,
+        cache_attention, silu_mul), or None for torch's ops: specdec's CPU kernels where :meth:`fusable`; on a CUDA
+        device (or on CPU with :attr:`triton_on_cpu`) its Triton kernels, where Triton runs and :attr:`gpu_kernels`
+        is on, for float32, float16 and bfloat16 without autograd and outside torch.compile."""
+        if self.fusable(x):
+            return cpu_kernels.module()
+        on_gpu = x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
+        if (not on_gpu or not self.gpu_kernels or x.dtype not in _TRITON_DTYPES or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):
+            return None
+        from specdec.models import gpu_kernels
+
+        return gpu_kernels if gpu_kernels.available() else None
+
+    def stacks(self, x: torch.Tensor) -> bool:
+        """Whether a fused forward over ``x`` reads its products' weights stacked once (q|k|v, gate|up) and runs
+        them as one ``F.linear`` each (:class:`Stacked`): on the Triton kernels' devices."""
+        return x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
 
     def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
         """``layer(x)``: ``F.linear`` on an accelerator; on CPU through specdec's few-row kernel or oneDNN where
@@ -108,9 +149,12 @@ class Backend:
 
     def step_product(self, x: torch.Tensor, entry: tuple) -> torch.Tensor:
         """x [M, in] through a product of a fused forward's plan (:meth:`ProductPlan.group`: prepared, layers):
-        the few-row kernel over the prepared stacked weight for at most ``cpu_kernels.MAX_ROWS`` rows, else the
-        layers stacked along the output (:meth:`_cpu_product`, else one by one)."""
+        ``F.linear`` over weights :class:`Stacked` for a GPU; the few-row kernel over the prepared stacked weight for
+        at most ``cpu_kernels.MAX_ROWS`` rows, else the layers stacked along the output (:meth:`_cpu_product`, else
+        one by one)."""
         prepared, layers = entry
+        if isinstance(prepared, Stacked):
+            return F.linear(x, prepared.weight, prepared.bias)
         if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
             return cpu_kernels.panel_linear(x, *prepared)
         out = self._cpu_product(x, layers)
@@ -256,8 +300,9 @@ class ProductPlan:
     :meth:`current` says whether it still holds (the same backend, every one still in place, none updated in
     place since)."""
 
-    def __init__(self, backend: Backend, dtype: torch.dtype):
+    def __init__(self, backend: Backend, dtype: torch.dtype, *, stacked: bool = False):
         self.backend = backend
+        self.stacked = stacked  # the products' weights stacked for F.linear (:class:`Stacked`), not packed for CPU
         # what each recorded object was found as: its owner's store (a module's _modules or _parameters), name
         self.stores: list[dict] = []
         self.names: list[str] = []
@@ -288,10 +333,20 @@ class ProductPlan:
 
     def group(self, owner: nn.Module, *names: str) -> tuple:
         """(the (panels, bias, outputs) of ``owner``'s linear layers ``names`` stacked, or None where the
-        few-row kernel does not run them, the layers): an entry for :meth:`Backend.step_product`."""
+        few-row kernel does not run them, the layers): an entry for :meth:`Backend.step_product`. A plan built
+        ``stacked`` holds their weights stacked for ``F.linear`` instead (:class:`Stacked`)."""
         layers = tuple(self.hold(owner, *names))
         for linear in layers:
             self.hold(linear, *(name for name in ("weight", "bias") if linear._parameters.get(name) is not None))
+        if self.stacked:  # one copy of the stacked weights, none for a single layer
+            biases = [linear.bias for linear in layers]
+            if any(b is None for b in biases) and any(b is not None for b in biases):
+                return None, layers  # mixed biases: one product per layer
+            with torch.no_grad():
+                def stack(tensors):
+                    return tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach() for t in tensors])
+                return Stacked(stack([linear.weight for linear in layers]),
+                               None if biases[0] is None else stack(biases)), layers
         prepared = self.backend.prepare(layers, self.probe)
         if prepared is None or prepared[2]:
             return None, layers

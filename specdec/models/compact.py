@@ -174,9 +174,10 @@ class CompactDecoder(nn.Module):
         x = self.embed_tokens(input_ids)  # [B, T, H]
         captured = {0: x} if 0 in capture else {}
         windows = [w if w is not None and w < cache.capacity else None for w in self.windows]  # those that bind
-        if self._fused(x) and not any(windows):
+        kernels = self._fused(x)
+        if kernels is not None and not any(windows):
             cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
-            hidden = self._fused_layers(x, cache, kv_len, tree_mask, cos, sin, capture, captured)
+            hidden = self._fused_layers(kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
         rope = {kind: tuple(r.unsqueeze(1) for r in (self.rotary_emb(x, positions) if kind is None
                                                     else self.rotary_emb(x, positions, kind)))
@@ -229,35 +230,37 @@ class CompactDecoder(nn.Module):
             raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
         return logits, hidden, torch.cat([captured[k] for k in capture], -1)
 
-    def _fused(self, x: torch.Tensor) -> bool:
-        """Whether this forward runs the small ops between the products through specdec's fused CPU kernels
-        (:meth:`_fused_layers`): float32 on CPU without autograd, not being traced by torch.compile, the backend's
-        kernels on and built, Llama's RMSNorm and SiLU."""
-        if not self.backend.fusable(x) or not self.family.llama_layer:
-            return False
+    def _fused(self, x: torch.Tensor):
+        """The kernel set this forward runs the small ops between the products through (:meth:`_fused_layers`), or
+        None: the backend's (:meth:`Backend.fused_kernels`: specdec's CPU kernels for float32 on CPU, its Triton
+        kernels on a GPU; neither under autograd or torch.compile) for Llama's layer with its RMSNorm and SiLU."""
+        kernels = self.backend.fused_kernels(x)
+        if kernels is None or not self.family.llama_layer:
+            return None
         if self._fusable is None:
             norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
             self._fusable = (all(hasattr(n, "variance_epsilon") and n.weight.shape == (self.hidden_size,) for n in norms)
                              and all(isinstance(layer.mlp.act_fn, nn.SiLU)  # transformers 5: its own SiLU module
                                      or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
-        return self._fusable
+        return kernels if self._fusable else None
 
-    def _fused_layers(self, x, cache, kv_len, tree_mask, cos, sin, capture, captured) -> torch.Tensor:
-        """The decoder layers and final norm of :meth:`forward` on CPU, the normed hidden state [B, T, H] (and
-        the captured streams into ``captured``): one C++ pass per RMSNorm (with the residual add before it), per
-        rotary embedding of q and k, per SiLU·up, instead of 4-6 torch ops each; for a step of at most
-        ``cpu_kernels.MAX_ROWS`` tokens (a decode or verification step) one C++ pass for the cache writes and the
-        attention too (SDPA for a prefill). Same arithmetic as the torch ops (no fused multiply-adds), sums in
-        another order: logits equal to float32 rounding (tested)."""
+    def _fused_layers(self, kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured) -> torch.Tensor:
+        """The decoder layers and final norm of :meth:`forward` through a fused kernel set (``kernels``: specdec's
+        CPU kernels or its Triton kernels, :mod:`~specdec.models.gpu_kernels`), the normed hidden state [B, T, H]
+        (and the captured streams into ``captured``): one kernel per RMSNorm (with the residual add before it), per
+        rotary embedding of q and k, per SiLU·up, instead of 4-8 torch ops each, and one for the cache writes and
+        the attention (on CPU for a step of at most ``cpu_kernels.MAX_ROWS`` tokens, a decode or verification step;
+        SDPA for a prefill there). On CPU the same arithmetic as the torch ops (no fused multiply-adds), sums in
+        another order: logits equal to float32 rounding (tested). On a GPU the products are one ``F.linear`` each
+        over q|k|v and gate|up stacked once (:class:`~specdec.models.backend.Stacked`): nine kernels a layer."""
         b, t, width = x.shape
-        kernels = cpu_kernels.module()
-        step = b * t <= cpu_kernels.MAX_ROWS
+        step = b * t <= cpu_kernels.MAX_ROWS or kernels is not cpu_kernels.module()
         mask = None if step else cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
         stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
         cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
         norm = self.layers[0].input_layernorm
         h = kernels.rms_norm(stream, None, norm.weight, norm.variance_epsilon)
-        for i, (qkv, o, gate_up, down, post_norm, next_norm) in enumerate(self._layer_plan()):
+        for i, (qkv, o, gate_up, down, post_norm, next_norm) in enumerate(self._layer_plan(self.backend.stacks(x))):
             q, k, v = kernels.rope_qkv(self.backend.step_product(h, qkv), cos, sin, self.num_heads, self.num_kv_heads)
             if step:
                 out = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
@@ -276,17 +279,18 @@ class CompactDecoder(nn.Module):
                 captured[i + 1] = stream.view(b, t, width).clone()
         return h.view(b, t, width)
 
-    def _layer_plan(self) -> list[tuple]:
+    def _layer_plan(self, stacked: bool = False) -> list[tuple]:
         """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
         (weight in panels, bias, outputs) that ``Backend.prepare`` packs for the few-row kernel or None, the
         layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and
         reused while the backend is the same and every submodule and parameter it was built from is still in place,
         at the same version (:class:`ProductPlan`): a few dictionary lookups per layer instead of four calls to
         ``Backend.prepare``
-        and a dozen module attribute reads (a sixth of a CPU decode step for SmolLM2-135M)."""
-        if self._plan is not None and self._plan[1].current(self.backend):
+        and a dozen module attribute reads (a sixth of a CPU decode step for SmolLM2-135M). ``stacked``: the
+        products' weights stacked for a GPU's ``F.linear`` (:class:`~specdec.models.backend.Stacked`)."""
+        if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
-        built, plan = ProductPlan(self.backend, self.dtype), []
+        built, plan = ProductPlan(self.backend, self.dtype, stacked=stacked), []
         layers, = built.hold(self, "layers")
         built.hold(layers, *layers._modules)
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,165 @@
+"""specdec's Triton kernels (specdec.models.gpu_kernels) against the torch ops they replace. Without a GPU they run
+under Triton's interpreter on CPU tensors (conftest sets TRITON_INTERPRET=1 where CUDA is absent), in float32 and
+float16 (the interpreter's bfloat16 products are not a GPU's); with one, the ``gpu`` tier runs them compiled, in
+bfloat16 too. Each planted bug of the attention kernel fails the check that the real kernel passes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import tiny_llama
+
+from specdec import NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.models import Backend, GraphedDecoder, as_decoder
+from specdec.models.cache import KVCache
+
+gpu_kernels = pytest.importorskip("specdec.models.gpu_kernels")
+if not gpu_kernels.available():
+    pytest.skip("Triton is not installed, or neither CUDA nor its interpreter is on", allow_module_level=True)
+
+DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu), "cpu"]
+
+
+def _dtypes(device):
+    return (torch.float32, torch.float16) + ((torch.bfloat16,) if device == "cuda" else ())
+
+
+def _tolerance(dtype):
+    return {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_small_ops_round_as_torch_ops_do(device):
+    """RMSNorm after the residual add, SiLU·up and the rotary embedding: each product and sum rounded to the
+    dtype where torch's ops round it: the stream and the rotary embedding equal torch's, the norm and SiLU·up to
+    the last bit (a mean of squares summed in another order, another exp)."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in _dtypes(device):
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(device, dtype)
+
+        stream, delta, weight = rand(5, 48), rand(5, 48), rand(48)
+        expected_stream = stream + delta
+        h = expected_stream.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        normed = gpu_kernels.rms_norm(stream, delta, weight, 1e-5)
+        assert torch.equal(stream, expected_stream)  # the residual stream, updated in place
+        torch.testing.assert_close(normed, weight * h.to(dtype), atol=_tolerance(dtype), rtol=_tolerance(dtype))
+        gate_up = rand(5, 80)  # SiLU's exp may differ from torch's in its last bit
+        torch.testing.assert_close(gpu_kernels.silu_mul(gate_up), F.silu(gate_up[:, :40]) * gate_up[:, 40:],
+                                   atol=_tolerance(dtype), rtol=_tolerance(dtype))
+        heads, kv_heads, dim = 4, 2, 16
+        qkv, cos, sin = rand(6, (heads + 2 * kv_heads) * dim), rand(6, dim), rand(6, dim)
+        q, k, v = gpu_kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
+
+        def rotated(x):
+            x1, x2 = x.chunk(2, -1)
+            return x * cos[:, None] + torch.cat((-x2, x1), -1) * sin[:, None]
+
+        assert torch.equal(q, rotated(qkv[:, :heads * dim].view(6, heads, dim)))
+        assert torch.equal(k, rotated(qkv[:, heads * dim:(heads + kv_heads) * dim].view(6, kv_heads, dim)))
+        assert torch.equal(v, qkv[:, (heads + kv_heads) * dim:].view(6, kv_heads, dim))
+
+
+# (lengths, pad, new tokens, tree mask or None, recent): a decode step, a chain, a tree over padded rows of
+# different lengths, an EAGLE-style tree over recent slots, and a prefill over left padding
+CASES = [
+    ([9, 40], [0, 5], 1, None, 0),
+    ([9, 40], [0, 5], 5, None, 0),
+    ([7, 33], [2, 0], 4, [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], 0),
+    ([7, 33], [0, 3], 3, [[1, 0, 1, 0, 0], [0, 1, 1, 1, 0], [1, 1, 0, 1, 1]], 2),
+    ([0, 0], [0, 6], 11, None, 0),
+]
+
+
+def _attention_agrees(device, dtype, case, planted=None) -> bool:
+    """Whether cache_attention (``planted``: with that bug) writes the cache as KVCache.write does and attends as SDPA
+    over KVCache.attention_mask, on random keys with stale values in every slot past the committed ones."""
+    lengths, pad, new, tree, recent = case
+    g = torch.Generator().manual_seed(1)
+    b, heads, kv_heads, dim, capacity = 2, 6, 2, 16, 64
+    cache = KVCache.allocate(1, b, kv_heads, capacity, dim, torch.tensor(pad), dtype=dtype, device=torch.device(device))
+    cache.stacked.copy_(torch.randn(cache.stacked.shape, generator=g))  # stale values everywhere
+    cache.lengths.copy_(torch.tensor(lengths))
+    q, k, v = (torch.randn(b * new, n, dim, generator=g).to(device, dtype) for n in (heads, kv_heads, kv_heads))
+    mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
+    keys, values = cache.keys[0].clone(), cache.values[0].clone()
+    out = gpu_kernels.cache_attention(q, k, v, keys, values, cache.lengths, cache.pad, mask, recent, _planted=planted)
+    ref_keys, ref_values = cache.write(0, k.view(b, new, kv_heads, dim).transpose(1, 2),
+                                       v.view(b, new, kv_heads, dim).transpose(1, 2))
+    attend = cache.attention_mask(new, None, mask, recent)
+    ref = F.scaled_dot_product_attention(q.view(b, new, heads, dim).transpose(1, 2), ref_keys, ref_values,
+                                         attn_mask=attend, enable_gqa=True).transpose(1, 2).reshape(b * new, -1)
+    tol = _tolerance(dtype)
+    return (torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+            and torch.allclose(out.float(), ref.float(), atol=tol, rtol=tol))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_cache_attention_writes_and_attends_as_the_torch_ops(device, case):
+    for dtype in _dtypes(device):
+        assert _attention_agrees(device, dtype, CASES[case]), dtype
+
+
+@pytest.mark.parametrize("planted", gpu_kernels.PLANTED)
+def test_a_planted_attention_bug_fails_the_check(planted):
+    """A mask off by one (a new token sees the next one), a stale cache slot (the step's keys never written) and a
+    wrong row length (every row read at the first row's length) each fail the check above on some case."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert not all(_attention_agrees(device, torch.float32, case, planted) for case in CASES)
+
+
+def test_cache_attention_refuses_shapes_that_do_not_fit():
+    keys = torch.zeros(2, 2, 16, 8)
+    q, k = torch.zeros(6, 4, 8), torch.zeros(6, 2, 8)
+    lengths = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"tree_mask \[3, 3\] expected"):
+        gpu_kernels.cache_attention(q, k, k, keys, keys.clone(), lengths, lengths, torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="do not fit"):
+        gpu_kernels.cache_attention(q, torch.zeros(6, 3, 8), k, keys, keys.clone(), lengths, lengths)
+    with pytest.raises(ValueError, match="_planted"):
+        gpu_kernels.cache_attention(q, k, k, keys, keys.clone(), lengths, lengths, _planted="typo")
+
+
+def _backend(device):
+    return Backend() if device == "cuda" else Backend.interpreted_gpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, monkeypatch):
+    """A prefill, a decode step and a tree verification through the fused forward on the Triton kernels (graphs
+    replayed, emulated on CPU) give the logits of torch's ops; every attention went through the kernel."""
+    calls = []
+    real = gpu_kernels.cache_attention
+    monkeypatch.setattr(gpu_kernels, "cache_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_llama(layers=2, seed=0).to(device)
+    fused = GraphedDecoder(as_decoder(model, backend=_backend(device)))
+    plain = as_decoder(model, backend=Backend(kernels=False, onednn=False, gpu_kernels=False))
+    pad = torch.tensor([0, 2], device=device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2], [0, 0, 6, 7, 8, 9]], device=device)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=device)
+    depths = torch.tensor([0, 1, 1], device=device)
+    caches = [fused.new_cache(2, 32, pad), plain.new_cache(2, 32, pad)]
+    outputs = []
+    with torch.no_grad():  # as the decode loop runs (autograd keeps the torch ops)
+        for decoder, cache in zip((fused, plain), caches):
+            logits = [decoder(ids, cache, last_only=True)[0]]
+            cache.commit(torch.tensor([6, 6], device=device))
+            for step in range(2):
+                logits.append(decoder(ids[:, step:step + 1], cache)[0])
+                cache.commit(torch.ones(2, dtype=torch.long, device=device))
+            logits.append(decoder(ids[:, :3], cache, tree_mask=tree, depths=depths)[0])
+            outputs.append(logits)
+    for got, want in zip(*outputs):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert calls and fused.captures == 2  # the one-token step and the tree, each captured once
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_speculative_decoding_on_the_kernels_equals_plain(device):
+    model = tiny_llama(layers=2, seed=0).to(device)
+    target = GraphedDecoder(as_decoder(model, backend=_backend(device)))
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]], device=device)
+    ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    out = speculative_generate(target, NgramDrafter(), ids, k=3, max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == ref.sequences
