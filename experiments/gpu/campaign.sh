@@ -2,7 +2,8 @@
 #     source experiments/gpu/setup.sh && BUDGET=500 bash experiments/gpu/campaign.sh
 # runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
 # ops, transformers' compiled static-cache loop, and each drafter on graphs) in bf16 at batch 1 and 8, then in float32
-# at batch 1 with compiled graphs too, and a profile of EAGLE's draft step, in that order. Each step has its own time
+# at batch 1 with compiled graphs too, and profiles of the target's step (its kernels, a graph's replay) and of EAGLE's
+# draft step, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
@@ -41,6 +42,7 @@ read -r -a skip <<<"${SKIP:-eager draft_model}"
 step tests 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
+step profile_step 90 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"
 step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
 step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"

@@ -1,0 +1,79 @@
+"""The target's decode step alone on a GPU (not a test): its kernels and their time, and a graph's replay time.
+
+For each backend (specdec's Triton kernels, torch's ops) and each width T (1: a plain step; more: a verification
+step), one forward of T tokens after a prompt of --context tokens: the kernels one eager forward launches (torch's
+profiler, CUDA activity), the sum of their times, and the median time of a replayed CUDA graph of that forward
+(CUDA events around 200 replays, no host work between them: the step's floor under the engine). Prints a table,
+writes profile_step.json to --out.
+
+    python experiments/gpu/profile_step.py --out /tmp/step             # after experiments/gpu/setup.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from specdec import load_target
+from specdec.models import Backend, GraphedDecoder, as_decoder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=200, help="committed tokens before the step")
+    ap.add_argument("--widths", type=int, nargs="*", default=[1, 5, 16, 32])
+    ap.add_argument("--batch", type=int, nargs="*", default=[1, 8])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default="profile_step")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    model, _ = load_target(dtype=args.dtype, device=device)
+    rows = []
+    for name, backend in (("triton kernels", Backend()), ("torch ops", Backend(gpu_kernels=False))):
+        decoder = GraphedDecoder(as_decoder(model, backend=backend))
+        for batch in args.batch:
+            cache = decoder.new_cache(batch, args.context + max(args.widths) + 8, torch.zeros(batch, dtype=torch.long,
+                                                                                              device=device))
+            prompt = torch.randint(0, decoder.vocab_size, (batch, args.context), device=device)
+            for width in args.widths:
+                cache.lengths.zero_()
+                with torch.no_grad():
+                    decoder(prompt, cache, last_only=True)  # eager prefill
+                    cache.commit(torch.full((batch,), args.context, device=device))
+                    block = prompt[:, :width]
+                    decoder.decoder(block, cache)  # warm (Triton's compilation)
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        decoder.decoder(block, cache)
+                        torch.cuda.synchronize()
+                    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                    kernel_ms = sum(e.device_time for e in kernels) / 1000
+                    decoder(block, cache)  # capture
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    entry = [e for key, e in decoder.graphs._graphs.items() if key[1][0][0] == (batch, width)]
+                    graph = entry[0][0]
+                    graph.replay()
+                    start.record()
+                    for _ in range(200):
+                        graph.replay()
+                    end.record()
+                    end.synchronize()
+                    replay_ms = start.elapsed_time(end) / 200
+                row = {"backend": name, "batch": batch, "width": width, "kernels": len(kernels),
+                       "kernel_ms": kernel_ms, "graph_replay_ms": replay_ms}
+                rows.append(row)
+                print(f"{name:15s} batch {batch} T={width:3d}: {len(kernels):4d} kernels, {kernel_ms:6.3f} ms of "
+                      f"kernels, graph replay {replay_ms:6.3f} ms", flush=True)
+            decoder.graphs.clear()
+            decoder.graphs.kept = None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile_step.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
+                                                       "context": args.context, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
