@@ -39,7 +39,7 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/N
 bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
 # SKIP: the benchmark's methods left out, by word (the drafters' eager variants by default)
 read -r -a skip <<<"${SKIP:-eager draft_model}"
-step tests 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider
+step tests 90 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
 step profile_step 90 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"

@@ -12,7 +12,8 @@ add and RMSNorm, the gate|up product, SiLU·up (:func:`silu_mul`), the down prod
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up): in bfloat16 its outputs equal torch's ops' but for
-the order of a sum (the norm's mean of squares, the attention). The attention reads only the slots a row attends
+the order of a sum (the norm's mean of squares, the attention) and an exp's last bit. In float32 the GPU's compiler
+may also fuse a product and a sum into one rounding (the rotary embedding's): equal to float32 rounding. The attention reads only the slots a row attends
 to (its committed length plus the step's tokens), not the cache's capacity.
 
 Without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, on CPU
@@ -98,10 +99,10 @@ def _kernels():
             c2 = tl.load(cos_ptr + row * dim + dim // 2 + offs, mask=inside, other=0.0).to(tl.float32)
             s1 = tl.load(sin_ptr + row * dim + offs, mask=inside, other=0.0).to(tl.float32)
             s2 = tl.load(sin_ptr + row * dim + dim // 2 + offs, mask=inside, other=0.0).to(tl.float32)
-            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+            a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
             # x·cos + rotate_half(x)·sin, each product and the sum rounded as torch's ops round them
-            y1 = ((x1 * c1).to(kind).to(tl.float32) + (-x2 * s1).to(kind).to(tl.float32)).to(kind)
-            y2 = ((x2 * c2).to(kind).to(tl.float32) + (x1 * s2).to(kind).to(tl.float32)).to(kind)
+            y1 = ((a1 * c1).to(kind).to(tl.float32) + (-a2 * s1).to(kind).to(tl.float32)).to(kind)
+            y2 = ((a2 * c2).to(kind).to(tl.float32) + (a1 * s2).to(kind).to(tl.float32)).to(kind)
             if head < q_heads:
                 dst = q_ptr + (row * q_heads + head) * dim
             else:
