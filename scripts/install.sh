@@ -29,3 +29,9 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     pip_install --no-deps "${missing[@]}"
 fi
+# Triton runs specdec's GPU kernels in its interpreter for the tests on a CPU machine (the CPU torch wheel does not
+# bring it; a CUDA torch brings its own, left alone). 3.9 or later: older interpreters fail on numpy >= 2.4.
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)' \
+   && ! "$PY" -c 'import triton, sys; sys.exit(0 if tuple(map(int, triton.__version__.split(".")[:2])) >= (3, 9) else 1)' 2>/dev/null; then
+    pip_install "triton>=3.9"
+fi

@@ -439,3 +439,19 @@ def feature_batch(model, positions: int, tokens: int, capacity: int):
     width = len(model.cfg.aux_layers) * model.cfg.target_hidden_size
     return (cache, torch.randn(2, positions, width, generator=gen),
             torch.randint(0, model.cfg.vocab_size, (2, tokens), generator=gen))
+
+
+def fused_backend(kernels: str):
+    """The backend whose fused forwards run ``kernels``: "cpu" (specdec's CPU kernels) or "triton" (its Triton
+    kernels, under Triton's interpreter on CPU); skips the test where that set cannot run here."""
+    import pytest
+
+    from specdec.models import Backend, cpu_kernels, gpu_kernels
+
+    if kernels == "cpu":
+        if not cpu_kernels.available():
+            pytest.skip("specdec's CPU kernels are not built here")
+        return Backend()
+    if not (gpu_kernels.available() and gpu_kernels.interpreted()):
+        pytest.skip("Triton's interpreter is not on here (Triton missing, or a GPU present)")
+    return Backend.interpreted_gpu()

@@ -78,6 +78,7 @@ class CompiledStaticLoop:
                             use_cache=True).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
+    @torch.no_grad()  # the warm-up call too: a graph recorded with autograd on leaves the fast path (cudagraph trees)
     def __call__(self, ids, max_new_tokens: int, eos_token_id: list[int]):
         from specdec.decode.engine import GenerationOutput
         from specdec.decode.metrics import DecodeStats
@@ -94,6 +95,7 @@ class CompiledStaticLoop:
         position = torch.tensor([n], device=ids.device)
         start = time.perf_counter()
         while len(tokens) < max_new_tokens:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed (cloned)
             tokens.append(self.step(tokens[-1], position).clone())
             position += 1
             if len(tokens) % self.check_every == 0 and torch.isin(torch.cat(tokens[-self.check_every:]), stops).any():
@@ -102,8 +104,8 @@ class CompiledStaticLoop:
         elapsed = time.perf_counter() - start
         steps = len(tokens) - 1
         cut = next((i + 1 for i, t in enumerate(row) if t in eos_token_id), len(row))
-        stats = DecodeStats(target_forwards=steps, target_time_s=elapsed, prefill_time_s=prefill,
-                            new_tokens=cut, wall_time_s=prefill + elapsed)
+        stats = DecodeStats(target_forwards=steps, verify_steps=steps, verified_tokens=steps, target_time_s=elapsed,
+                            prefill_time_s=prefill, new_tokens=cut, wall_time_s=prefill + elapsed)
         return GenerationOutput(sequences=[row[:cut]], stats=stats)
 
 

@@ -23,7 +23,7 @@ class FeatureDraftModel(nn.Module):
     """Base of a draft model over the target's features: :meth:`attach`, the draft vocabulary (``d2t``,
     :meth:`set_token_ids`, :attr:`token_ids`), :meth:`rope` and the draft :meth:`logits`. ``what`` names it in
     errors. A subclass has ``fc`` (the features' fusion), ``norm`` and ``lm_head`` (its final norm and draft LM
-    head), ``backend`` and ``_layer_plan()`` (what its forwards through specdec's CPU kernels read, with "norm" and
+    head), ``backend`` and ``_layer_plan(stacked)`` (what its fused forwards read, with "norm" and
     "lm_head" among it: :class:`~specdec.models.backend.ProductPlan`)."""
 
     what = "drafter"
@@ -69,20 +69,31 @@ class FeatureDraftModel(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
-        """The draft LM head over the final norm of ``hidden``: through the CPU kernels where :meth:`_fused`."""
-        if self._fused(hidden):
-            plan = self._layer_plan()
+        """The draft LM head over the final norm of ``hidden``: through the fused kernels where :meth:`_fused`."""
+        kernels = self._fused(hidden)
+        if kernels is not None:
+            plan = self._plan_for(hidden)
             rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            normed = cpu_kernels.module().rms_norm(rows, None, *plan["norm"])
+            normed = kernels.rms_norm(rows, None, *plan["norm"])
             return self.backend.step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
         return self.backend.linear(self.norm(hidden), self.lm_head).float()
 
-    def _fused(self, x: torch.Tensor) -> bool:
-        """Whether a forward (or the logits) on ``x`` [..., H] runs through specdec's CPU kernels (as the target's
-        decode step: :meth:`CompactDecoder._fused_layers`): float32 on CPU, no autograd, not traced by
-        torch.compile, at most ``cpu_kernels.MAX_ROWS`` rows, the backend's kernels on and built."""
-        return (self.backend.fusable(x) and self.fc.weight.dtype == self.embed_weight.dtype == torch.float32
-                and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1])
+    def _fused(self, x: torch.Tensor):
+        """The kernel set a forward (or the logits) on ``x`` [..., H] runs through, as the target's decode step
+        (:meth:`CompactDecoder._fused_layers`), or None: the backend's (:meth:`Backend.fused_kernels`: no autograd,
+        not traced by torch.compile), the CPU's for float32 and at most ``cpu_kernels.MAX_ROWS`` rows only."""
+        kernels = self.backend.fused_kernels(x)
+        if kernels is None or self.fc.weight.dtype != self.embed_weight.dtype:
+            return None
+        if kernels is cpu_kernels.module() and not (x.dtype == torch.float32
+                                                     and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]):
+            return None
+        return kernels
+
+    def _plan_for(self, x: torch.Tensor) -> dict:
+        """The fused forwards' plan for inputs like ``x``: its products stacked for ``F.linear`` on the Triton
+        kernels' devices (:meth:`Backend.stacks`), packed for the CPU kernels elsewhere."""
+        return self._layer_plan(self.backend.stacks(x))
 
 
 def check_state(state, cfg, what: str) -> None:

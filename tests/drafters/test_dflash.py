@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import exact_verdict, feature_batch, markov_blocks, tiny_llama
+from helpers import exact_verdict, feature_batch, fused_backend, markov_blocks, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel, load_dflash, save_dflash
@@ -162,12 +162,13 @@ def _block_steps(model: DFlashModel) -> list[torch.Tensor]:
             *(entries[i][:, :, :9] for entries in (cache.keys, cache.values) for i in range(model.cfg.num_layers))]
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernels are not built here")
+@pytest.mark.parametrize("kernels", ["cpu", "triton"])
 @torch.no_grad()
-def test_the_fused_block_forward_matches_the_torch_ops(target):
+def test_the_fused_block_forward_matches_the_torch_ops(target, kernels):
     """The context write and the block forward through specdec's CPU kernels (norms, q/k norms per head, rotary,
-    cache write + attention with the whole block visible, SiLU, products over float16 panels) equal the torch ops';
-    after an in-place weight update too (the plan of packed weights is rebuilt)."""
+    cache write + attention with the whole block visible, SiLU, products over float16 panels), or its Triton kernels
+    (under the interpreter here), equal the torch ops'; after an in-place weight update too (the plan is rebuilt)."""
+    kernels_backend = fused_backend(kernels)
     model = random_dflash(target, draft_vocab=40)
     for p in model.parameters():
         p.data = p.data.half().float()  # float16 values: float16 panels, as a drafter stored in float16
@@ -178,7 +179,7 @@ def test_the_fused_block_forward_matches_the_torch_ops(target):
             model.fc.weight.mul_(0.5)
         results = {}
         for on in (True, False):
-            model.backend = Backend(kernels=on)
+            model.backend = kernels_backend if on else Backend(kernels=False)
             results[on] = _block_steps(model)
         for fused, plain in zip(results[True], results[False]):
             assert fused.shape == plain.shape

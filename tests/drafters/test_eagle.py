@@ -8,7 +8,8 @@ import json
 
 import pytest
 import torch
-from helpers import check_export_force, exact_verdict, feature_batch, random_eagle, shipped_drafter_taus, tiny_llama
+from helpers import (check_export_force, exact_verdict, feature_batch, fused_backend, random_eagle,
+                     shipped_drafter_taus, tiny_llama)
 from safetensors.torch import load_file, save_file
 
 from specdec import autoregressive_generate, speculative_generate
@@ -157,12 +158,13 @@ def _draft_steps(model: EagleModel) -> list[torch.Tensor]:
             cache.values[0][:, :, :11]]
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="specdec's CPU kernels are not built here")
+@pytest.mark.parametrize("kernels", ["cpu", "triton"])
 @torch.no_grad()
-def test_the_fused_draft_step_matches_the_torch_ops(target):
+def test_the_fused_draft_step_matches_the_torch_ops(target, kernels):
     """The draft layer through specdec's CPU kernels (norms, rotary, cache write + attention over a tree's
-    draft entries, SiLU, products over float16 panels) equals the torch ops' step; after an in-place weight
-    update too (the plan of packed weights is rebuilt)."""
+    draft entries, SiLU, products over float16 panels), or its Triton kernels (under the interpreter here, the
+    products stacked), equals the torch ops' step; after an in-place weight update too (the plan is rebuilt)."""
+    kernels_backend = fused_backend(kernels)
     model = random_eagle(target, draft_vocab=40)
     for p in model.parameters():
         p.data = p.data.half().float()  # as the shipped drafter: float16 values, so float16 panels
@@ -173,7 +175,7 @@ def test_the_fused_draft_step_matches_the_torch_ops(target):
             model.fc.weight.mul_(0.5)
         results = {}
         for on in (True, False):
-            model.backend = Backend(kernels=on)  # the plan of packed weights follows the backend
+            model.backend = kernels_backend if on else Backend(kernels=False)  # the plan follows the backend
             results[on] = _draft_steps(model)
         for fused, plain in zip(results[True], results[False]):
             assert fused.shape == plain.shape

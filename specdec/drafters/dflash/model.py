@@ -36,7 +36,6 @@ from torch import nn
 from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
-from specdec.models import cpu_kernels
 from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
@@ -219,8 +218,9 @@ class DFlashModel(FeatureDraftModel):
         [B, T, H] (a block's ``last`` input is the newest committed position's)."""
         positions = cache.positions(torch.arange(features.shape[1], device=features.device)).clamp_(min=0)
         features = features.to(self.fc.weight.dtype)
-        if self._fused(features):
-            return self._fused_context(features, positions, cache, kv_len)
+        kernels = self._fused(features)
+        if kernels is not None:
+            return self._fused_context(kernels, features, positions, cache, kv_len)
         context, kv = self.context_kv(features, positions)
         for i, (k, v) in enumerate(kv):
             cache.write(i, k, v, kv_len)
@@ -238,8 +238,9 @@ class DFlashModel(FeatureDraftModel):
             self._block_masks[key] = torch.ones(size, size, dtype=torch.bool, device=anchors.device)
         everything = self._block_masks[key]
         x = self.block_inputs(anchors, last)
-        if self._fused(x):
-            return self._fused_blocks(x, positions, cache, everything)
+        kernels = self._fused(x)
+        if kernels is not None:
+            return self._fused_blocks(kernels, x, positions, cache, everything)
         mask = cache.attention_mask(size, kv_len, everything)
 
         def attend(i, q, k, v):
@@ -248,34 +249,35 @@ class DFlashModel(FeatureDraftModel):
 
         return self.blocks(x, positions, attend)
 
-    # ---- the same through specdec's CPU kernels ----------------------------------------------------------
+    # ---- the same through a fused kernel set (specdec's CPU kernels, or its Triton kernels on a GPU) ---------
 
-    def _fused_context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+    def _fused_context(self, kernels, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                        kv_len: int | None) -> torch.Tensor:
-        """:meth:`write_context` with the products over the plan's panels and one C++ pass per RMSNorm (q/k's
-        per head) and for the keys' rotary embedding: the ops of :meth:`context_kv`, sums in another order."""
+        """:meth:`write_context` with the products over the plan's panels (stacked on a GPU) and one kernel per
+        RMSNorm (q/k's per head) and for the keys' rotary embedding: the ops of :meth:`context_kv`, sums in another
+        order."""
         b, t, _ = features.shape
-        kernels, plan = cpu_kernels.module(), self._layer_plan()
+        plan = self._plan_for(features)
         _, kv_heads, dim = self.layers[0].shape
         rows = features.reshape(b * t, -1).contiguous()
         context = kernels.rms_norm(self.backend.step_product(rows, plan["fc"]), None, *plan["hidden_norm"])
         cos, sin = self.rope(positions, context.dtype)
         cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
         for i, layer in enumerate(plan["layers"]):
-            kv = self._head_norms(self.backend.step_product(context, layer["kv"]), 0, kv_heads, dim, layer)
+            kv = self._head_norms(kernels, self.backend.step_product(context, layer["kv"]), 0, kv_heads, dim, layer)
             _, k, v = kernels.rope_qkv(kv, cos, sin, 0, kv_heads)
             cache.write(i, k.view(b, t, kv_heads, dim).transpose(1, 2), v.view(b, t, kv_heads, dim).transpose(1, 2),
                         kv_len)
         return context.view(b, t, -1)
 
-    def _fused_blocks(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+    def _fused_blocks(self, kernels, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       everything: torch.Tensor) -> torch.Tensor:
         """The draft layers over one block per row, x [B, S, H] -> [B, S, H], as :meth:`blocks` with the cache's
         attention: one C++ pass per RMSNorm (the residual add before it; q's and k's per head), for the rotary
         embedding, for the cache write and the attention (every block entry sees the committed context and the
         whole block), and for SiLU·up, and the products over the plan's panels (codes where the weights are)."""
         b, s, h = x.shape
-        kernels, plan = cpu_kernels.module(), self._layer_plan()
+        plan = self._plan_for(x)
         heads, kv_heads, dim = self.layers[0].shape
         product = self.backend.step_product
         stream = x.reshape(b * s, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
@@ -283,7 +285,7 @@ class DFlashModel(FeatureDraftModel):
         cos, sin = cos.reshape(b * s, -1), sin.reshape(b * s, -1)
         for i, layer in enumerate(plan["layers"]):
             normed = kernels.rms_norm(stream, None, *layer["input_norm"])
-            qkv = self._head_norms(product(normed, layer["qkv"]), heads, kv_heads, dim, layer)
+            qkv = self._head_norms(kernels, product(normed, layer["qkv"]), heads, kv_heads, dim, layer)
             q, k, v = kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
             attended = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
                                                everything)
@@ -292,23 +294,24 @@ class DFlashModel(FeatureDraftModel):
         return stream.view(b, s, h)
 
     @staticmethod
-    def _head_norms(qkv: torch.Tensor, heads: int, kv_heads: int, dim: int, layer: dict) -> torch.Tensor:
-        """A stacked [M, (heads + 2·kv_heads)·D] q|k|v product with q's and k's per-head RMSNorms applied
-        (contiguous, as ``rope_qkv`` reads it); ``heads`` 0 for k|v alone."""
-        rms_norm, m = cpu_kernels.module().rms_norm, qkv.shape[0]
+    def _head_norms(kernels, qkv: torch.Tensor, heads: int, kv_heads: int, dim: int, layer: dict) -> torch.Tensor:
+        """A stacked [M, (heads + 2·kv_heads)·D] q|k|v product with q's and k's per-head RMSNorms applied (through
+        ``kernels``; contiguous, as ``rope_qkv`` reads it); ``heads`` 0 for k|v alone."""
+        rms_norm, m = kernels.rms_norm, qkv.shape[0]
         q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
         parts = [rms_norm(q.reshape(-1, dim).contiguous(), None, *layer["q_norm"]).view(m, -1)] if heads else []
         parts += [rms_norm(k.reshape(-1, dim).contiguous(), None, *layer["k_norm"]).view(m, -1), v]
         return torch.cat(parts, -1)
 
-    def _layer_plan(self) -> dict[str, Any]:
+    def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:
         """What the fused forwards read: per layer its products (stacked and packed as
         :meth:`CompactDecoder._layer_plan`'s; k|v again for the context) and norms' (weight, eps), then ``fc``,
         the norms and the LM head; rebuilt when a submodule or a parameter it was built from is replaced or
-        updated in place, or the backend changes (:class:`ProductPlan`)."""
-        if self._plan is not None and self._plan[1].current(self.backend):
+        updated in place, or the backend changes (:class:`ProductPlan`). ``stacked``: the products stacked for a
+        GPU's ``F.linear``."""
+        if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
-        built = ProductPlan(self.backend, self.fc.weight.dtype)
+        built = ProductPlan(self.backend, self.fc.weight.dtype, stacked=stacked)
         layers, = built.hold(self, "layers")
         per_layer = []
         for layer in built.hold(layers, *layers._modules):

@@ -27,7 +27,6 @@ from torch import nn
 from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
-from specdec.models import cpu_kernels
 from specdec.models.backend import Backend, ProductPlan, rms_norm_eps
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
@@ -147,9 +146,9 @@ class EagleModel(FeatureDraftModel):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [B, T, L*Ht] -> [B, T, H]
         features = features.to(self.fc.weight.dtype)
-        if self._fused(features):
+        if self._fused(features) is not None:
             rows = features.reshape(-1, features.shape[-1]).contiguous()
-            return self.backend.step_product(rows, self._layer_plan()["fc"]).view(*features.shape[:-1], -1)
+            return self.backend.step_product(rows, self._plan_for(features)["fc"]).view(*features.shape[:-1], -1)
         return self.backend.linear(features, self.fc)
 
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
@@ -159,22 +158,24 @@ class EagleModel(FeatureDraftModel):
         its row's committed entries, itself, and what ``tree`` [T, recent + T] allows of the last ``recent``
         committed entries and the new ones (None: the new ones before it; :meth:`KVCache.attention_mask`)."""
         cos, sin = self.rope(positions, hidden.dtype)
-        if self._fused(hidden):
-            return self._fused_step(hidden, tokens, cache, cos, sin, tree, recent)
+        kernels = self._fused(hidden)
+        if kernels is not None:
+            return self._fused_step(kernels, hidden, tokens, cache, cos, sin, tree, recent)
         q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin, self.backend)
         keys, values = cache.write(0, k, v, kv_len)
         mask = cache.attention_mask(tokens.shape[1], keys.shape[2], tree, recent)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.layer.finish(hidden, attended, self.backend)
 
-    def _fused_step(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
+    def _fused_step(self, kernels, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
                     sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
-        """:meth:`step` with one C++ pass per RMSNorm (the residual add before it), for the rotary embedding of
-        q and k, for the cache write and the attention, and for SiLU·up, and the products over panels
-        (float16 where the weights are exactly float16): the ops of :meth:`EagleLayer.project` and
+        """:meth:`step` through a fused kernel set (``kernels``: the CPU's or the Triton kernels), one kernel per
+        RMSNorm (the residual add before it), for the rotary embedding of q and k, for the cache write and the
+        attention, and for SiLU·up, and the products over the plan's (panels on CPU, float16 where the weights are
+        exactly float16; stacked for ``F.linear`` on a GPU): the ops of :meth:`EagleLayer.project` and
         :meth:`EagleLayer.finish`, sums in another order (outputs equal to float32 rounding, tested)."""
         b, t, h = hidden.shape
-        kernels, plan = cpu_kernels.module(), self._layer_plan()
+        plan = self._plan_for(hidden)
         heads, kv_heads, _ = self.layer.shape
         stream = hidden.reshape(b * t, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
         embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
@@ -189,13 +190,14 @@ class EagleModel(FeatureDraftModel):
         stream += product(kernels.silu_mul(product(x, plan["gate_up"])), plan["down"])
         return stream.view(b, t, h)
 
-    def _layer_plan(self) -> dict[str, tuple]:
+    def _layer_plan(self, stacked: bool = False) -> dict[str, tuple]:
         """What :meth:`_fused_step` and the fused :meth:`logits` read: the products (stacked and packed as
         :meth:`CompactDecoder._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
-        parameter it was built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`)."""
-        if self._plan is not None and self._plan[1].current(self.backend):
+        parameter it was built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`).
+        ``stacked``: the products stacked for a GPU's ``F.linear``."""
+        if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
-        built = ProductPlan(self.backend, self.fc.weight.dtype)
+        built = ProductPlan(self.backend, self.fc.weight.dtype, stacked=stacked)
         layers, = built.hold(self, "layers")
         layer, = built.hold(layers, "0")
         attn, mlp = built.hold(layer, "self_attn", "mlp")

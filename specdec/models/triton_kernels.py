@@ -1,0 +1,170 @@
+"""The Triton kernels behind :mod:`specdec.models.gpu_kernels` (which calls them; imported only there, when they
+are first needed: a machine without Triton never imports this)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rounded(x, KIND: tl.constexpr):
+    """float32 ``x`` rounded (to nearest, ties to even) to KIND's precision, kept in float32: the rounding of a
+    torch op in KIND. For bfloat16 on the bits (a float32→bfloat16→float32 round trip may be folded away by the
+    compiler, so that two roundings become one); finite values only."""
+    if KIND == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(KIND).to(tl.float32)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, width, eps, HAS_DELTA: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < width
+    kind: tl.constexpr = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * width + offs, mask=inside, other=0.0).to(tl.float32)
+    if HAS_DELTA:  # the residual add, rounded to the stream's dtype as torch's x + out
+        x = rounded(x + tl.load(delta_ptr + row * width + offs, mask=inside, other=0.0).to(tl.float32), kind)
+        tl.store(x_ptr + row * width + offs, x.to(kind), mask=inside)
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / width + eps)
+    normed = rounded(normed, kind)  # transformers': weight * x.to(input dtype)
+    w = tl.load(w_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * width + offs, rounded(w * normed, kind).to(kind), mask=inside)
+
+
+@triton.jit
+def silu_mul_kernel(x_ptr, out_ptr, width, BLOCK: tl.constexpr):
+    row, part = tl.program_id(0), tl.program_id(1)
+    offs = part * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < width
+    gate = tl.load(x_ptr + row * 2 * width + offs, mask=inside, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * width + width + offs, mask=inside, other=0.0).to(tl.float32)
+    kind: tl.constexpr = out_ptr.dtype.element_ty
+    act = rounded(gate / (1.0 + tl.exp(-gate)), kind)
+    tl.store(out_ptr + row * width + offs, rounded(act * up, kind).to(kind), mask=inside)
+
+
+@triton.jit
+def rope_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, q_heads, kv_heads, dim,
+                    HALF: tl.constexpr):
+    row, head = tl.program_id(0), tl.program_id(1)
+    heads = q_heads + 2 * kv_heads
+    offs = tl.arange(0, HALF)
+    inside = offs < dim // 2
+    src = qkv_ptr + (row * heads + head) * dim
+    x1 = tl.load(src + offs, mask=inside, other=0.0)
+    x2 = tl.load(src + dim // 2 + offs, mask=inside, other=0.0)
+    if head >= q_heads + kv_heads:  # a value head: copied
+        dst = v_ptr + (row * kv_heads + head - q_heads - kv_heads) * dim
+        tl.store(dst + offs, x1, mask=inside)
+        tl.store(dst + dim // 2 + offs, x2, mask=inside)
+    else:
+        kind: tl.constexpr = q_ptr.dtype.element_ty
+        c1 = tl.load(cos_ptr + row * dim + offs, mask=inside, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_ptr + row * dim + dim // 2 + offs, mask=inside, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + row * dim + offs, mask=inside, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + row * dim + dim // 2 + offs, mask=inside, other=0.0).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        # x·cos + rotate_half(x)·sin, each product and the sum rounded as torch's ops round them
+        y1 = rounded(rounded(a1 * c1, kind) + rounded(-a2 * s1, kind), kind).to(kind)
+        y2 = rounded(rounded(a2 * c2, kind) + rounded(a1 * s2, kind), kind).to(kind)
+        if head < q_heads:
+            dst = q_ptr + (row * q_heads + head) * dim
+        else:
+            dst = k_ptr + (row * kv_heads + head - q_heads) * dim
+        tl.store(dst + offs, y1, mask=inside)
+        tl.store(dst + dim // 2 + offs, y2, mask=inside)
+
+
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr, out_ptr,
+                     new, q_heads, kv_heads, capacity, dim, recent, scale,
+                     HAS_TREE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     IEEE: tl.constexpr, PLANT: tl.constexpr):
+    # One program: new token t of row b, the query heads sharing KV head h. It writes that token's key and
+    # value into slot lengths[b] + t (no program reads those slots: the step's keys are read from k and v),
+    # then attends, with an online softmax, to the committed slots from the cache and the step's tokens.
+    m, h = tl.program_id(0), tl.program_id(1)
+    b, t = m // new, m % new
+    group = q_heads // kv_heads
+    length = tl.load(lengths_ptr + (0 if PLANT == 3 else b))
+    pad = tl.load(pad_ptr + b)
+    d = tl.arange(0, BLOCK_D)
+    g = tl.arange(0, GROUP)
+    dims = d < dim
+    heads = g < group
+    new_kv = (m * kv_heads + h) * dim
+    cached = (b * kv_heads + h) * capacity * dim
+    if PLANT != 2:
+        tl.store(keys_ptr + cached + (length + t) * dim + d, tl.load(k_ptr + new_kv + d, mask=dims), mask=dims)
+        tl.store(values_ptr + cached + (length + t) * dim + d, tl.load(v_ptr + new_kv + d, mask=dims), mask=dims)
+    q = tl.load(q_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :],
+                mask=heads[:, None] & dims[None, :], other=0.0)  # [G, D]
+    best = tl.full([GROUP], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
+    columns = recent + new
+    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
+    first = pad // BLOCK_N * BLOCK_N
+    for start in range(first, length, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        seen = (n >= pad) & (n < length)
+        if HAS_TREE:
+            column = n - (length - recent)
+            allowed = tl.load(tree_ptr + t * columns + column, mask=seen & (column >= 0), other=1)
+            seen = seen & (allowed != 0)
+        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
+                       other=0.0)  # [N, D]
+        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :],
+                         mask=seen[:, None] & dims[None, :], other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(keys)) * scale
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        top = tl.maximum(best, tl.max(scores, axis=1))
+        safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
+        p = tl.exp(scores - safe[:, None])
+        fade = tl.exp(best - safe)
+        total = total * fade + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * fade[:, None] + tl.dot(p, values, input_precision="ieee")
+        else:
+            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values)
+        best = top
+    # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
+    for start in range(0, new, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        real = (j < new) & (length + j >= pad)
+        if HAS_TREE:
+            allowed = tl.load(tree_ptr + t * columns + recent + j + (1 if PLANT == 1 else 0),
+                              mask=real & (recent + j + (1 if PLANT == 1 else 0) < columns), other=0)
+            seen = real & (allowed != 0)
+        else:
+            seen = real & (j <= t + (1 if PLANT == 1 else 0))
+        seen = seen | (j == t)
+        rows = (b * new + j) * kv_heads + h
+        keys = tl.load(k_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :], other=0.0)
+        values = tl.load(v_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
+                         other=0.0)
+        if IEEE:
+            scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(keys)) * scale
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        top = tl.maximum(best, tl.max(scores, axis=1))
+        safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
+        p = tl.exp(scores - safe[:, None])
+        fade = tl.exp(best - safe)
+        total = total * fade + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * fade[:, None] + tl.dot(p, values, input_precision="ieee")
+        else:
+            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values)
+        best = top
+    out = acc / total[:, None]
+    tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=heads[:, None] & dims[None, :])
