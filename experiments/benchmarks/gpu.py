@@ -8,7 +8,9 @@ reported apart), "compiled" also runs each captured forward through ``torch.comp
 forward runs on specdec's Triton kernels (:mod:`specdec.models.gpu_kernels`); a method marked "torch ops" runs the
 same forward through torch's ops (``Backend(gpu_kernels=False)``). "transformers compiled static cache" is the peer
 a reviewer runs (:class:`CompiledStaticLoop`: transformers' model, a StaticCache, torch.compile's reduce-overhead
-mode; batch 1, CUDA only).
+mode; batch 1, CUDA only); "transformers prompt lookup" and "transformers assisted" are its ``generate`` with prompt
+lookup and with an early-exit assistant (:class:`TransformersGenerate`, batch 1; ``--skip transformers`` leaves the
+three out).
 
 Speed of light: a plain decode step must read the target's weights once and the KV cache it attends; the
 floor is those bytes over the GPU's read bandwidth, measured here by a short probe (``specdec.decode.speed_of_light``).
@@ -45,6 +47,17 @@ from experiments.common import benchmark_parser, side_by_side  # noqa: E402
 
 
 UNBUILT = object()  # a drafter that failed to build
+
+
+def assisted_peer(model, tokenizer, layers: int, k: int) -> TransformersGenerate:
+    """transformers' assisted generation with the target's first ``layers`` layers as its assistant (shared
+    weights, as specdec's early-exit draft), ``k`` drafts a step."""
+    from experiments.benchmarks.vs_transformers import early_exit_hf
+
+    assistant = early_exit_hf(model, layers)
+    assistant.generation_config.num_assistant_tokens = k
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    return TransformersGenerate(model, tokenizer.pad_token_id, assistant_model=assistant)
 
 
 def prompt_ids(args, tokenizer) -> list[list[int]]:
@@ -109,6 +122,31 @@ class CompiledStaticLoop:
         return GenerationOutput(sequences=[row[:cut]], stats=stats)
 
 
+class TransformersGenerate:
+    """transformers' own ``generate`` (greedy, batch 1), as its users run it: with ``prompt_lookup_num_tokens`` its
+    prompt lookup, with ``assistant_model`` its assisted generation. Called as the benchmark's methods are: a
+    GenerationOutput whose stats count each new token as one forward (its steps are not reported) over the wall time."""
+
+    def __init__(self, model, pad_token_id: int, **extra):
+        self.model, self.pad_token_id, self.extra = model, pad_token_id, extra
+
+    @torch.no_grad()
+    def __call__(self, ids, max_new_tokens: int, eos_token_id: list[int]):
+        from specdec.decode.engine import GenerationOutput
+        from specdec.decode.metrics import DecodeStats
+
+        start = time.perf_counter()
+        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  do_sample=False, eos_token_id=eos_token_id, pad_token_id=self.pad_token_id,
+                                  **self.extra)
+        row = out[0, ids.shape[1]:].tolist()  # synchronises
+        elapsed = time.perf_counter() - start
+        row = row[: next((i + 1 for i, t in enumerate(row) if t in eos_token_id), len(row))]
+        stats = DecodeStats(target_forwards=len(row), verify_steps=len(row), verified_tokens=len(row),
+                            target_time_s=elapsed, new_tokens=len(row), wall_time_s=elapsed)
+        return GenerationOutput(sequences=[row], stats=stats)
+
+
 def write_report(args, device: torch.device, num_prompts: int, bandwidth: float, by_name: dict,
                  failed: dict) -> str:
     """Write ``gpu_<source>.json`` and ``.md`` to --out with the methods measured so far (and those that failed,
@@ -134,6 +172,8 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
         over_graphs = f"{r['speedup_vs_plain_graphs']:.2f}x" if "speedup_vs_plain_graphs" in r else "—"
         lines.append(f"| {name} | {r['batch']} | {tau} | {r['tokens_per_second']:.1f} | {speed} | {over_graphs} | "
                      f"{step} | {frac} | {cap} | {r['mismatching_outputs']} |")
+    if any(name.startswith("transformers") for name in by_name):
+        lines.append("\ntransformers' rows: the step column is ms per new token (their steps are not counted).")
     lines += [f"\n**{name} failed** (left out): `{tb.strip().splitlines()[-1]}`" for name, tb in failed.items()]
     text = "\n".join(lines)
     (out_dir / f"gpu_{args.source}.md").write_text(text + "\n")
@@ -214,6 +254,9 @@ def main() -> None:
         "plain graphs": (target("plain graphs"), None, 0),
         "plain graphs, torch ops": (target("plain graphs, torch ops"), None, 0),
         "transformers compiled static cache": (CompiledStaticLoop(model), "peer", 0),
+        "transformers prompt lookup K=4": (TransformersGenerate(model, tokenizer.pad_token_id,
+                                                                prompt_lookup_num_tokens=4), "peer", 0),
+        "transformers assisted, 8-layer early exit K=3": (assisted_peer(model, tokenizer, 8, 3), "peer", 0),
         "ngram K=4 eager": (eager, NgramDrafter(), 4),
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
         "ngram K=4 graphs, torch ops": (target("ngram graphs, torch ops"), NgramDrafter(), 4),
@@ -240,6 +283,8 @@ def main() -> None:
     methods = {name: spec for name, spec in methods.items() if spec[1] is not UNBUILT}
     if device.type != "cuda":  # the peer's reduce-overhead mode captures CUDA graphs
         del methods["transformers compiled static cache"]
+    methods = {name: spec for name, spec in methods.items()
+               if not (name.startswith("transformers") and "transformers" in args.skip)}
     methods = {name: spec for name, spec in methods.items()
                if name.startswith("plain") or not any(word in name for word in args.skip)}
     by_name = {}
