@@ -49,14 +49,19 @@ class _PhaseTimer:
     name. On CUDA a phase is timed by two events on the stream, read once when the generation ends (:meth:`close`),
     so that timing adds no host synchronisation to a step; elsewhere by the host's clock."""
 
+    _free: list = []  # events of closed timers, reused (creating one is a driver call)
+
     def __init__(self, stats: DecodeStats, device: torch.device):
         self.stats, self.cuda = stats, device.type == "cuda"
         self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
+    def _event(self):
+        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+
     @contextmanager
     def __call__(self, attr: str) -> Iterator[None]:
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = self._event(), self._event()
             start.record()
             yield
             end.record()
@@ -72,6 +77,7 @@ class _PhaseTimer:
             self.pending[-1][2].synchronize()
         for attr, start, end in self.pending:
             setattr(self.stats, attr, getattr(self.stats, attr) + start.elapsed_time(end) / 1000)
+            self._free += (start, end)
         self.pending.clear()
 
 
@@ -260,10 +266,26 @@ def _emit(state: DecodeState, out: list[list[int]], accepted: list[int], emitted
     return counts
 
 
-def _commit(cache, state: DecodeState, step: StepResult, counts: list[int], host_pad: list[int]) -> None:
-    """Keep what each row emitted: the target's cache commits it (a pointer move for a chain, the accepted
-    path gathered into contiguous slots for a tree), and the state moves past it."""
-    count = torch.tensor(counts, device=state.seq.device)
+class _Counts:
+    """Each step's kept-token counts [B], sent to the device without a synchronisation: on CUDA through a pinned
+    buffer and an asynchronous copy (a list copied from pageable memory waits for the device), which the next
+    step's read of its results orders before the buffer is written again."""
+
+    def __init__(self, batch_size: int, device: torch.device):
+        self.device = device
+        self.pinned = torch.empty(batch_size, dtype=torch.long, pin_memory=True) if device.type == "cuda" else None
+
+    def send(self, counts: list[int]) -> torch.Tensor:  # -> [B] long on the device
+        if self.pinned is None:
+            return torch.tensor(counts, device=self.device)
+        self.pinned.copy_(torch.tensor(counts))
+        return self.pinned.to(self.device, non_blocking=True)
+
+
+def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, host_pad: list[int]) -> None:
+    """Keep what each row emitted (``count`` [B] long on the device: kept tokens per row): the target's cache
+    commits it (a pointer move for a chain, the accepted path gathered into contiguous slots for a tree), and the
+    state moves past it."""
     slots = (state.seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)
              ).clamp_(max=state.capacity - 1)
     state.seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
@@ -292,6 +314,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                        params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
     stats = DecodeStats(k=k)
     timer = _PhaseTimer(stats, device)
+    sender = _Counts(input_ids.shape[0], device)
     captured = _capture_times(decoder, drafter)
     wall_start = time.perf_counter()
     # 2) Prefill the prompt; the first token comes from its last position.
@@ -321,7 +344,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                           None if proposal.tree is None else proposal.tree.max_depth)
         counts = _emit(state, out, accepted, emitted, request.eos, max_new_tokens)
         stats.new_tokens += sum(counts)
-        _commit(cache, state, step, counts, request.host_pad)
+        _commit(cache, state, step, sender.send(counts), request.host_pad)
         with timer("drafter_time_s"):
             drafter.observe(state)
     # 4) Totals.

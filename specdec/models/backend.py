@@ -1,15 +1,21 @@
-"""How a model's forwards run on CPU: one :class:`Backend`, chosen when the model is loaded and held by what runs
-it (the target's :class:`~specdec.models.compact.CompactDecoder`, a drafter's models), which its forwards consult
-(``backend.linear(x, layer)``). Nothing here is process-wide except memos of derived data (packed copies of
-weights, rebuilt when a weight changes).
+"""How a model's forwards run: one :class:`Backend`, chosen when the model is loaded and held by what runs it (the
+target's :class:`~specdec.models.compact.CompactDecoder`, a drafter's models), which its forwards consult
+(``backend.linear(x, layer)``, ``backend.fused_kernels(x)``). Nothing here is process-wide except memos of derived
+data (packed copies of weights, rebuilt when a weight changes).
+
+The fused forwards (the target's Llama-family layers, EAGLE's layer, the block drafter's) run one kernel set of the
+same calls on either device (:meth:`Backend.fused_kernels`): specdec's CPU kernels for float32 on CPU, its Triton
+kernels on a CUDA device (:mod:`specdec.models.gpu_kernels`; their products over q|k|v and gate|up stacked once,
+:class:`Stacked`), or none (torch's ops, the reference every test compares against).
 
 A backend names the kernels (specdec's fused CPU kernels, :mod:`specdec.models.cpu_kernels`, or torch's ops; for
 the products the kernels leave, oneDNN's or MKL's), the panels (float16 where float16 holds a weight exactly, or
 float32) and the weight format: ``"codes"`` streams a weight that is 4- or 8-bit codes with per-block scales (a
 GGUF model dequantised to float32, like the embedded SmolLM2 target) as those codes, the products bit for bit the
 float32 ones; ``"float"`` streams its float32 values. On an accelerator every product is ``F.linear`` whatever the
-backend. :meth:`Backend.emulated_gpu` runs the torch ops a GPU runs and replays graphs on CPU
-(:class:`~specdec.models.graphs.EmulatedGraph`), for tests of the graphed code on machines without a GPU.
+backend; ``gpu_kernels=False`` keeps torch's ops there. :meth:`Backend.emulated_gpu` runs the torch ops a GPU runs
+and replays graphs on CPU (:class:`~specdec.models.graphs.EmulatedGraph`), for tests of the graphed code on machines
+without a GPU; :meth:`Backend.interpreted_gpu` runs the Triton kernels there too, under Triton's interpreter.
 
     decoder = as_decoder(model, backend=Backend(weights="float"))   # python -m specdec.run target.coded_weights=false
 """
