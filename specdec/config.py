@@ -39,6 +39,9 @@ class TargetConfig:
     # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free).
     # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")).
     coded_weights: bool = True
+    # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (nine kernels a
+    # layer, specdec.models.gpu_kernels); false = torch's ops (the reference; ~1,400 kernels a step for SmolLM2-135M)
+    gpu_kernels: bool = True
 
 
 @dataclass

@@ -117,8 +117,9 @@ def check_job_config(cfg: DictConfig) -> None:
 
 def target_backend(target: Any) -> Backend:
     """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
-    float32 (``target.coded_weights``), specdec's CPU kernels otherwise at their defaults."""
-    return Backend(weights="codes" if target.coded_weights else "float")
+    float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
+    specdec's CPU kernels otherwise at their defaults."""
+    return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels)
 
 
 def check_target_choice(cfg: Any) -> None:
