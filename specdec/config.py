@@ -42,6 +42,9 @@ class TargetConfig:
     # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (nine kernels a
     # layer, specdec.models.gpu_kernels); false = torch's ops (the reference; ~1,400 kernels a step for SmolLM2-135M)
     gpu_kernels: bool = True
+    # target=synthetic: the shape of its random weights (a preset of specdec.models.synthetic.SHAPES or a
+    # config.json); costs only (experiments/benchmarks/step_costs.py), refused where τ or outputs are reported
+    shape: Optional[str] = None
 
 
 @dataclass

@@ -123,9 +123,11 @@ def target_backend(target: Any) -> Backend:
 
 
 def check_target_choice(cfg: Any) -> None:
-    """``target=hub`` without ``target.name``: Hydra keeps the schema's default model, which would run silently."""
+    """``target=hub`` without ``target.name``: Hydra keeps the schema's default model, which would run silently;
+    ``target=synthetic``: random weights, refused where τ or outputs are reported."""
     from specdec.config import TargetConfig
 
+    _refuse_synthetic(cfg.target)
     try:
         choice = HydraConfig.get().runtime.choices.get("target")
     except ValueError:  # not under Hydra
@@ -134,6 +136,15 @@ def check_target_choice(cfg: Any) -> None:
         raise ValueError(f"target=hub needs the model: add target.name=<a hub id or a local directory> (e.g. "
                          f"target.name=HuggingFaceTB/SmolLM2-360M-Instruct); without it the embedded default "
                          f"{TargetConfig.name!r} would run (target=smollm2 names it)")
+
+
+def _refuse_synthetic(target: Any) -> None:
+    """``target=synthetic`` has random weights: its τ and outputs mean nothing, so no entry point reporting them runs."""
+    if getattr(target, "name", None) == "synthetic":
+        shape = getattr(target, "shape", None)
+        raise ValueError(f"target=synthetic (shape {shape!r}) has random weights: costs only, no τ or outputs to "
+                         f"report; measure its step costs with `python experiments/benchmarks/step_costs.py --shape "
+                         f"{shape or 'llama-3.1-8b'}`, or pick a real target (target=smollm2, target.name=<dir>)")
 
 
 def check_logger(cfg: DictConfig) -> None:

@@ -1,0 +1,70 @@
+"""Synthetic targets (specdec.models.synthetic): random weights at a real model's shape, for costs only."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specdec import NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.models import CompactDecoder, as_decoder
+from specdec.models.synthetic import MARK, SHAPES, is_synthetic, shape_config, synthetic_target
+
+SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=256)
+
+
+@pytest.mark.parametrize("shape, billions", [("llama-3.1-8b", 8.03), ("llama-3.2-1b", 1.24), ("qwen3-8b", 8.19)])
+def test_the_presets_have_the_published_sizes(shape, billions):
+    model = synthetic_target(shape, device="meta")  # shapes only: nothing allocated
+    assert is_synthetic(model) and model.config.model_type == SHAPES[shape]["model_type"]
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_a_synthetic_target_runs_the_compact_decoder_and_stays_exact(tmp_path):
+    """The same compact forward as a real target; greedy speculative decoding equals plain decoding on it too."""
+    model = synthetic_target("llama-3.1-8b", dtype=torch.float32, **SMALL)
+    assert isinstance(as_decoder(model), CompactDecoder)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
+    ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    assert speculative_generate(model, NgramDrafter(), ids, k=3, max_new_tokens=12, eos_token_id=[]).sequences == \
+        ref.sequences
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", **SMALL}))
+    assert shape_config(str(tmp_path)).model_type == "qwen3" == shape_config(str(tmp_path / "config.json")).model_type
+
+
+def test_a_shape_that_is_not_one_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="target.shape='llama-9b' is neither a preset"):
+        shape_config("llama-9b")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        shape_config(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    with pytest.raises(ValueError, match="names no model_type"):
+        shape_config(str(tmp_path))
+
+
+def test_entry_points_that_report_outputs_refuse_it():
+    from specdec.jobs.runs import check_target_choice
+
+    cfg = OmegaConf.create({"target": {"name": "synthetic", "shape": "llama-3.2-1b"}})
+    with pytest.raises(ValueError, match="target=synthetic .* costs only.*step_costs.py --shape llama-3.2-1b"):
+        check_target_choice(cfg)
+
+
+def test_step_costs_measures_a_curve_marked_synthetic(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from experiments.benchmarks import step_costs
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"model_type": "llama", **SMALL}))
+    result = step_costs.main(["--shape", str(config), "--widths", "1", "4", "--batch", "1", "2", "--context", "16",
+                              "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert result["mark"] == MARK and [(r["batch"], r["width"]) for r in result["rows"]] == [(1, 1), (1, 4), (2, 1),
+                                                                                           (2, 4)]
+    assert all(r["ms"] > 0 and r["floor_ms"] > 0 for r in result["rows"])
+    written = json.loads((tmp_path / "out" / "step_costs_tiny.json").read_text())
+    assert written["rows"] == result["rows"] and "SYNTHETIC" in (tmp_path / "out" / "step_costs_tiny.md").read_text()
+    assert (tmp_path / "out" / "step_costs_tiny.png").stat().st_size > 0
