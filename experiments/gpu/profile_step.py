@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="profile_step")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_step.py needs a CUDA device: it times a GPU's kernels and graph replays")
     device = torch.device("cuda")
     model, _ = load_target(dtype=args.dtype, device=device)
     rows = []
