@@ -80,6 +80,27 @@ def rope_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, q_heads, kv_
 
 
 @triton.jit
+def attend(q, keys, values, seen, best, total, acc, scale, IEEE: tl.constexpr):
+    """One block of keys and values [N, D] into an online softmax over them for queries q [G, D]: where ``seen`` [N],
+    the scores scaled; (best, total, acc) the running max [G], sum of exps [G] and weighted values [G, D], updated."""
+    if IEEE:
+        scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
+    else:
+        scores = tl.dot(q, tl.trans(keys)) * scale
+    scores = tl.where(seen[None, :], scores, float("-inf"))
+    top = tl.maximum(best, tl.max(scores, axis=1))
+    safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
+    p = tl.exp(scores - safe[:, None])
+    fade = tl.exp(best - safe)
+    total = total * fade + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * fade[:, None] + tl.dot(p, values, input_precision="ieee")
+    else:
+        acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values)
+    return top, total, acc
+
+
+@triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr, out_ptr,
                      new, q_heads, kv_heads, capacity, dim, recent, scale,
                      HAS_TREE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -120,21 +141,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad
                        other=0.0)  # [N, D]
         values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :],
                          mask=seen[:, None] & dims[None, :], other=0.0)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
-        else:
-            scores = tl.dot(q, tl.trans(keys)) * scale
-        scores = tl.where(seen[None, :], scores, float("-inf"))
-        top = tl.maximum(best, tl.max(scores, axis=1))
-        safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
-        p = tl.exp(scores - safe[:, None])
-        fade = tl.exp(best - safe)
-        total = total * fade + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * fade[:, None] + tl.dot(p, values, input_precision="ieee")
-        else:
-            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values)
-        best = top
+        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
     for start in range(0, new, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
@@ -150,21 +157,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad
         keys = tl.load(k_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :], other=0.0)
         values = tl.load(v_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
                          other=0.0)
-        if IEEE:
-            scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
-        else:
-            scores = tl.dot(q, tl.trans(keys)) * scale
-        scores = tl.where(seen[None, :], scores, float("-inf"))
-        top = tl.maximum(best, tl.max(scores, axis=1))
-        safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
-        p = tl.exp(scores - safe[:, None])
-        fade = tl.exp(best - safe)
-        total = total * fade + tl.sum(p, axis=1)
-        if IEEE:
-            acc = acc * fade[:, None] + tl.dot(p, values, input_precision="ieee")
-        else:
-            acc = acc * fade[:, None] + tl.dot(p.to(values.dtype), values)
-        best = top
+        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=heads[:, None] & dims[None, :])
