@@ -54,12 +54,14 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert one.sequences == ref.sequences[:1]
 
 
-@pytest.mark.parametrize("paths", [None, TREE], ids=["chain", "tree"])
-def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths):
+@pytest.mark.parametrize("paths, kernels", [(None, "torch"), (TREE, "torch"),
+                                            pytest.param(None, "triton", marks=pytest.mark.slow)],  # ~2.5 min here
+                         ids=["chain", "tree", "chain-triton"])
+def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
     """With graphs (emulated on CPU: they fail where a CUDA graph would), the catch-ups and block forwards replay
     captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2 left-padded, with the drafts
-    the eager drafter drafts (the same τ)."""
-    backend = Backend.emulated_gpu()
+    the eager drafter drafts (the same τ); on torch's ops, and on the Triton kernels (under the interpreter here)."""
+    backend = Backend.emulated_gpu() if kernels == "torch" else fused_backend("triton")
     graphed, eager = (DFlashDrafter(random_dflash(target, draft_vocab=40), paths, backend=backend) for _ in range(2))
     graphed.replay_graphs("auto")
     drafts = {id(graphed): [], id(eager): []}
