@@ -63,7 +63,7 @@ class Backend:
     half_panels: bool = True  # the kernels' panels in float16 where float16 holds a weight exactly (the drafters)
     weights: str = "codes"  # "codes": weights that are codes streamed as such; "float": as their float32 values
     emulate_graphs: bool = False  # CPU forwards take the graphed paths (emulated graphs: tests; see emulated_gpu)
-    gpu_kernels: bool = True  # specdec's Triton kernels in the target's forward on a GPU (gpu_kernels.available())
+    gpu_kernels: bool = True  # specdec's Triton kernels in the fused forwards on a GPU (gpu_kernels.available())
     triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
 
     def __post_init__(self):
