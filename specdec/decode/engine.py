@@ -49,14 +49,15 @@ class _PhaseTimer:
     name. On CUDA a phase is timed by two events on the stream, read once when the generation ends (:meth:`close`),
     so that timing adds no host synchronisation to a step; elsewhere by the host's clock."""
 
-    _free: list = []  # events of closed timers, reused (creating one is a driver call)
+    _free: dict[torch.device, list] = {}  # per device, events of closed timers, reused (making one is a driver call)
 
     def __init__(self, stats: DecodeStats, device: torch.device):
         self.stats, self.cuda = stats, device.type == "cuda"
+        self.free = self._free.setdefault(device, [])
         self.pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     def _event(self):
-        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+        return self.free.pop() if self.free else torch.cuda.Event(enable_timing=True)
 
     @contextmanager
     def __call__(self, attr: str) -> Iterator[None]:
@@ -77,7 +78,7 @@ class _PhaseTimer:
             self.pending[-1][2].synchronize()
         for attr, start, end in self.pending:
             setattr(self.stats, attr, getattr(self.stats, attr) + start.elapsed_time(end) / 1000)
-            self._free += (start, end)
+            self.free += (start, end)
         self.pending.clear()
 
 
