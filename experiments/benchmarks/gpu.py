@@ -102,7 +102,8 @@ class CompiledStaticLoop:
         logits = self.model(ids, past_key_values=self.cache, cache_position=torch.arange(n, device=ids.device),
                             use_cache=True).logits
         tokens = [logits[:, -1].argmax(-1, keepdim=True)]
-        torch.cuda.synchronize() if ids.is_cuda else None
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         prefill = time.perf_counter() - start
         stops = torch.tensor([t for t in eos_token_id if t is not None], device=ids.device)
         position = torch.tensor([n], device=ids.device)
