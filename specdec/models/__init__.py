@@ -1,5 +1,6 @@
 """Model adapters: every target or draft model is run through a decoder with a per-row cache, on a
-:class:`Backend` (how its CPU forwards run and its weights stream) chosen when the decoder is built."""
+:class:`Backend` (how its forwards run, specdec's CPU kernels or on a GPU its Triton kernels, and how its weights
+stream) chosen when the decoder is built."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from specdec.models.compact import SUPPORTED_MODEL_TYPES, CompactDecoder, suppor
 def as_decoder(model: nn.Module, num_layers: int | None = None, *, backend: Backend | None = None) -> nn.Module:
     """Wrap a transformers causal LM: the compact path for its family (llama, mistral, qwen2, qwen3, gemma3_text)
     when possible, running on ``backend`` (None: ``Backend()``, specdec's CPU kernels over the weights' codes where
-    they have them), else the HF fallback (its own forward; no backend applies).
+    they have them, its Triton kernels on a GPU), else the HF fallback (its own forward; no backend applies).
 
     A model that already is a decoder (a :class:`GraphedDecoder` too) is returned as is: its backend is the one it
     was built with, and another ``backend`` is an error. ``num_layers`` (early exit) needs the compact path.
