@@ -16,7 +16,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdec.errors import CheckpointError, VocabMismatchError
-from specdec.models import cpu_kernels
 
 
 class FeatureDraftModel(nn.Module):
@@ -81,12 +80,10 @@ class FeatureDraftModel(nn.Module):
     def _fused(self, x: torch.Tensor):
         """The kernel set a forward (or the logits) on ``x`` [..., H] runs through, as the target's decode step
         (:meth:`CompactDecoder._fused_layers`), or None: the backend's (:meth:`Backend.fused_kernels`: no autograd,
-        not traced by torch.compile), the CPU's for float32 and at most ``cpu_kernels.MAX_ROWS`` rows only."""
+        not traced by torch.compile), the CPU's for a step's few rows only (``Backend.attends_in_kernel``)."""
         kernels = self.backend.fused_kernels(x)
-        if kernels is None or self.fc.weight.dtype != self.embed_weight.dtype:
-            return None
-        if kernels is cpu_kernels.module() and not (x.dtype == torch.float32
-                                                     and x.numel() <= cpu_kernels.MAX_ROWS * x.shape[-1]):
+        if (kernels is None or self.fc.weight.dtype != self.embed_weight.dtype
+                or not self.backend.attends_in_kernel(kernels, x.numel() // x.shape[-1])):
             return None
         return kernels
 

@@ -117,6 +117,13 @@ class Backend:
 
         return gpu_kernels if gpu_kernels.available() else None
 
+    @staticmethod
+    def attends_in_kernel(kernels, rows: int) -> bool:
+        """Whether a fused forward of ``rows`` new tokens (over the batch) runs its cache writes and attention through
+        the kernel set ``kernels`` (:meth:`fused_kernels`): always on a GPU; on CPU a step of at most
+        ``cpu_kernels.MAX_ROWS`` rows (a decode or verification step; a prefill takes SDPA there)."""
+        return kernels is not cpu_kernels.module() or rows <= cpu_kernels.MAX_ROWS
+
     def stacks(self, x: torch.Tensor) -> bool:
         """Whether a fused forward over ``x`` reads its products' weights stacked once (q|k|v, gate|up) and runs
         them as one ``F.linear`` each (:class:`Stacked`): on the Triton kernels' devices."""

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.models import cpu_kernels
 from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
 
@@ -249,12 +248,12 @@ class CompactDecoder(nn.Module):
         CPU kernels or its Triton kernels, :mod:`~specdec.models.gpu_kernels`), the normed hidden state [B, T, H]
         (and the captured streams into ``captured``): one kernel per RMSNorm (with the residual add before it), per
         rotary embedding of q and k, per SiLU·up, instead of 4-8 torch ops each, and one for the cache writes and
-        the attention (on CPU for a step of at most ``cpu_kernels.MAX_ROWS`` tokens, a decode or verification step;
-        SDPA for a prefill there). On CPU the same arithmetic as the torch ops (no fused multiply-adds), sums in
-        another order: logits equal to float32 rounding (tested). On a GPU the products are one ``F.linear`` each
-        over q|k|v and gate|up stacked once (:class:`~specdec.models.backend.Stacked`): nine kernels a layer."""
+        the attention (on CPU for a decode or verification step, SDPA for a prefill: ``Backend.attends_in_kernel``).
+        On CPU the same arithmetic as the torch ops (no fused multiply-adds), sums in another order: logits equal to
+        float32 rounding (tested). On a GPU the products are one ``F.linear`` each over q|k|v and gate|up stacked
+        once (:class:`~specdec.models.backend.Stacked`): nine kernels a layer."""
         b, t, width = x.shape
-        step = b * t <= cpu_kernels.MAX_ROWS or kernels is not cpu_kernels.module()
+        step = self.backend.attends_in_kernel(kernels, b * t)
         mask = None if step else cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
         stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
         cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
