@@ -109,8 +109,7 @@ class Backend:
         is on, for float32, float16 and bfloat16 without autograd and outside torch.compile."""
         if self.fusable(x):
             return cpu_kernels.module()
-        on_gpu = x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
-        if (not on_gpu or not self.gpu_kernels or x.dtype not in _TRITON_DTYPES or torch.is_grad_enabled()
+        if (not self.stacks(x) or not self.gpu_kernels or x.dtype not in _TRITON_DTYPES or torch.is_grad_enabled()
                 or torch.compiler.is_compiling()):
             return None
         from specdec.models import gpu_kernels
@@ -125,8 +124,9 @@ class Backend:
         return kernels is not cpu_kernels.module() or rows <= cpu_kernels.MAX_ROWS
 
     def stacks(self, x: torch.Tensor) -> bool:
-        """Whether a fused forward over ``x`` reads its products' weights stacked once (q|k|v, gate|up) and runs
-        them as one ``F.linear`` each (:class:`Stacked`): on the Triton kernels' devices."""
+        """Whether ``x`` is on the Triton kernels' devices (a CUDA device; the CPU with :attr:`triton_on_cpu`), where
+        a fused forward reads its products' weights stacked once (q|k|v, gate|up) and runs them as one ``F.linear``
+        each (:class:`Stacked`)."""
         return x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
 
     def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]

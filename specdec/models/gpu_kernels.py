@@ -50,9 +50,9 @@ def interpreted() -> bool:
 @functools.cache
 def _kernels():
     """The Triton kernels (:mod:`specdec.models.triton_kernels`), imported on first use: CPU runs never need Triton."""
-    from specdec.models import triton_kernels as k
+    from specdec.models import triton_kernels
 
-    return k.rms_norm_kernel, k.silu_mul_kernel, k.rope_qkv_kernel, k.attention_kernel
+    return triton_kernels
 
 
 def _pow2(n: int, least: int = 1) -> int:
@@ -65,8 +65,8 @@ def rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
     m, width = x.shape
     out = torch.empty_like(x)
     delta = delta.contiguous() if delta is not None else x
-    _kernels()[0][(m,)](x, delta, weight, out, width, float(eps), HAS_DELTA=delta is not x,
-                        BLOCK=_pow2(width, 16))
+    _kernels().rms_norm_kernel[(m,)](x, delta, weight, out, width, float(eps), HAS_DELTA=delta is not x,
+                                     BLOCK=_pow2(width, 16))
     return out
 
 
@@ -76,7 +76,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
     m, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(m, width, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, _pow2(width, 16))
-    _kernels()[1][(m, -(-width // block))](gate_up, out, width, BLOCK=block)
+    _kernels().silu_mul_kernel[(m, -(-width // block))](gate_up, out, width, BLOCK=block)
     return out
 
 
@@ -88,8 +88,8 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: i
     q = torch.empty(m, q_heads, dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(m, kv_heads, dim, dtype=qkv.dtype, device=qkv.device)
     v = torch.empty_like(k)
-    _kernels()[2][(m, q_heads + 2 * kv_heads)](qkv, cos, sin, q, k, v, q_heads, kv_heads, dim,
-                                               HALF=_pow2(dim // 2, 16))
+    _kernels().rope_qkv_kernel[(m, q_heads + 2 * kv_heads)](qkv, cos, sin, q, k, v, q_heads, kv_heads, dim,
+                                                            HALF=_pow2(dim // 2, 16))
     return q, k, v
 
 
@@ -121,7 +121,7 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
         tree = lengths  # not read
     out = torch.empty(m, q_heads * dim, dtype=q.dtype, device=q.device)
     plant = 0 if _planted is None else PLANTED.index(_planted) + 1
-    _kernels()[3][(m, kv_heads)](
+    _kernels().attention_kernel[(m, kv_heads)](
         q.contiguous(), k.contiguous(), v.contiguous(), keys, values, lengths, pad, tree, out,
         new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5,
         HAS_TREE=tree_mask is not None, GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_D=_pow2(dim, 16),
