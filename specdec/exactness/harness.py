@@ -64,6 +64,7 @@ from specdec.exactness.stats import (
     token_scores, tv_to_distribution, tv_two_sample, uniformity_chi2)
 from specdec.exactness.strata import DraftRecord, DraftRecorder
 from specdec.jobs.data import left_pad
+from specdec.models.backend import Backend
 from specdec.verify import EXACT
 from specdec.verify.sampling import SamplingParams, logits_to_probs
 
@@ -233,19 +234,13 @@ def verify_distribution(
     length: int,  # L tokens per continuation
     samples_per_prompt: int,  # N
     sampling: SamplingParams,
-    batch_size: int = 64,
-    seed: int = 0,
-    significance: float = 0.01,
-    joint_tokens: int = 2,
-    min_rows_per_position: int = 100,
-    planted_bug: str | None = None,
-    pad_id: int = 0,
-    detect_tv: float | None = None,
-    max_samples_per_prompt: int = 4096,
+    batch_size: int = 64, seed: int = 0, significance: float = 0.01, joint_tokens: int = 2,
+    min_rows_per_position: int = 100, planted_bug: str | None = None, pad_id: int = 0,
+    detect_tv: float | None = None, max_samples_per_prompt: int = 4096, backend: Backend | None = None,
 ) -> VerifyResult:
-    """Sample N·M continuations speculatively, test them against the exact target (see module docstring).
-    With ``detect_tv``, N is planned instead (:func:`specdec.exactness.strata.plan_samples_per_prompt`) and
-    ``samples_per_prompt`` is not used."""
+    """Sample N·M continuations speculatively, test them against the exact target (see module docstring), its
+    forwards on ``backend`` (None: ``Backend()``; a job passes its drafter's). With ``detect_tv``, N is planned
+    instead (:func:`specdec.exactness.strata.plan_samples_per_prompt`) and ``samples_per_prompt`` is not used."""
     if not prompts:
         raise ValueError("verify_distribution needs at least one prompt")
     check_settings(length=length, samples_per_prompt=samples_per_prompt, batch_size=batch_size,
@@ -253,35 +248,14 @@ def verify_distribution(
                    detect_tv=detect_tv, planted_bug=planted_bug, min_rows_per_position=min_rows_per_position,
                    max_samples_per_prompt=max_samples_per_prompt)
     started = time.perf_counter()
-    decoder = fast_decoder(target)
-    setup = planted.plant(planted_bug, planted.Setup(target, drafter, None, sampling))
-    if setup.target is target:  # not replaced by a planted bug: decode with the shared-prefill forward
-        setup = replace(setup, target=decoder)
-    if planted_bug is not None:
-        log.warning(_banner(planted_bug))
-    recorder = DraftRecorder(setup.drafter)
-    # The rule verified with (the drafter's own lossy one stays unwatched: resolved by the decode loop).
-    rule = None if setup.rule is None and setup.drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
+    decoder = fast_decoder(target, backend)
+    speculative, plain, recorder = _samplers(target, decoder, drafter, sampling, planted_bug, k=k, length=length,
+                                             joint_tokens=joint_tokens)
     common = dict(batch_size=batch_size, seed=seed, pad_id=pad_id, device=decoder.device)
-
-    def speculative(ids, mask, generator):
-        return speculative_generate(setup.target, recorder, ids, attention_mask=mask, k=k,
-                                    max_new_tokens=length, generator=generator, eos_token_id=[],
-                                    rule=rule, **_sampling_kwargs(setup.sampling))
-
-    def plain(ids, mask, generator):
-        return autoregressive_generate(decoder, ids, attention_mask=mask, max_new_tokens=joint_tokens,
-                                       generator=generator, eos_token_id=[], **_sampling_kwargs(sampling))
-
     plan = None
     if detect_tv is not None:
-        pilot_index = np.tile(np.arange(len(prompts)), math.ceil(_PILOT_CONTINUATIONS / len(prompts)))
-        pilot = sample_continuations(speculative, prompts, pilot_index, length=length, stream="pilot",
-                                     recorder=recorder, desc="pilot (planning detect_tv)", **common)
-        samples_per_prompt, plan = strata.plan_samples_per_prompt(
-            pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=significance, bins=PIT_BINS,
-            max_samples_per_prompt=max_samples_per_prompt)
-        log.info("detect_tv %s: %s", detect_tv, plan)
+        samples_per_prompt, plan = _planned(speculative, recorder, prompts, detect_tv, significance=significance,
+                                            max_samples_per_prompt=max_samples_per_prompt, length=length, **common)
     prompt_index = np.tile(np.arange(len(prompts)), samples_per_prompt)  # batches mix prompts
     spec = sample_continuations(speculative, prompts, prompt_index, length=length, stream="speculative",
                                 recorder=recorder, desc="speculative sampling", **common)
@@ -290,7 +264,6 @@ def verify_distribution(
     t0 = time.perf_counter()
     scores, p_drafts = score_continuations(decoder, prompts, spec, sampling, batch_size=batch_size, pad_id=pad_id)
     scoring_s = time.perf_counter() - t0
-
     reject, report, pit = judge(scores, spec, ref, significance=significance, seed=seed,
                                 min_rows_per_position=min_rows_per_position, p_drafts=p_drafts)
     blind = not reject and report["detectable_tv"]["pooled"] >= 1.0  # TV is at most 1: no bias was detectable
@@ -312,6 +285,48 @@ def verify_distribution(
                       "scoring": scoring_s, "total": time.perf_counter() - started},
     }
     return VerifyResult(reject, report, pit)
+
+
+def _samplers(target: torch.nn.Module, decoder: torch.nn.Module, drafter: Drafter, sampling: SamplingParams,
+              planted_bug: str | None, *, k: int, length: int, joint_tokens: int
+              ) -> tuple[Callable[..., GenerationOutput], Callable[..., GenerationOutput], DraftRecorder]:
+    """The two samplers the test compares, each ``generate(ids, mask, generator)``: speculative sampling of ``length``
+    tokens (through ``planted_bug``'s setup where one is given, else ``decoder``, the shared-prefill forward), the
+    drafter watched by the recorder returned third; plain sampling of the first ``joint_tokens`` through ``decoder``."""
+    setup = planted.plant(planted_bug, planted.Setup(target, drafter, None, sampling))
+    if setup.target is target:  # not replaced by a planted bug: decode with the shared-prefill forward
+        setup = replace(setup, target=decoder)
+    if planted_bug is not None:
+        log.warning(_banner(planted_bug))
+    recorder = DraftRecorder(setup.drafter)
+    # The rule verified with (the drafter's own lossy one stays unwatched: resolved by the decode loop).
+    rule = None if setup.rule is None and setup.drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
+
+    def speculative(ids, mask, generator):
+        return speculative_generate(setup.target, recorder, ids, attention_mask=mask, k=k,
+                                    max_new_tokens=length, generator=generator, eos_token_id=[],
+                                    rule=rule, **_sampling_kwargs(setup.sampling))
+
+    def plain(ids, mask, generator):
+        return autoregressive_generate(decoder, ids, attention_mask=mask, max_new_tokens=joint_tokens,
+                                       generator=generator, eos_token_id=[], **_sampling_kwargs(sampling))
+
+    return speculative, plain, recorder
+
+
+def _planned(speculative: Callable[..., GenerationOutput], recorder: DraftRecorder, prompts: Sequence[Sequence[int]],
+             detect_tv: float, *, significance: float, max_samples_per_prompt: int, length: int,
+             **common: Any) -> tuple[int, Any]:
+    """``detect_tv``'s samples per prompt and its plan (:func:`specdec.exactness.strata.plan_samples_per_prompt`),
+    from a pilot of speculative sampling (``common``: :func:`sample_continuations`' batch settings)."""
+    pilot_index = np.tile(np.arange(len(prompts)), math.ceil(_PILOT_CONTINUATIONS / len(prompts)))
+    pilot = sample_continuations(speculative, prompts, pilot_index, length=length, stream="pilot",
+                                 recorder=recorder, desc="pilot (planning detect_tv)", **common)
+    samples_per_prompt, plan = strata.plan_samples_per_prompt(
+        pilot.record, pilot.wall_time_s, detect_tv, num_prompts=len(prompts), alpha=significance, bins=PIT_BINS,
+        max_samples_per_prompt=max_samples_per_prompt)
+    log.info("detect_tv %s: %s", detect_tv, plan)
+    return samples_per_prompt, plan
 
 
 def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *, significance: float, seed: int,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.models import as_decoder
+from specdec.models.backend import Backend
 from specdec.models.cache import KVCache
 from specdec.models.compact import CompactDecoder, supports
 
@@ -24,8 +25,8 @@ class SharedPrefillLlama(CompactDecoder):
     other forward is the plain :class:`CompactDecoder` one. With ``capture`` (an EAGLE-style drafter's feature
     layers) the prefill also returns those layers at every prompt position, computed once per prompt too."""
 
-    def __init__(self, hf_model: torch.nn.Module):
-        super().__init__(hf_model)
+    def __init__(self, hf_model: torch.nn.Module, *, backend: Backend = Backend()):
+        super().__init__(hf_model, backend=backend)
         self._prefills: dict[tuple, _Prefill] = {}  # by the prompt's tokens and the layers captured
 
     def forward(self, input_ids, cache, *, kv_len=None, tree_mask=None, depths=None, last_only=False, capture=()):
@@ -72,7 +73,8 @@ class _Prefill:
     features: torch.Tensor | None = None  # [S, F] the captured layers at every prompt position
 
 
-def fast_decoder(target: torch.nn.Module) -> torch.nn.Module:
-    """The decoder this job runs ``target`` with: :class:`SharedPrefillLlama` for a Llama-family
-    transformers model, else the usual adapter."""
-    return SharedPrefillLlama(target) if supports(target) else as_decoder(target)
+def fast_decoder(target: torch.nn.Module, backend: Backend | None = None) -> torch.nn.Module:
+    """The decoder this job runs ``target`` with, on ``backend`` (None: ``Backend()``): :class:`SharedPrefillLlama`
+    for a model of the compact path's families, else the usual adapter."""
+    backend = Backend() if backend is None else backend
+    return SharedPrefillLlama(target, backend=backend) if supports(target) else as_decoder(target, backend=backend)
