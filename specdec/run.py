@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,15 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from specdec.config import config_dir, register_configs
-from specdec.decode.engine import autoregressive_generate, speculative_generate
+from specdec.decode.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
-from specdec.drafters import build_drafter
-from specdec.jobs.checks import check_auto, check_before_loading, check_lookahead
-from specdec.jobs.data import encode_prompts, held_out_mix, left_pad, prompt_room, result_category
+from specdec.jobs.checks import check_auto, check_lookahead
+from specdec.jobs.data import encode_prompts, held_out_mix, left_pad, result_category
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
-from specdec.models import as_decoder, target_decoder
+from specdec.jobs.job import Job
+from specdec.jobs.runs import config_fields, machine_description, run_task
 from specdec.models.backend import Backend
-from specdec.models.loading import load_target, resolve_device, stop_token_ids
 from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoChoice, auto_candidates, choose_lookahead
 from specdec.report.table import format_table
 
@@ -52,86 +51,101 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     """The main job: ``cfg``'s drafter against plain decoding on its prompts; the results.json fields. The target
     and the drafter run on ``backend`` (None: the one ``cfg.target`` names, :func:`target_backend`)."""
-    auto, tree = cfg.drafter.k == "auto", bool(cfg.drafter.get("tree"))
-    check_lookahead(cfg.drafter.k, auto=True)
-    if auto:
-        check_auto(cfg.auto)
-    k = max(cfg.auto.ks or (TREE_SIZES if tree else CHAIN_KS)) if auto else cfg.drafter.k  # auto: built at its largest
-    rows = check_before_loading(cfg, k)  # every refusal that needs no model, before the target loads
-    sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
-    torch.manual_seed(cfg.sampling.seed)
-    device = resolve_device(cfg.target.device)
-    backend = target_backend(cfg.target) if backend is None else backend
-    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter({**cfg.drafter, "k": k}, target, tokenizer, backend)
-    decoder = target_decoder(target, cfg.target.compile, backend=backend)  # what the target's forwards run through
-    drafter.replay_graphs(cfg.target.compile)  # and the drafter's own model, where it runs one
-
-    context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = prompt_room(cfg.data.max_new_tokens, k, context,
-                       "target.max_context" if context == cfg.target.max_context else "max_position_embeddings")
-    if cfg.data.max_prompt_tokens is not None:
-        limit = min(limit, cfg.data.max_prompt_tokens)
-    prompts = encode_prompts(tokenizer, rows, limit, context)
-    eos = stop_token_ids(target, tokenizer)
-    # k=auto times the target's eager forwards, on the job's backend
-    choice = choose_auto(cfg, as_decoder(target, backend=backend), drafter, tokenizer, tree, eos, limit,
-                         context) if auto else None
-    k = choice.k if choice else k
-    generator = torch.Generator(device=device)
-    gen_args = dict(max_new_tokens=cfg.data.max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
-
-    def generate(ids, mask, **options):  # speculative decoding, or plain where k=auto chose none
-        if k == 0:
-            return autoregressive_generate(decoder, ids, attention_mask=mask, **options)
-        return speculative_generate(decoder, drafter, ids, attention_mask=mask, k=k, **options)
-
+    k = lookahead(cfg)  # k=auto: the drafter is built at the largest size it tries
+    job = Job.build(cfg, k, backend=backend)
+    decoder = job.decoder(graphs=True)  # what the target's forwards run through
+    job.drafter.replay_graphs(job.compile)  # and the drafter's own model, where it runs one
+    choice = choose_auto(cfg, job) if cfg.drafter.k == "auto" else None
+    sides = Sides(job, decoder, choice.k if choice else k)
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
-        ids, mask = left_pad(prompts[:1], tokenizer.pad_token_id, device)
-        generate(ids, mask, **{**gen_args, "max_new_tokens": 8})
-        autoregressive_generate(decoder, ids, attention_mask=mask, **{**gen_args, "max_new_tokens": 8})
+        ids, mask = left_pad(job.prompts[:1], job.pad_id, job.device)
+        sides.generate(ids, mask, job.seed, max_new_tokens=8)
+        sides.generate(ids, mask, job.seed, plain=True, max_new_tokens=8)
+    decoded = decode_prompts(sides, baseline=cfg.baseline,
+                             desc=f"{cfg.drafter.name} k={sides.k}{' (auto)' if choice else ''}")
+    return {"status": "ok", "error": None, **config_fields(cfg), **results(decoded, sides, choice)}
 
-    by_category: dict[str, list[DecodeStats]] = defaultdict(list)
-    base_by_category: dict[str, list[DecodeStats]] = defaultdict(list)
-    per_prompt: list[dict[str, Any]] = []
-    mismatches = 0
-    bs = cfg.data.batch_size
-    for start in tqdm(range(0, len(prompts), bs), desc=f"{cfg.drafter.name} k={k}{' (auto)' if auto else ''}",
-                      unit="batch"):
-        batch_rows = rows.select(range(start, min(start + bs, len(prompts))))
-        ids, mask = left_pad(prompts[start:start + bs], tokenizer.pad_token_id, device)
-        def plain():  # seeded as the speculative side is
-            generator.manual_seed(cfg.sampling.seed + start)
-            return autoregressive_generate(decoder, ids, attention_mask=mask, **gen_args)
 
+def lookahead(cfg: DictConfig) -> int:
+    """The lookahead the drafter is built with: ``drafter.k`` (an integer >= 1), or for ``drafter.k=auto`` (its settings
+    checked) the largest it tries."""
+    check_lookahead(cfg.drafter.k, auto=True)
+    if cfg.drafter.k != "auto":
+        return cfg.drafter.k
+    check_auto(cfg.auto)
+    return max(cfg.auto.ks or (TREE_SIZES if cfg.drafter.get("tree") else CHAIN_KS))
+
+
+@dataclass
+class Sides:
+    """The two sides of the main job: speculative decoding at lookahead ``k`` (plain decoding where k=auto chose none,
+    k = 0) and plain decoding, through one decoder, each generation seeded."""
+
+    job: Job
+    decoder: torch.nn.Module
+    k: int
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self):
+        self.generator = torch.Generator(device=self.job.device)
+
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, seed: int, *, plain: bool = False,
+                 max_new_tokens: int | None = None) -> GenerationOutput:  # ids, mask [B, S]
+        """A batch of the job's prompts (``ids``, left-padded) decoded speculatively, or plainly with ``plain`` (and
+        where k = 0), the generator seeded with ``seed``."""
+        self.generator.manual_seed(seed)
+        options = dict(attention_mask=mask, max_new_tokens=max_new_tokens or self.job.max_new_tokens,
+                       eos_token_id=self.job.eos, generator=self.generator, **asdict(self.job.sampling))
+        if plain or self.k == 0:
+            return autoregressive_generate(self.decoder, ids, **options)
+        return speculative_generate(self.decoder, self.job.drafter, ids, k=self.k, **options)
+
+
+@dataclass
+class Decoded:
+    """The main job's generations' statistics by category of prompts (one entry a batch), plain decoding's too
+    (``baseline``), each batch's figures (:func:`prompt_figures`) and the greedy outputs that differ."""
+
+    spec: dict[str, list[DecodeStats]] = field(default_factory=lambda: defaultdict(list))
+    base: dict[str, list[DecodeStats]] | None = None
+    per_prompt: list[dict[str, Any]] = field(default_factory=list)
+    mismatches: int | None = None
+
+
+def decode_prompts(sides: Sides, *, baseline: bool, desc: str) -> Decoded:
+    """The job's prompts decoded batch by batch, both sides alike (plain decoding only with ``baseline``)."""
+    job, k, bs = sides.job, sides.k, sides.job.batch_size
+    decoded = Decoded(base=defaultdict(list) if baseline else None,
+                      mismatches=0 if baseline and job.sampling.greedy else None)
+    for start in tqdm(range(0, len(job.prompts), bs), desc=desc, unit="batch"):
+        rows = job.rows.select(range(start, min(start + bs, len(job.prompts))))
+        ids, mask = left_pad(job.prompts[start:start + bs], job.pad_id, job.device)
+        seed = job.seed + start  # the plain side seeded as the speculative side is
         # every other batch plain decoding runs first: the first of two runs over a batch is the slower (5% at
         # batch 4 on a 2-core EPYC, plain decoding against itself: experiments/README.md#heldout-2026-11-27)
-        base = plain() if cfg.baseline and ((start // bs) % 2 or k == 0) else None
-        if k == 0 and base is not None:  # k=auto chose plain decoding: both sides are this one run (1.00x)
-            spec = base
-        else:
-            generator.manual_seed(cfg.sampling.seed + start)
-            spec = generate(ids, mask, **gen_args)
-        category = result_category(batch_rows[0]) if bs == 1 else "mixed"
-        by_category[category].append(spec.stats)
-        if cfg.baseline:
-            if base is None:
-                base = plain()
-            base_by_category[category].append(base.stats)
-            per_prompt.append(prompt_figures(batch_rows["id"], category, spec.stats, base.stats))
-            if cfg.sampling.temperature == 0:
-                mismatches += sum(a != b for a, b in zip(spec.sequences, base.sequences))
+        base = sides.generate(ids, mask, seed, plain=True) if baseline and ((start // bs) % 2 or k == 0) else None
+        spec = base if k == 0 and base is not None else sides.generate(ids, mask, seed)  # k=0: one run (1.00x)
+        category = result_category(rows[0]) if bs == 1 else "mixed"
+        decoded.spec[category].append(spec.stats)
+        if baseline:
+            base = sides.generate(ids, mask, seed, plain=True) if base is None else base
+            decoded.base[category].append(base.stats)
+            decoded.per_prompt.append(prompt_figures(rows["id"], category, spec.stats, base.stats))
+            if decoded.mismatches is not None:  # greedy: the outputs must be plain decoding's
+                decoded.mismatches += sum(a != b for a, b in zip(spec.sequences, base.sequences))
+    return decoded
 
-    spec_runs = [s for group in by_category.values() for s in group]
-    base_runs = [s for group in base_by_category.values() for s in group] if cfg.baseline else None
-    spec_all, base_all = total(spec_runs), total(base_runs) if cfg.baseline else None
-    k = spec_runs[0].k if spec_runs else k  # as decoded: a chain's k is capped at the tokens a prompt can use
-    results = {
-        "status": "ok",
-        "error": None,
-        **config_fields(cfg),
-        "num_prompts": len(prompts),
-        **summarize_prompts(spec_runs, base_runs, k, len(prompts)),
+
+def results(decoded: Decoded, sides: Sides, choice: AutoChoice | None) -> dict[str, Any]:
+    """results.json's figures for the ``decoded`` prompts (the config fields aside)."""
+    job, bs = sides.job, sides.job.batch_size
+    spec_runs = [s for group in decoded.spec.values() for s in group]
+    base_runs = [s for group in decoded.base.values() for s in group] if decoded.base is not None else None
+    spec_all, base_all = total(spec_runs), total(base_runs) if base_runs is not None else None
+    k = spec_runs[0].k if spec_runs else sides.k  # as decoded: a chain's k is capped at the tokens a prompt can use
+    figures = {
+        "num_prompts": len(job.prompts),
+        **summarize_prompts(spec_runs, base_runs, k, len(job.prompts)),
         "target_forwards": spec_all.target_forwards,
         "drafter_forwards": spec_all.drafter_forwards,
         "new_tokens": spec_all.new_tokens,
@@ -140,41 +154,41 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
         "prefill_time_s": spec_all.prefill_time_s,  # the target's forwards over the prompts, part of wall_time_s
         "baseline_prefill_time_s": base_all.prefill_time_s if base_all else math.nan,
         "per_category": {
-            cat: summarize_prompts(group, base_by_category[cat] if cfg.baseline else None, k, len(group) * bs)
-            for cat, group in sorted(by_category.items())
+            cat: summarize_prompts(group, decoded.base[cat] if decoded.base is not None else None, k, len(group) * bs)
+            for cat, group in sorted(decoded.spec.items())
         },
-        "per_prompt": per_prompt,  # a batch's prompts per entry: one prompt each at data.batch_size=1
-        "greedy_mismatches": mismatches if cfg.baseline and cfg.sampling.temperature == 0 else None,
-        "lossy": drafter.lossy,
+        "per_prompt": decoded.per_prompt,  # a batch's prompts per entry: one prompt each at data.batch_size=1
+        "greedy_mismatches": decoded.mismatches,
+        "lossy": job.drafter.lossy,
         "k_chosen": k,  # the lookahead decoded with (drafter.k, or what auto chose: 0 = plain decoding)
         "auto": choice.as_dict() if choice else None,
-        "cuda_graph_captures": getattr(decoder, "captures", None),  # None: eager forwards
-        "cuda_graph_capture_time_s": getattr(decoder, "capture_time_s", None),  # left out of the timings above
-        **drafter_graph_fields(drafter),
-        "device": machine_description(device),
+        "cuda_graph_captures": getattr(sides.decoder, "captures", None),  # None: eager forwards
+        "cuda_graph_capture_time_s": getattr(sides.decoder, "capture_time_s", None),  # left out of the timings above
+        **drafter_graph_fields(job.drafter),
+        "device": machine_description(job.device),
     }
-    if "target_step_time_s" in results:  # plain decoding ran: the steps' times against the bandwidth floor
-        context = (sum(map(len, prompts)) + spec_all.new_tokens / 2) / len(prompts)  # mean tokens attended
-        results.update(speed_of_light(target, context, bs, results["target_step_time_s"],
-                                      results["verify_step_time_s"], device, backend))
-    return results
+    if "target_step_time_s" in figures:  # plain decoding ran: the steps' times against the bandwidth floor
+        context = (sum(map(len, job.prompts)) + spec_all.new_tokens / 2) / len(job.prompts)  # mean tokens attended
+        figures.update(speed_of_light(job.target, context, bs, figures["target_step_time_s"],
+                                      figures["verify_step_time_s"], job.device, job.backend))
+    return figures
 
 
-def choose_auto(cfg: DictConfig, target, drafter, tokenizer, tree: bool, eos: list[int], limit: int,
-                context: int) -> AutoChoice:
+def choose_auto(cfg: DictConfig, job: Job) -> AutoChoice:
     """drafter.k=auto's choice for this run (:func:`~specdec.replay.auto.choose_lookahead`) on held-out prompts of
-    its sources (cfg.auto), timed through the target's eager forwards (a GPU's graphs are not replayed there)."""
+    its sources (cfg.auto), timed through the target's eager forwards (a GPU's graphs are not replayed there), on
+    the job's backend."""
     rows, held_out = held_out_mix(list(cfg.data.sources), cfg.data.limit_per_source, cfg.auto.prompts_per_source,
-                                  seed=cfg.sampling.seed)
+                                  seed=job.seed)
     if not held_out:
         log.warning("drafter.k=auto: data.sources leave no prompts out of the run; choosing on the run's own first "
                     "%d per source", cfg.auto.prompts_per_source)
-    candidates = auto_candidates(drafter, tree, cfg.auto.ks)
-    choice = choose_lookahead(target, drafter, encode_prompts(tokenizer, rows, limit, context), tree=tree,
-                              candidates=candidates, batch_size=cfg.data.batch_size,
-                              max_new_tokens=cfg.auto.max_new_tokens, eos=eos, tokenizer=tokenizer,
-                              temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k,
-                              top_p=cfg.sampling.top_p, seeds=cfg.auto.seeds, margin=cfg.auto.margin,
+    tree = bool(cfg.drafter.get("tree"))
+    candidates = auto_candidates(job.drafter, tree, cfg.auto.ks)
+    choice = choose_lookahead(job.decoder(), job.drafter, encode_prompts(job.tokenizer, rows, job.limit, job.context),
+                              tree=tree, candidates=candidates, batch_size=job.batch_size,
+                              max_new_tokens=cfg.auto.max_new_tokens, eos=job.eos, tokenizer=job.tokenizer,
+                              **asdict(job.sampling), seeds=cfg.auto.seeds, margin=cfg.auto.margin,
                               directory=cfg.auto.log_dir)
     predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in choice.predicted.items())
     log.info("drafter.k=auto chose k=%d%s in %.1f s (predicted decode speedups %s)", choice.k,

@@ -21,22 +21,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 import hydra
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
-from specdec.drafters import build_drafter
 from specdec.drafters.loading import lossy_rule
 from specdec.exactness import strata
 from specdec.exactness.harness import (EXIT_INCONCLUSIVE, EXIT_REJECTED, VerifyResult, check_settings,
                                        verify_distribution)
-from specdec.jobs.checks import check_before_loading, check_lookahead
-from specdec.jobs.data import encode_prompts, prompt_room
+from specdec.jobs.checks import check_lookahead
 from specdec.jobs.io import save_figure, write_json
-from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
-from specdec.models.loading import load_target, resolve_device
-from specdec.verify.sampling import SamplingParams
+from specdec.jobs.job import Job
+from specdec.jobs.runs import config_fields, machine_description, run_task
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +87,10 @@ def check_lossy(cfg: DictConfig) -> bool:
     return lossy
 
 
-def run(cfg: DictConfig) -> VerifyResult:
+def check_verify_config(cfg: DictConfig) -> float:
+    """Refuse, before the target loads, what this job cannot test (the job's own checks follow in
+    :meth:`~specdec.jobs.job.Job.build`): a lookahead other than one integer, a lossy drafter unless allowed, settings
+    :func:`verify_distribution` cannot run with; the significance level."""
     check_lookahead(cfg.drafter.k, hint="verify_dist tests one lookahead")
     check_lossy(cfg)
     significance = significance_level(cfg)
@@ -99,29 +98,20 @@ def run(cfg: DictConfig) -> VerifyResult:
                    batch_size=cfg.data.batch_size, joint_tokens=cfg.joint_tokens, significance=significance,
                    temperature=cfg.sampling.temperature, detect_tv=cfg.detect_tv, planted_bug=cfg.planted_bug,
                    min_rows_per_position=cfg.min_rows_per_position, max_samples_per_prompt=cfg.max_samples_per_prompt)
-    rows = check_before_loading(cfg, cfg.drafter.k)  # every refusal that needs no model, before the target loads
-    torch.manual_seed(cfg.sampling.seed)
-    device = resolve_device(cfg.target.device)
-    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafter = build_drafter(cfg.drafter, target, tokenizer, target_backend(cfg.target))
-    k, length = cfg.drafter.k, cfg.data.max_new_tokens
-    context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = prompt_room(length, k, context, "target.max_context" if context == cfg.target.max_context
-                        else "max_position_embeddings")
-    if cfg.data.max_prompt_tokens is not None:
-        limit = min(limit, cfg.data.max_prompt_tokens)
-    prompts = encode_prompts(tokenizer, rows, limit, context)
-    sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
+    return significance
+
+
+def run(cfg: DictConfig) -> VerifyResult:
+    significance = check_verify_config(cfg)
+    job = Job.build(cfg, cfg.drafter.k)
     result = verify_distribution(
-        target, drafter, prompts, k=k, length=length, samples_per_prompt=cfg.samples_per_prompt, sampling=sampling,
-        batch_size=cfg.data.batch_size, seed=cfg.sampling.seed, significance=significance,
-        joint_tokens=cfg.joint_tokens,
-        min_rows_per_position=cfg.min_rows_per_position, planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv,
-        max_samples_per_prompt=cfg.max_samples_per_prompt,
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-    )
-    result.report = {**result.report, **config_fields(cfg), "prompt_ids": list(rows["id"]),
-                     "device": machine_description(device)}
+        job.target, job.drafter, job.prompts, k=job.k, length=job.max_new_tokens,
+        samples_per_prompt=cfg.samples_per_prompt, sampling=job.sampling, batch_size=job.batch_size, seed=job.seed,
+        significance=significance, joint_tokens=cfg.joint_tokens, min_rows_per_position=cfg.min_rows_per_position,
+        planted_bug=cfg.planted_bug, detect_tv=cfg.detect_tv, max_samples_per_prompt=cfg.max_samples_per_prompt,
+        pad_id=job.pad_id, backend=job.backend)
+    result.report = {**result.report, **config_fields(cfg), "prompt_ids": list(job.rows["id"]),
+                     "device": machine_description(job.device)}
     return result
 
 

@@ -28,7 +28,7 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -40,15 +40,14 @@ from omegaconf import DictConfig
 from specdec.config import JobConfig, config_dir, job_defaults, register_configs
 from specdec.decode.engine import speculative_generate
 from specdec.decode.metrics import DecodeStats, as_replayed, summarize_prompts, total
-from specdec.drafters import build_drafter
 from specdec.drafters.loading import lossy_rule
-from specdec.jobs.checks import check_before_loading, check_log_dir, check_lookahead
-from specdec.jobs.data import encode_prompts, prompt_room, result_category
+from specdec.jobs.checks import check_log_dir, check_lookahead
+from specdec.jobs.data import result_category
 from specdec.jobs.io import write_json
-from specdec.jobs.runs import config_fields, machine_description, run_task, target_backend
-from specdec.models import as_decoder
-from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.jobs.job import Job
+from specdec.jobs.runs import config_fields, machine_description, run_task
 from specdec.replay.cache import cached_log
+from specdec.replay.costs import CostModel
 from specdec.replay.log import ReplayLog, drafts_trees
 from specdec.replay.simulate import batched_speedup, plain_stats, replay
 from specdec.report.table import format_replay_table
@@ -70,9 +69,9 @@ register_configs()
 ConfigStore.instance().store(name="replay_schema", node=ReplayConfig)
 
 
-def check_replay_config(cfg: DictConfig):
-    """Refuse, before the target loads, what replay does not cover yet, and every other setting that needs no model
-    (:func:`~specdec.jobs.checks.check_before_loading`); the lookahead k and the prompt rows."""
+def check_replay_config(cfg: DictConfig) -> tuple[int, int]:
+    """Refuse, before the target loads, what replay does not cover yet (the job's own checks follow in
+    :meth:`~specdec.jobs.job.Job.build`); the lookahead k and the one the prompts leave room for (the log's)."""
     k = cfg.drafter.k
     check_lookahead(k, hint="a replay sweeps K itself (-m drafter.k=1,2,4); drafter.k=auto is the main job's "
                             "(python -m specdec.run drafter.k=auto)")
@@ -87,64 +86,36 @@ def check_replay_config(cfg: DictConfig):
         raise ValueError(f"drafter.schedule={cfg.drafter.schedule!r}: the draft length follows earlier steps' "
                          f"acceptance, which one proposal per position cannot replay; use drafter.schedule=constant")
     check_log_dir(cfg.log_dir, "log_dir")
-    tree = bool(cfg.drafter.get("tree"))
-    return k, check_before_loading(cfg, k, room=2 * (k if tree else max(k, cfg.k_max)))
+    return k, 2 * (k if cfg.drafter.get("tree") else max(k, cfg.k_max))  # the log's margin
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    k, rows = check_replay_config(cfg)
-    device = resolve_device(cfg.target.device)
-    backend = target_backend(cfg.target)
-    model, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    target = as_decoder(model, backend=backend)  # what the target's forwards run through
-    drafter = build_drafter(cfg.drafter, model, tokenizer, backend)
-    tree = drafts_trees(drafter)
-    k_max = k if tree else max(k, cfg.k_max)
-    context = min(cfg.target.max_context, target.config.max_position_embeddings)
-    limit = prompt_room(cfg.data.max_new_tokens, 2 * k_max, context, "target.max_context")  # the log's margin too
-    if cfg.data.max_prompt_tokens is not None:
-        limit = min(limit, cfg.data.max_prompt_tokens)
-    prompts = encode_prompts(tokenizer, rows, limit, context)
-    sampling = dict(temperature=cfg.sampling.temperature, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
-    seeds = [cfg.sampling.seed + s for s in range(cfg.seeds)]
-    eos = stop_token_ids(model, tokenizer)
-    log, path, from_disk = cached_log(target, drafter, prompts, k_max=k_max, max_new_tokens=cfg.data.max_new_tokens,
-                                      tokenizer=tokenizer, eos_token_id=eos, tree=tree, directory=cfg.log_dir,
-                                      costs=cfg.costs, cost_batch=cfg.data.batch_size, pad_id=tokenizer.pad_token_id,
-                                      seeds=seeds, **sampling)
+    k, room = check_replay_config(cfg)
+    job = Job.build(cfg, k, room=room)
+    target = job.decoder()  # eager: what the target's forwards run through
+    tree = drafts_trees(job.drafter)
+    sampling = asdict(job.sampling)
+    log, path, from_disk = cached_log(target, job.drafter, job.prompts, k_max=k if tree else max(k, cfg.k_max),
+                                      max_new_tokens=job.max_new_tokens, tokenizer=job.tokenizer, eos_token_id=job.eos,
+                                      tree=tree, directory=cfg.log_dir, costs=cfg.costs, cost_batch=job.batch_size,
+                                      pad_id=job.pad_id, seeds=[job.seed + s for s in range(cfg.seeds)], **sampling)
     start = time.perf_counter()
-    spec = replay(log, k, batch_size=cfg.data.batch_size)
+    spec = replay(log, k, batch_size=job.batch_size)
     replay_time = time.perf_counter() - start
     walk = log.temperature != 0 and log.one_hot  # deterministic drafts: the matching walk too
     walked = total(replay(log, k, walk=True)).mean_accepted_length if walk else None
     live = None
     if cfg.check_live:
-        live = live_check(target, drafter, prompts[:cfg.check_live], spec[:cfg.check_live], k=k, eos=eos,
-                          max_new_tokens=cfg.data.max_new_tokens, seeds=1 if log.temperature == 0 else cfg.live_seeds,
-                          seed=cfg.sampling.seed, **sampling)
-    costs = log.cost_model(cfg.data.batch_size)
-    base = [plain_stats(s, costs) for s in spec] if costs else None
-    by_category: dict[str, list[int]] = defaultdict(list)
-    for i, row in enumerate(rows):
-        by_category[result_category(row)].append(i)
-
-    def group(indices: list[int]) -> tuple[list[DecodeStats], list[DecodeStats] | None]:
-        return [spec[i] for i in indices], None if base is None else [base[i] for i in indices]
-
-    figures = as_replayed(summarize_prompts(spec, base, k, len(prompts)))
-    if costs is not None and cfg.data.batch_size > 1:  # the rows of a batch step together
-        figures.update(predicted_speedup=batched_speedup(log, k, cfg.data.batch_size), predicted_speedup_interval=None)
+        live = live_check(target, job.drafter, job.prompts[:cfg.check_live], spec[:cfg.check_live], k=k, eos=job.eos,
+                          max_new_tokens=job.max_new_tokens, seeds=1 if log.temperature == 0 else cfg.live_seeds,
+                          seed=job.seed, **sampling)
+    costs = log.cost_model(job.batch_size)
     return {
         "status": "ok",
         "error": None,
         **config_fields(cfg),
-        "num_prompts": len(prompts),
-        **figures,
-        "per_category": {cat: as_replayed(summarize_prompts(*group(ids), k, len(ids)))
-                         for cat, ids in sorted(by_category.items())},
-        # chains: the prediction at every K the log covers (one replay each, milliseconds); a tree's log holds one
-        "predicted_speedup_by_k": (None if tree or costs is None else
-                                   predicted_by_k(log, range(1, log.k_max + 1), cfg.data.batch_size)),
+        "num_prompts": len(job.prompts),
+        **replayed_figures(log, spec, costs, job.rows, k, batch_size=job.batch_size, tree=tree),
         "greedy_mismatches": None,
         "lossy": False,
         "replayed": True,  # α and τ from the log (greedy: exact; T > 0: expected); rates, prediction: the cost model
@@ -156,7 +127,33 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "log_time_s": log.log_time_s,
         "replay_time_s": replay_time,
         "k_max": log.k_max,
-        "device": (costs.machine if costs else None) or machine_description(device),
+        "device": (costs.machine if costs else None) or machine_description(job.device),
+    }
+
+
+def replayed_figures(log: ReplayLog, spec: list[DecodeStats], costs: CostModel | None, rows, k: int, *,
+                     batch_size: int, tree: bool) -> dict[str, Any]:
+    """The main job's figures as the replay of ``log`` at lookahead ``k`` gives them (``spec``: one prompt's
+    statistics each, in the order of ``rows``), timed by ``costs`` (None: no speedups): overall, per category, and
+    for chains at every K the log covers."""
+    base = [plain_stats(s, costs) for s in spec] if costs else None
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_category[result_category(row)].append(i)
+
+    def group(indices: list[int]) -> tuple[list[DecodeStats], list[DecodeStats] | None]:
+        return [spec[i] for i in indices], None if base is None else [base[i] for i in indices]
+
+    figures = as_replayed(summarize_prompts(spec, base, k, len(rows)))
+    if costs is not None and batch_size > 1:  # the rows of a batch step together
+        figures.update(predicted_speedup=batched_speedup(log, k, batch_size), predicted_speedup_interval=None)
+    return {
+        **figures,
+        "per_category": {cat: as_replayed(summarize_prompts(*group(ids), k, len(ids)))
+                         for cat, ids in sorted(by_category.items())},
+        # chains: the prediction at every K the log covers (one replay each, milliseconds); a tree's log holds one
+        "predicted_speedup_by_k": (None if tree or costs is None else
+                                   predicted_by_k(log, range(1, log.k_max + 1), batch_size)),
     }
 
 

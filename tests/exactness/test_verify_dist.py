@@ -651,6 +651,38 @@ def test_cli_exit_status_rejects_a_planted_bug(tiny_model_dir, tmp_path):
     assert "CAUGHT" in proc.stdout
 
 
+def test_the_target_and_the_drafter_run_on_the_backend_the_config_names(tiny_model_dir, monkeypatch):
+    """python -m specdec.verify_dist target.coded_weights=false target.gpu_kernels=false: the target's forwards and
+    the drafter's models run on the backend those name, as the main job's do (the target ran on the default one)."""
+    from hydra import compose, initialize_config_dir
+
+    import specdec.exactness.harness as harness
+    import specdec.verify_dist as verify_main
+    from specdec.models import Backend
+
+    seen = {}
+    built, generate = NgramDrafter.from_config, harness.speculative_generate
+
+    def from_config(cls, cfg, **kwargs):
+        seen["drafter"] = kwargs["backend"]
+        return built(cfg, **kwargs)
+
+    def speculative(target, *args, **kwargs):
+        seen["target"] = target.backend
+        return generate(target, *args, **kwargs)
+
+    monkeypatch.setattr(NgramDrafter, "from_config", classmethod(from_config))
+    monkeypatch.setattr(harness, "speculative_generate", speculative)
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="verify_dist", overrides=[
+            f"target.name={tiny_model_dir / 'model'}", f"data.sources=[{tiny_model_dir / 'prompts.jsonl'}]",
+            "data.max_new_tokens=2", "samples_per_prompt=2", "joint_tokens=0", "target.coded_weights=false",
+            "target.gpu_kernels=false"])
+    verify_main.run(cfg)
+    backend = Backend(weights="float", gpu_kernels=False)
+    assert seen == {"drafter": backend, "target": backend}
+
+
 def test_config_composes_with_every_bug():
     from hydra import compose, initialize_config_dir
 

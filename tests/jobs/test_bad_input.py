@@ -127,12 +127,13 @@ def test_a_refusal_prints_its_message_not_a_traceback_unless_asked(tmp_path):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    """The entry points' target loader fails the test: a refusal must come before it."""
+    """The entry points' target loader (their job's) fails the test: a refusal must come before it."""
+    import specdec.jobs.job
+
     def load_target(*args, **kwargs):
         raise AssertionError(f"a model was loaded ({args}): the refusal came too late")
 
-    for module in (run_main, verify_main, replay_main):
-        monkeypatch.setattr(module, "load_target", load_target)
+    monkeypatch.setattr(specdec.jobs.job, "load_target", load_target)
 
 
 def composed(entry: str, *overrides: str):

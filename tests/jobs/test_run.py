@@ -151,12 +151,13 @@ def test_the_main_job_gives_each_speedup_its_interval_and_marks_categories_of_fe
     table shows the intervals and the marks."""
     from helpers import CHAT_TEMPLATE, tiny_train_pair
 
+    import specdec.jobs.job
     import specdec.run as run_job
     from specdec.report.table import format_table
 
     model, tokenizer = tiny_train_pair()
     tokenizer.chat_template = CHAT_TEMPLATE
-    monkeypatch.setattr(run_job, "load_target", lambda name, **_: (model, tokenizer))
+    monkeypatch.setattr(specdec.jobs.job, "load_target", lambda name, **_: (model, tokenizer))
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("run", overrides=["drafter=ngram", "data.limit_per_source=3", "data.max_new_tokens=6",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from specdec.jobs.checks import check_before_loading
 from specdec.replay.__main__ import check_replay_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,8 @@ def test_every_drafter_composes(drafter):
     other = ["target=gemma3", "data=code_text", "drafter.schedule=constant"] if drafter == "cross_vocab" else []
     cfg = composed(f"drafter={drafter}", "drafter.k=3", *other)
     presets = {"cross_vocab": "draft_model"}  # a preset of another drafter (configs/drafter/cross_vocab.yaml)
-    k, rows = check_replay_config(cfg)
+    k, room = check_replay_config(cfg)
+    rows = check_before_loading(cfg, k, room=room)  # the checks the job makes before its target loads
     assert cfg.drafter.name == presets.get(drafter, drafter) and cfg.k_max == 8 and k == 3 and len(rows) == 16
 
 
@@ -54,9 +56,16 @@ def test_help_lists_the_main_jobs_groups():
     ("drafter.k=0", "drafter.k (lookahead) must be an integer >= 1, got 0"),
     ("drafter.k=auto", "a replay sweeps K itself (-m drafter.k=1,2,4); drafter.k=auto is the main job's"),
 ])
-def test_refused_before_anything_loads(override, message):
+def test_refused_before_anything_loads(override, message, monkeypatch):
+    import specdec.jobs.job
+    from specdec.replay.__main__ import run
+
+    def load_target(*args, **kwargs):
+        raise AssertionError("a model was loaded: the refusal came too late")
+
+    monkeypatch.setattr(specdec.jobs.job, "load_target", load_target)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_replay_config(composed("drafter=ngram", override))
+        run(composed("drafter=ngram", override))
 
 
 @pytest.mark.real_model

@@ -11,6 +11,7 @@ from helpers import CHAT_TEMPLATE, CONFIGS, tiny_config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import specdec.jobs.job
 import specdec.run as run_job
 from specdec.config import register_configs
 from specdec.drafters import DRAFTERS
@@ -57,7 +58,7 @@ def test_a_trained_drafter_decodes_with_the_command_its_training_printed(method,
         assert name == "tiny"
         return model, tokenizer
 
-    monkeypatch.setattr(run_job, "load_target", load_tiny)
+    monkeypatch.setattr(specdec.jobs.job, "load_target", load_tiny)  # the main job's target
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # the printed overrides, then a budget
         run_cfg = compose("run", overrides=[*command[3:], "data.sources=[mtbench]", "data.limit_per_source=2",
