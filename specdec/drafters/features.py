@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdec.errors import CheckpointError, VocabMismatchError
+from specdec.models import fused
 
 
 class FeatureDraftModel(nn.Module):
@@ -72,9 +73,7 @@ class FeatureDraftModel(nn.Module):
         kernels = self._fused(hidden)
         if kernels is not None:
             plan = self._plan_for(hidden)
-            rows = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            normed = kernels.rms_norm(rows, None, *plan["norm"])
-            return self.backend.step_product(normed, plan["lm_head"]).view(*hidden.shape[:-1], -1)
+            return fused.normed_product(self.backend, kernels, hidden, plan["norm"], plan["lm_head"])
         return self.backend.linear(self.norm(hidden), self.lm_head).float()
 
     def _fused(self, x: torch.Tensor):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models import fused
 from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
 
@@ -39,9 +40,10 @@ class Family:
     window_on_every_layer: bool = False  # config.sliding_window holds on every layer (Mistral), not per layer_types
 
     @property
-    def llama_layer(self) -> bool:
-        """Llama's layer exactly: what the fused CPU kernels compute."""
-        return not (self.qk_norm or self.sandwich_norms or self.rope_by_layer_type)
+    def fused_layer(self) -> bool:
+        """A layer the fused forward describes (:class:`~specdec.models.fused.Layer`): Llama's, with or without
+        q/k norms (Qwen3's); not Gemma's sandwich norms and per-kind rotary embeddings."""
+        return not (self.sandwich_norms or self.rope_by_layer_type)
 
 
 FAMILIES = {  # transformers model_type -> what its layer adds to Llama's
@@ -232,72 +234,67 @@ class CompactDecoder(nn.Module):
     def _fused(self, x: torch.Tensor):
         """The kernel set this forward runs the small ops between the products through (:meth:`_fused_layers`), or
         None: the backend's (:meth:`Backend.fused_kernels`: specdec's CPU kernels for float32 on CPU, its Triton
-        kernels on a GPU; neither under autograd or torch.compile) for Llama's layer with its RMSNorm and SiLU."""
+        kernels on a GPU; neither under autograd or torch.compile) for a layer the fused forward describes
+        (:attr:`Family.fused_layer`: Llama's, Qwen3's q/k norms) with its RMSNorms and SiLU."""
         kernels = self.backend.fused_kernels(x)
-        if kernels is None or not self.family.llama_layer:
+        if kernels is None or not self.family.fused_layer:
             return None
         if self._fusable is None:
-            norms = [self.norm] + [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-            self._fusable = (all(hasattr(n, "variance_epsilon") and n.weight.shape == (self.hidden_size,) for n in norms)
-                             and all(isinstance(layer.mlp.act_fn, nn.SiLU)  # transformers 5: its own SiLU module
-                                     or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
+            self._fusable = self._rms_norms_and_silu()
         return kernels if self._fusable else None
+
+    def _rms_norms_and_silu(self) -> bool:
+        """Whether every norm is an RMSNorm of the width the fused kernels read and every MLP gates by SiLU."""
+        width = {"input_layernorm": self.hidden_size, "post_attention_layernorm": self.hidden_size,
+                 "self_attn.q_norm": self.head_dim, "self_attn.k_norm": self.head_dim}
+        if not self.family.qk_norm:
+            del width["self_attn.q_norm"], width["self_attn.k_norm"]
+        norms = [(self.norm, self.hidden_size)] + [(layer.get_submodule(name), size) for layer in self.layers
+                                                   for name, size in width.items()]
+        return (all(hasattr(n, "variance_epsilon") and n.weight.shape == (size,) for n, size in norms)
+                and all(isinstance(layer.mlp.act_fn, nn.SiLU)  # transformers 5: its own SiLU module
+                        or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
 
     def _fused_layers(self, kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured) -> torch.Tensor:
         """The decoder layers and final norm of :meth:`forward` through a fused kernel set (``kernels``: specdec's
-        CPU kernels or its Triton kernels, :mod:`~specdec.models.gpu_kernels`), the normed hidden state [B, T, H]
-        (and the captured streams into ``captured``): one kernel per RMSNorm (with the residual add before it), per
-        rotary embedding of q and k, per SiLU·up, instead of 4-8 torch ops each, and one for the cache writes and
-        the attention (on CPU for a decode or verification step, SDPA for a prefill: ``Backend.attends_in_kernel``).
-        On CPU the same arithmetic as the torch ops (no fused multiply-adds), sums in another order: logits equal to
-        float32 rounding (tested). On a GPU the products are one ``F.linear`` each over q|k|v and gate|up stacked
-        once (:class:`~specdec.models.backend.Stacked`): nine kernels a layer."""
+        CPU kernels or its Triton kernels; :func:`specdec.models.fused.decoder_layers` runs them), the normed hidden
+        state [B, T, H] (and the captured streams into ``captured``). The cache writes and the attention run in the
+        kernel set for a decode or verification step, through SDPA for a CPU prefill (``Backend.attends_in_kernel``).
+        On a GPU the products are one ``F.linear`` each over q|k|v and gate|up stacked once
+        (:class:`~specdec.models.backend.Stacked`): nine kernels a layer (two more for Qwen3's q/k norms)."""
         b, t, width = x.shape
-        step = self.backend.attends_in_kernel(kernels, b * t)
-        mask = None if step else cache.attention_mask(t, kv_len, tree_mask)  # [B, 1, T, S]
-        stream = x.reshape(b * t, width).clone()  # the residual stream, updated in place
-        cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
-        norm = self.layers[0].input_layernorm
-        h = kernels.rms_norm(stream, None, norm.weight, norm.variance_epsilon)
-        for i, (qkv, o, gate_up, down, post_norm, next_norm) in enumerate(self._layer_plan(self.backend.stacks(x))):
-            q, k, v = kernels.rope_qkv(self.backend.step_product(h, qkv), cos, sin, self.num_heads, self.num_kv_heads)
-            if step:
-                out = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
-                                              tree_mask)
-            else:
-                q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-                k = k.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-                keys, values = cache.write(i, k, v, kv_len)
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-                out = out.transpose(1, 2).reshape(b * t, -1)
-            h = kernels.rms_norm(stream, self.backend.step_product(out, o), post_norm[0], post_norm[1])
-            hidden = kernels.silu_mul(self.backend.step_product(h, gate_up))
-            h = kernels.rms_norm(stream, self.backend.step_product(hidden, down), next_norm[0], next_norm[1])
-            if i + 1 in capture:
-                captured[i + 1] = stream.view(b, t, width).clone()
+        dense = None if self.backend.attends_in_kernel(kernels, b * t) else cache.attention_mask(t, kv_len, tree_mask)
+        attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len)
+        layers, final_norm = self._layer_plan(self.backend.stacks(x))
+
+        def keep(i: int, stream: torch.Tensor) -> None:
+            if i in capture:
+                captured[i] = stream.view(b, t, width).clone()
+
+        heads = fused.Heads(self.num_heads, self.num_kv_heads, self.head_dim)
+        h = fused.decoder_layers(self.backend, kernels, layers, heads, x.reshape(b * t, width).clone(),
+                                 cos.reshape(b * t, -1), sin.reshape(b * t, -1), attention, final_norm=final_norm,
+                                 on_layer=keep if capture else None)
         return h.view(b, t, width)
 
-    def _layer_plan(self, stacked: bool = False) -> list[tuple]:
-        """Per decoder layer, what :meth:`_fused_layers` reads: for q|k|v, o, gate|up and down, (the stacked
-        (weight in panels, bias, outputs) that ``Backend.prepare`` packs for the few-row kernel or None, the
-        layers); then (weight, eps) of the post-attention norm and of the norm after the layer. Built once and
-        reused while the backend is the same and every submodule and parameter it was built from is still in place,
-        at the same version (:class:`ProductPlan`): a few dictionary lookups per layer instead of four calls to
-        ``Backend.prepare``
-        and a dozen module attribute reads (a sixth of a CPU decode step for SmolLM2-135M). ``stacked``: the
-        products' weights stacked for a GPU's ``F.linear`` (:class:`~specdec.models.backend.Stacked`)."""
+    def _layer_plan(self, stacked: bool = False) -> tuple[list[fused.Layer], fused.Norm]:
+        """What :meth:`_fused_layers` reads: each decoder layer as data (:class:`~specdec.models.fused.Layer`: its
+        q|k|v, o, gate|up and down products, as ``Backend.prepare`` packs them for the few-row kernel, and its norms'
+        (weight, eps)), and the final norm's. Built once and reused while the backend is the same and every
+        submodule and parameter it was built from is still in place, at the same version (:class:`ProductPlan`):
+        a few dictionary lookups per layer instead of four calls to ``Backend.prepare`` and a dozen module
+        attribute reads (a sixth of a CPU decode step for SmolLM2-135M). ``stacked``: the products' weights stacked
+        for a GPU's ``F.linear`` (:class:`~specdec.models.backend.Stacked`)."""
         if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
-        built, plan = ProductPlan(self.backend, self.dtype, stacked=stacked), []
-        layers, = built.hold(self, "layers")
-        built.hold(layers, *layers._modules)
-        for i, layer in enumerate(self.layers):
+        built, layers = ProductPlan(self.backend, self.dtype, stacked=stacked), []
+        held, = built.hold(self, "layers")
+        for layer in built.hold(held, *held._modules):
             attn, mlp = built.hold(layer, "self_attn", "mlp")
-            plan.append((built.group(attn, "q_proj", "k_proj", "v_proj"), built.group(attn, "o_proj"),
-                         built.group(mlp, "gate_proj", "up_proj"), built.group(mlp, "down_proj"),
-                         built.norm(layer, "post_attention_layernorm"),
-                         built.norm(self.layers[i + 1], "input_layernorm") if i + 1 < len(self.layers)
-                         else built.norm(self, "norm")))
-        self._plan = (plan, built)
-        return plan
+            qk_norms = (built.norm(attn, "q_norm"), built.norm(attn, "k_norm")) if self.family.qk_norm else (None, None)
+            layers.append(fused.Layer(built.group(attn, "q_proj", "k_proj", "v_proj"), built.group(attn, "o_proj"),
+                                      built.group(mlp, "gate_proj", "up_proj"), built.group(mlp, "down_proj"),
+                                      built.norm(layer, "input_layernorm"),
+                                      built.norm(layer, "post_attention_layernorm"), *qk_norms))
+        self._plan = ((layers, built.norm(self, "norm")), built)
+        return self._plan[0]

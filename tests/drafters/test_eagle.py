@@ -58,7 +58,8 @@ def test_weights_rounded_to_codes_change_the_drafts_not_the_output(target, bits)
     if cpu_kernels.available():  # the model's backend: Backend(), weights "codes"
         with torch.no_grad():  # as when drafting
             plan = model._layer_plan()
-        assert {plan[name][0][0].dtype for name in ("qkv", "gate_up", "down", "fc", "lm_head")} == \
+        entries = [plan["layer"].qkv, plan["layer"].gate_up, plan["layer"].down, plan["fc"], plan["lm_head"]]
+        assert {entry[0][0].dtype for entry in entries} == \
             {torch.uint8 if bits == 4 else torch.int8}
     out = speculative_generate(target, EagleDrafter(model), PROMPTS, k=7, max_new_tokens=24, attention_mask=MASK,
                                eos_token_id=[])

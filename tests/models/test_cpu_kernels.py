@@ -185,7 +185,7 @@ def test_the_forward_streams_a_dequantised_model_as_its_codes():
             steps += decoder(ids[:, start:end], cache)
             cache.commit(torch.full((1,), end - start))
         logits[coded] = steps
-        down_panels = decoder._layer_plan()[0][3][0][0]  # the fused forward's plan, packed for its backend
+        down_panels = decoder._layer_plan()[0][0].down[0][0]  # the fused forward's plan, packed for its backend
         assert down_panels.dtype == (torch.uint8 if coded else torch.float32)
     for coded_step, float_step in zip(logits[True], logits[False]):
         assert torch.equal(coded_step, float_step)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import tiny_family
+from helpers import fused_backend, tiny_family
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import NgramDrafter
 from specdec.jobs.data import left_pad
@@ -122,6 +122,29 @@ def test_planted_qwen3_qk_norm_skipped_is_caught():
     decoder = as_decoder(model)
     decoder.family = dataclasses.replace(decoder.family, qk_norm=False)
     assert largest_gap(decoder, model) > 10 * TOLERANCE
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "triton"])
+@pytest.mark.parametrize("planted", [False, True], ids=["exact", "planted-qk-norm-skipped"])
+def test_qwen3_runs_the_fused_layers_with_its_qk_norms(kernels, planted, monkeypatch):
+    """Qwen3's layer is Llama's with per-head q/k norms: the fused forward runs it (specdec's CPU kernels, the
+    Triton kernels under the interpreter) and gives transformers' logits; its layers described without the q/k
+    norms (planted) do not."""
+    model = tiny_family("qwen3", window=1024)  # a window wider than the cache: no layer slides, the fused path runs
+    decoder = as_decoder(model, backend=fused_backend(kernels))
+    with torch.no_grad():  # as decoding runs (autograd keeps torch's ops)
+        assert decoder._fused(torch.zeros(1, 1, 32)) is not None
+    calls = []
+    real = decoder._layer_plan
+
+    def plan(stacked=False):
+        calls.append(stacked)
+        layers, final = real(stacked)
+        return ([layer._replace(q_norm=None, k_norm=None) for layer in layers] if planted else layers), final
+
+    monkeypatch.setattr(decoder, "_layer_plan", plan)
+    gap = largest_gap(decoder, model)
+    assert calls and (gap > 10 * TOLERANCE if planted else gap < TOLERANCE)
 
 
 def test_eagle_reads_gemmas_embeddings_as_the_target_does():

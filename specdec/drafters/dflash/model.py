@@ -36,6 +36,7 @@ from torch import nn
 from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
+from specdec.models import fused
 from specdec.models.backend import Backend, ProductPlan
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
@@ -254,61 +255,38 @@ class DFlashModel(FeatureDraftModel):
     def _fused_context(self, kernels, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                        kv_len: int | None) -> torch.Tensor:
         """:meth:`write_context` with the products over the plan's panels (stacked on a GPU) and one kernel per
-        RMSNorm (q/k's per head) and for the keys' rotary embedding: the ops of :meth:`context_kv`, sums in another
-        order."""
+        RMSNorm (k's per head) and for the keys' rotary embedding (:func:`specdec.models.fused.context_keys_values`):
+        the ops of :meth:`context_kv`, sums in another order."""
         b, t, _ = features.shape
         plan = self._plan_for(features)
-        _, kv_heads, dim = self.layers[0].shape
         rows = features.reshape(b * t, -1).contiguous()
         context = kernels.rms_norm(self.backend.step_product(rows, plan["fc"]), None, *plan["hidden_norm"])
+        context = context.view(b, t, -1)
         cos, sin = self.rope(positions, context.dtype)
-        cos, sin = cos.reshape(b * t, -1), sin.reshape(b * t, -1)
-        for i, layer in enumerate(plan["layers"]):
-            kv = self._head_norms(kernels, self.backend.step_product(context, layer["kv"]), 0, kv_heads, dim, layer)
-            _, k, v = kernels.rope_qkv(kv, cos, sin, 0, kv_heads)
-            cache.write(i, k.view(b, t, kv_heads, dim).transpose(1, 2), v.view(b, t, kv_heads, dim).transpose(1, 2),
-                        kv_len)
-        return context.view(b, t, -1)
+        fused.context_keys_values(self.backend, kernels, plan["layers"], fused.Heads(*self.layers[0].shape), context,
+                                  cos.reshape(b * t, -1), sin.reshape(b * t, -1), cache, kv_len)
+        return context
 
     def _fused_blocks(self, kernels, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                       everything: torch.Tensor) -> torch.Tensor:
         """The draft layers over one block per row, x [B, S, H] -> [B, S, H], as :meth:`blocks` with the cache's
-        attention: one C++ pass per RMSNorm (the residual add before it; q's and k's per head), for the rotary
-        embedding, for the cache write and the attention (every block entry sees the committed context and the
-        whole block), and for SiLU·up, and the products over the plan's panels (codes where the weights are)."""
+        attention (every block entry sees the committed context and the whole block), through a fused kernel set
+        (:func:`specdec.models.fused.decoder_layers`) and the products over the plan's panels (codes where the
+        weights are)."""
         b, s, h = x.shape
-        plan = self._plan_for(x)
-        heads, kv_heads, dim = self.layers[0].shape
-        product = self.backend.step_product
-        stream = x.reshape(b * s, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
         cos, sin = self.rope(positions, x.dtype)
-        cos, sin = cos.reshape(b * s, -1), sin.reshape(b * s, -1)
-        for i, layer in enumerate(plan["layers"]):
-            normed = kernels.rms_norm(stream, None, *layer["input_norm"])
-            qkv = self._head_norms(kernels, product(normed, layer["qkv"]), heads, kv_heads, dim, layer)
-            q, k, v = kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
-            attended = kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
-                                               everything)
-            normed = kernels.rms_norm(stream, product(attended, layer["o"]), *layer["post_norm"])
-            stream += product(kernels.silu_mul(product(normed, layer["gate_up"])), layer["down"])
-        return stream.view(b, s, h)
-
-    @staticmethod
-    def _head_norms(kernels, qkv: torch.Tensor, heads: int, kv_heads: int, dim: int, layer: dict) -> torch.Tensor:
-        """A stacked [M, (heads + 2·kv_heads)·D] q|k|v product with q's and k's per-head RMSNorms applied (through
-        ``kernels``; contiguous, as ``rope_qkv`` reads it); ``heads`` 0 for k|v alone."""
-        rms_norm, m = kernels.rms_norm, qkv.shape[0]
-        q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
-        parts = [rms_norm(q.reshape(-1, dim).contiguous(), None, *layer["q_norm"]).view(m, -1)] if heads else []
-        parts += [rms_norm(k.reshape(-1, dim).contiguous(), None, *layer["k_norm"]).view(m, -1), v]
-        return torch.cat(parts, -1)
+        layers, heads = self._plan_for(x)["layers"], fused.Heads(*self.layers[0].shape)
+        out = fused.decoder_layers(self.backend, kernels, layers, heads,
+                                   x.reshape(b * s, h).clone(memory_format=torch.contiguous_format),
+                                   cos.reshape(b * s, -1), sin.reshape(b * s, -1), fused.Attention(cache, everything))
+        return out.view(b, s, h)
 
     def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:
-        """What the fused forwards read: per layer its products (stacked and packed as
-        :meth:`CompactDecoder._layer_plan`'s; k|v again for the context) and norms' (weight, eps), then ``fc``,
-        the norms and the LM head; rebuilt when a submodule or a parameter it was built from is replaced or
-        updated in place, or the backend changes (:class:`ProductPlan`). ``stacked``: the products stacked for a
-        GPU's ``F.linear``."""
+        """What the fused forwards read: each layer as data (:class:`~specdec.models.fused.Layer`, its products
+        stacked and packed as :meth:`CompactDecoder._layer_plan`'s; k|v again for the context), then ``fc``, the
+        norms and the LM head; rebuilt when a submodule or a parameter it was built from is replaced or updated in
+        place, or the backend changes (:class:`ProductPlan`). ``stacked``: the products stacked for a GPU's
+        ``F.linear``."""
         if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
         built = ProductPlan(self.backend, self.fc.weight.dtype, stacked=stacked)
@@ -316,12 +294,12 @@ class DFlashModel(FeatureDraftModel):
         per_layer = []
         for layer in built.hold(layers, *layers._modules):
             attn, mlp = built.hold(layer, "self_attn", "mlp")
-            per_layer.append({
-                "qkv": built.group(attn, "q_proj", "k_proj", "v_proj"), "kv": built.group(attn, "k_proj", "v_proj"),
-                "o": built.group(attn, "o_proj"), "gate_up": built.group(mlp, "gate_proj", "up_proj"),
-                "down": built.group(mlp, "down_proj"), "input_norm": built.norm(layer, "input_layernorm"),
-                "post_norm": built.norm(layer, "post_attention_layernorm"), "q_norm": built.norm(attn, "q_norm"),
-                "k_norm": built.norm(attn, "k_norm")})
+            per_layer.append(fused.Layer(
+                built.group(attn, "q_proj", "k_proj", "v_proj"), built.group(attn, "o_proj"),
+                built.group(mlp, "gate_proj", "up_proj"), built.group(mlp, "down_proj"),
+                built.norm(layer, "input_layernorm"), built.norm(layer, "post_attention_layernorm"),
+                q_norm=built.norm(attn, "q_norm"), k_norm=built.norm(attn, "k_norm"),
+                kv=built.group(attn, "k_proj", "v_proj")))
         plan = {"layers": per_layer, "fc": built.group(self, "fc"), "hidden_norm": built.norm(self, "hidden_norm"),
                 "norm": built.norm(self, "norm"), "lm_head": built.group(self, "lm_head")}
         self._plan = (plan, built)

@@ -27,6 +27,7 @@ from torch import nn
 from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
+from specdec.models import fused
 from specdec.models.backend import Backend, ProductPlan, rms_norm_eps
 from specdec.models.cache import KVCache
 from specdec.models.compact import _rotate_half
@@ -169,43 +170,40 @@ class EagleModel(FeatureDraftModel):
 
     def _fused_step(self, kernels, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
                     sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
-        """:meth:`step` through a fused kernel set (``kernels``: the CPU's or the Triton kernels), one kernel per
-        RMSNorm (the residual add before it), for the rotary embedding of q and k, for the cache write and the
-        attention, and for SiLU·up, and the products over the plan's (panels on CPU, float16 where the weights are
-        exactly float16; stacked for ``F.linear`` on a GPU): the ops of :meth:`EagleLayer.project` and
-        :meth:`EagleLayer.finish`, sums in another order (outputs equal to float32 rounding, tested)."""
+        """:meth:`step` through a fused kernel set (``kernels``: the CPU's or the Triton kernels;
+        :func:`specdec.models.fused.decoder_layers` runs the layer) and the products over the plan's (panels on CPU,
+        float16 where the weights are exactly float16; stacked for ``F.linear`` on a GPU): the ops of
+        :meth:`EagleLayer.project` and :meth:`EagleLayer.finish`, sums in another order (outputs equal to float32
+        rounding, tested)."""
         b, t, h = hidden.shape
         plan = self._plan_for(hidden)
-        heads, kv_heads, _ = self.layer.shape
         stream = hidden.reshape(b * t, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
         embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
-        x = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
-                       kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
-        product = self.backend.step_product
-        q, k, v = kernels.rope_qkv(product(x, plan["qkv"]), cos.reshape(b * t, -1), sin.reshape(b * t, -1),
-                                   heads, kv_heads)
-        attended = kernels.cache_attention(q, k, v, cache.keys[0], cache.values[0], cache.lengths, cache.pad, tree,
-                                           recent)
-        x = kernels.rms_norm(stream, product(attended, plan["o"]), *plan["post_norm"])
-        stream += product(kernels.silu_mul(product(x, plan["gate_up"])), plan["down"])
-        return stream.view(b, t, h)
+        normed = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
+                            kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
+        out = fused.decoder_layers(self.backend, kernels, [plan["layer"]], fused.Heads(*self.layer.shape), stream,
+                                   cos.reshape(b * t, -1), sin.reshape(b * t, -1),
+                                   fused.Attention(cache, tree, recent), normed=normed)
+        return out.view(b, t, h)
 
-    def _layer_plan(self, stacked: bool = False) -> dict[str, tuple]:
-        """What :meth:`_fused_step` and the fused :meth:`logits` read: the products (stacked and packed as
-        :meth:`CompactDecoder._layer_plan`'s) and the norms' (weight, eps); rebuilt when a submodule or a
-        parameter it was built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`).
-        ``stacked``: the products stacked for a GPU's ``F.linear``."""
+    def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:
+        """What :meth:`_fused_step` and the fused :meth:`logits` read: the layer as data
+        (:class:`~specdec.models.fused.Layer`, its products stacked and packed as :meth:`CompactDecoder._layer_plan`'s),
+        its two input norms, ``fc``, the final norm and the LM head; rebuilt when a submodule or a parameter it was
+        built from is replaced or updated in place, or the backend changes (:class:`ProductPlan`). ``stacked``: the
+        products stacked for a GPU's ``F.linear``."""
         if self._plan is not None and self._plan[1].stacked == stacked and self._plan[1].current(self.backend):
             return self._plan[0]
         built = ProductPlan(self.backend, self.fc.weight.dtype, stacked=stacked)
         layers, = built.hold(self, "layers")
         layer, = built.hold(layers, "0")
         attn, mlp = built.hold(layer, "self_attn", "mlp")
-        plan = {"qkv": built.group(attn, "q_proj", "k_proj", "v_proj"), "o": built.group(attn, "o_proj"),
-                "gate_up": built.group(mlp, "gate_proj", "up_proj"), "down": built.group(mlp, "down_proj"),
+        plan = {"layer": fused.Layer(built.group(attn, "q_proj", "k_proj", "v_proj"), built.group(attn, "o_proj"),
+                                     built.group(mlp, "gate_proj", "up_proj"), built.group(mlp, "down_proj"), None,
+                                     built.norm(layer, "post_attention_layernorm")),
                 "input_norm": built.norm(layer, "input_layernorm"), "hidden_norm": built.norm(layer, "hidden_norm"),
-                "post_norm": built.norm(layer, "post_attention_layernorm"), "norm": built.norm(self, "norm"),
-                "lm_head": built.group(self, "lm_head"), "fc": built.group(self, "fc")}
+                "norm": built.norm(self, "norm"), "lm_head": built.group(self, "lm_head"),
+                "fc": built.group(self, "fc")}
         self._plan = (plan, built)
         return plan
 

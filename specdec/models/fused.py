@@ -1,0 +1,138 @@
+"""A decoder layer as data, and the fused forwards that run a stack of them through a kernel set.
+
+The model files (:class:`~specdec.models.compact.CompactDecoder`, the EAGLE layer, the block drafter's layers)
+describe what a layer holds (:class:`Layer`: its products as a :class:`~specdec.models.backend.ProductPlan` gives
+them, its RMSNorms, Qwen3's per-head q/k norms), the attention's shape (:class:`Heads`) and how a step attends
+(:class:`Attention`: causal, a tree or block mask over the step's tokens and a few committed slots, or a prefill's
+dense mask); the functions here run them. The kernel set is the backend's
+(:meth:`~specdec.models.backend.Backend.fused_kernels`): specdec's CPU kernels for float32 on CPU, its Triton
+kernels on a GPU, the same five calls (``rms_norm`` with the residual add before it, ``rope_qkv``,
+``cache_attention``, ``silu_mul``); the products are the backend's (``Backend.step_product``). A layer is then one
+call per RMSNorm, one for the rotary embedding of q and k, one for the cache writes and the attention, one for
+SiLU·up, and its four products (q|k|v and gate|up stacked). Torch's ops (each model's own forward) are the
+reference the tests compare these with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from specdec.models.backend import Backend
+from specdec.models.cache import KVCache
+
+Norm = tuple[torch.Tensor, float]  # an RMSNorm's (weight [H], eps)
+
+
+class Layer(NamedTuple):
+    """One pre-norm decoder layer (attention, then a gated SiLU MLP, each added to the residual stream), as the
+    fused forwards read it. The products are a plan's entries (``ProductPlan.group``)."""
+
+    qkv: Any  # q|k|v stacked
+    o: Any
+    gate_up: Any  # gate|up stacked
+    down: Any
+    input_norm: Norm | None  # None: the first layer's input comes normed (EAGLE's two norms; ``normed``)
+    post_norm: Norm  # before the MLP
+    q_norm: Norm | None = None  # each head's q and k RMSNormed before the rotary embedding (Qwen3's layer)
+    k_norm: Norm | None = None
+    kv: Any = None  # k|v alone: the block drafter's context keys and values (:func:`context_keys_values`)
+
+
+class Heads(NamedTuple):
+    """The attention's shape: query heads, key/value heads, each head's dimensions."""
+
+    q: int
+    kv: int
+    dim: int
+
+
+class Attention(NamedTuple):
+    """How a forward's new tokens attend over ``cache`` (one cache layer per decoder layer, the step's keys and
+    values written into it uncommitted): in the kernel set's ``cache_attention`` under ``mask`` [T, recent + T]
+    bool (None: causal; :meth:`KVCache.attention_mask` reads it) and ``recent`` (the last committed slots the mask
+    covers), or, where ``dense`` [B, 1, T, S] is given (a prefill on CPU: ``Backend.attends_in_kernel``), through
+    SDPA over the slots ``cache.write`` returns for ``kv_len``."""
+
+    cache: KVCache
+    mask: torch.Tensor | None = None
+    recent: int = 0
+    dense: torch.Tensor | None = None
+    kv_len: int | None = None
+
+
+def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
+                   stream: torch.Tensor,  # [M, H] the residual stream (M = B·T), updated in place
+                   cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each
+                   attention: Attention, *, normed: torch.Tensor | None = None,  # [M, H'] the first layer's input
+                   final_norm: Norm | None = None,
+                   on_layer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:  # -> [M, H]
+    """``layers`` over ``stream`` through ``kernels``: the final norm of the stream where ``final_norm`` is given
+    (each residual add fused into the norm after it), else the stream itself (the last add in place).
+    ``normed``: the first layer's normed input (None: its ``input_norm`` of the stream). ``on_layer(i, stream)``
+    after each layer i = 1..len(layers) (the captured streams). On CPU the same arithmetic as torch's ops (no fused
+    multiply-adds), sums in another order: logits equal to float32 rounding (tested)."""
+    product = backend.step_product
+    h = kernels.rms_norm(stream, None, *layers[0].input_norm) if normed is None else normed
+    for i, layer in enumerate(layers):
+        q, k, v = kernels.rope_qkv(head_norms(kernels, product(h, layer.qkv), layer, heads), cos, sin, heads.q,
+                                   heads.kv)
+        out = _attend(kernels, attention, i, q, k, v)
+        h = kernels.rms_norm(stream, product(out, layer.o), *layer.post_norm)
+        down = product(kernels.silu_mul(product(h, layer.gate_up)), layer.down)
+        following = layers[i + 1].input_norm if i + 1 < len(layers) else final_norm
+        if following is None:
+            stream += down
+        else:
+            h = kernels.rms_norm(stream, down, *following)
+        if on_layer is not None:
+            on_layer(i + 1, stream)
+    return stream if final_norm is None else h
+
+
+def _attend(kernels, attention: Attention, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+            ) -> torch.Tensor:  # q [M, Hq, D], k and v [M, Hkv, D] -> [M, Hq·D]
+    cache = attention.cache
+    if attention.dense is None:
+        return kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
+                                       attention.mask, attention.recent)
+    b, _, t, _ = attention.dense.shape
+    q, k, v = (x.view(b, t, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))  # [B, heads, T, D]
+    keys, values = cache.write(i, k, v, attention.kv_len)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention.dense, enable_gqa=True)
+    return out.transpose(1, 2).reshape(b * t, -1)
+
+
+def head_norms(kernels, qkv: torch.Tensor, layer: Layer, heads: Heads, with_q: bool = True) -> torch.Tensor:
+    """A stacked [M, (Hq + 2·Hkv)·D] q|k|v product (k|v alone without ``with_q``) with the layer's per-head q and k
+    RMSNorms applied (contiguous, as ``rope_qkv`` reads it); as it is for a layer without them."""
+    if layer.k_norm is None:
+        return qkv
+    m, dim = qkv.shape[0], heads.dim
+    q, k, v = qkv.split((heads.q * dim if with_q else 0, heads.kv * dim, heads.kv * dim), -1)
+    parts = [kernels.rms_norm(q.reshape(-1, dim).contiguous(), None, *layer.q_norm).view(m, -1)] if with_q else []
+    parts += [kernels.rms_norm(k.reshape(-1, dim).contiguous(), None, *layer.k_norm).view(m, -1), v]
+    return torch.cat(parts, -1)
+
+
+def context_keys_values(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
+                        context: torch.Tensor,  # [B, T, H] the block drafter's fused context
+                        cos: torch.Tensor, sin: torch.Tensor,  # [B·T, D] each
+                        cache: KVCache, kv_len: int | None) -> None:
+    """Each layer's keys (per-head normed, rotated) and values of ``context``, written into its cache layer
+    (uncommitted) at the rows' next slots: the block drafter's injected context."""
+    b, t, _ = context.shape
+    rows = context.reshape(b * t, -1)
+    for i, layer in enumerate(layers):
+        kv = head_norms(kernels, backend.step_product(rows, layer.kv), layer, heads, with_q=False)
+        _, k, v = kernels.rope_qkv(kv, cos, sin, 0, heads.kv)
+        cache.write(i, k.view(b, t, heads.kv, heads.dim).transpose(1, 2),
+                    v.view(b, t, heads.kv, heads.dim).transpose(1, 2), kv_len)
+
+
+def normed_product(backend: Backend, kernels, x: torch.Tensor, norm: Norm, entry: Any) -> torch.Tensor:
+    """``entry``'s product (a plan's) over the RMSNorm of x [..., H]: a final norm and an LM head."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return backend.step_product(kernels.rms_norm(rows, None, *norm), entry).view(*x.shape[:-1], -1)
