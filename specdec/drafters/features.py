@@ -157,3 +157,43 @@ def load_weights(model: FeatureDraftModel, tensors: dict[str, torch.Tensor], d2t
         state["d2t"] = d2t
     model.load_state_dict(state)
     return model
+
+
+def draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, cfg, weights: Path,
+                    hint: str) -> torch.Tensor | None:
+    """The offsets ``d2t`` [Dv] long of a file's draft vocabulary (target id of draft index i: i + d2t[i]), for a
+    config with ``draft_vocab_size`` and ``vocab_size``: the file's ``d2t``, else read off its ``t2d`` [V] bool
+    (which target ids are draft tokens, ascending); None for a drafter over the whole vocabulary. Without either,
+    a draft vocabulary smaller than the target's would silently map draft index i to target id i: garbage drafts,
+    so that raises (``hint``: what to do)."""
+    dv, v = cfg.draft_vocab_size, cfg.vocab_size
+    if d2t is None and t2d is not None and tuple(t2d.shape) == (v,) and int(t2d.bool().sum()) == dv:
+        ids = t2d.bool().nonzero().flatten()
+        d2t = ids - torch.arange(dv)
+    if d2t is None:
+        if dv == v:
+            return None
+        raise CheckpointError(f"{str(weights)!r} has no d2t (nor a t2d of {dv} draft tokens) though its config's "
+                              f"draft_vocab_size {dv} is not its vocab_size {v}: without it the draft tokens "
+                              f"cannot be mapped to the target's; restore the file the training run wrote (save_eagle "
+                              f"writes d2t and t2d), or {hint}")
+    ids = d2t.long() + torch.arange(dv) if tuple(d2t.shape) == (dv,) else None
+    if ids is None or ids.min() < 0 or ids.max() >= v:
+        raise CheckpointError(f"{str(weights)!r}: d2t (shape {list(d2t.shape)}) is not {dv} offsets to target ids "
+                              f"in [0, {v}); restore the file the training run wrote, or {hint}")
+    return d2t.long()
+
+
+def check_target(cfg, target_config, directory: Path, *, what: str, method: str) -> None:
+    """A feature drafter's config (``target_hidden_size``, ``vocab_size``, ``aux_layers``, ``hidden_size``, the
+    target's layer count in ``extra``) against the target's transformers config: a drafter trained for another
+    target raises :class:`~specdec.errors.CheckpointError` naming both and the training command (``method``)."""
+    layers = int(target_config.num_hidden_layers)
+    mine = (cfg.target_hidden_size, cfg.vocab_size, cfg.extra.get("target_num_layers", layers))
+    theirs = (int(target_config.hidden_size), int(target_config.vocab_size), layers)
+    if mine != theirs or max(cfg.aux_layers) > layers or cfg.hidden_size != theirs[0]:
+        raise CheckpointError(
+            f"the {what} at {str(directory)!r} was trained for a target with hidden size {mine[0]}, vocabulary "
+            f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
+            f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
+            f"{theirs[2]} layers; train one for it with `python -m specdec.train method={method} target=<this target>`")

@@ -16,7 +16,7 @@ from helpers import (
     PATHS, VOCAB, NoRenormalisation, markov_heads, random_heads, random_token_aware_heads, sample_and_score,
     tiny_llama)
 
-import specdec.drafters.medusa.drafter
+import specdec.drafters.trees.drafting
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, check_paths, default_heads_path, load_heads, save_heads
@@ -247,7 +247,7 @@ def prefix_cut_by_own_draft(logits, index, min_confidence):
 def test_dynamic_chain_rule_is_exact_and_the_value_based_cut_is_caught(markov_target, monkeypatch, planted, reject):
     """Batch 1, row by row: in a batch the cut is the longest over rows, which hides a per-row bias."""
     if planted:
-        monkeypatch.setattr(specdec.drafters.medusa.drafter, "confident_prefix", prefix_cut_by_own_draft)
+        monkeypatch.setattr(specdec.drafters.trees.drafting, "confident_prefix", prefix_cut_by_own_draft)
     heads = markov_heads(num_heads=2, strength=1.5)  # head 1's drafts: ~0.64 on the likeliest token, the rest spread
     drafter = MedusaDrafter(heads, markov_target.lm_head.weight, None, min_confidence=0.4)
     g = torch.Generator().manual_seed(3)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import PATHS, VOCAB, NoRenormalisation, markov_heads, random_heads, sample_and_score, successor
 
-import specdec.drafters.medusa.drafter
+import specdec.drafters.trees.drafting
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import build_drafter
 from specdec.drafters.medusa import MedusaDrafter
@@ -85,7 +85,7 @@ def append_without_merging(tokens, parents, found, fill):
 @pytest.mark.parametrize("planted, merged", [(False, True), (True, False)], ids=["merge", "planted-append"])
 def test_lookup_continuation_is_merged_like_a_trie(tiny_target, monkeypatch, planted, merged):
     if planted:
-        monkeypatch.setattr(specdec.drafters.medusa.drafter, "add_branch", append_without_merging)
+        monkeypatch.setattr(specdec.drafters.trees.drafting, "add_branch", append_without_merging)
     heads = random_heads(scale=1.0)
     hidden = torch.randn(1, 32)
     state = type("S", (), {})()  # the fields propose() reads

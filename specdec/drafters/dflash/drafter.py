@@ -34,8 +34,7 @@ from specdec.config import DrafterConfig
 from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
 from specdec.drafters.features import check_state, on_target
-from specdec.drafters.medusa.candidates import IndependentHeads
-from specdec.drafters.medusa.drafter import ChainDrafting, TreeDrafting
+from specdec.drafters.trees.drafting import ChainDrafting, IndependentHeads, TreeDrafting
 from specdec.drafters.trees.plan import check_paths
 from specdec.models.backend import Backend
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
+from specdec.drafters.features import FeatureDraftModel, check_target, draft_to_target, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import fused
@@ -377,8 +377,6 @@ def load_dflash(path: str | Path, *, target_config: Any | None = None) -> DFlash
     """A block drafter from a directory, in float32. ``target_config`` (the target's transformers config) is
     checked against: a drafter trained for another target raises :class:`~specdec.errors.CheckpointError`
     naming both."""
-    from specdec.drafters.eagle.model import _draft_to_target
-
     path = Path(path).expanduser()
     directory = path.parent if path.is_file() else path
     if not (directory / "config.json").is_file():
@@ -386,7 +384,7 @@ def load_dflash(path: str | Path, *, target_config: Any | None = None) -> DFlash
     raw = read_json_object(directory / "config.json", what="a drafter config (an object)", hint=_HINT)
     cfg = _config_from_json(raw, directory)
     if target_config is not None:
-        _check_target(cfg, target_config, directory)
+        check_target(cfg, target_config, directory, what=DFlashModel.what, method="dflash")
     weights = directory / "model.safetensors"
     tensors = read_tensors(weights, what="block drafter weights", hint=_HINT, finite=True)
     model = DFlashModel(cfg)
@@ -394,17 +392,5 @@ def load_dflash(path: str | Path, *, target_config: Any | None = None) -> DFlash
         raise CheckpointError(f"{str(weights)!r} has no lm_head.weight: a DFlash drafter that reads the target's full "
                               f"LM head, which specdec does not run (its drafts need their own draft-vocabulary "
                               f"head); {_HINT}")
-    d2t = _draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights)
+    d2t = draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights, _HINT)
     return load_weights(model, tensors, d2t, weights, "the block drafter its config describes", _HINT)
-
-
-def _check_target(cfg: DFlashConfig, target_config: Any, directory: Path) -> None:
-    layers = int(target_config.num_hidden_layers)
-    mine = (cfg.target_hidden_size, cfg.vocab_size, cfg.extra.get("target_num_layers", layers))
-    theirs = (int(target_config.hidden_size), int(target_config.vocab_size), layers)
-    if mine != theirs or max(cfg.aux_layers) > layers or cfg.hidden_size != theirs[0]:
-        raise CheckpointError(
-            f"the block drafter at {str(directory)!r} was trained for a target with hidden size {mine[0]}, vocabulary "
-            f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
-            f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
-            f"{theirs[2]} layers; train one for it with `python -m specdec.train method=dflash target=<this target>`")

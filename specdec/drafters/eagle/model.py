@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafters.features import FeatureDraftModel, load_weights, save_weights
+from specdec.drafters.features import FeatureDraftModel, check_target, draft_to_target, load_weights, save_weights
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_json_object, read_tensors, write_json
 from specdec.models import fused
@@ -326,47 +326,15 @@ def load_eagle(path: str | Path, *, target_config: Any | None = None) -> EagleMo
     if "lm_head.weight" not in tensors:
         raise CheckpointError(f"{str(weights)!r} has no lm_head.weight (a drafter sharing the target's LM head); "
                               f"specdec needs the drafter's own; {_HINT}")
-    d2t = _draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights)
+    d2t = draft_to_target(tensors.pop("d2t", None), tensors.pop("t2d", None), cfg, weights, _HINT)
     tensors.pop("embed_tokens.weight", None)  # the target's embeddings are used (same hidden size)
     return load_weights(model, tensors, d2t, weights, "an EAGLE-3 layer of its config", _HINT)
 
 
-def _draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, cfg: EagleConfig,
-                     weights: Path) -> torch.Tensor | None:
-    """The offsets ``d2t`` [Dv] long of a file's draft vocabulary (target id of draft index i: i + d2t[i]):
-    the file's ``d2t``, else read off its ``t2d`` [V] bool (which target ids are draft tokens, ascending);
-    None for a drafter over the whole vocabulary. Without either, a draft vocabulary smaller than the target's
-    would silently map draft index i to target id i: garbage drafts, so that raises."""
-    dv, v = cfg.draft_vocab_size, cfg.vocab_size
-    if d2t is None and t2d is not None and tuple(t2d.shape) == (v,) and int(t2d.bool().sum()) == dv:
-        ids = t2d.bool().nonzero().flatten()
-        d2t = ids - torch.arange(dv)
-    if d2t is None:
-        if dv == v:
-            return None
-        raise CheckpointError(f"{str(weights)!r} has no d2t (nor a t2d of {dv} draft tokens) though its config's "
-                              f"draft_vocab_size {dv} is not its vocab_size {v}: without it the draft tokens "
-                              f"cannot be mapped to the target's; restore the file the training run wrote (save_eagle "
-                              f"writes d2t and t2d), or {_HINT}")
-    ids = d2t.long() + torch.arange(dv) if tuple(d2t.shape) == (dv,) else None
-    if ids is None or ids.min() < 0 or ids.max() >= v:
-        raise CheckpointError(f"{str(weights)!r}: d2t (shape {list(d2t.shape)}) is not {dv} offsets to target ids "
-                              f"in [0, {v}); restore the file the training run wrote, or {_HINT}")
-    return d2t.long()
-
-
 def _check_target(cfg: EagleConfig, target_config: Any, directory: Path) -> None:
-    layers = int(target_config.num_hidden_layers)
     if not cfg.aux_layers:
-        cfg.aux_layers = default_aux_layers(layers)
-    mine = (cfg.target_hidden_size, cfg.vocab_size, cfg.extra.get("target_num_layers", layers))
-    theirs = (int(target_config.hidden_size), int(target_config.vocab_size), layers)
-    if mine != theirs or max(cfg.aux_layers) > layers or cfg.hidden_size != theirs[0]:
-        raise CheckpointError(
-            f"the EAGLE drafter at {str(directory)!r} was trained for a target with hidden size {mine[0]}, vocabulary "
-            f"{mine[1]} and {mine[2]} layers (feature layers {list(cfg.aux_layers)}; target "
-            f"{cfg.target or 'unknown'!r}), but this target has hidden size {theirs[0]}, vocabulary {theirs[1]} and "
-            f"{theirs[2]} layers; train one for it with `python -m specdec.train method=eagle target=<this target>`")
+        cfg.aux_layers = default_aux_layers(int(target_config.num_hidden_layers))
+    check_target(cfg, target_config, directory, what=EagleModel.what, method="eagle")
 
 
 @torch.no_grad()

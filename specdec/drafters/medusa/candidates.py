@@ -1,7 +1,9 @@
-"""How Medusa heads are called to draft: all at once on the hidden state, or one level at a time given the path.
+"""Medusa's token-aware heads (:class:`TokenAwareHeads`, Hydra's sequentially dependent heads), called one level at
+a time given the path.
 
-Both kinds give the same two things, so chain and tree drafting (:mod:`specdec.drafters.medusa.drafter`)
-need not know which heads they run:
+They answer the two calls chain and tree drafting make (:class:`~specdec.drafters.trees.drafting.Candidates`), as
+Medusa-1's independent heads do (:class:`~specdec.drafters.trees.drafting.IndependentHeads`, shared with the block
+drafter), so the strategies need not know which heads they run:
 
 - ``chain(state, hidden, k)``: one draft per head for the first k heads, each drawn from the q it reports
   (argmax when greedy): the logits, q and draws over the draft vocabulary;
@@ -9,16 +11,14 @@ need not know which heads they run:
   (:mod:`specdec.drafters.trees.plan`) and the nodes' path log-probabilities, which a dynamic tree prunes by
   (:mod:`specdec.drafters.trees.dynamic`).
 
-:class:`IndependentHeads` (Medusa-1) read the hidden state only: one call of all heads drafts everything,
-and node i is rank ``plan.rank[i]`` of head ``plan.level[i]``. :class:`TokenAwareHeads` (Hydra's
-sequentially dependent heads) also read the embeddings of the emitted token and of the drafts before their
-own, so a chain is drafted head by head and a tree level by level: a node's candidates are the top tokens
-of its depth's head given the node's path, one small head call per level.
+Token-aware heads also read the embeddings of the emitted token and of the drafts before their own, so a chain is
+drafted head by head and a tree level by level: a node's candidates are the top tokens of its depth's head given the
+node's path, one small head call per level.
 
 Where graphs replay (a GPU; :meth:`MedusaDrafter.replay_graphs`), a tree's drafting is a few dozen small kernels
-that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.Graphs`) then replays it, the whole
-tree in one graph for a fixed tree plan, one graph per level for a dynamic one (whose levels depend on which
-parents are confident, read on the host between levels; a level cut to its confident part runs eagerly).
+that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.Graphs`) then replays it, one graph per level
+for a dynamic tree (whose levels depend on which parents are confident, read on the host between levels; a level cut
+to its confident part runs eagerly).
 """
 
 from __future__ import annotations
@@ -29,57 +29,10 @@ import torch
 
 from specdec.drafters.base import DecodeState
 from specdec.drafters.medusa.heads import MedusaHeads
-from specdec.drafters.trees.dynamic import open_part, path_logprobs
+from specdec.drafters.trees.dynamic import open_part
 from specdec.drafters.trees.plan import Level, TreePlan
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import logits_to_probs, sample
-
-
-class IndependentHeads:
-    """Heads on the hidden state alone; ``lm_head_weight`` [V', H] are the draft vocabulary's LM-head rows."""
-
-    def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor):
-        self.heads = heads
-        self.lm_head_weight = lm_head_weight
-        self.graphs: Graphs | None = None  # where set, trees are drafted by replayed graphs
-
-    def chain(
-        self,
-        state: DecodeState,
-        hidden: torch.Tensor,  # [B, H] in the heads' dtype
-        k: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # logits [B, k, V'], q [B, k, V'], draws [B, k]
-        """Draft i drawn from head i's q; the drafts are independent of each other, which the rejection
-        rule allows: it only needs each draft to come from the q it reports."""
-        params = state.sampling
-        logits = self.heads(hidden, self.lm_head_weight, num_heads=k).float()  # [B, k, V']
-        q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, k, V']
-        return logits, q, sample(q, state.generator)
-
-    def tree(
-        self,
-        state: DecodeState,
-        hidden: torch.Tensor,  # [B, H] in the heads' dtype
-        plan: TreePlan,  # of N nodes
-        min_confidence: float | None = None,  # a dynamic tree's: the path log-probabilities are wanted
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # tokens [B, N], path log-probabilities [B, N] or None
-        """Every node's token from one call of the heads (the path log-probabilities only when asked for)."""
-        wanted = min_confidence is not None
-
-        def draft(hidden):
-            return self._tree(hidden, plan, wanted)
-
-        out = draft(hidden) if self.graphs is None else self.graphs(draft, (hidden,), key=(id(plan), wanted), hold=plan)
-        return out[0], out[1] if wanted else None
-
-    def _tree(self, hidden: torch.Tensor, plan: TreePlan, wanted: bool) -> tuple[torch.Tensor, ...]:
-        logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
-        top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
-        tokens = self.heads.to_token_ids(top.indices)[:, plan.level, plan.rank]  # [B, N]
-        if not wanted:
-            return (tokens,)
-        node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.level, plan.rank]  # [B, N]
-        return tokens, path_logprobs(node_logp, plan.tree)
 
 
 class TokenAwareHeads:

@@ -2,11 +2,12 @@
 
 Two shapes of proposal, each a small strategy class, both verified exactly:
 
-- **chain** (``tree: null``, :class:`ChainDrafting`): the first k heads each propose one token, drawn from
-  their draft distribution q_i (argmax when greedy) and verified by :func:`specdec.verify.rejection_sample`.
-- **tree** (the default, :class:`TreeDrafting`): candidates are the top-r tokens of each head, combined
-  along *paths*: the path [r_0, r_1, ..] is rank r_0 of head 0, then rank r_1 of head 1, and so on
-  (:mod:`specdec.drafters.trees.plan`). Paths are listed in priority order (parents first) and k takes the
+- **chain** (``tree: null``, :class:`~specdec.drafters.trees.drafting.ChainDrafting`): the first k heads each
+  propose one token, drawn from their draft distribution q_i (argmax when greedy) and verified by
+  :func:`specdec.verify.rejection_sample`.
+- **tree** (the default, :class:`~specdec.drafters.trees.drafting.TreeDrafting`): candidates are the top-r tokens
+  of each head, combined along *paths*: the path [r_0, r_1, ..] is rank r_0 of head 0, then rank r_1 of head 1,
+  and so on (:mod:`specdec.drafters.trees.plan`). Paths are listed in priority order (parents first) and k takes the
   first k of them, so one number sizes the tree. Candidates are deterministic (one-hot q) and verified by
   :func:`specdec.verify.tree.verify_tree`.
 - **dynamic** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence (the
@@ -47,20 +48,17 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, Proposal, register
 from specdec.drafters.loading import PATH_ALIAS, weights_path
-from specdec.drafters.medusa.candidates import IndependentHeads, TokenAwareHeads
+from specdec.drafters.medusa.candidates import TokenAwareHeads
 from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_heads_path, load_heads
-from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes
-from specdec.drafters.trees.lookup_branch import add_branch, continuations
-from specdec.drafters.trees.plan import PlanCache, TreeCache, check_paths
+from specdec.drafters.trees.drafting import ChainDrafting, IndependentHeads, TreeDrafting
+from specdec.drafters.trees.plan import check_paths
 from specdec.models.backend import Backend
 from specdec.models.graphs import Graphs
 from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
-from specdec.verify.tree import Tree
 
 log = logging.getLogger(__name__)
 
-MAX_TREES = 1024  # tree shapes cached per drafter (a lookup branch merged in makes many)
 
 
 def fast_bf16(device: torch.device) -> bool:
@@ -80,79 +78,6 @@ def drafting_dtype(dtype: torch.dtype | str | None, lm_head_weight: torch.Tensor
         fast = lm_head_weight.dtype == torch.float32 and fast_bf16(lm_head_weight.device)
         return torch.bfloat16 if fast else lm_head_weight.dtype
     return resolve_dtype(dtype)
-
-
-Candidates = IndependentHeads | TokenAwareHeads
-
-
-class ChainDrafting:
-    """One draft per head, from the first k heads (dynamic: cut where confidence falls short)."""
-
-    def __init__(self, candidates: Candidates, heads: MedusaHeads, min_confidence: float):
-        self.candidates, self.heads, self.min_confidence = candidates, heads, min_confidence
-
-    def propose(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:  # hidden [B, H]
-        if k > self.heads.num_heads:
-            raise ValueError(f"chain drafting proposes one token per Medusa head: k={k} exceeds the "
-                             f"{self.heads.num_heads} heads; lower k")
-        logits, q, index = self.candidates.chain(state, hidden, k)  # [B, k, V'], [B, k, V'], [B, k]
-        if self.min_confidence > 0:
-            k = confident_prefix(logits, index, self.min_confidence)
-            if k == 0:
-                return Proposal(tokens=index[:, :0], num_proposed=[0] * index.shape[0])
-            index, q = index[:, :k], q[:, :k]
-        tokens = self.heads.to_token_ids(index)  # [B, k]
-        token_ids = self.heads.token_ids
-        if not state.sampling.greedy and token_ids is not None:  # q over the full vocabulary, 0 elsewhere
-            q = q.new_zeros(*q.shape[:-1], state.vocab_size).index_copy_(-1, token_ids, q)
-        return Proposal(tokens=tokens, probs=None if state.sampling.greedy else q, num_proposed=[k] * tokens.shape[0])
-
-
-class TreeDrafting:
-    """The first k − ``lookup`` paths' tree (dynamic: the confident part of it), plus the lookup branch."""
-
-    def __init__(self, candidates: Candidates, paths: list[list[int]], min_confidence: float, lookup: int):
-        self.candidates, self.paths, self.lookup = candidates, paths, lookup
-        self.min_confidence = min_confidence if min_confidence > 0 else None
-        self.plans = PlanCache(paths)
-        self.trees = TreeCache(MAX_TREES)
-
-    def propose(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:  # hidden [B, H]
-        if k <= self.lookup:
-            raise ValueError(f"k={k} tree nodes, {self.lookup} of them for the prompt-lookup branch, leave none for "
-                             f"the Medusa tree; raise k or lower lookup")
-        if k - self.lookup > len(self.paths):
-            raise ValueError(f"k={k} tree nodes requested ({self.lookup} for the prompt-lookup branch), but the tree "
-                             f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
-        tokens, tree = self.heads_tree(state, hidden, k - self.lookup)
-        filler = [0] * tokens.shape[0]
-        if self.lookup:
-            tokens, tree, filler = self.add_lookup(state, tokens, tree)
-        if tree is None:  # no path is worth its verification, no continuation found: a plain step
-            return Proposal(tokens=tokens[:, :0], num_proposed=[0] * tokens.shape[0])
-        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler], tree=tree)
-
-    def heads_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, Tree | None]:
-        """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
-        (None when no path is kept)."""
-        device = state.last_tokens.device
-        plan = self.plans.get(tuple(range(k)), device)
-        tokens, path_logp = self.candidates.tree(state, hidden, plan, self.min_confidence)  # [B, k], [B, k]
-        if self.min_confidence is None:
-            return tokens, plan.tree
-        nodes = kept_nodes(path_logp, self.min_confidence)
-        if not nodes:
-            return tokens[:, :0], None
-        return tokens[:, list(nodes)], self.plans.get(nodes, device).tree
-
-    def add_lookup(self, state: DecodeState, tokens: torch.Tensor,
-                   tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:
-        """Each row's lookup continuation added to the heads' tree (tokens [B, N]): the new tokens [B, N'],
-        tree, and each row's filler nodes."""
-        found = continuations(state.tokens, state.active, self.lookup)
-        parents = () if tree is None else tree.parent_list
-        tokens, merged, filler = add_branch(tokens, parents, found, [row[-1] for row in state.tokens])
-        return tokens, tree if merged == parents else self.trees.get(merged, tokens.device), filler
 
 
 @register("medusa")

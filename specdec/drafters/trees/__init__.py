@@ -1,5 +1,8 @@
-"""Tree drafting shared by drafters that propose token trees (Medusa's heads, an EAGLE-style layer).
+"""Drafting strategies shared by the drafters that propose chains and token trees (Medusa's heads, the block
+drafter's positions, an EAGLE-style layer).
 
+- :mod:`~specdec.drafters.trees.drafting`: chains and trees drafted from per-position candidates
+  (``ChainDrafting``, ``TreeDrafting``; ``IndependentHeads``: every position from the hidden state alone);
 - :mod:`~specdec.drafters.trees.plan`: trees given as priority-ordered paths of candidate ranks, laid out
   for drafting (``check_paths``, ``plan_tree``, ``TreePlan``/``Level``, caches);
 - :mod:`~specdec.drafters.trees.dynamic`: pruning trees and chains by path confidence (EAGLE-2's rule);
