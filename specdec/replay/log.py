@@ -54,7 +54,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -62,10 +62,8 @@ from specdec.decode.engine import speculative_generate
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.models.loading import stop_token_ids
 from specdec.replay.acceptance import chain_acceptance, tree_acceptance
+from specdec.replay.cost_model import CostModel
 from specdec.verify.sampling import SamplingParams, sample
-
-if TYPE_CHECKING:
-    from specdec.replay.costs import CostModel
 
 FORMAT = 3  # bumped when what a log holds changes: an older file is refused, not misread
 VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner"}  # per-generation drafter state
@@ -130,8 +128,6 @@ class ReplayLog:
 
     def cost_model(self, batch_size: int = 1) -> CostModel | None:
         """The cost model measured at a batch of ``batch_size`` rows (None: not measured)."""
-        from specdec.replay.costs import CostModel
-
         data = self.costs.get(str(batch_size))
         return None if data is None else CostModel.from_dict(data)
 

@@ -1,0 +1,65 @@
+"""What a replay predicts time with: a :class:`CostModel` of seconds per target forward by block width, per
+drafting step and per step's host work by lookahead, and plain decoding's host work, at one batch size (measured by
+:func:`specdec.replay.costs.measure`, kept in a :class:`~specdec.replay.log.ReplayLog`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CostModel:
+    """Seconds per target forward by block width, per drafting step and per step's host work by K, and plain
+    decoding's host work per token, for a batch of ``batch_size`` rows (keys as strings in a saved log)."""
+
+    verify_s: dict[int, float] = field(default_factory=dict)
+    draft_s: dict[int, float] = field(default_factory=dict)
+    host_s: dict[int, float] = field(default_factory=dict)
+    plain_host_s: float = 0.0
+    batch_size: int = 1
+    machine: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CostModel":
+        def keyed(name: str) -> dict[int, float]:
+            return {int(w): t for w, t in data.get(name, {}).items()}
+
+        return cls(keyed("verify_s"), keyed("draft_s"), keyed("host_s"), data.get("plain_host_s", 0.0),
+                   data.get("batch_size", 1), data.get("machine", ""))
+
+    def verify(self, width: float) -> float:
+        """A verify forward over ``width`` tokens (linear between the widths measured, the widest beyond)."""
+        if not self.verify_s:
+            raise ValueError("this cost model holds no verify times: measure them (specdec.replay.costs.measure)")
+        if width in self.verify_s:
+            return self.verify_s[width]
+        widths = sorted(self.verify_s)
+        if width >= widths[-1]:
+            return self.verify_s[widths[-1]] * width / widths[-1]
+        below = max(w for w in widths if w < width) if width > widths[0] else widths[0]
+        above = min(w for w in widths if w > width)
+        share = (width - below) / (above - below) if above != below else 0.0
+        return self.verify_s[below] + share * (self.verify_s[above] - self.verify_s[below])
+
+    def draft(self, k: int) -> float:
+        """A drafting step at lookahead ``k`` (the nearest K measured)."""
+        return _nearest(self.draft_s, k)
+
+    def host(self, k: int) -> float:
+        """A verify step's host work at lookahead ``k`` (the nearest K measured)."""
+        return _nearest(self.host_s, k)
+
+    def step(self, width: int, k: int) -> float:
+        """A speculative step at lookahead ``k`` whose block is ``width`` tokens wide."""
+        return self.verify(width) + self.draft(k) + self.host(k)
+
+    def plain_step(self) -> float:
+        """A plain decoding step."""
+        return self.verify(1) + self.plain_host_s
+
+
+def _nearest(times: dict[int, float], k: int) -> float:
+    if not times:
+        return 0.0
+    return times[min(times, key=lambda measured: (abs(measured - k), measured))]
