@@ -337,26 +337,9 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
     probability of each recorded draft token)."""
     rows, length = spec.tokens.shape
     alpha = significance  # the level each test is built at; Holm corrects it over the family
-    exact = exactness_test_from_scores(scores, rng=_seed(seed, "pit"), alpha=alpha,
-                                       positions=np.tile(np.arange(length), rows),  # rows in [R, L] order
-                                       min_rows_per_position=min_rows_per_position)
-    pit = pit_from_scores(scores, _seed(seed, "pit")).reshape(rows, length)  # the values the test saw
-    # The same PIT values on equal cells: the test the detectable-bias figure is computed for.
-    binned = [uniformity_chi2(pit.ravel(), alpha=alpha, bins=PIT_BINS, name="pit_chi2[pooled]")]
-    if rows >= min_rows_per_position:
-        binned += [uniformity_chi2(pit[:, t], alpha=alpha, bins=PIT_BINS, name=f"pit_chi2[position={t}]")
-                   for t in range(length)]
-    family = list(exact.parts) + binned
+    family, pit, (two_sample, tv_joint) = _test_family(scores, spec, ref, alpha=alpha, seed=seed,
+                                                       min_rows_per_position=min_rows_per_position, p_drafts=p_drafts)
     groups = [] if spec.record is None else strata.strata(spec.record, min_rows_per_position)
-    if spec.record is not None:
-        family += strata.stratified_tests(pit, scores, spec.record, p_drafts, spec.tokens, alpha=alpha, bins=PIT_BINS,
-                                          min_rows=min_rows_per_position)
-    two_sample = tv_joint = None
-    if ref is not None:
-        joint_tokens = ref.tokens.shape[1]
-        two_sample, tv_joint = first_tokens_two_sample(spec, ref, joint_tokens, alpha)
-        if two_sample.dof:  # dof 0: every outcome pooled into one cell, no evidence either way
-            family.append(two_sample)
     adjusted, rejected = holm([v.p_value for v in family], alpha)
     tests = {v.name: {"name": v.name, "statistic": v.to_dict()["statistic"], "p_value": v.p_value,
                       "p_holm": float(a), "reject": bool(r), "n": v.n, "dof": v.dof}
@@ -401,6 +384,33 @@ def judge(scores: TokenScores, spec: Continuations, ref: Continuations | None, *
         "budget": None if spec.record is None else strata.budget(spec.record, p_drafts, level=level, bins=PIT_BINS),
     }
     return bool(rejected.any()), report, pit
+
+
+def _test_family(scores: TokenScores, spec: Continuations, ref: Continuations | None, *, alpha: float, seed: int,
+                 min_rows_per_position: int, p_drafts: np.ndarray) -> tuple[list[Verdict], np.ndarray, tuple]:
+    """:func:`judge`'s tests, each at level ``alpha``: the PIT tests pooled and per position (KS, χ² on equal
+    cells, surprisal), the stratified ones where ``spec.record``, the two-sample test against ``ref`` where it has
+    evidence; with the PIT values [R, L] they saw and (the two-sample verdict, its TV interval), or Nones."""
+    rows, length = spec.tokens.shape
+    exact = exactness_test_from_scores(scores, rng=_seed(seed, "pit"), alpha=alpha,
+                                       positions=np.tile(np.arange(length), rows),  # rows in [R, L] order
+                                       min_rows_per_position=min_rows_per_position)
+    pit = pit_from_scores(scores, _seed(seed, "pit")).reshape(rows, length)  # the values the test saw
+    # The same PIT values on equal cells: the test the detectable-bias figure is computed for.
+    binned = [uniformity_chi2(pit.ravel(), alpha=alpha, bins=PIT_BINS, name="pit_chi2[pooled]")]
+    if rows >= min_rows_per_position:
+        binned += [uniformity_chi2(pit[:, t], alpha=alpha, bins=PIT_BINS, name=f"pit_chi2[position={t}]")
+                   for t in range(length)]
+    family = list(exact.parts) + binned
+    if spec.record is not None:
+        family += strata.stratified_tests(pit, scores, spec.record, p_drafts, spec.tokens, alpha=alpha, bins=PIT_BINS,
+                                          min_rows=min_rows_per_position)
+    if ref is None:
+        return family, pit, (None, None)
+    two_sample, tv_joint = first_tokens_two_sample(spec, ref, ref.tokens.shape[1], alpha)
+    if two_sample.dof:  # dof 0: every outcome pooled into one cell, no evidence either way
+        family.append(two_sample)
+    return family, pit, (two_sample, tv_joint)
 
 
 def _detectable(rows: int, length: int, level: float, two_sample: Verdict | None, plain_rows: int) -> dict[str, Any]:

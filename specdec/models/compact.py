@@ -169,8 +169,7 @@ class CompactDecoder(nn.Module):
         decoder layers (0 = the embeddings), as transformers' ``hidden_states[k]`` for k below the layer
         count, and the stream *before* the final norm for k = the layer count. EAGLE-style drafters read them.
         """
-        b, t = input_ids.shape
-        offsets = torch.arange(t, device=input_ids.device) if depths is None else depths
+        offsets = torch.arange(input_ids.shape[1], device=input_ids.device) if depths is None else depths
         positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
         x = self.embed_tokens(input_ids)  # [B, T, H]
         captured = {0: x} if 0 in capture else {}
@@ -180,6 +179,13 @@ class CompactDecoder(nn.Module):
             cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
             hidden = self._fused_layers(kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
+        x = self._layers(x, cache, positions, kv_len, tree_mask, depths, windows, capture, captured)
+        return self._head(self.norm(x[:, -1:] if last_only else x), capture, captured)
+
+    def _layers(self, x, cache, positions, kv_len, tree_mask, depths, windows, capture, captured) -> torch.Tensor:
+        """The decoder layers of :meth:`forward` on torch's ops (the reference; every family, sliding windows): the
+        residual stream [B, T, H] after them, before the final norm (the captured streams into ``captured``)."""
+        b, t, _ = x.shape
         rope = {kind: tuple(r.unsqueeze(1) for r in (self.rotary_emb(x, positions) if kind is None
                                                     else self.rotary_emb(x, positions, kind)))
                 for kind in dict.fromkeys(self.layer_kinds)}  # [B, 1, T, D] cos, sin per layer kind
@@ -217,7 +223,7 @@ class CompactDecoder(nn.Module):
             x = x + (layer.post_feedforward_layernorm(out) if family.sandwich_norms else out)
             if i + 1 in capture:
                 captured[i + 1] = x
-        return self._head(self.norm(x[:, -1:] if last_only else x), capture, captured)
+        return x
 
     def _head(self, hidden: torch.Tensor, capture: tuple[int, ...], captured: dict) -> tuple[torch.Tensor, ...]:
         """The outputs of :meth:`forward` from the final hidden state (normed) and the captured streams."""

@@ -305,6 +305,13 @@ def markdown_summary(df: pd.DataFrame) -> str:
     if runs["k_auto"].fillna(False).any():
         lines += ["", "k=auto: a run marked so chose its k before decoding (drafter.k=auto, a replay of held-out "
                   "prompts); k is its choice, 0 = plain decoding."]
+    lines += _category_lines(df, varied, others) + _failed_lines(runs)
+    return "\n".join(lines) + "\n"
+
+
+def _category_lines(df: pd.DataFrame, varied: list[str], others) -> list[str]:
+    """summary.md's per-category table (the runs that succeeded), after a blank line; none without categories."""
+    lines: list[str] = []
     cats = df[(df["category"] != ALL) & (df["status"] == "ok")]
     if len(cats):
         header = ["job", *varied, "drafter", "k", "temperature", "category", "prompts", "α", "τ", "speedup",
@@ -320,13 +327,19 @@ def markdown_summary(df: pd.DataFrame) -> str:
         if any(_few(r) for _, r in cats.iterrows()):
             lines += ["", "\\* fewer than 3 prompts: no interval; a speedup resting on so few prompts is not to be "
                       "told from noise."]
+    return lines
+
+
+def _failed_lines(runs: pd.DataFrame) -> list[str]:
+    """summary.md's failed runs with their errors, after a blank line; none where every run succeeded."""
+    lines: list[str] = []
     failed = runs[runs["status"] != "ok"]
     if len(failed):
         lines += ["", "## Failed runs", ""]
         for _, r in failed.iterrows():
             lines.append(f"- job {_fmt(r['job'])} (`{_fmt(r['overrides'])}`, in `{_fmt(r['run_dir'])}`): "
                          f"{_fmt(r['error'])}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _few(row: pd.Series) -> bool:
