@@ -6,7 +6,9 @@ step: the drafter proposes up to K tokens, the target scores [last token, drafts
 acceptance rule's ``chain`` (:class:`specdec.verify.AcceptanceRule`; the exact one unless told otherwise)
 keeps a prefix and draws the recovered/bonus token, and the cache commits what was kept (a pointer move).
 The loop syncs with the host once per step, to learn what each row emitted (EOS, ``max_new_tokens``,
-host-side drafters and stats need it).
+host-side drafters and stats need it). Plain decoding on a GPU does not wait for that read: each step's kept
+counts are worked out on the device, and the host reads a step's tokens after it has launched the next one
+(:func:`_plain_steps`), so the host's work of a step runs while the GPU computes the next.
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
@@ -295,10 +297,10 @@ class _Counts:
         return self.pinned.to(self.device, non_blocking=True)
 
 
-def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, host_pad: list[int]) -> None:
+def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, max_seq_len: int) -> None:
     """Keep what each row emitted (``count`` [B] long on the device: kept tokens per row): the target's cache
     commits it (a pointer move for a chain, the accepted path gathered into contiguous slots for a tree), and the
-    state moves past it."""
+    state moves past it, to ``max_seq_len`` (the longest row's length, known on the host)."""
     slots = (state.seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)
              ).clamp_(max=state.capacity - 1)
     state.seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
@@ -307,11 +309,129 @@ def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, ho
     else:
         cache.compact(step.path, count)
     state.seq_lens += count
-    state.max_seq_len = max(n + len(row) for n, row in zip(host_pad, state.tokens))
+    state.max_seq_len = max_seq_len
     state.last_tokens = step.next_tokens
     state.last_hidden = step.hidden
     state.num_accepted = step.num_accepted
     state.features = step.features
+
+
+PIPELINED_DEVICES = ("cuda",)  # where plain decoding reads each step one step late (tests add "cpu")
+
+
+def _pipelined(decoder, drafter: Drafter) -> bool:
+    """Whether :func:`_plain_steps` runs the loop: plain decoding (a :class:`NoDrafter` itself, not a subclass that
+    observes the steps), on a device where the host's work can run beside the device's."""
+    return type(drafter) is NoDrafter and decoder.device.type in PIPELINED_DEVICES
+
+
+def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
+           timer: _PhaseTimer, out: list[list[int]], k: int, rule: AcceptanceRule) -> None:
+    """The steps of a generation, each read back before the next (drafters read the tokens kept so far)."""
+    sender = _Counts(len(out), state.seq.device)
+    while any(state.active):
+        with timer("drafter_time_s"):
+            proposal = drafter.propose(state, k)
+        width = proposal.tokens.shape[1]
+        if width > k:
+            raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
+        with timer("target_time_s"):
+            step = verify_step(decoder, cache, state, proposal, rule, request.capture)
+            # the one sync per step: the accepted counts and the emitted tokens in one read
+            read = torch.cat([step.num_accepted[:, None], step.emitted], 1).tolist()
+            accepted, emitted = [row[0] for row in read], [row[1:] for row in read]
+        stats.target_forwards += 1
+        stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
+                          None if proposal.tree is None else proposal.tree.max_depth)
+        counts = _emit(state, out, accepted, emitted, request.eos, request.max_new_tokens)
+        stats.new_tokens += sum(counts)
+        _commit(cache, state, step, sender.send(counts),
+                max(n + len(row) for n, row in zip(request.host_pad, state.tokens)))
+        with timer("drafter_time_s"):
+            drafter.observe(state)
+
+
+class _Readback:
+    """A step's results ([R, B] long) copied to the host without waiting for them: into one of two pinned buffers in
+    turn, an event recorded after the copy; :meth:`send` returns the function that waits for that event and reads
+    them (on CPU the copy has already happened)."""
+
+    def __init__(self, rows: int, batch_size: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.buffers = [torch.empty(rows, batch_size, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
+        self.turn = 0
+
+    def send(self, *rows: torch.Tensor):  # -> () -> list[list[int]]
+        buffer = self.buffers[self.turn]
+        self.turn ^= 1
+        buffer.copy_(torch.stack(rows), non_blocking=self.cuda)
+        if not self.cuda:
+            return buffer.tolist
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> list[list[int]]:
+            done.synchronize()
+            return buffer.tolist()
+
+        return read
+
+
+def _plain_counts(step: StepResult, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """A plain step's kept counts [B] worked out on the device, as :func:`_emit` does on the host: one token for
+    each ``live`` row ([B] bool), which then stops at EOS (``eos`` [E] long) or when ``left`` ([B] long, tokens
+    it may still emit) runs out; ``live`` and ``left`` move in place."""
+    count = live.long()
+    left -= count
+    live &= ~(step.next_tokens[:, None] == eos).any(1) & (left > 0)
+    return count
+
+
+def _plain_steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
+                 timer: _PhaseTimer, out: list[list[int]], k: int, rule: AcceptanceRule) -> None:
+    """Plain decoding's steps, each read back after the next is launched: the kept counts are worked out on the
+    device (:func:`_plain_counts`), so the host's bookkeeping of a step runs while the device computes the next
+    one. The host launches a step while a row it knows to be decoding may still emit after the step in flight;
+    a step launched after every row's EOS (at most one a generation) is discarded unread, its time in the wall
+    time (and, sampling, its draw from the generator). Outputs and counts are :func:`_steps`' (checked: the
+    counts the device committed must be those the host emits)."""
+    device = state.seq.device
+    live = torch.tensor(state.active, device=device)
+    left = torch.tensor([request.max_new_tokens - len(row) for row in out], device=device)
+    eos = torch.tensor(sorted(request.eos), dtype=torch.long, device=device)
+    readback, pending = _Readback(2, len(out), device), None
+    while True:
+        launched = None
+        if any(on and request.max_new_tokens - len(row) > (pending is not None) for on, row in zip(state.active, out)):
+            with timer("drafter_time_s"):
+                proposal = drafter.propose(state, k)
+            with timer("target_time_s"):
+                step = verify_step(decoder, cache, state, proposal, rule, request.capture)
+            count = _plain_counts(step, live, left, eos)
+            _commit(cache, state, step, count, state.max_seq_len + 1)
+            launched = readback.send(step.next_tokens, count)
+        if pending is not None:
+            _read_plain(pending(), state, out, request, stats)
+        if launched is None:
+            return
+        pending = launched
+
+
+def _read_plain(read: list[list[int]], state: DecodeState, out: list[list[int]], request: _Request,
+                stats: DecodeStats) -> None:
+    """The host's bookkeeping of a plain step read back (``read``: its next tokens and the counts the device kept)."""
+    tokens, committed = read
+    nothing = [0] * len(out)
+    if any(state.active):
+        stats.target_forwards += 1
+        stats.record_step(nothing, nothing, state.active)
+        counts = _emit(state, out, nothing, [[t] for t in tokens], request.eos, request.max_new_tokens)
+        stats.new_tokens += sum(counts)
+    else:  # launched after every row's EOS: discarded
+        counts = nothing
+    if counts != committed:
+        raise RuntimeError(f"plain decoding's device-side counts {committed} differ from the host's {counts}: the "
+                           f"cache committed other tokens than the output keeps")
 
 
 @torch.no_grad()
@@ -327,7 +447,6 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
                        params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
     stats = DecodeStats(k=k)
     timer = _PhaseTimer(stats, device)
-    sender = _Counts(input_ids.shape[0], device)
     captured = _capture_times(decoder, drafter)
     wall_start = time.perf_counter()
     # 2) Prefill the prompt; the first token comes from its last position.
@@ -341,25 +460,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     with timer("drafter_time_s"):
         drafter.start(state)
     # 3) Steps: propose -> verify (device) -> one sync -> emit (host) -> commit -> the drafter observes.
-    while any(state.active):
-        with timer("drafter_time_s"):
-            proposal = drafter.propose(state, k)
-        width = proposal.tokens.shape[1]
-        if width > k:
-            raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
-        with timer("target_time_s"):
-            step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            # the one sync per step: the accepted counts and the emitted tokens in one read
-            read = torch.cat([step.num_accepted[:, None], step.emitted], 1).tolist()
-            accepted, emitted = [row[0] for row in read], [row[1:] for row in read]
-        stats.target_forwards += 1
-        stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
-                          None if proposal.tree is None else proposal.tree.max_depth)
-        counts = _emit(state, out, accepted, emitted, request.eos, max_new_tokens)
-        stats.new_tokens += sum(counts)
-        _commit(cache, state, step, sender.send(counts), request.host_pad)
-        with timer("drafter_time_s"):
-            drafter.observe(state)
+    steps = _plain_steps if _pipelined(decoder, drafter) else _steps
+    steps(decoder, cache, state, drafter, request, stats, timer, out, k, rule)
     # 4) Totals.
     timer.close()
     stats.drafter_forwards = drafter.forwards

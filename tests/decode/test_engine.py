@@ -221,3 +221,45 @@ def test_an_explicit_rule_cannot_replace_a_lossy_drafters_own(tiny_target):
     assert len(out.sequences[0]) == 4  # with no rule given, the drafter's own verifies
     with pytest.raises(TypeError, match="rule must be an acceptance rule.*function rejection_sample"):
         speculative_generate(tiny_target, NgramDrafter(), ids, k=3, max_new_tokens=4, rule=rejection_sample)
+
+
+def _plain_runs(target, ids, mask, eos, **sampling):
+    """Plain decoding's outputs and counts (a greedy or seeded run), the stats that do not depend on the clock."""
+    out = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos, **sampling)
+    stats = out.stats
+    return out.sequences, (stats.target_forwards, stats.new_tokens, stats.verify_steps, stats.verified_tokens)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "emulated_graphs"])
+def test_plain_decoding_read_a_step_late_equals_the_loop_that_reads_each_step(tiny_target, monkeypatch, graphs):
+    """On a GPU plain decoding reads each step back after it has launched the next (engine._plain_steps, the kept
+    counts worked out on the device): the same tokens and counts as the loop that reads every step before the next,
+    with rows stopping at EOS at different steps, at max_new_tokens, and sampled from a seeded generator; a device
+    count that misses an EOS (planted) is refused, not written into the cache silently."""
+    from specdec.decode import engine
+    from specdec.models import Backend, as_decoder
+    from specdec.models.graphs import GraphedDecoder
+
+    target = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu())) if graphs else tiny_target
+    ids, mask = left_pad(PROMPTS)
+    free = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
+    cases = [([], {}), ([free.sequences[1][4], free.sequences[2][8]], {}),  # rows 1 and 2 stop early, row 0 runs on
+             ([free.sequences[0][0]], {}),  # a row that stops on its first token
+             ([], {"temperature": 1.0})]
+    for eos, sampling in cases:
+        seeded = (lambda: {"generator": torch.Generator().manual_seed(3)}) if sampling else dict
+        monkeypatch.setattr(engine, "PIPELINED_DEVICES", ())
+        reference = _plain_runs(target, ids, mask, eos, **sampling, **seeded())
+        monkeypatch.setattr(engine, "PIPELINED_DEVICES", ("cpu",))
+        assert _plain_runs(target, ids, mask, eos, **sampling, **seeded()) == reference
+    assert len(reference[0][1]) == 12 and len(_plain_runs(tiny_target, ids, mask, cases[1][0])[0][1]) < 12
+
+    def missed_eos(step, live, left, eos):  # the planted bug: a row keeps decoding past its EOS on the device
+        count = live.long()
+        left -= count
+        live &= left > 0
+        return count
+
+    monkeypatch.setattr(engine, "_plain_counts", missed_eos)
+    with pytest.raises(RuntimeError, match="device-side counts"):
+        _plain_runs(target, ids, mask, cases[1][0])
