@@ -6,10 +6,11 @@ them, its RMSNorms, Qwen3's per-head q/k norms), the attention's shape (:class:`
 (:class:`Attention`: causal, a tree or block mask over the step's tokens and a few committed slots, or a prefill's
 dense mask); the functions here run them. The kernel set is the backend's
 (:meth:`~specdec.models.backend.Backend.fused_kernels`): specdec's CPU kernels for float32 on CPU, its Triton
-kernels on a GPU, the same five calls (``rms_norm`` with the residual add before it, ``rope_qkv``,
-``cache_attention``, ``silu_mul``); the products are the backend's (``Backend.step_product``). A layer is then one
-call per RMSNorm, one for the rotary embedding of q and k, one for the cache writes and the attention, one for
-SiLU·up, and its four products (q|k|v and gate|up stacked). Torch's ops (each model's own forward) are the
+kernels on a GPU, the same calls (``rms_norm`` with the residual add before it, ``rope_qkv``,
+``cache_attention``, ``silu_mul``; the Triton set also has ``rotary_attention``, the two middle ones in one kernel);
+the products are the backend's (``Backend.step_product``). A layer is then one call per RMSNorm, one for the rotary
+embedding of q and k and one for the cache writes and the attention (one for both on a GPU), one for SiLU·up, and
+its four products (q|k|v and gate|up stacked). Torch's ops (each model's own forward) are the
 reference the tests compare these with.
 """
 
@@ -77,9 +78,8 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
     product = backend.step_product
     h = kernels.rms_norm(stream, None, *layers[0].input_norm) if normed is None else normed
     for i, layer in enumerate(layers):
-        q, k, v = kernels.rope_qkv(head_norms(kernels, product(h, layer.qkv), layer, heads), cos, sin, heads.q,
-                                   heads.kv)
-        out = _attend(kernels, attention, i, q, k, v)
+        out = _attend(kernels, attention, i, head_norms(kernels, product(h, layer.qkv), layer, heads), cos, sin,
+                      heads)
         h = kernels.rms_norm(stream, product(out, layer.o), *layer.post_norm)
         down = product(kernels.silu_mul(product(h, layer.gate_up)), layer.down)
         following = layers[i + 1].input_norm if i + 1 < len(layers) else final_norm
@@ -92,9 +92,16 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
     return stream if final_norm is None else h
 
 
-def _attend(kernels, attention: Attention, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-            ) -> torch.Tensor:  # q [M, Hq, D], k and v [M, Hkv, D] -> [M, Hq·D]
+def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            heads: Heads) -> torch.Tensor:  # qkv [M, (Hq + 2·Hkv)·D] -> [M, Hq·D]
+    """Layer i's rotary embedding, cache writes and attention of a stacked q|k|v: in one call where the kernel set
+    has ``rotary_attention`` (the Triton kernels), else ``rope_qkv`` then ``cache_attention`` (or SDPA)."""
     cache = attention.cache
+    in_one = getattr(kernels, "rotary_attention", None)
+    if attention.dense is None and in_one is not None:
+        return in_one(qkv, cos, sin, heads.q, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
+                      attention.mask, attention.recent)
+    q, k, v = kernels.rope_qkv(qkv, cos, sin, heads.q, heads.kv)
     if attention.dense is None:
         return kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
                                        attention.mask, attention.recent)

@@ -8,7 +8,8 @@ is ~900 kernels (RMSNorm as five, the rotary embedding as eight, a scatter per c
 (:func:`rms_norm`), the q|k|v product, the rotary embedding of q and k (:func:`rope_qkv`), the cache writes and
 the attention over each row's committed slots and the step's new tokens (:func:`cache_attention`: per-row lengths
 and padding, a tree mask, read on the device, so a captured graph replays any step), the o product, the residual
-add and RMSNorm, the gate|up product, SiLU·up (:func:`silu_mul`), the down product.
+add and RMSNorm, the gate|up product, SiLU·up (:func:`silu_mul`), the down product. :func:`rotary_attention` does
+the rotary embedding inside the attention kernel (eight kernels a layer): what a fused forward calls.
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up; bfloat16 on the bits, which no compiler folds away):
@@ -19,7 +20,8 @@ to (its committed length plus the step's tokens), not the cache's capacity.
 
 Without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, on CPU
 tensors): the default test tier checks them there against the torch ops (``tests/models/test_gpu_kernels.py``).
-``_planted`` (tests only) plants a known bug in :func:`cache_attention`, to show those tests catch it.
+``_planted`` (tests only) plants a known bug in :func:`cache_attention` or :func:`rotary_attention`, to show those
+tests catch it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import os
 import torch
 
 PLANTED = ("mask_off_by_one", "stale_cache_slot", "wrong_row_length")  # cache_attention's planted bugs (tests)
+PLANTED_ROTARY = ("keys_rotated_at_the_query",)  # rotary_attention's own (tests)
 
 
 @functools.cache
@@ -102,13 +105,43 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
     :meth:`specdec.models.cache.KVCache.attention_mask` reads it, ``recent`` the last committed slots the tree mask
     decides. Writes each new token's key and value into slot lengths + t; returns the attention [B·T, Hq·D]. Every
     bound is read on the device: no host sync, and a captured graph replays any lengths."""
-    if _planted is not None and _planted not in PLANTED:
-        raise ValueError(f"_planted={_planted!r}: one of {PLANTED}")
+    m, q_heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    if k.shape != (m, kv_heads, dim) or v.shape != k.shape:
+        raise ValueError(f"cache_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the "
+                         f"keys {tuple(keys.shape)}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return _attention((q, k, v), (0, 0, 0), (q_heads * dim, kv_heads * dim), None, q_heads, keys, values, lengths,
+                      pad, tree_mask, recent, _planted)
+
+
+def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, keys: torch.Tensor,
+                     values: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
+                     tree_mask: torch.Tensor | None = None, recent: int = 0, *, _planted: str | None = None
+                     ) -> torch.Tensor:
+    """:func:`rope_qkv` then :func:`cache_attention` in one kernel: the attention of a stacked q|k|v product
+    [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same arithmetic
+    and roundings (one kernel a layer fewer)."""
+    kv_heads, dim = keys.shape[1], keys.shape[3]
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    width = (q_heads + 2 * kv_heads) * dim
+    if qkv.dim() != 2 or qkv.shape[1] != width or cos.shape != (qkv.shape[0], dim) or sin.shape != cos.shape:
+        raise ValueError(f"rotary_attention: q|k|v {tuple(qkv.shape)} (expected [M, {width}]), cos {tuple(cos.shape)} "
+                         f"and sin {tuple(sin.shape)} (expected [M, {dim}]) do not fit the keys {tuple(keys.shape)}")
+    return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width), (cos, sin),
+                      q_heads, keys, values, lengths, pad, tree_mask, recent, _planted)
+
+
+def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, _planted):
+    """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
+    ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin) where given."""
+    if _planted is not None and _planted not in PLANTED + PLANTED_ROTARY:
+        raise ValueError(f"_planted={_planted!r}: one of {PLANTED + PLANTED_ROTARY}")
     b, kv_heads, capacity, dim = keys.shape
-    m, q_heads = q.shape[0], q.shape[1]
+    m = sources[0].shape[0]
     new = m // b
-    if m != b * new or q_heads % kv_heads or k.shape != (m, kv_heads, dim) or not keys.is_contiguous():
-        raise ValueError(f"cache_attention: q {tuple(q.shape)}, k {tuple(k.shape)} do not fit the contiguous keys "
+    if m != b * new or q_heads % kv_heads or not keys.is_contiguous():
+        raise ValueError(f"cache_attention: {m} token rows, {q_heads} query heads do not fit the contiguous keys "
                          f"{tuple(keys.shape)}")
     if tree_mask is not None:
         if tuple(tree_mask.shape) != (new, recent + new):
@@ -119,11 +152,12 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
         raise ValueError("cache_attention: recent slots need a tree_mask saying who sees them")
     else:
         tree = lengths  # not read
-    out = torch.empty(m, q_heads * dim, dtype=q.dtype, device=q.device)
-    plant = 0 if _planted is None else PLANTED.index(_planted) + 1
+    out = torch.empty(m, q_heads * dim, dtype=keys.dtype, device=keys.device)
+    plant = 0 if _planted is None else (PLANTED + PLANTED_ROTARY).index(_planted) + 1
+    cos, sin = rotary if rotary is not None else (lengths, lengths)  # not read without the rotation
     _kernels().attention_kernel[(m, kv_heads)](
-        q.contiguous(), k.contiguous(), v.contiguous(), keys, values, lengths, pad, tree, out,
-        new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5,
-        HAS_TREE=tree_mask is not None, GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_D=_pow2(dim, 16),
-        IEEE=q.dtype == torch.float32, PLANT=plant)
+        *sources, cos, sin, keys, values, lengths, pad, tree, out,
+        new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5, *starts, *strides,
+        HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, GROUP=_pow2(q_heads // kv_heads, 16),
+        BLOCK_N=32, BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
     return out

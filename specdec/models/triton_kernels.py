@@ -101,13 +101,24 @@ def attend(q, keys, values, seen, best, total, acc, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr, out_ptr,
-                     new, q_heads, kv_heads, capacity, dim, recent, scale,
-                     HAS_TREE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     IEEE: tl.constexpr, PLANT: tl.constexpr):
+def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
+    """The rotary embedding of float32 ``x`` (``partner``: x's other half at each dimension, ``sign`` -1 in the first
+    half, +1 in the second; ``cos``, ``sin`` float32, broadcast alike): x·cos + rotate_half(x)·sin, each product
+    and the sum rounded as torch's ops round them in KIND (float32 values)."""
+    return rounded(rounded(x * cos, KIND) + rounded(sign * partner * sin, KIND), KIND)
+
+
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
+                     out_ptr, new, q_heads, kv_heads, capacity, dim, recent, scale, q_start, k_start, v_start,
+                     q_stride, kv_stride,
+                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
     # One program: new token t of row b, the query heads sharing KV head h. It writes that token's key and
     # value into slot lengths[b] + t (no program reads those slots: the step's keys are read from k and v),
     # then attends, with an online softmax, to the committed slots from the cache and the step's tokens.
+    # Token m's q, k and v start at q_start, k_start, v_start + m * (q_stride or kv_stride): three tensors, or one
+    # stacked q|k|v product; with ROTATE the rotary embedding (cos, sin [M, D]) is applied to q and k as read.
     m, h = tl.program_id(0), tl.program_id(1)
     b, t = m // new, m % new
     group = q_heads // kv_heads
@@ -117,13 +128,30 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad
     g = tl.arange(0, GROUP)
     dims = d < dim
     heads = g < group
-    new_kv = (m * kv_heads + h) * dim
+    half = dim // 2
+    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
+    sign = tl.where(d < half, -1.0, 1.0)
+    kind: tl.constexpr = keys_ptr.dtype.element_ty
+    k_at = k_start + m * kv_stride + h * dim
+    v_at = v_start + m * kv_stride + h * dim
+    q_at = q_start + m * q_stride + (h * group + g[:, None]) * dim  # [G, 1]
+    q_mask = heads[:, None] & dims[None, :]
+    if ROTATE:
+        c = tl.load(cos_ptr + m * dim + d, mask=dims, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + m * dim + d, mask=dims, other=0.0).to(tl.float32)
+        k_raw = tl.load(k_ptr + k_at + d, mask=dims, other=0.0).to(tl.float32)
+        k_other = tl.load(k_ptr + k_at + partner, mask=dims, other=0.0).to(tl.float32)
+        k_new = rotated(k_raw, k_other, c, s, sign, kind).to(kind)
+        q_raw = tl.load(q_ptr + q_at + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q_other = tl.load(q_ptr + q_at + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q = rotated(q_raw, q_other, c[None, :], s[None, :], sign[None, :], kind).to(kind)  # [G, D]
+    else:
+        k_new = tl.load(k_ptr + k_at + d, mask=dims)
+        q = tl.load(q_ptr + q_at + d[None, :], mask=q_mask, other=0.0)  # [G, D]
     cached = (b * kv_heads + h) * capacity * dim
     if PLANT != 2:
-        tl.store(keys_ptr + cached + (length + t) * dim + d, tl.load(k_ptr + new_kv + d, mask=dims), mask=dims)
-        tl.store(values_ptr + cached + (length + t) * dim + d, tl.load(v_ptr + new_kv + d, mask=dims), mask=dims)
-    q = tl.load(q_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :],
-                mask=heads[:, None] & dims[None, :], other=0.0)  # [G, D]
+        tl.store(keys_ptr + cached + (length + t) * dim + d, k_new, mask=dims)
+        tl.store(values_ptr + cached + (length + t) * dim + d, tl.load(v_ptr + v_at + d, mask=dims), mask=dims)
     best = tl.full([GROUP], float("-inf"), tl.float32)
     total = tl.zeros([GROUP], tl.float32)
     acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
@@ -153,10 +181,23 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, lengths_ptr, pad
         else:
             seen = real & (j <= t + (1 if PLANT == 1 else 0))
         seen = seen | (j == t)
-        rows = (b * new + j) * kv_heads + h
-        keys = tl.load(k_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :], other=0.0)
-        values = tl.load(v_ptr + rows[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
-                         other=0.0)
+        rows = b * new + j
+        tile = seen[:, None] & dims[None, :]
+        step_keys = k_start + rows[:, None] * kv_stride + h * dim  # [N, 1]
+        step_values = v_start + rows[:, None] * kv_stride + h * dim + d[None, :]
+        if ROTATE:
+            if PLANT == 4:  # planted: every step key rotated at the query's position
+                turns = m + 0 * j
+            else:
+                turns = rows
+            row_c = tl.load(cos_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
+            row_s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
+            raw = tl.load(k_ptr + step_keys + d[None, :], mask=tile, other=0.0).to(tl.float32)
+            other = tl.load(k_ptr + step_keys + partner[None, :], mask=tile, other=0.0).to(tl.float32)
+            keys = rotated(raw, other, row_c, row_s, sign[None, :], kind).to(kind)
+        else:
+            keys = tl.load(k_ptr + step_keys + d[None, :], mask=tile, other=0.0)
+        values = tl.load(v_ptr + step_values, mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),

@@ -135,8 +135,8 @@ def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, monkeypat
     """A prefill, a decode step and a tree verification through the fused forward on the Triton kernels (graphs
     replayed, emulated on CPU) give the logits of torch's ops; every attention went through the kernel."""
     calls = []
-    real = gpu_kernels.cache_attention
-    monkeypatch.setattr(gpu_kernels, "cache_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = gpu_kernels.rotary_attention
+    monkeypatch.setattr(gpu_kernels, "rotary_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     model = tiny_llama(layers=2, seed=0).to(device)
     fused = GraphedDecoder(as_decoder(model, backend=_backend(device)))
     plain = as_decoder(model, backend=Backend(kernels=False, onednn=False, gpu_kernels=False))
@@ -189,3 +189,43 @@ def test_eagle_drafts_through_replayed_graphs_on_the_kernels(device):
     ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[])
     out = speculative_generate(target, drafter, ids, attention_mask=mask, k=4, max_new_tokens=8, eos_token_id=[])
     assert out.sequences == ref.sequences and drafter.graphs.captures > 0
+
+
+def _rotary_attention_agrees(device, dtype, case, planted=None) -> bool:
+    """Whether rotary_attention over a stacked q|k|v (``planted``: with that bug) writes and returns bit for bit what
+    rope_qkv then cache_attention write and return."""
+    lengths, pad, new, tree, recent = case
+    g = torch.Generator().manual_seed(2)
+    b, heads, kv_heads, dim, capacity = 2, 6, 2, 16, 64
+    qkv = torch.randn(b * new, (heads + 2 * kv_heads) * dim, generator=g).to(device, dtype)
+    cos, sin = (torch.randn(b * new, dim, generator=g).to(device, dtype) for _ in range(2))
+    stale = torch.randn(b, kv_heads, capacity, dim, generator=g).to(device, dtype)
+    mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
+    lengths, pad = torch.tensor(lengths, device=device), torch.tensor(pad, device=device)
+    caches = [(stale.clone(), stale.clone()) for _ in range(2)]
+    q, k, v = gpu_kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
+    apart = gpu_kernels.cache_attention(q, k, v, *caches[0], lengths, pad, mask, recent)
+    fused = gpu_kernels.rotary_attention(qkv, cos, sin, heads, *caches[1], lengths, pad, mask, recent,
+                                         _planted=planted)
+    if dtype == torch.float32 and device == "cuda":  # the compiler may fuse float32's product and sum either way
+        return all(torch.allclose(x, y, atol=1e-5, rtol=1e-5) for x, y in [(fused, apart), *zip(*caches)])
+    return torch.equal(fused, apart) and all(torch.equal(x, y) for x, y in zip(*caches))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_rotary_attention_is_the_rotary_embedding_then_the_attention(device, case):
+    """The rotary embedding inside the attention kernel (one kernel a layer fewer): the same keys written and the same
+    attention as the two kernels, bit for bit, in every dtype; a planted bug (the step's keys rotated at the query's
+    position) fails it where a step has several tokens."""
+    for dtype in _dtypes(device, products=True):
+        assert _rotary_attention_agrees(device, dtype, CASES[case]), dtype
+    if CASES[case][2] > 1:
+        assert not _rotary_attention_agrees(device, torch.float32, CASES[case], "keys_rotated_at_the_query")
+
+
+def test_rotary_attention_refuses_shapes_that_do_not_fit():
+    keys, lengths = torch.zeros(2, 2, 16, 8), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"expected \[M, 64\]"):
+        gpu_kernels.rotary_attention(torch.zeros(6, 60), torch.zeros(6, 8), torch.zeros(6, 8), 4, keys, keys.clone(),
+                                     lengths, lengths)
