@@ -1,15 +1,16 @@
 # The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
 #     source experiments/gpu/setup.sh && BUDGET=500 bash experiments/gpu/campaign.sh
 # runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
-# ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, a profile of the target's step (its
-# kernels, a graph's replay), the step's cost curve at Llama-3.1-8B's shape (random weights), the benchmark in float32
-# with compiled graphs, and a profile of EAGLE's draft step, in that order. Each step has its own time
+# ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, a profile of plain decoding's loop
+# (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the step's cost curves at
+# Llama-3.1-8B's and Qwen3-8B's shapes (random weights), a profile of EAGLE's draft step, and the benchmark in float32
+# with compiled graphs, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
-# OUT=/tmp/c bash experiments/gpu/campaign.sh).
+# QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c bash experiments/gpu/campaign.sh).
 set -u
 BUDGET=${BUDGET:-500}
 PROMPTS=${PROMPTS:-6}
@@ -44,12 +45,16 @@ read -r -a skip <<<"${SKIP:-eager draft_model}"
 step tests 90 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
-step profile_step 90 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"
+step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
+    --new "$NEW" --drafter none --out "$OUT/profile_plain"
+step profile_step 60 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"
 read -r -a costs <<<"${STEP_COSTS:---shape llama-3.1-8b}"  # step_costs.py's arguments (a CPU check: a small shape)
-step step_costs 150 python3 experiments/benchmarks/step_costs.py "${costs[@]}" --out "$OUT/step_costs"
-step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
-step profile_eagle 90 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
+step step_costs 120 python3 experiments/benchmarks/step_costs.py "${costs[@]}" --out "$OUT/step_costs"
+read -r -a qwen <<<"${QWEN_COSTS:---shape qwen3-8b --widths 1 4 16 64 --repeats 20}"
+step step_costs_qwen3 90 python3 experiments/benchmarks/step_costs.py "${qwen[@]}" --out "$OUT/step_costs_qwen3"
+step profile_eagle 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"
+step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"
 # packed outside $OUT first: tar reading the folder it writes into fails ("file changed as we read it")
 pack=$(mktemp -d)

@@ -25,15 +25,17 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from specdec import speculative_generate
+from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec.drafters.base import NoDrafter
 from specdec.models import GraphedDecoder, as_decoder
 from specdec.models.loading import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.common
 from experiments.common import benchmark_parser  # noqa: E402
 
-DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "draft_model": DraftModelDrafter}
+DRAFTERS = {"eagle": EagleDrafter, "medusa": MedusaDrafter, "draft_model": DraftModelDrafter,
+            "none": NoDrafter}  # none: plain decoding (the loop's own host work, each step read a step late)
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy", "aten::item",
          "aten::_local_scalar_dense")
 
@@ -106,10 +108,13 @@ def main() -> None:
         prompts = [encode_prompt(tokenizer, row) for row in load_prompts(args.source, limit=args.prompts)]
     prompts = [torch.tensor([p], device=device) for p in prompts]
     cls = DRAFTERS[args.drafter]
-    cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()
-    k = 3 if cls is DraftModelDrafter else cfg.k
-    drafter = cls.from_config(cfg, target=model)
-    drafter.replay_graphs("none" if args.eager_draft else "auto")
+    if cls is NoDrafter:
+        drafter, k = NoDrafter(), 0
+    else:
+        cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()
+        k = 3 if cls is DraftModelDrafter else cfg.k
+        drafter = cls.from_config(cfg, target=model)
+        drafter.replay_graphs("none" if args.eager_draft else "auto")
     decoder = as_decoder(model) if args.eager_target or not cuda else GraphedDecoder(as_decoder(model))
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     target = "eager" if args.eager_target or not cuda else "graphed"
@@ -118,13 +123,15 @@ def main() -> None:
              f"{args.new} new tokens, torch {torch.__version__}"]
 
     def generate(ids):
+        if cls is NoDrafter:
+            return autoregressive_generate(decoder, ids, max_new_tokens=args.new, eos_token_id=eos)
         return speculative_generate(decoder, drafter, ids, k=k, max_new_tokens=args.new, eos_token_id=eos)
 
     start = time.perf_counter()
     generate(prompts[0][:, :32])  # warm-up: graphs captured, libraries initialised
     lines.append(f"warm-up: {time.perf_counter() - start:.1f} s")
     untimed = drafter.propose
-    timed = time_proposals(drafter, device)
+    timed = time_proposals(drafter, device) if cls is not NoDrafter else []  # (it synchronises around each call)
     for i, ids in enumerate(prompts):
         timed.clear()
         allocations = allocator_counts(cuda)
@@ -132,8 +139,9 @@ def main() -> None:
         grown = {key: value - allocations[key] for key, value in allocator_counts(cuda).items()}
         tens = [sum(timed[j: j + 10]) / len(timed[j: j + 10]) for j in range(0, len(timed), 10)]
         lines.append(f"prompt {i} ({ids.shape[1]} tokens): {s.target_forwards} steps, τ {s.mean_accepted_length:.2f}, "
-                     f"draft {1000 * s.drafter_time_s / s.target_forwards:.1f} ms + verify "
-                     f"{1000 * s.target_time_s / s.target_forwards:.1f} ms a step, wall {s.wall_time_s:.2f} s; "
+                     f"draft {1000 * s.drafter_time_s / s.target_forwards:.2f} ms + verify "
+                     f"{1000 * s.target_time_s / s.target_forwards:.2f} ms a step, wall {s.wall_time_s:.2f} s "
+                     f"({1000 * s.wall_time_s / s.new_tokens:.2f} ms a token); "
                      f"propose ms by tens of steps {' '.join(f'{1000 * t:.1f}' for t in tens)}"
                      + (f"; allocator {grown}" if grown else ""))
     drafter.propose = untimed
