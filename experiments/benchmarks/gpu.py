@@ -37,6 +37,7 @@ import torch
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
 from specdec.drafters import DFlashDrafter, DraftModelDrafter, EagleDrafter, MedusaDrafter
+from specdec.drafters.base import NoDrafter
 from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
 from specdec.models import Backend, GraphedDecoder, as_decoder
@@ -47,6 +48,11 @@ from experiments.common import benchmark_parser, side_by_side  # noqa: E402
 
 
 UNBUILT = object()  # a drafter that failed to build
+
+
+class EachStepRead(NoDrafter):
+    """Plain decoding through the loop drafters run, every step read back before the next is launched (a subclass of
+    NoDrafter is not read a step late): what plain decoding on a GPU was before, beside what it is."""
 
 
 def assisted_peer(model, tokenizer, layers: int, k: int) -> TransformersGenerate:
@@ -254,6 +260,7 @@ def main() -> None:
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
         "plain graphs, torch ops": (target("plain graphs, torch ops"), None, 0),
+        "plain graphs, each step read before the next": (target("plain graphs"), EachStepRead(), 1),
         "transformers compiled static cache": (CompiledStaticLoop(model), "peer", 0),
         "transformers prompt lookup K=4": (TransformersGenerate(model, tokenizer.pad_token_id,
                                                                 prompt_lookup_num_tokens=4), "peer", 0),
@@ -341,7 +348,8 @@ def main() -> None:
         groups = [prompts[i: i + args.batch] for i in range(0, len(prompts) - args.batch + 1, args.batch)]
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in
-                   ("plain eager", "plain graphs", "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs")
+                   ("plain eager", "plain graphs", "plain graphs, each step read before the next",
+                    "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs")
                    if name in stats}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)
