@@ -17,6 +17,11 @@ gpu_kernels = pytest.importorskip("specdec.models.gpu_kernels")
 if not gpu_kernels.available():
     pytest.skip("Triton is not installed, or neither CUDA nor its interpreter is on", allow_module_level=True)
 
+import triton  # noqa: E402 (installed: checked above)
+import triton.language as tl  # noqa: E402
+
+from specdec.models.triton_kernels import rounded  # noqa: E402
+
 DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu), "cpu"]
 
 
@@ -229,3 +234,24 @@ def test_rotary_attention_refuses_shapes_that_do_not_fit():
     with pytest.raises(ValueError, match=r"expected \[M, 64\]"):
         gpu_kernels.rotary_attention(torch.zeros(6, 60), torch.zeros(6, 8), torch.zeros(6, 8), 4, keys, keys.clone(),
                                      lengths, lengths)
+
+
+@triton.jit
+def _round_all(x_ptr, out_ptr, n, KIND: tl.constexpr, BLOCK: tl.constexpr):  # each value's rounded(x, KIND)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, rounded(x, KIND), mask=offs < n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rounding_on_the_bits_is_torchs(device):
+    """triton_kernels.rounded, the kernels' rounding to 16 bits done on the bits (which no compiler folds away),
+    equals torch's float32 → bfloat16 / float16 conversion, float16's subnormals and ties included."""
+    g = torch.Generator().manual_seed(3)
+    values = torch.cat([torch.randn(4096, generator=g) * scale for scale in (1e-7, 1e-5, 1e-3, 1.0, 300.0)])
+    ties = torch.arange(1, 200, dtype=torch.float32) * 2.0 ** -25  # halfway between float16 subnormals
+    values = torch.cat([values, ties, -ties, torch.tensor([0.0, -0.0, 65504.0])]).to(device)
+    for dtype, kind in ((torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16)):
+        out = torch.empty_like(values)
+        _round_all[(triton.cdiv(values.numel(), 1024),)](values, out, values.numel(), KIND=kind, BLOCK=1024)
+        assert torch.equal(out, values.to(dtype).float()), dtype
