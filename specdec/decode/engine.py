@@ -17,6 +17,8 @@ gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVC
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,8 +29,10 @@ import torch
 from specdec.decode.metrics import DecodeStats
 from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal
 from specdec.models import as_decoder
+from specdec.models.graphs import forward_then
 from specdec.models.loading import stop_token_ids
-from specdec.verify import EXACT, AcceptanceRule, ExactRule, accepted_path, emitted_tokens, greedy_chain, greedy_tree
+from specdec.verify import (EXACT, AcceptanceRule, ExactRule, Tree, accepted_path, emitted_tokens, greedy_chain,
+                            greedy_tree)
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -219,31 +223,45 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
                 capture: tuple[int, ...] = ()) -> StepResult:
     """The target scores [last token, drafts] in one forward (under the tree's mask for a tree) and the rule
     keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
-    drafter's feature layers, returned along the kept positions."""
+    drafter's feature layers, returned along the kept positions. Greedy, the forward and the verdict are one
+    graph replay where the target replays graphs (:func:`_greedy_verdict`)."""
     params, tree = state.sampling, proposal.tree
-    if proposal.tokens.shape[1] == 0 and tree is None and params.greedy and isinstance(rule, ExactRule):
-        return _greedy_plain_step(decoder, cache, state, capture)
     block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
-    logits, hidden, *features = decoder(block, cache, kv_len=state.max_seq_len + proposal.tokens.shape[1],
-                                        tree_mask=None if tree is None else tree.mask,
-                                        depths=None if tree is None else tree.depths, capture=capture)
+    kv_len = state.max_seq_len + proposal.tokens.shape[1]
     if params.greedy and isinstance(rule, ExactRule):  # the one-hot case from the argmax alone, no [B, K'+1, V]
-        best = logits.argmax(-1)  # [B, K'+1]
-        verdict = greedy_chain(proposal.tokens, best) if tree is None else greedy_tree(tree, proposal.tokens, best)
-    else:
-        target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
-        verdict = (rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator) if tree is None else
-                   rule.tree(tree, proposal.tokens, proposal.probs, target_probs, state.generator))
+        if tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
+            outputs = forward_then(decoder, _plain_verdict, "plain", state.last_tokens[:, None], cache, kv_len=kv_len,
+                                   capture=capture)
+            return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
+        outputs = forward_then(decoder, functools.partial(_greedy_verdict, tree), _verdict_key(tree), block, cache,
+                               kv_len=kv_len, extra=() if tree is None else (tree.children,),
+                               tree_mask=None if tree is None else tree.mask,
+                               depths=None if tree is None else tree.depths, capture=capture)
+        num_accepted, next_tokens, emitted, path, hidden, *kept = outputs
+        return StepResult(num_accepted, next_tokens, emitted, None if tree is None else path, hidden,
+                          kept[0] if kept else None)
+    logits, hidden, *features = decoder(block, cache, kv_len=kv_len, tree_mask=None if tree is None else tree.mask,
+                                        depths=None if tree is None else tree.depths, capture=capture)
+    target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     if tree is None:
-        num_accepted, next_tokens = verdict
-        drafted, path, at = proposal.tokens, None, num_accepted  # [B, K']
+        num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator)
+        return _kept(proposal.tokens, num_accepted, next_tokens, None, hidden, features)
+    nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs, state.generator)
+    return _kept(proposal.tokens, num_accepted, next_tokens, nodes, hidden, features)
+
+
+def _kept(drafts: torch.Tensor, num_accepted: torch.Tensor, next_tokens: torch.Tensor, nodes: torch.Tensor | None,
+          hidden: torch.Tensor, features: list[torch.Tensor]) -> StepResult:
+    """A verdict (``nodes`` [B, D]: a tree's accepted nodes; None: a chain) as what each row keeps: the emitted tokens,
+    the accepted path in the block (trees), the hidden state and feature layers where the next token was predicted."""
+    if nodes is None:
+        drafted, path, at = drafts, None, num_accepted  # [B, K']
     else:
-        nodes, num_accepted, next_tokens = verdict
-        drafted = proposal.tokens.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
+        drafted = drafts.gather(1, nodes.clamp(min=0))  # [B, D]: the accepted path's tokens
         path = accepted_path(nodes)  # [B, D+1] in block
         at = path.gather(1, num_accepted[:, None])[:, 0]  # [B] block position of the path's end
     emitted = emitted_tokens(drafted, num_accepted, next_tokens)  # [B, K'+1] (chain) or [B, D+1] (tree)
-    rows = torch.arange(block.shape[0], device=block.device)
+    rows = torch.arange(drafts.shape[0], device=drafts.device)
     kept = None
     if features:  # [B, K'+1, F] -> the kept positions' [B, E, F]
         kept = features[0] if path is None else features[0].gather(
@@ -251,14 +269,36 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at], kept)
 
 
-def _greedy_plain_step(decoder, cache, state: DecodeState, capture: tuple[int, ...]) -> StepResult:
-    """:func:`verify_step` where nothing was drafted, greedy (plain decoding; a drafter that proposed nothing): the
-    target's argmax after the last token, what the greedy chain rule gives over an empty chain, in three ops instead
-    of a dozen (each op is host work a GPU pays every step)."""
-    logits, hidden, *features = decoder(state.last_tokens[:, None], cache, kv_len=state.max_seq_len, capture=capture)
-    next_tokens = logits[:, 0].argmax(-1)  # [B]
-    return StepResult(torch.zeros_like(next_tokens), next_tokens, next_tokens[:, None], None, hidden[:, 0],
-                      features[0] if features else None)
+def _verdict_key(tree: Tree | None) -> tuple:
+    """What fixes :func:`_greedy_verdict` beside its tensors: a tree's shape (a graph bakes in the walk's depth)."""
+    return "greedy", None if tree is None else (tree.parent_list, tree.max_depth)
+
+
+def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The greedy verdict of a forward over ``block`` [B, K'+1] (``rest``: a tree's children [N+1, W], then the
+    forward's logits, hidden states and feature layers), as tensors (one graph's outputs): num_accepted, next_tokens,
+    emitted, the accepted path (a chain: num_accepted again, unread), the hidden state where the next token was
+    predicted, the kept feature layers where captured."""
+    if tree is not None:
+        tree = dataclasses.replace(tree, children=rest[0])  # the children copied into the graph's input
+        rest = rest[1:]
+    logits, hidden, *features = rest
+    best = logits.argmax(-1)  # [B, K'+1]
+    if tree is None:
+        step = _kept(block[:, 1:], *greedy_chain(block[:, 1:], best), None, hidden, features)
+    else:
+        nodes, num_accepted, next_tokens = greedy_tree(tree, block[:, 1:], best)
+        step = _kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features)
+    path = step.num_accepted if step.path is None else step.path
+    return (step.num_accepted, step.next_tokens, step.emitted, path, step.hidden) + (
+        () if step.features is None else (step.features,))
+
+
+def _plain_verdict(ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor, *features: torch.Tensor
+                   ) -> tuple[torch.Tensor, ...]:
+    """A greedy step with nothing drafted (plain decoding; a drafter that proposed nothing): the target's argmax
+    after the last token, what the greedy chain rule gives over an empty chain, in one op instead of a dozen."""
+    return (logits[:, 0].argmax(-1), hidden[:, 0]) + features[:1]
 
 
 def _emit(state: DecodeState, out: list[list[int]], accepted: list[int], emitted: list[list[int]], eos: set[int],

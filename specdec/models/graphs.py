@@ -305,6 +305,43 @@ class GraphedDecoder:
         inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ())
         return self.graphs(run, inputs, key=("forward", masked, offset, capture), warmups=3 if self.compile else 2)
 
+    def forward_then(self, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
+                     cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
+                     tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
+                     capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        """:func:`forward_then` on this decoder: the forward and ``then`` captured together, one graph replay a step
+        (the kept cache, graphs replaying); else the forward, then ``then``, eagerly."""
+        if not self.enabled or cache is not self.graphs.kept:
+            return then(input_ids, *extra, *self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
+                                                           depths=depths, capture=capture))
+        capture = tuple(capture)
+        masked, offset = tree_mask is not None, depths is not None
+
+        def run(ids, *rest):
+            mask = rest[0] if masked else None
+            offsets = rest[int(masked)] if offset else None
+            outputs = self._forward(ids, cache, tree_mask=mask, depths=offsets, capture=capture)
+            return then(ids, *rest[int(masked) + int(offset):], *outputs)
+
+        inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ()) + tuple(extra)
+        return self.graphs(run, inputs, key=("forward then", key, masked, offset, capture),
+                           warmups=3 if self.compile else 2)
+
+
+def forward_then(decoder, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
+                 cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
+                 tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+    """``then(input_ids, *extra, *decoder(input_ids, cache, ...))``: a forward and what is computed from its outputs
+    (a verification's verdict), a tuple of tensors. On a :class:`GraphedDecoder` replaying graphs both are one
+    captured graph, keyed by ``key`` (which must fix everything ``then`` depends on beside its tensor arguments;
+    ``extra`` are copied in as inputs each step), so the small ops after the forward cost no launches from the host."""
+    if isinstance(decoder, GraphedDecoder):
+        return decoder.forward_then(then, key, input_ids, cache, kv_len=kv_len, extra=extra, tree_mask=tree_mask,
+                                    depths=depths, capture=capture)
+    return then(input_ids, *extra, *decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
+                                            capture=capture))
+
 
 COMPILE_MODES = ("auto", "none", "cuda_graphs", "compiled_graphs")
 

@@ -263,3 +263,58 @@ def test_plain_decoding_read_a_step_late_equals_the_loop_that_reads_each_step(ti
     monkeypatch.setattr(engine, "_plain_counts", missed_eos)
     with pytest.raises(RuntimeError, match="device-side counts"):
         _plain_runs(target, ids, mask, cases[1][0])
+
+
+class OracleTreeDrafter(Drafter):
+    """Drafts each row's true continuation (``rows``: prompt and greedy output) into two trees of four nodes in turn,
+    ``(tree, lines)``: node i drafts the true token ``lines[i]`` places ahead (None: a wrong token)."""
+
+    def __init__(self, rows, trees):
+        super().__init__()
+        self.rows, self.trees, self.turn = rows, trees, 0
+
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None, backend=None):
+        raise NotImplementedError
+
+    def propose(self, state, k):
+        tree, lines = self.trees[self.turn % 2]
+        self.turn += 1
+        ahead = [(row[len(seen):] + [0] * 4)[:4] for row, seen in zip(self.rows, state.tokens)]
+        return Proposal(tokens=torch.tensor([[0 if i is None else a[i] for i in lines] for a in ahead]), tree=tree)
+
+    def observe(self, state):
+        pass
+
+
+def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(tiny_target, monkeypatch):
+    """Greedy, the target's forward and the verdict computed from it (the tree walk, the path, the emitted tokens) are
+    one captured graph a step (emulated on CPU): the same tokens and counts as the eager path, per tree shape; a
+    graph keyed without the tree's shape (planted: two shapes under one key) replays the other shape's walk."""
+    from specdec.models import Backend, as_decoder
+    from specdec.models.graphs import GraphedDecoder
+
+    ids, mask = left_pad(PROMPTS[:2])
+    ref = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
+    rows = [p + s for p, s in zip(PROMPTS[:2], ref.sequences)]
+
+    def run(target, trees):
+        out = speculative_generate(target, OracleTreeDrafter(rows, trees), ids, attention_mask=mask, k=4,
+                                   max_new_tokens=12, eos_token_id=[])
+        assert out.sequences == ref.sequences
+        return out.stats.target_forwards, out.stats.accepted_per_position
+
+    # two shapes of one size and width: a chain of three with a sibling at the root (depth 3), two pairs (depth 2)
+    trees = ((Tree.from_parents([-1, 0, 1, -1]), [0, 1, 2, None]),
+             (Tree.from_parents([-1, -1, 0, 1]), [0, None, 1, None]))
+    graphed = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
+    eager = run(tiny_target, trees)
+    assert run(graphed, trees) == eager and eager[1][2] > 0  # depth 3 reached
+    keys = {key[0][:2] for key in graphed.graphs._graphs}
+    assert keys == {("forward then", ("greedy", (t.parent_list, t.max_depth))) for t, _ in trees}
+    assert graphed.replays > graphed.captures
+    from specdec.decode import engine
+
+    monkeypatch.setattr(engine, "_verdict_key", lambda tree: ("greedy",))  # planted: every tree under one key
+    fresh = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
+    assert run(fresh, trees[::-1]) != run(tiny_target, trees[::-1])  # the chain walked only as deep as the siblings
