@@ -39,9 +39,13 @@ class TargetConfig:
     # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free).
     # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")).
     coded_weights: bool = True
-    # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (nine kernels a
+    # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (eight kernels a
     # layer, specdec.models.gpu_kernels); false = torch's ops (the reference; ~1,400 kernels a step for SmolLM2-135M)
     gpu_kernels: bool = True
+    # GPU, with gpu_kernels: the products and the attention compute each row in one order whatever the number of
+    # tokens or rows a forward carries (specdec.models.gpu_kernels.invariant_linear, the ordered attention), so that
+    # a chain's verification gives the plain step's logits bit for bit; off until its cost is measured on a GPU
+    exact_numerics: bool = False
     # target=synthetic: the shape of its random weights (a preset of specdec.models.synthetic.SHAPES or a
     # config.json); costs only (experiments/benchmarks/step_costs.py), refused where τ or outputs are reported
     shape: Optional[str] = None

@@ -160,11 +160,12 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
     with their tracebacks); the table as text."""
     summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": num_prompts,
                "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
-               "torch": torch.__version__, "methods": by_name, "failed": failed}
+               "torch": torch.__version__, "exact_numerics": args.exact_numerics, "methods": by_name, "failed": failed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, greedy",
+    lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, greedy"
+             + (", target.exact_numerics (specdec's rows but torch ops')" if args.exact_numerics else ""),
              f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
              "| method | batch | τ | tok/s | x plain eager | x plain graphs | step ms (verify + draft) | bandwidth fraction "
              "| captures (s) | outputs ≠ plain |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -196,6 +197,9 @@ def main() -> None:
                     help="leave out the speculative methods whose name holds one of these words (eagle, medusa, ...)")
     ap.add_argument("--dtype", default="bfloat16", help="the target's dtype on a GPU (off a GPU: float32)")
     ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
+    ap.add_argument("--exact-numerics", action="store_true",
+                    help="specdec's rows with target.exact_numerics (Backend(exact_numerics=True)): outputs ≠ "
+                         "plain then counts where a drafter's output differs from plain decoding's in that mode")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -207,7 +211,7 @@ def main() -> None:
         print(f"wrote {len(prompts)} prompts to {args.dump_prompts}")
         return
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
-    eager = as_decoder(model)
+    eager = as_decoder(model, backend=Backend(exact_numerics=args.exact_numerics))
     torch_ops = as_decoder(model, backend=Backend(gpu_kernels=False))  # the forward through torch's ops only
     graphed = {}  # one wrapper (one cache, its graphs) per method
 

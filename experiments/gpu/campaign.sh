@@ -1,8 +1,9 @@
 # The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
-#     source experiments/gpu/setup.sh && BUDGET=500 bash experiments/gpu/campaign.sh
+#     source experiments/gpu/setup.sh && BUDGET=560 bash experiments/gpu/campaign.sh
 # runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
-# ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, a profile of plain decoding's loop
-# (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the step's cost curves at
+# ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
+# target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
+# decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the step's cost curves at
 # Llama-3.1-8B's and Qwen3-8B's shapes (random weights), a profile of EAGLE's draft step, and the benchmark in float32
 # with compiled graphs, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
@@ -10,9 +11,10 @@
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
-# QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c bash experiments/gpu/campaign.sh).
+# QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c \
+# bash experiments/gpu/campaign.sh).
 set -u
-BUDGET=${BUDGET:-500}
+BUDGET=${BUDGET:-560}
 PROMPTS=${PROMPTS:-6}
 NEW=${NEW:-128}
 BF16_PROMPTS=${BF16_PROMPTS:-8}
@@ -42,9 +44,11 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/N
 bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
 # SKIP: the benchmark's methods left out, by word (the drafters' eager variants by default)
 read -r -a skip <<<"${SKIP:-eager draft_model}"
-step tests 90 python3 -m pytest -q -m gpu tests -p no:cacheprovider
+step tests 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
+step bench_exact 120 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --exact-numerics \
+    --skip eager draft_model transformers torch --out "$OUT/exact"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
 step profile_step 60 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"

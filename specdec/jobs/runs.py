@@ -118,8 +118,9 @@ def check_job_config(cfg: DictConfig) -> None:
 def target_backend(target: Any) -> Backend:
     """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
     float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
-    specdec's CPU kernels otherwise at their defaults."""
-    return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels)
+    specdec's CPU kernels otherwise at their defaults; ``target.exact_numerics`` orders the Triton kernels' arithmetic."""
+    return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels,
+                   exact_numerics=getattr(target, "exact_numerics", False))
 
 
 def check_target_choice(cfg: Any) -> None:

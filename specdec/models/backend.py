@@ -65,6 +65,7 @@ class Backend:
     emulate_graphs: bool = False  # CPU forwards take the graphed paths (emulated graphs: tests; see emulated_gpu)
     gpu_kernels: bool = True  # specdec's Triton kernels in the fused forwards on a GPU (gpu_kernels.available())
     triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
+    exact_numerics: bool = False  # with those kernels: a row's arithmetic in one order whatever the forward carries
 
     def __post_init__(self):
         if self.weights not in WEIGHT_FORMATS:
@@ -75,6 +76,9 @@ class Backend:
                              "(kernels=False, onednn=False)")
         if self.triton_on_cpu and not (self.emulate_graphs and self.gpu_kernels):
             raise ValueError("Backend(triton_on_cpu=True) runs a GPU's forwards on CPU: use Backend.interpreted_gpu()")
+        if self.exact_numerics and not self.gpu_kernels:
+            raise ValueError("exact_numerics (target.exact_numerics) orders the arithmetic of specdec's Triton kernels: "
+                             "it needs them (target.gpu_kernels=true)")
 
     @classmethod
     def emulated_gpu(cls) -> "Backend":
@@ -84,11 +88,18 @@ class Backend:
         return cls(kernels=False, onednn=False, emulate_graphs=True, gpu_kernels=False)
 
     @classmethod
-    def interpreted_gpu(cls) -> "Backend":
+    def interpreted_gpu(cls, exact_numerics: bool = False) -> "Backend":
         """CPU forwards as a GPU runs them with specdec's Triton kernels (:mod:`~specdec.models.gpu_kernels`), the
         kernels under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported), graphs emulated.
         For tests of the GPU's fused path on machines without a GPU; slow."""
-        return cls(kernels=False, onednn=False, emulate_graphs=True, triton_on_cpu=True)
+        return cls(kernels=False, onednn=False, emulate_graphs=True, triton_on_cpu=True, exact_numerics=exact_numerics)
+
+    def exact_products(self, x: torch.Tensor) -> bool:
+        """Whether products over ``x`` run :func:`~specdec.models.gpu_kernels.invariant_linear` (a row's sum in one
+        order whatever the number of rows): :attr:`exact_numerics` where the Triton kernels take ``x``."""
+        if not self.exact_numerics or self.fused_kernels(x) is None or self.fusable(x):
+            return False
+        return True
 
     # ---- what the forwards ask --------------------------------------------------------------------------
 
@@ -137,6 +148,10 @@ class Backend:
         row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
         Same arithmetic, another kernel.
         """
+        if self.exact_products(x):
+            from specdec.models import gpu_kernels
+
+            return gpu_kernels.invariant_linear(x, layer.weight, layer.bias)
         if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
             return F.linear(x, layer.weight, layer.bias)
         out = self._cpu_product(x, (layer,))
@@ -167,6 +182,10 @@ class Backend:
         one by one)."""
         prepared, layers = entry
         if isinstance(prepared, Stacked):
+            if self.exact_products(x):
+                from specdec.models import gpu_kernels
+
+                return gpu_kernels.invariant_linear(x, prepared.weight, prepared.bias)
             return F.linear(x, prepared.weight, prepared.bias)
         if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
             return cpu_kernels.panel_linear(x, *prepared)

@@ -271,7 +271,8 @@ class CompactDecoder(nn.Module):
         kernel (two more for Qwen3's q/k norms)."""
         b, t, width = x.shape
         dense = None if self.backend.attends_in_kernel(kernels, b * t) else cache.attention_mask(t, kv_len, tree_mask)
-        attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len)
+        attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len,
+                                    ordered=self.backend.exact_numerics)
         layers, final_norm = self._layer_plan(self.backend.stacks(x))
 
         def keep(i: int, stream: torch.Tensor) -> None:

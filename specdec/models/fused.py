@@ -62,6 +62,7 @@ class Attention(NamedTuple):
     recent: int = 0
     dense: torch.Tensor | None = None
     kv_len: int | None = None
+    ordered: bool = False  # the Triton kernels' attention over the slots in order (Backend.exact_numerics)
 
 
 def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
@@ -100,7 +101,7 @@ def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch
     in_one = getattr(kernels, "rotary_attention", None)
     if attention.dense is None and in_one is not None:
         return in_one(qkv, cos, sin, heads.q, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
-                      attention.mask, attention.recent)
+                      attention.mask, attention.recent, ordered=attention.ordered)
     q, k, v = kernels.rope_qkv(qkv, cos, sin, heads.q, heads.kv)
     if attention.dense is None:
         return kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,

@@ -98,13 +98,15 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: i
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     lengths: torch.Tensor, pad: torch.Tensor, tree_mask: torch.Tensor | None = None, recent: int = 0,
-                    *, _planted: str | None = None) -> torch.Tensor:
+                    *, ordered: bool = False, _planted: str | None = None) -> torch.Tensor:
     """A step's cache writes and attention over the per-row static cache: q [B·T, Hq, D], k and v [B·T, Hkv, D]
     (the step's T new tokens of each row), keys and values [B, Hkv, S, D] (one layer's), lengths and pad [B] long
     (committed slots, left padding), ``tree_mask`` [T, recent + T] bool (None: causal) as
     :meth:`specdec.models.cache.KVCache.attention_mask` reads it, ``recent`` the last committed slots the tree mask
     decides. Writes each new token's key and value into slot lengths + t; returns the attention [B·T, Hq·D]. Every
-    bound is read on the device: no host sync, and a captured graph replays any lengths."""
+    bound is read on the device: no host sync, and a captured graph replays any lengths. ``ordered``: the slots in
+    one pass in order, the step's tokens at theirs, so that a chain's token attends bit for bit as in a one-token
+    step (``target.exact_numerics``; a little slower; not with ``recent`` slots)."""
     m, q_heads, dim = q.shape
     kv_heads = keys.shape[1]
     if k.shape != (m, kv_heads, dim) or v.shape != k.shape:
@@ -112,16 +114,16 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
                          f"keys {tuple(keys.shape)}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _attention((q, k, v), (0, 0, 0), (q_heads * dim, kv_heads * dim), None, q_heads, keys, values, lengths,
-                      pad, tree_mask, recent, _planted)
+                      pad, tree_mask, recent, ordered, _planted)
 
 
 def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, keys: torch.Tensor,
                      values: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
-                     tree_mask: torch.Tensor | None = None, recent: int = 0, *, _planted: str | None = None
-                     ) -> torch.Tensor:
-    """:func:`rope_qkv` then :func:`cache_attention` in one kernel: the attention of a stacked q|k|v product
-    [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same arithmetic
-    and roundings (one kernel a layer fewer)."""
+                     tree_mask: torch.Tensor | None = None, recent: int = 0, *, ordered: bool = False,
+                     _planted: str | None = None) -> torch.Tensor:
+    """:func:`rope_qkv` then :func:`cache_attention` (``ordered`` as there) in one kernel: the attention of a stacked
+    q|k|v product [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same
+    arithmetic and roundings (one kernel a layer fewer)."""
     kv_heads, dim = keys.shape[1], keys.shape[3]
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     width = (q_heads + 2 * kv_heads) * dim
@@ -129,10 +131,11 @@ def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_
         raise ValueError(f"rotary_attention: q|k|v {tuple(qkv.shape)} (expected [M, {width}]), cos {tuple(cos.shape)} "
                          f"and sin {tuple(sin.shape)} (expected [M, {dim}]) do not fit the keys {tuple(keys.shape)}")
     return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width), (cos, sin),
-                      q_heads, keys, values, lengths, pad, tree_mask, recent, _planted)
+                      q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, _planted)
 
 
-def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, _planted):
+def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, ordered,
+               _planted):
     """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
     ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin) where given."""
     if _planted is not None and _planted not in PLANTED + PLANTED_ROTARY:
@@ -152,12 +155,41 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         raise ValueError("cache_attention: recent slots need a tree_mask saying who sees them")
     else:
         tree = lengths  # not read
+    if ordered and recent:
+        raise ValueError("cache_attention: ordered attention reads no recent slots (EAGLE's draft layer keeps the "
+                         "unordered one)")
     out = torch.empty(m, q_heads * dim, dtype=keys.dtype, device=keys.device)
     plant = 0 if _planted is None else (PLANTED + PLANTED_ROTARY).index(_planted) + 1
     cos, sin = rotary if rotary is not None else (lengths, lengths)  # not read without the rotation
     _kernels().attention_kernel[(m, kv_heads)](
         *sources, cos, sin, keys, values, lengths, pad, tree, out,
         new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5, *starts, *strides,
-        HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, GROUP=_pow2(q_heads // kv_heads, 16),
-        BLOCK_N=32, BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
+        HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, ORDERED=ordered,
+        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
     return out
+
+
+INVARIANT_TILE = (16, 32, 64)  # invariant_linear's rows, columns and inner steps a program: fixed, whatever M is
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     _planted: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K]) in a fixed order per row: every row's products summed
+    over K in the same steps whatever the number of rows, so a row's result does not depend on the batch or on how
+    many tokens the forward carries (cuBLAS picks its algorithm by shape). ``target.exact_numerics``' products.
+    ``_planted`` (tests only): the inner step chosen by the number of rows, as a shape-tuned library does."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    m, k = flat.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    rows, cols, inner = INVARIANT_TILE
+    if _planted and m > 1:
+        inner //= 2
+    _kernels().invariant_matmul_kernel[(triton_cdiv(m, rows), triton_cdiv(n, cols))](
+        flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
+        BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner)
+    return out.view(*x.shape[:-1], n)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

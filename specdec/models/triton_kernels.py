@@ -116,11 +116,53 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 
 
 @triton.jit
+def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, b, t, new,
+                      first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign, scale,
+                      kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      IEEE: tl.constexpr):
+    """The attention of step token t of row b over slots [first, length + new) in blocks of BLOCK_N slots, the
+    step's token j at slot length + j (its key and value read from the step's k and v, rotated as the cache holds
+    them): a block holds the same keys whether a slot was committed or is the step's, so a token's attention is
+    the same, bit for bit, in a one-token step and in a longer one (a chain's positions are its slots)."""
+    for start in range(first, length + new, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        j = n - length  # the step's token at this slot (< 0: committed)
+        fresh = (j >= 0) & (j < new)
+        if HAS_TREE:  # a token sees itself always (a padding slot's query too: no empty softmax), others past the pad
+            allowed = tl.load(tree_ptr + t * new + j, mask=fresh, other=0)
+            step_seen = fresh & (((allowed != 0) & (n >= pad)) | (j == t))
+        else:
+            step_seen = fresh & (((j <= t) & (n >= pad)) | (j == t))
+        committed = (n >= pad) & (n < length)
+        seen = committed | step_seen
+        tile = committed[:, None] & dims[None, :]
+        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
+        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
+        rows = b * new + j
+        new_tile = step_seen[:, None] & dims[None, :]
+        at = k_start + rows[:, None] * kv_stride + h * dim
+        if ROTATE:
+            c = tl.load(cos_ptr + rows[:, None] * dim + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + rows[:, None] * dim + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
+            raw = tl.load(k_ptr + at + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
+            other = tl.load(k_ptr + at + partner[None, :], mask=new_tile, other=0.0).to(tl.float32)
+            step_keys = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
+        else:
+            step_keys = tl.load(k_ptr + at + d[None, :], mask=new_tile, other=0.0)
+        step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
+                              other=0.0)
+        keys = tl.where(new_tile, step_keys, keys)
+        values = tl.where(new_tile, step_values, values)
+        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
+    return best, total, acc
+
+
+@triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
                      out_ptr, new, q_heads, kv_heads, capacity, dim, recent, scale, q_start, k_start, v_start,
                      q_stride, kv_stride,
-                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
+                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, ORDERED: tl.constexpr, GROUP: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
     # One program: new token t of row b, the query heads sharing KV head h. It writes that token's key and
     # value into slot lengths[b] + t (no program reads those slots: the step's keys are read from k and v),
     # then attends, with an online softmax, to the committed slots from the cache and the step's tokens.
@@ -163,8 +205,17 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     total = tl.zeros([GROUP], tl.float32)
     acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
     columns = recent + new
-    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
     first = pad // BLOCK_N * BLOCK_N
+    if ORDERED:  # one pass over the slots in order, the step's tokens at theirs: blocks that do not depend on T
+        best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr,
+                                             best, total, acc, b, t, new, first, pad, length, cached, k_start, v_start,
+                                             kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
+                                             ROTATE, BLOCK_N, IEEE)
+        first = length  # nothing left for the loops below
+        new_loop = 0
+    else:
+        new_loop = new
+    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
     for start in range(first, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         seen = (n >= pad) & (n < length)
@@ -178,7 +229,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
                          mask=seen[:, None] & dims[None, :], other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
-    for start in range(0, new, BLOCK_N):
+    for start in range(0, new_loop, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         real = (j < new) & (length + j >= pad)
         if HAS_TREE:
@@ -209,3 +260,23 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=heads[:, None] & dims[None, :])
+
+
+@triton.jit
+def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
+    # K in BLOCK_K steps in one order: a row's arithmetic is the same whatever M is, and whatever the other rows hold.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inner = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for start in range(0, k, BLOCK_K):
+        ks = start + inner
+        x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * k + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k), other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee") if x.dtype == tl.float32 else tl.dot(x, tl.trans(w))
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows[:, None] < m) & (cols[None, :] < n))

@@ -81,7 +81,7 @@ CASES = [
 ]
 
 
-def _attention_agrees(device, dtype, case, planted=None) -> bool:
+def _attention_agrees(device, dtype, case, planted=None, ordered=False) -> bool:
     """Whether cache_attention (``planted``: with that bug) writes the cache as KVCache.write does and attends as SDPA
     over KVCache.attention_mask, on random keys with stale values in every slot past the committed ones."""
     lengths, pad, new, tree, recent = case
@@ -93,7 +93,8 @@ def _attention_agrees(device, dtype, case, planted=None) -> bool:
     q, k, v = (torch.randn(b * new, n, dim, generator=g).to(device, dtype) for n in (heads, kv_heads, kv_heads))
     mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
     keys, values = cache.keys[0].clone(), cache.values[0].clone()
-    out = gpu_kernels.cache_attention(q, k, v, keys, values, cache.lengths, cache.pad, mask, recent, _planted=planted)
+    out = gpu_kernels.cache_attention(q, k, v, keys, values, cache.lengths, cache.pad, mask, recent, ordered=ordered,
+                                      _planted=planted)
     ref_keys, ref_values = cache.write(0, k.view(b, new, kv_heads, dim).transpose(1, 2),
                                        v.view(b, new, kv_heads, dim).transpose(1, 2))
     attend = cache.attention_mask(new, None, mask, recent)
@@ -109,6 +110,14 @@ def _attention_agrees(device, dtype, case, planted=None) -> bool:
 def test_cache_attention_writes_and_attends_as_the_torch_ops(device, case):
     for dtype in _dtypes(device, products=True):
         assert _attention_agrees(device, dtype, CASES[case]), dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_ordered_attention_writes_and_attends_as_the_torch_ops(device):
+    """The attention over the slots in order (``exact_numerics``): the same check, every case without recent slots."""
+    for case in CASES:
+        if not case[4]:
+            assert _attention_agrees(device, torch.float32, case, ordered=True), case
 
 
 @pytest.mark.parametrize("planted", gpu_kernels.PLANTED)
@@ -131,8 +140,8 @@ def test_cache_attention_refuses_shapes_that_do_not_fit():
         gpu_kernels.cache_attention(q, k, k, keys, keys.clone(), lengths, lengths, _planted="typo")
 
 
-def _backend(device):
-    return Backend() if device == "cuda" else Backend.interpreted_gpu()
+def _backend(device, exact_numerics=False):
+    return Backend(exact_numerics=exact_numerics) if device == "cuda" else Backend.interpreted_gpu(exact_numerics)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -255,3 +264,50 @@ def test_rounding_on_the_bits_is_torchs(device):
         out = torch.empty_like(values)
         _round_all[(triton.cdiv(values.numel(), 1024),)](values, out, values.numel(), KIND=kind, BLOCK=1024)
         assert torch.equal(out, values.to(dtype).float()), dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_invariant_linear_gives_a_row_the_same_bits_whatever_the_rows_beside_it(device):
+    """``target.exact_numerics``' products: each row of a product of M rows equals, bit for bit, the product of that
+    row alone, for any M; a planted inner step that depends on M (as a shape-tuned library's) fails."""
+    g = torch.Generator().manual_seed(4)
+    weight, bias = torch.randn(70, 200, generator=g).to(device), torch.randn(70, generator=g).to(device)
+    x = torch.randn(40, 200, generator=g).to(device)
+
+    def invariant(planted=False):
+        full = gpu_kernels.invariant_linear(x, weight, bias, _planted=planted)
+        return all(torch.equal(gpu_kernels.invariant_linear(x[i:i + 1], weight, bias, _planted=planted)[0], full[i])
+                   for i in (0, 7, 16, 39))
+
+    assert invariant()
+    torch.testing.assert_close(gpu_kernels.invariant_linear(x, weight, bias), F.linear(x, weight, bias))
+    assert not invariant(planted=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_numerics_verifies_a_chain_with_the_plain_steps_logits(device):
+    """With ``exact_numerics`` (invariant products, the attention over the slots in order) a forward of T chained
+    tokens gives each position the logits T one-token steps give it, bit for bit, at batch 1 and 2; the same forward
+    through the default kernels need not (its products and attention blocks depend on T)."""
+    model = tiny_llama(layers=2, seed=0).to(device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5], [0, 0, 6, 7, 8, 9, 10, 11]], device=device)
+    chain = torch.tensor([[4, 12, 6, 1], [3, 3, 9, 2]], device=device)
+
+    def logits(backend, rows, stepwise):
+        decoder = as_decoder(model, backend=backend)
+        cache = decoder.new_cache(rows, 32, torch.tensor([0, 2][:rows], device=device))
+        with torch.no_grad():
+            decoder(ids[:rows], cache, last_only=True)
+            cache.commit(torch.full((rows,), ids.shape[1], device=device))
+            if not stepwise:
+                return decoder(chain[:rows], cache)[0]
+            out = []
+            for t in range(chain.shape[1]):
+                out.append(decoder(chain[:rows, t:t + 1], cache)[0])
+                cache.commit(torch.ones(rows, dtype=torch.long, device=device))
+            return torch.cat(out, 1)
+
+    exact = _backend(device, exact_numerics=True)
+    for rows in (1, 2):
+        assert torch.equal(logits(exact, rows, False), logits(exact, rows, True)), rows
+    torch.testing.assert_close(logits(exact, 2, False), logits(_backend(device), 2, False), atol=1e-5, rtol=1e-5)

@@ -41,6 +41,25 @@ def test_target_compile_modes():
         target_decoder(model, "graphs")
 
 
+def test_target_exact_numerics_reaches_the_backend():
+    """target.exact_numerics builds the job's backend with the Triton kernels' ordered arithmetic; without those
+    kernels (target.gpu_kernels=false) it is refused, naming both settings. On CPU it changes nothing."""
+    from omegaconf import OmegaConf
+
+    from specdec.config import TargetConfig
+    from specdec.jobs.runs import target_backend
+    from specdec.models import Backend
+
+    target = OmegaConf.structured(TargetConfig)
+    assert not target_backend(target).exact_numerics
+    target.exact_numerics = True
+    assert target_backend(target).exact_numerics
+    assert not Backend(exact_numerics=True).exact_products(torch.zeros(2, 4))  # CPU tensors: the CPU kernels'
+    target.gpu_kernels = False
+    with pytest.raises(ValueError, match="target.exact_numerics.*target.gpu_kernels=true"):
+        target_backend(target)
+
+
 def test_a_draft_models_forwards_stay_eager_on_cpu():
     """drafter.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
     decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
