@@ -3,10 +3,9 @@
 # runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
 # ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
-# decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the step's cost curves at
-# Llama-3.1-8B's and Qwen3-8B's shapes (random weights), a profile of EAGLE's draft step, and the benchmark in float32
-# with compiled graphs, in that order. Each step has its own time
-# limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
+# decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
+# step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights), a profile of EAGLE's draft step, and
+# the benchmark in float32 with compiled graphs, in that order. Each step has its own time limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
