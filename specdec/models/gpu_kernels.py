@@ -105,8 +105,9 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
     :meth:`specdec.models.cache.KVCache.attention_mask` reads it, ``recent`` the last committed slots the tree mask
     decides. Writes each new token's key and value into slot lengths + t; returns the attention [B·T, Hq·D]. Every
     bound is read on the device: no host sync, and a captured graph replays any lengths. ``ordered``: the slots in
-    one pass in order, the step's tokens at theirs, so that a chain's token attends bit for bit as in a one-token
-    step (``target.exact_numerics``; a little slower; not with ``recent`` slots)."""
+    one pass in position order, the step's tokens at their positions (a tree's: each token's path, depth by depth),
+    so that a token attends bit for bit as in a one-token step once its path is committed (``target.exact_numerics``;
+    not with ``recent`` slots)."""
     m, q_heads, dim = q.shape
     kv_heads = keys.shape[1]
     if k.shape != (m, kv_heads, dim) or v.shape != k.shape:
@@ -165,7 +166,7 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         *sources, cos, sin, keys, values, lengths, pad, tree, out,
         new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5, *starts, *strides,
         HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, ORDERED=ordered,
-        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
+        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_T=_pow2(new, 16), BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
     return out
 
 

@@ -119,20 +119,27 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, b, t, new,
                       first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign, scale,
                       kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      IEEE: tl.constexpr):
-    """The attention of step token t of row b over slots [first, length + new) in blocks of BLOCK_N slots, the
-    step's token j at slot length + j (its key and value read from the step's k and v, rotated as the cache holds
-    them): a block holds the same keys whether a slot was committed or is the step's, so a token's attention is
-    the same, bit for bit, in a one-token step and in a longer one (a chain's positions are its slots)."""
+                      BLOCK_T: tl.constexpr, IEEE: tl.constexpr):
+    """The attention of step token t of row b over the slots in position order, in blocks of BLOCK_N slots: the
+    committed ones, then at slot length + i the step's token t sees at depth i (a chain: token i; a tree: its
+    ancestor i levels below the root, found as the (i + 1)-th token its mask row shows, parents coming before their
+    children), its key and value read from the step's k and v and rotated as the cache holds them. A block then holds
+    the same keys as the cache does once the token's path is committed, so a token's attention is the same, bit for
+    bit, in a one-token step and in a chain or tree verified at once."""
+    if HAS_TREE:
+        columns = tl.arange(0, BLOCK_T)
+        sees = tl.load(tree_ptr + t * new + columns, mask=columns < new, other=0) != 0  # [T] token t's mask row
+        rank = tl.cumsum(sees.to(tl.int32), 0)  # [T] how many it sees up to each block position
     for start in range(first, length + new, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        j = n - length  # the step's token at this slot (< 0: committed)
-        fresh = (j >= 0) & (j < new)
-        if HAS_TREE:  # a token sees itself always (a padding slot's query too: no empty softmax), others past the pad
-            allowed = tl.load(tree_ptr + t * new + j, mask=fresh, other=0)
-            step_seen = fresh & (((allowed != 0) & (n >= pad)) | (j == t))
-        else:
-            step_seen = fresh & (((j <= t) & (n >= pad)) | (j == t))
+        i = n - length  # the depth this slot holds (< 0: committed)
+        if HAS_TREE:
+            match = sees[None, :] & (rank[None, :] == (i + 1)[:, None])  # [N, T]
+            j = tl.sum(tl.where(match, columns[None, :], 0), 1)  # the step's token at depth i on t's path
+            step_seen = (i >= 0) & (tl.sum(match.to(tl.int32), 1) > 0)
+        else:  # a token sees itself always (a padding slot's query too: no empty softmax), others past the pad
+            j = i
+            step_seen = (i >= 0) & (i < new) & (((i <= t) & (n >= pad)) | (i == t))
         committed = (n >= pad) & (n < length)
         seen = committed | step_seen
         tile = committed[:, None] & dims[None, :]
@@ -162,7 +169,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
                      out_ptr, new, q_heads, kv_heads, capacity, dim, recent, scale, q_start, k_start, v_start,
                      q_stride, kv_stride,
                      HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, ORDERED: tl.constexpr, GROUP: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                     PLANT: tl.constexpr):
     # One program: new token t of row b, the query heads sharing KV head h. It writes that token's key and
     # value into slot lengths[b] + t (no program reads those slots: the step's keys are read from k and v),
     # then attends, with an online softmax, to the committed slots from the cache and the step's tokens.
@@ -210,7 +218,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
         best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr,
                                              best, total, acc, b, t, new, first, pad, length, cached, k_start, v_start,
                                              kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
-                                             ROTATE, BLOCK_N, IEEE)
+                                             ROTATE, BLOCK_N, BLOCK_T, IEEE)
         first = length  # nothing left for the loops below
         new_loop = 0
     else:

@@ -287,8 +287,8 @@ def test_invariant_linear_gives_a_row_the_same_bits_whatever_the_rows_beside_it(
 @pytest.mark.parametrize("device", DEVICES)
 def test_exact_numerics_verifies_a_chain_with_the_plain_steps_logits(device):
     """With ``exact_numerics`` (invariant products, the attention over the slots in order) a forward of T chained
-    tokens gives each position the logits T one-token steps give it, bit for bit, at batch 1 and 2; the same forward
-    through the default kernels need not (its products and attention blocks depend on T)."""
+    tokens gives each position the logits T one-token steps give it, bit for bit, at batch 1 and 2 (and a row the same
+    logits at either batch size); the default kernels need not (their products and attention blocks depend on T)."""
     model = tiny_llama(layers=2, seed=0).to(device)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5], [0, 0, 6, 7, 8, 9, 10, 11]], device=device)
     chain = torch.tensor([[4, 12, 6, 1], [3, 3, 9, 2]], device=device)
@@ -310,4 +310,38 @@ def test_exact_numerics_verifies_a_chain_with_the_plain_steps_logits(device):
     exact = _backend(device, exact_numerics=True)
     for rows in (1, 2):
         assert torch.equal(logits(exact, rows, False), logits(exact, rows, True)), rows
+    assert torch.equal(logits(exact, 1, False)[0], logits(exact, 2, False)[0])  # nor on the batch beside it
     torch.testing.assert_close(logits(exact, 2, False), logits(_backend(device), 2, False), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_numerics_verifies_a_tree_with_the_plain_steps_logits(device):
+    """A tree verified in one forward gives each node the logits plain decoding gives after that node's path, bit for
+    bit, with ``exact_numerics`` (the attention reads each node's ancestors at their positions, in order); through
+    the default kernels (under the interpreter) it does not."""
+    from specdec.verify import Tree
+
+    model = tiny_llama(layers=2, seed=0).to(device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5]], device=device)
+    tree = Tree.from_parents([-1, -1, 0, 1, 2], device=device)  # two branches, the first three levels deep
+    block = torch.tensor([[13, 4, 12, 6, 1, 9]], device=device)  # the last token, then the nodes' tokens
+    def decoded(tokens, exact=True, **tree_args):
+        decoder = as_decoder(model, backend=_backend(device, exact_numerics=exact))
+        cache = decoder.new_cache(1, 32, torch.zeros(1, dtype=torch.long, device=device))
+        with torch.no_grad():
+            decoder(ids, cache, last_only=True)
+            cache.commit(torch.full((1,), ids.shape[1], device=device))
+            if tree_args:
+                return decoder(tokens, cache, **tree_args)[0][0]
+            out = []
+            for t in range(tokens.shape[1]):
+                out.append(decoder(tokens[:, t:t + 1], cache)[0][0, 0])
+                cache.commit(torch.ones(1, dtype=torch.long, device=device))
+            return torch.stack(out)
+
+    verified = decoded(block, tree_mask=tree.mask, depths=tree.depths)  # [6, V]: the root, then each node
+    for path in ([0, 1, 3, 5], [0, 2, 4]):  # block positions from the root down each branch
+        assert torch.equal(verified[path], decoded(block[:, path])), path
+    if device == "cpu":  # the default kernels (products by shape, the step's tokens attended apart) differ here
+        default = decoded(block, exact=False, tree_mask=tree.mask, depths=tree.depths)
+        assert not torch.equal(default[[0, 1, 3, 5]], decoded(block[:, [0, 1, 3, 5]], exact=False))
