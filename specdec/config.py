@@ -44,7 +44,7 @@ class TargetConfig:
     gpu_kernels: bool = True
     # GPU, with gpu_kernels: the products and the attention compute each row in one order whatever the number of
     # tokens or rows a forward carries (specdec.models.gpu_kernels.invariant_linear, the ordered attention), so that
-    # a chain's verification gives the plain step's logits bit for bit; off until its cost is measured on a GPU
+    # a verification (a chain or a tree) gives the plain steps' logits bit for bit; off until its GPU cost is measured
     exact_numerics: bool = False
     # target=synthetic: the shape of its random weights (a preset of specdec.models.synthetic.SHAPES or a
     # config.json); costs only (experiments/benchmarks/step_costs.py), refused where τ or outputs are reported
