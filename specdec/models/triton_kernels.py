@@ -116,6 +116,22 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 
 
 @triton.jit
+def read_keys(k_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
+              ROTATE: tl.constexpr):
+    """Step tokens' keys [N, D] read where ``at`` [N, 1] says (under ``tile`` [N, D]), in ``kind``; with ROTATE
+    rotated at the positions of the rows ``turns`` [N] (their cos and sin rows)."""
+    if ROTATE:
+        c = tl.load(cos_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        raw = tl.load(k_ptr + at + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        other = tl.load(k_ptr + at + partner[None, :], mask=tile, other=0.0).to(tl.float32)
+        keys = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
+    else:
+        keys = tl.load(k_ptr + at + d[None, :], mask=tile, other=0.0)
+    return keys
+
+
+@triton.jit
 def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, b, t, new,
                       first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign, scale,
                       kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -147,15 +163,8 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, t
         values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
         rows = b * new + j
         new_tile = step_seen[:, None] & dims[None, :]
-        at = k_start + rows[:, None] * kv_stride + h * dim
-        if ROTATE:
-            c = tl.load(cos_ptr + rows[:, None] * dim + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + rows[:, None] * dim + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
-            raw = tl.load(k_ptr + at + d[None, :], mask=new_tile, other=0.0).to(tl.float32)
-            other = tl.load(k_ptr + at + partner[None, :], mask=new_tile, other=0.0).to(tl.float32)
-            step_keys = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
-        else:
-            step_keys = tl.load(k_ptr + at + d[None, :], mask=new_tile, other=0.0)
+        step_keys = read_keys(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
+                              d, partner, sign, dim, kind, ROTATE)
         step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
                               other=0.0)
         keys = tl.where(new_tile, step_keys, keys)
@@ -251,18 +260,11 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
         tile = seen[:, None] & dims[None, :]
         step_keys = k_start + rows[:, None] * kv_stride + h * dim  # [N, 1]
         step_values = v_start + rows[:, None] * kv_stride + h * dim + d[None, :]
-        if ROTATE:
-            if PLANT == 4:  # planted: every step key rotated at the query's position
-                turns = m + 0 * j
-            else:
-                turns = rows
-            row_c = tl.load(cos_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
-            row_s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
-            raw = tl.load(k_ptr + step_keys + d[None, :], mask=tile, other=0.0).to(tl.float32)
-            other = tl.load(k_ptr + step_keys + partner[None, :], mask=tile, other=0.0).to(tl.float32)
-            keys = rotated(raw, other, row_c, row_s, sign[None, :], kind).to(kind)
+        if PLANT == 4:  # planted: every step key rotated at the query's position
+            turns = m + 0 * j
         else:
-            keys = tl.load(k_ptr + step_keys + d[None, :], mask=tile, other=0.0)
+            turns = rows
+        keys = read_keys(k_ptr, cos_ptr, sin_ptr, step_keys, turns, tile, d, partner, sign, dim, kind, ROTATE)
         values = tl.load(v_ptr + step_values, mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     out = acc / total[:, None]
