@@ -75,7 +75,7 @@ class DrafterConfig:
 
 
 # Each drafter's own config subclasses DrafterConfig and sits beside it as ``DrafterClass.Config``;
-# register_configs() stores every registered drafter's under drafter/<name>_schema. A drafter with weights names
+# registering a drafter (specdec.drafters.register) stores it as drafter/<name>_schema. A drafter with weights names
 # where they are ``path`` ("default": those shipped for the default target); specdec.load_drafter composes the
 # same config from Python (specdec/drafters/loading.py).
 
@@ -177,15 +177,13 @@ def help_groups() -> str:
 
 
 def register_configs() -> None:
-    from specdec.drafters import DRAFTERS
-
+    """Store the job's typed configs (Hydra's ``*_schema`` nodes) and its help. Each drafter stores its own schema
+    when it registers (:func:`specdec.drafters.register`): an entry point imports the drafters before composing."""
     cs = ConfigStore.instance()
     OmegaConf.register_new_resolver("specdec_help_groups", help_groups, replace=True)
     cs.store(group="hydra/help", name="specdec", node={"defaults": ["default", "_self_"], "template": HELP_TEMPLATE})
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="target", name="target_schema", node=TargetConfig)
-    for name, drafter in DRAFTERS.items():
-        cs.store(group="drafter", name=f"{name}_schema", node=drafter.Config)
     cs.store(group="sampling", name="sampling_schema", node=SamplingConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -275,11 +275,17 @@ class NoDrafter(Drafter):
 
 
 def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
-    """Class decorator: make a drafter buildable from a config whose ``name`` is ``name``."""
+    """Class decorator: make a drafter buildable from a config whose ``name`` is ``name``; its typed config
+    (``Config``) is stored as Hydra's ``drafter/<name>_schema``, which ``configs/drafter/<name>.yaml`` builds on."""
 
     def wrap(cls: type[Drafter]) -> type[Drafter]:
         cls.name = name
         DRAFTERS[name] = cls
+        schema = getattr(cls, "Config", None)
+        if schema is not None:
+            from hydra.core.config_store import ConfigStore
+
+            ConfigStore.instance().store(group="drafter", name=f"{name}_schema", node=schema)
         return cls
 
     return wrap
