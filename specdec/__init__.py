@@ -11,7 +11,8 @@ The public API (``from specdec import ...``):
   ``path="outputs/medusa"``). A draft model with another tokenizer than the target's drafts across vocabularies
   (``load_drafter("draft_model", target, tokenizer, path=<its directory or hub id>, draft_vocab=0)``, a
   ``CrossVocabDrafter``; ``drafter=cross_vocab`` on the command line). ``drafter_config(name, **overrides)`` is that config alone.
-- ``speculative_generate(target, drafter, input_ids, *, max_new_tokens, k=None, temperature=0.0, ...)`` and
+- ``speculative_generate(target, drafter, input_ids, *, max_new_tokens, k=None, temperature=0.0, ...)`` (or
+  ``sampling=SamplingParams(temperature, top_k, top_p)``) and
   ``autoregressive_generate(target, input_ids, *, max_new_tokens, ...)`` return a ``GenerationOutput``:
   ``.sequences`` per row the generated token ids only (lists, the prompt left out), ``.stats`` a ``DecodeStats``
   (α ``acceptance_rate``, τ ``mean_accepted_length``, ``tokens_per_second``, ...).
@@ -57,6 +58,7 @@ _EXPORTS = {
     "DFlashDrafter": "specdec.drafters",
     "rejection_sample": "specdec.verify",
     "logits_to_probs": "specdec.verify.sampling",
+    "SamplingParams": "specdec.verify.sampling",
     "Backend": "specdec.models.backend",
     "as_decoder": "specdec.models",
 }

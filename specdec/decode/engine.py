@@ -512,6 +512,18 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     return GenerationOutput(sequences=out, stats=stats)
 
 
+def _sampling(sampling: SamplingParams | None, temperature: float, top_k: int, top_p: float) -> SamplingParams:
+    """The sampling settings given as one object, or as the loose keywords (not both)."""
+    if sampling is None:
+        return SamplingParams(temperature, top_k, top_p)
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a specdec.verify.sampling.SamplingParams, got {sampling!r}")
+    if (temperature, top_k, top_p) != (0.0, 0, 1.0):
+        raise ValueError(f"sampling={sampling} and temperature={temperature}, top_k={top_k}, top_p={top_p} both "
+                         f"given: pass the settings one way")
+    return sampling
+
+
 def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRule:
     """``rule``, else the drafter's own (a lossy one it was built with), else the exact rule."""
     if rule is not None and not isinstance(rule, AcceptanceRule):
@@ -546,7 +558,7 @@ def _check_k(k, drafter: Drafter) -> int:
 
 
 def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k: int | None = None,
-                         max_new_tokens: int,
+                         max_new_tokens: int, sampling: SamplingParams | None = None,
                          temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
                          eos_token_id: int | Sequence[int] | None = None,
@@ -561,19 +573,23 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.exactness.planted`); None means
     the drafter's own rule, which is the exact one unless the drafter was built with a lossy one
     (``drafter.lossy``, e.g. Medusa's typical acceptance: then only greedy output keeps the promise). An
-    explicit ``rule`` for a drafter built with its own rule is refused (ValueError).
+    explicit ``rule`` for a drafter built with its own rule is refused (ValueError). ``sampling`` (a
+    :class:`~specdec.verify.sampling.SamplingParams`) gives the sampling settings as one object, in place of
+    ``temperature``, ``top_k`` and ``top_p``.
     """
-    params = SamplingParams(temperature, top_k, top_p)
+    params = _sampling(sampling, temperature, top_k, top_p)
     return _generate(target, drafter, input_ids, attention_mask, k=_check_k(k, drafter),
                      max_new_tokens=max_new_tokens, params=params, generator=generator, eos_token_id=eos_token_id,
                      rule=_resolve_rule(rule, drafter))
 
 
-def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+def autoregressive_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int,
+                            sampling: SamplingParams | None = None, temperature: float = 0.0,
                             top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
                             attention_mask: torch.Tensor | None = None,
                             eos_token_id: int | Sequence[int] | None = None) -> GenerationOutput:
-    """Plain decoding, one target forward per token, on the same cache path: the reference."""
-    params = SamplingParams(temperature, top_k, top_p)
+    """Plain decoding, one target forward per token, on the same cache path: the reference (``sampling`` as
+    :func:`speculative_generate`'s)."""
+    params = _sampling(sampling, temperature, top_k, top_p)
     return _generate(target, NoDrafter(), input_ids, attention_mask, k=0, max_new_tokens=max_new_tokens,
                      params=params, generator=generator, eos_token_id=eos_token_id, rule=EXACT)

@@ -318,3 +318,23 @@ def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(ti
     monkeypatch.setattr(engine, "_verdict_key", lambda tree: ("greedy",))  # planted: every tree under one key
     fresh = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
     assert run(fresh, trees[::-1]) != run(tiny_target, trees[::-1])  # the chain walked only as deep as the siblings
+
+
+def test_the_sampling_settings_as_one_object(tiny_target):
+    """``sampling=SamplingParams(...)`` gives the loose keywords' outputs; both at once, or another object, are
+    refused naming what to pass."""
+    from specdec.verify.sampling import SamplingParams
+
+    ids = torch.tensor([PROMPTS[0]])
+
+    def sampled(**settings):
+        return speculative_generate(tiny_target, NgramDrafter(), ids, k=3, max_new_tokens=8, eos_token_id=[],
+                                    generator=torch.Generator().manual_seed(5), **settings).sequences
+
+    assert sampled(sampling=SamplingParams(0.8, 5, 0.9)) == sampled(temperature=0.8, top_k=5, top_p=0.9)
+    plain = autoregressive_generate(tiny_target, ids, max_new_tokens=8, eos_token_id=[], sampling=SamplingParams())
+    assert plain.sequences == autoregressive_generate(tiny_target, ids, max_new_tokens=8, eos_token_id=[]).sequences
+    with pytest.raises(ValueError, match="pass the settings one way"):
+        sampled(sampling=SamplingParams(0.8), temperature=0.8)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        sampled(sampling={"temperature": 0.8})
