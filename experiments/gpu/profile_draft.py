@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--eager-draft", action="store_true", help="no CUDA graphs for the drafter's own work (the draft "
                     "model's forwards, Medusa's tree; as the main job's target.compile=auto, it replays them by default)")
     ap.add_argument("--trace", action="store_true", help="also write the Chrome trace")
+    ap.add_argument("--fixed-tree", action="store_true", help="Medusa's or EAGLE's full tree every step "
+                    "(drafter.min_confidence=0), as the GPU benchmark's fixed-tree rows")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -111,14 +113,16 @@ def main() -> None:
     if cls is NoDrafter:
         drafter, k = NoDrafter(), 0
     else:
-        cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config()
+        settings = {"min_confidence": 0.0} if args.fixed_tree else {}
+        cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config(**settings)
         k = 3 if cls is DraftModelDrafter else cfg.k
         drafter = cls.from_config(cfg, target=model)
         drafter.replay_graphs("none" if args.eager_draft else "auto")
     decoder = as_decoder(model) if args.eager_target or not cuda else GraphedDecoder(as_decoder(model))
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     target = "eager" if args.eager_target or not cuda else "graphed"
-    lines = [f"{args.drafter} (k {k}) on {torch.cuda.get_device_name() if cuda else 'CPU'}, target {target}, "
+    shape = " fixed tree" if args.fixed_tree else ""
+    lines = [f"{args.drafter}{shape} (k {k}) on {torch.cuda.get_device_name() if cuda else 'CPU'}, target {target}, "
              f"drafter {'eager' if args.eager_draft or not cuda else 'graphed where it runs a model or heads'}, "
              f"{args.new} new tokens, torch {torch.__version__}"]
 
@@ -164,9 +168,10 @@ def main() -> None:
         lines += ["", "by self_cpu_time_total:", events.table(sort_by="self_cpu_time_total", row_limit=20)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile_{args.drafter}.txt").write_text("\n".join(lines) + "\n")
+    name = args.drafter + ("_fixed_tree" if args.fixed_tree else "")
+    (out / f"profile_{name}.txt").write_text("\n".join(lines) + "\n")
     if args.trace:
-        prof.export_chrome_trace(str(out / f"trace_{args.drafter}.json"))
+        prof.export_chrome_trace(str(out / f"trace_{name}.json"))
     print("\n".join(lines[: len(lines) - (3 if cuda else 0)]))
 
 
