@@ -4,15 +4,16 @@ calls as the CPU kernels' (:mod:`specdec.models.cpu_kernels`), so that one fused
 
 A small model's step on a GPU is bound by kernel launches, not memory: SmolLM2-135M's forward through torch's ops
 is ~900 kernels (RMSNorm as five, the rotary embedding as eight, a scatter per cache write, a mask of
-[B, 1, T, S] built and read by SDPA over the whole cache). Here a layer is nine: an RMSNorm after the residual add
-(:func:`rms_norm`), the q|k|v product, the rotary embedding of q and k (:func:`rope_qkv`), the cache writes and
-the attention over each row's committed slots and the step's new tokens (:func:`cache_attention`: per-row lengths
-and padding, a tree mask, read on the device, so a captured graph replays any step), the o product, the residual
-add and RMSNorm, the gate|up product, SiLU·up (:func:`silu_mul`), the down product. :func:`rotary_attention` does
-the rotary embedding inside the attention kernel (eight kernels a layer): what a fused forward calls.
+[B, 1, T, S] built and read by SDPA over the whole cache). Here a layer is eight: an RMSNorm after the residual add
+(:func:`rms_norm`), the q|k|v product, the rotary embedding of q and k with the cache writes and the attention over
+each row's committed slots and the step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree
+mask, read on the device, so a captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are
+the same in two kernels), the o product, the residual add and RMSNorm, the gate|up product, SiLU·up
+(:func:`silu_mul`), the down product. ``target.exact_numerics`` runs the products through :func:`invariant_linear`
+and the attention ``ordered``: a row's arithmetic the same whatever the forward carries.
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
-weight, each product of the rotary embedding, SiLU before ·up; bfloat16 on the bits, which no compiler folds away):
+weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on the bits, which no compiler folds away):
 in 16 bits its outputs equal torch's ops' but for the order of a sum (the norm's mean of squares, the attention) and
 an exp's last bit. In float32 the GPU's compiler may fuse a product and a sum into one rounding (the rotary
 embedding's): equal to float32 rounding. The attention reads only the slots a row attends
