@@ -189,7 +189,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         inner //= 2
     _kernels().invariant_matmul_kernel[(triton_cdiv(m, rows), triton_cdiv(n, cols))](
         flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
-        BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner)
+        IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner)
     return out.view(*x.shape[:-1], n)
 
 

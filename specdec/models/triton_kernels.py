@@ -273,7 +273,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
 
 
 @triton.jit
-def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: tl.constexpr,
+def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
     # K in BLOCK_K steps in one order: a row's arithmetic is the same whatever M is, and whatever the other rows hold.
@@ -285,7 +285,10 @@ def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: 
         ks = start + inner
         x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
         w = tl.load(w_ptr + cols[:, None] * k + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k), other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision="ieee") if x.dtype == tl.float32 else tl.dot(x, tl.trans(w))
+        if IEEE:  # float32: no TF32
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(out_ptr.dtype.element_ty),
