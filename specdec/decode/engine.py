@@ -226,13 +226,14 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     drafter's feature layers, returned along the kept positions. Greedy, the forward and the verdict are one
     graph replay where the target replays graphs (:func:`_greedy_verdict`)."""
     params, tree = state.sampling, proposal.tree
-    block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
-    if params.greedy and isinstance(rule, ExactRule):  # the one-hot case from the argmax alone, no [B, K'+1, V]
-        if tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
-            outputs = forward_then(decoder, _plain_verdict, "plain", state.last_tokens[:, None], cache, kv_len=kv_len,
-                                   capture=capture)
-            return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
+    greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
+    if greedy and tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
+        outputs = forward_then(decoder, _plain_verdict, "plain", state.last_tokens[:, None], cache, kv_len=kv_len,
+                               capture=capture)
+        return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
+    block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
+    if greedy:
         outputs = forward_then(decoder, functools.partial(_greedy_verdict, tree), _verdict_key(tree), block, cache,
                                kv_len=kv_len, extra=() if tree is None else (tree.children,),
                                tree_mask=None if tree is None else tree.mask,
@@ -399,16 +400,18 @@ class _Readback:
     def __init__(self, rows: int, batch_size: int, device: torch.device):
         self.cuda = device.type == "cuda"
         self.buffers = [torch.empty(rows, batch_size, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []  # made once: a driver call each
         self.turn = 0
 
     def send(self, *rows: torch.Tensor):  # -> () -> list[list[int]]
         buffer = self.buffers[self.turn]
-        self.turn ^= 1
         buffer.copy_(torch.stack(rows), non_blocking=self.cuda)
         if not self.cuda:
+            self.turn ^= 1
             return buffer.tolist
-        done = torch.cuda.Event()
+        done = self.events[self.turn]
         done.record()
+        self.turn ^= 1
 
         def read() -> list[list[int]]:
             done.synchronize()

@@ -120,7 +120,7 @@ def target_backend(target: Any) -> Backend:
     float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
     specdec's CPU kernels otherwise at their defaults; ``target.exact_numerics`` orders the Triton kernels' arithmetic."""
     return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels,
-                   exact_numerics=getattr(target, "exact_numerics", False))
+                   exact_numerics=target.exact_numerics)
 
 
 def check_target_choice(cfg: Any) -> None:

@@ -77,8 +77,8 @@ class Backend:
         if self.triton_on_cpu and not (self.emulate_graphs and self.gpu_kernels):
             raise ValueError("Backend(triton_on_cpu=True) runs a GPU's forwards on CPU: use Backend.interpreted_gpu()")
         if self.exact_numerics and not self.gpu_kernels:
-            raise ValueError("exact_numerics (target.exact_numerics) orders the arithmetic of specdec's Triton kernels: "
-                             "it needs them (target.gpu_kernels=true)")
+            raise ValueError("exact_numerics (target.exact_numerics) orders the arithmetic of specdec's Triton "
+                             "kernels: it needs them (target.gpu_kernels=true)")
 
     @classmethod
     def emulated_gpu(cls) -> "Backend":
@@ -94,12 +94,13 @@ class Backend:
         For tests of the GPU's fused path on machines without a GPU; slow."""
         return cls(kernels=False, onednn=False, emulate_graphs=True, triton_on_cpu=True, exact_numerics=exact_numerics)
 
-    def exact_products(self, x: torch.Tensor) -> bool:
-        """Whether products over ``x`` run :func:`~specdec.models.gpu_kernels.invariant_linear` (a row's sum in one
-        order whatever the number of rows): :attr:`exact_numerics` where the Triton kernels take ``x``."""
-        if not self.exact_numerics or self.fused_kernels(x) is None or self.fusable(x):
-            return False
-        return True
+    def exact_kernels(self, x: torch.Tensor):
+        """The Triton kernels whose :func:`~specdec.models.gpu_kernels.invariant_linear` runs products over ``x`` (a
+        row's sum in one order whatever the number of rows): with :attr:`exact_numerics` where they take ``x``;
+        else None."""
+        if not self.exact_numerics or self.fusable(x):
+            return None
+        return self.fused_kernels(x)
 
     # ---- what the forwards ask --------------------------------------------------------------------------
 
@@ -148,10 +149,9 @@ class Backend:
         row is slowest of all (measured on the 49152x576 LM head: 9.7 ms for one row, 3.0 ms for two).
         Same arithmetic, another kernel.
         """
-        if self.exact_products(x):
-            from specdec.models import gpu_kernels
-
-            return gpu_kernels.invariant_linear(x, layer.weight, layer.bias)
+        exact = self.exact_kernels(x)
+        if exact is not None:
+            return exact.invariant_linear(x, layer.weight, layer.bias)
         if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
             return F.linear(x, layer.weight, layer.bias)
         out = self._cpu_product(x, (layer,))
@@ -182,10 +182,9 @@ class Backend:
         one by one)."""
         prepared, layers = entry
         if isinstance(prepared, Stacked):
-            if self.exact_products(x):
-                from specdec.models import gpu_kernels
-
-                return gpu_kernels.invariant_linear(x, prepared.weight, prepared.bias)
+            exact = self.exact_kernels(x)
+            if exact is not None:
+                return exact.invariant_linear(x, prepared.weight, prepared.bias)
             return F.linear(x, prepared.weight, prepared.bias)
         if prepared is not None and x.shape[0] <= cpu_kernels.MAX_ROWS:
             return cpu_kernels.panel_linear(x, *prepared)

@@ -59,6 +59,10 @@ def _kernels():
     return triton_kernels
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _pow2(n: int, least: int = 1) -> int:
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
@@ -80,7 +84,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
     m, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(m, width, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, _pow2(width, 16))
-    _kernels().silu_mul_kernel[(m, -(-width // block))](gate_up, out, width, BLOCK=block)
+    _kernels().silu_mul_kernel[(m, _cdiv(width, block))](gate_up, out, width, BLOCK=block)
     return out
 
 
@@ -167,7 +171,8 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         *sources, cos, sin, keys, values, lengths, pad, tree, out,
         new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5, *starts, *strides,
         HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, ORDERED=ordered,
-        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_T=_pow2(new, 16), BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
+        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_T=_pow2(new, 16), BLOCK_D=_pow2(dim, 16),
+        IEEE=keys.dtype == torch.float32, PLANT=plant)
     return out
 
 
@@ -187,11 +192,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     rows, cols, inner = INVARIANT_TILE
     if _planted and m > 1:
         inner //= 2
-    _kernels().invariant_matmul_kernel[(triton_cdiv(m, rows), triton_cdiv(n, cols))](
+    _kernels().invariant_matmul_kernel[(_cdiv(m, rows), _cdiv(n, cols))](
         flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner)
     return out.view(*x.shape[:-1], n)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

@@ -291,19 +291,11 @@ class GraphedDecoder:
         """As :meth:`CompactDecoder.forward`; the outputs are fresh tensors (safe to keep across steps). Forwards on
         the kept cache replay a graph per input shape; warm-up and capture write only uncommitted cache slots,
         which the replay that follows overwrites."""
-        if not self.enabled or cache is not self.graphs.kept or last_only:
-            return self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
-                                last_only=last_only, capture=capture)
-        capture = tuple(capture)
-        masked, offset = tree_mask is not None, depths is not None
-
-        def run(ids, *rest):
-            mask = rest[0] if masked else None
-            offsets = rest[-1] if offset else None
-            return self._forward(ids, cache, tree_mask=mask, depths=offsets, capture=capture)
-
-        inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ())
-        return self.graphs(run, inputs, key=("forward", masked, offset, capture), warmups=3 if self.compile else 2)
+        if last_only:  # a prefill: once per generation, eager
+            return self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths, last_only=True,
+                                capture=capture)
+        return self.forward_then(_outputs, "forward", input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
+                                 depths=depths, capture=capture)
 
     def forward_then(self, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
                      cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
@@ -326,6 +318,11 @@ class GraphedDecoder:
         inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ()) + tuple(extra)
         return self.graphs(run, inputs, key=("forward then", key, masked, offset, capture),
                            warmups=3 if self.compile else 2)
+
+
+def _outputs(input_ids: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The forward's own outputs (:meth:`GraphedDecoder.__call__`: nothing computed after it)."""
+    return outputs
 
 
 def forward_then(decoder, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,

@@ -132,6 +132,52 @@ def read_keys(k_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim, k
 
 
 @triton.jit
+def step_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, m, b, t, new,
+                   recent, first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign,
+                   scale, kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   IEEE: tl.constexpr, PLANT: tl.constexpr):
+    """The attention of step token t (row m = b·new + t) over the committed slots from the cache, then over the
+    step's tokens read from its k and v (rotated as read where ROTATE); the tree mask (causal without one) says who
+    sees whom, and which of the last ``recent`` committed slots."""
+    columns = recent + new
+    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
+    for start in range(first, length, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        seen = (n >= pad) & (n < length)
+        if HAS_TREE:
+            column = n - (length - recent)
+            allowed = tl.load(tree_ptr + t * columns + column, mask=seen & (column >= 0), other=1)
+            seen = seen & (allowed != 0)
+        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
+                       other=0.0)  # [N, D]
+        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :],
+                         mask=seen[:, None] & dims[None, :], other=0.0)
+        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
+    # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
+    for start in range(0, new, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        real = (j < new) & (length + j >= pad)
+        if HAS_TREE:
+            allowed = tl.load(tree_ptr + t * columns + recent + j + (1 if PLANT == 1 else 0),
+                              mask=real & (recent + j + (1 if PLANT == 1 else 0) < columns), other=0)
+            seen = real & (allowed != 0)
+        else:
+            seen = real & (j <= t + (1 if PLANT == 1 else 0))
+        seen = seen | (j == t)
+        rows = b * new + j
+        tile = seen[:, None] & dims[None, :]
+        if PLANT == 4:  # planted: every step key rotated at the query's position
+            turns = m + 0 * j
+        else:
+            turns = rows
+        keys = read_keys(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, turns, tile, d,
+                         partner, sign, dim, kind, ROTATE)
+        values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
+        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
+    return best, total, acc
+
+
+@triton.jit
 def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, b, t, new,
                       first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign, scale,
                       kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -221,52 +267,17 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     best = tl.full([GROUP], float("-inf"), tl.float32)
     total = tl.zeros([GROUP], tl.float32)
     acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
-    columns = recent + new
     first = pad // BLOCK_N * BLOCK_N
     if ORDERED:  # one pass over the slots in order, the step's tokens at theirs: blocks that do not depend on T
         best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr,
                                              best, total, acc, b, t, new, first, pad, length, cached, k_start, v_start,
                                              kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
                                              ROTATE, BLOCK_N, BLOCK_T, IEEE)
-        first = length  # nothing left for the loops below
-        new_loop = 0
-    else:
-        new_loop = new
-    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
-    for start in range(first, length, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        seen = (n >= pad) & (n < length)
-        if HAS_TREE:
-            column = n - (length - recent)
-            allowed = tl.load(tree_ptr + t * columns + column, mask=seen & (column >= 0), other=1)
-            seen = seen & (allowed != 0)
-        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
-                       other=0.0)  # [N, D]
-        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :],
-                         mask=seen[:, None] & dims[None, :], other=0.0)
-        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
-    # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
-    for start in range(0, new_loop, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        real = (j < new) & (length + j >= pad)
-        if HAS_TREE:
-            allowed = tl.load(tree_ptr + t * columns + recent + j + (1 if PLANT == 1 else 0),
-                              mask=real & (recent + j + (1 if PLANT == 1 else 0) < columns), other=0)
-            seen = real & (allowed != 0)
-        else:
-            seen = real & (j <= t + (1 if PLANT == 1 else 0))
-        seen = seen | (j == t)
-        rows = b * new + j
-        tile = seen[:, None] & dims[None, :]
-        step_keys = k_start + rows[:, None] * kv_stride + h * dim  # [N, 1]
-        step_values = v_start + rows[:, None] * kv_stride + h * dim + d[None, :]
-        if PLANT == 4:  # planted: every step key rotated at the query's position
-            turns = m + 0 * j
-        else:
-            turns = rows
-        keys = read_keys(k_ptr, cos_ptr, sin_ptr, step_keys, turns, tile, d, partner, sign, dim, kind, ROTATE)
-        values = tl.load(v_ptr + step_values, mask=tile, other=0.0)
-        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
+    else:  # the committed slots, then the step's tokens
+        best, total, acc = step_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best,
+                                          total, acc, m, b, t, new, recent, first, pad, length, cached, k_start,
+                                          v_start, kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
+                                          ROTATE, BLOCK_N, IEEE, PLANT)
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=heads[:, None] & dims[None, :])

@@ -54,7 +54,7 @@ def test_target_exact_numerics_reaches_the_backend():
     assert not target_backend(target).exact_numerics
     target.exact_numerics = True
     assert target_backend(target).exact_numerics
-    assert not Backend(exact_numerics=True).exact_products(torch.zeros(2, 4))  # CPU tensors: the CPU kernels'
+    assert Backend(exact_numerics=True).exact_kernels(torch.zeros(2, 4)) is None  # CPU tensors: the CPU kernels'
     target.gpu_kernels = False
     with pytest.raises(ValueError, match="target.exact_numerics.*target.gpu_kernels=true"):
         target_backend(target)
