@@ -35,6 +35,7 @@ from specdec.config import config_dir, register_configs
 from specdec.decode.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
+from specdec.drafters.base import graph_runners
 from specdec.jobs.checks import check_auto, check_lookahead
 from specdec.jobs.data import encode_prompts, held_out_mix, left_pad, result_category
 from specdec.jobs.io import write_json
@@ -54,7 +55,8 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     k = lookahead(cfg)  # k=auto: the drafter is built at the largest size it tries
     job = Job.build(cfg, k, backend=backend)
     decoder = job.decoder(graphs=True)  # what the target's forwards run through
-    job.drafter.replay_graphs(job.compile)  # and the drafter's own model, where it runs one
+    if job.drafter.runtime is not None:  # and the drafter's own model, where it runs one
+        job.drafter.runtime.replay_graphs(job.compile)
     choice = choose_auto(cfg, job) if cfg.drafter.k == "auto" else None
     sides = Sides(job, decoder, choice.k if choice else k)
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
@@ -159,7 +161,7 @@ def results(decoded: Decoded, sides: Sides, choice: AutoChoice | None) -> dict[s
         },
         "per_prompt": decoded.per_prompt,  # a batch's prompts per entry: one prompt each at data.batch_size=1
         "greedy_mismatches": decoded.mismatches,
-        "lossy": job.drafter.lossy,
+        "lossy": job.drafter.traits.lossy,
         "k_chosen": k,  # the lookahead decoded with (drafter.k, or what auto chose: 0 = plain decoding)
         "auto": choice.as_dict() if choice else None,
         "cuda_graph_captures": getattr(sides.decoder, "captures", None),  # None: eager forwards
@@ -212,10 +214,10 @@ def prompt_figures(ids: list[str], category: str, spec: DecodeStats, base: Decod
 
 
 def drafter_graph_fields(drafter) -> dict[str, Any]:
-    """The drafter's own graphs (:meth:`~specdec.drafters.base.Drafter.graph_runners`): how many shapes were captured
+    """The drafter's own graphs (:func:`~specdec.drafters.base.graph_runners`): how many shapes were captured
     and the seconds that took (the warm-up's included), left out of the timings as the target's are; None where its
     work ran eagerly."""
-    runners = drafter.graph_runners()
+    runners = graph_runners(drafter)
     return {"drafter_graph_captures": sum(r.captures for r in runners) if runners else None,
             "drafter_graph_capture_time_s": sum(r.capture_time_s for r in runners) if runners else None}
 

@@ -37,7 +37,7 @@ import torch
 from specdec import NgramDrafter, autoregressive_generate, load_target, speculative_generate
 from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
 from specdec.drafters import DFlashDrafter, DraftModelDrafter, EagleDrafter, MedusaDrafter
-from specdec.drafters.base import NoDrafter
+from specdec.drafters.base import NoDrafter, graph_runners
 from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
 from specdec.models import Backend, GraphedDecoder, as_decoder
@@ -224,7 +224,7 @@ def main() -> None:
         if "eagle" in args.skip:
             return None
         drafter = EagleDrafter.from_config(EagleDrafter.Config(**settings), target=model)
-        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
 
@@ -232,21 +232,21 @@ def main() -> None:
         if "medusa" in args.skip:
             return None
         drafter = MedusaDrafter.from_config(MedusaDrafter.Config(**settings), target=model)
-        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
     def draft_model(graphs: bool):  # the shipped distilled draft, 8192-token head; its own forwards eager or graphed
         if "draft_model" in args.skip:
             return None
         drafter = DraftModelDrafter.from_config(DraftModelDrafter.Config(draft_vocab=8192), target=model)
-        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
     def dflash(graphs: bool):  # the shipped block drafter; its catch-up and block forward eager or replaying graphs
         if "dflash" in args.skip:
             return None
         drafter = DFlashDrafter.from_config(DFlashDrafter.Config(), target=model)
-        drafter.replay_graphs("cuda_graphs" if graphs else "none")
+        drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
     unbuilt = {}  # drafters that failed to build (a missing asset on a GPU machine): left out, named in the report
@@ -336,7 +336,7 @@ def main() -> None:
         tgt, drafter = methods[name][:2]
         if isinstance(tgt, GraphedDecoder):
             results[name].update(captures=tgt.captures, capture_time_s=tgt.capture_time_s)
-        if drafter not in (None, "peer") and drafter.graph_runners():
+        if drafter not in (None, "peer") and graph_runners(drafter):
             results[name].update(drafter_graph_fields(drafter))
     for r in results.values():
         r["speedup_vs_plain_eager"] = r["tokens_per_second"] / results["plain eager"]["tokens_per_second"]

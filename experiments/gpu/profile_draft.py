@@ -117,7 +117,7 @@ def main() -> None:
         cfg = cls.Config(draft_vocab=8192) if cls is DraftModelDrafter else cls.Config(**settings)
         k = 3 if cls is DraftModelDrafter else cfg.k
         drafter = cls.from_config(cfg, target=model)
-        drafter.replay_graphs("none" if args.eager_draft else "auto")
+        drafter.runtime.replay_graphs("none" if args.eager_draft else "auto")
     decoder = as_decoder(model) if args.eager_target or not cuda else GraphedDecoder(as_decoder(model))
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     target = "eager" if args.eager_target or not cuda else "graphed"

@@ -17,7 +17,7 @@ import torch
 
 from specdec.decode.engine import GenerationOutput, autoregressive_generate, speculative_generate
 from specdec.decode.metrics import DecodeStats, speedup_interval, total
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, registered_name
 
 WARMUP_TOKENS = 8  # the untimed first generation of each method
 
@@ -88,4 +88,4 @@ def compare(target, drafter: Drafter, prompts: Sequence[Sequence[int] | torch.Te
                                                 **sampling))
         generator.manual_seed(seed + i)
         plain.append(autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens, **sampling))
-    return Comparison(speculative, plain, drafter.name or type(drafter).__name__)
+    return Comparison(speculative, plain, registered_name(drafter))

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from specdec.decode.metrics import DecodeStats
-from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal
+from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal, graph_runners
 from specdec.models import as_decoder
 from specdec.models.graphs import forward_then
 from specdec.models.loading import stop_token_ids
@@ -91,7 +91,7 @@ class _PhaseTimer:
 def _capture_times(decoder, drafter: Drafter) -> tuple[float, float]:
     """Seconds the target's and the drafter's graphs have spent capturing so far (0 where forwards run eagerly)."""
     return (getattr(decoder, "capture_time_s", 0.0),
-            sum(runner.capture_time_s for runner in drafter.graph_runners()))
+            sum(runner.capture_time_s for runner in graph_runners(drafter)))
 
 
 def _leave_out_captures(stats: DecodeStats, before: tuple[float, float], after: tuple[float, float]) -> None:
@@ -487,7 +487,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     _check_max_new_tokens(max_new_tokens)
     k = capped_lookahead(k, drafter.config, max_new_tokens)
     request = _Request(input_ids, pad, pad.tolist(), _check_capacity(decoder, input_ids.shape[1], max_new_tokens, k),
-                       params, generator, _eos_ids(target, eos_token_id), max_new_tokens, tuple(drafter.feature_layers))
+                       params, generator, _eos_ids(target, eos_token_id), max_new_tokens,
+                       tuple(drafter.traits.feature_layers))
     stats = DecodeStats(k=k)
     timer = _PhaseTimer(stats, device)
     captured = _capture_times(decoder, drafter)
@@ -498,8 +499,8 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     first_host = first.tolist()
     state = _initial_state(decoder, request, first, first_host, hidden, features)
     out = [[t] for t in first_host]
-    drafter.reset()
-    drafter.forwards = 0
+    if drafter.runtime is not None:
+        drafter.runtime.forwards = 0
     with timer("drafter_time_s"):
         drafter.start(state)
     # 3) Steps: propose -> verify (device) -> one sync -> emit (host) -> commit -> the drafter observes.
@@ -507,7 +508,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     steps(decoder, cache, state, drafter, request, stats, timer, out, k, rule)
     # 4) Totals.
     timer.close()
-    stats.drafter_forwards = drafter.forwards
+    stats.drafter_forwards = drafter.runtime.forwards if drafter.runtime is not None else 0
     stats.prefill_tokens = len(out)  # the first token of each row, from the prefill's last position
     stats.new_tokens += stats.prefill_tokens
     stats.wall_time_s = time.perf_counter() - wall_start
@@ -532,11 +533,12 @@ def _resolve_rule(rule: AcceptanceRule | None, drafter: Drafter) -> AcceptanceRu
     if rule is not None and not isinstance(rule, AcceptanceRule):
         raise TypeError(f"rule must be an acceptance rule (chain, tree and lossy, as specdec.verify.ExactRule), "
                         f"got {rule!r}; leave it None for the exact rule")
-    if rule is not None and drafter.acceptance is not None and rule != drafter.acceptance:
+    own = drafter.traits.acceptance
+    if rule is not None and own is not None and rule != own:
         raise ValueError(f"{type(drafter).__name__} was built with the lossy acceptance rule "
-                         f"{drafter.acceptance!r}, which rule={rule!r} would silently replace; build the drafter "
+                         f"{own!r}, which rule={rule!r} would silently replace; build the drafter "
                          f"with the exact rule (e.g. drafter.acceptance=exact) to verify it with another")
-    return rule or drafter.acceptance or EXACT
+    return rule or own or EXACT
 
 
 def capped_lookahead(k: int, config: Any, max_new_tokens: int) -> int:
@@ -575,7 +577,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, k
     and distributed as it under sampling. ``rule`` (an :class:`~specdec.verify.AcceptanceRule`, for chains
     and trees alike) is replaceable for studies (e.g. planted bugs in :mod:`specdec.exactness.planted`); None means
     the drafter's own rule, which is the exact one unless the drafter was built with a lossy one
-    (``drafter.lossy``, e.g. Medusa's typical acceptance: then only greedy output keeps the promise). An
+    (``drafter.traits.lossy``, e.g. Medusa's typical acceptance: then only greedy output keeps the promise). An
     explicit ``rule`` for a drafter built with its own rule is refused (ValueError). ``sampling`` (a
     :class:`~specdec.verify.sampling.SamplingParams`) gives the sampling settings as one object, in place of
     ``temperature``, ``top_k`` and ``top_p``.

@@ -1,13 +1,13 @@
 """The drafter protocol and registry.
 
-A drafter is two calls and a constructor (after transformers' ``CandidateGenerator``): :meth:`Drafter.propose`
-gives up to K draft tokens per row with the distribution each was drawn from (or ``None`` when it chose them
-deterministically, i.e. one-hot q); :meth:`Drafter.observe` hears what the verifier kept, so the drafter can roll
-its own state back or adapt; :meth:`Drafter.from_config` builds it from its config. Everything else is an
-optional hook with a default, declared on :class:`Drafter`: :meth:`~Drafter.start` / :meth:`~Drafter.reset`
-bracket one generation, ``acceptance`` names a lossy rule, ``feature_layers`` asks for target features,
-:meth:`~Drafter.graph_device` lets the drafter's own model replay graphs. The decode loop never branches on which
-drafter it runs, and never probes one for a member.
+A drafter is a typed config and three calls (after transformers' ``CandidateGenerator``): :meth:`Drafter.from_config`
+builds it; :meth:`Drafter.propose` gives up to K draft tokens per row with the distribution each was drawn from (or
+``None`` when it chose them deterministically, i.e. one-hot q); :meth:`Drafter.observe` hears what the verifier kept,
+so the drafter can roll its own state back or adapt. :meth:`Drafter.start` (optional) begins a generation. What the
+decode loop reads of a drafter beyond these calls is data with defaults, :class:`Traits` (a lossy acceptance rule,
+target features it reads, how it samples a tree's children, the lookaheads it drafts at), and a drafter with models
+of its own holds a :class:`DraftRuntime` (their backend, forwards counted, graphs replayed). The decode loop never
+branches on which drafter it runs, and never probes one for a member.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class DecodeState:
     vocab_size: int  # the target's
     sampling: SamplingParams
     generator: torch.Generator | None
-    # The target's hidden states at the layers the drafter asked for (``Drafter.feature_layers``, concatenated:
+    # The target's hidden states at the layers the drafter asked for (``Traits.feature_layers``, concatenated:
     # [B, T, len(layers) * H]) at every position committed since the drafter last saw them: after the prefill
     # the prompt's slots 0 .. S-1 (padding included), after a verify step the slots ``seq_lens - count - 1 + j``
     # (the old last token, then the accepted drafts). Entries past a row's count are stale. None = not asked.
@@ -69,12 +69,83 @@ class DecodeState:
 GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, the prompt's: eager)
 
 
-class Drafter(ABC):
-    """Base class of every drafting strategy (see the module docstring). Every drafter implements
-    :meth:`from_config`, :meth:`propose` and :meth:`observe`; the other members are hooks whose defaults suit a
-    drafter with no model of its own, no target features to read and the exact acceptance rule."""
+@dataclass(frozen=True)
+class Traits:
+    """What the decode loop reads of a drafter beyond its calls, as data (frozen: a drafter or a planted bug that
+    changes one sets a new instance, ``dataclasses.replace``). The defaults suit a drafter that reads no
+    target features, drafts at any lookahead, draws no tree children and is verified by the exact rule."""
 
-    # ---- what every drafter implements ----------------------------------------------------------------
+    acceptance: AcceptanceRule | None = None
+    """None: exact verification; else a LOSSY rule verified with instead (Medusa's typical acceptance)."""
+    feature_layers: tuple[int, ...] = ()
+    """Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``)."""
+    siblings: SiblingDraws | None = None
+    """How the drafter draws a tree's children and reports their q when it samples them (at temperature > 0); the
+    planted drafter-side tree bugs replace it. None: it never samples them (fixed candidates, one-hot q)."""
+    sizes: range | None = None
+    """The lookaheads it drafts at (drafter.k=auto tries no other); None: any k >= 1."""
+
+    @property
+    def lossy(self) -> bool:
+        """Whether runs with this drafter change the output distribution (a lossy acceptance rule)."""
+        return self.acceptance is not None and self.acceptance.lossy
+
+    def samples_siblings(self, params: SamplingParams) -> bool:
+        """Whether the drafter's trees have sampled children (through :attr:`siblings`) under ``params``."""
+        return self.siblings is not None and not params.greedy
+
+    def drafts_at(self, k: int) -> bool:
+        """Whether the drafter drafts at lookahead ``k``."""
+        return k >= 1 if self.sizes is None else k in self.sizes
+
+
+class DraftRuntime:
+    """How a drafter's own models run: the ``backend`` of their CPU forwards (a job gives it the target's), their
+    forwards this generation (the drafter counts them, the decode loop zeroes and reports them), and the graphs
+    that replay their work where the target's forwards replay graphs.
+
+    ``device()``: where that work could replay graphs (the models' device), read when graphs are set up; None:
+    nothing worth replaying. ``route(graphs, compile)``: hands the graphs to the parts that replay them (``compile``:
+    compile what is captured, where it can); without it the drafter replays through :meth:`call` and
+    :meth:`new_cache`."""
+
+    def __init__(self, backend: Backend = Backend(), device: Callable[[], torch.device | None] = lambda: None,
+                 route: Callable[[Graphs, bool], None] | None = None):
+        self.backend, self.device, self.route = backend, device, route
+        self.graphs: Graphs | None = None  # set by replay_graphs; None: the work runs eagerly
+        self.forwards = 0
+
+    def replay_graphs(self, mode: str) -> None:
+        """Run the drafter's own work as the target's forwards run (``target.compile``'s ``mode``), once built."""
+        check_compile_mode(mode)  # see specdec.models.target_decoder
+        device = self.device()
+        if mode != "none" and device is not None and self.backend.replays_graphs(device):
+            self.graphs = Graphs(device, emulate=self.backend.emulate_graphs)
+            if self.route is not None:
+                self.route(self.graphs, mode == "compiled_graphs")
+
+    def runners(self) -> list[Graphs]:
+        """What replays the work (their ``captures``, ``replays``, ``capture_time_s``); [] where it runs eagerly."""
+        return [] if self.graphs is None else [self.graphs]
+
+    def call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
+        """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
+        ``fn``), else eager."""
+        return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
+
+    def new_cache(self, make, batch: int, capacity: int, pad: torch.Tensor):
+        """The draft cache of a generation (``make(batch, capacity, pad)``, the model's ``new_cache``): a new one,
+        or with graphs the one they keep (:meth:`Graphs.cache`: their graphs read its memory)."""
+        return make(batch, capacity, pad) if self.graphs is None else self.graphs.cache(make, batch, capacity, pad)
+
+
+class Drafter(ABC):
+    """Base class of every drafting strategy (see the module docstring). A drafter sets :attr:`Config` and implements
+    :meth:`from_config`, :meth:`propose` and :meth:`observe`; :meth:`start`, :attr:`traits` and :attr:`runtime` have
+    defaults that suit a drafter with no model of its own, no target features to read and the exact rule."""
+
+    Config: ClassVar[type]
+    """The drafter's typed Hydra config, a :class:`specdec.config.DrafterConfig` subclass."""
 
     @classmethod
     @abstractmethod
@@ -91,85 +162,39 @@ class Drafter(ABC):
     def observe(self, state: DecodeState) -> None:
         """The verifier kept ``state.num_accepted`` drafts per row and the state now includes them."""
 
-    # ---- hooks, with their defaults -------------------------------------------------------------------
+    def start(self, state: DecodeState) -> None:
+        """A generation begins: the prompt is in the target's cache and its first token emitted. A drafter with
+        state drops the last generation's here."""
 
-    name: ClassVar[str] = ""
-    """The name configs build the drafter by (set by :func:`register`)."""
-    Config: ClassVar[type]
-    """The drafter's typed Hydra config, a :class:`specdec.config.DrafterConfig` subclass."""
     config: Any = None
     """The config it was built from (set by :func:`~specdec.drafters.loading.build_drafter`); its ``k`` is the
     lookahead :func:`~specdec.speculative_generate` drafts with unless given one. None: built by its constructor."""
-    acceptance: AcceptanceRule | None = None
-    """None: exact verification; else a LOSSY rule verified with instead (Medusa's typical acceptance)."""
-    forwards: int = 0
-    """The drafter's model forwards this generation (the decode loop zeroes it; 0 for model-free drafters)."""
-    feature_layers: tuple[int, ...] = ()
-    """Target layers whose hidden states the drafter reads at every committed position (``DecodeState.features``)."""
-    backend: Backend = Backend()
-    """How the drafter's own models run on CPU (set by its constructor; a job gives it the target's)."""
-    graphs: Graphs | None = None
-    """What replays the drafter's own work as graphs (set by :meth:`replay_graphs`); None: it runs eagerly."""
-    siblings: SiblingDraws | None = None
-    """How the drafter draws a tree's children and reports their q when it samples them (see
-    :meth:`samples_siblings`); the planted drafter-side tree bugs replace it. None: it never samples them."""
+    traits: Traits = Traits()
+    """What the decode loop reads of it beyond its calls (a drafter with other traits sets its own instance)."""
+    runtime: DraftRuntime | None = None
+    """Its own models' backend, forwards and graphs; None: it has no model (n-gram lookup)."""
 
-    def samples_siblings(self, params: SamplingParams) -> bool:
-        """Whether this drafter's trees have sampled children (through :attr:`siblings`) under ``params``."""
-        return False
 
-    def drafts_at(self, k: int) -> bool:
-        """Whether this drafter drafts at lookahead ``k`` (drafter.k=auto tries no other)."""
-        return k >= 1
+def graph_runners(drafter: Drafter) -> list[Graphs]:
+    """What replays ``drafter``'s own work as graphs; [] where it has no model or runs it eagerly."""
+    return [] if drafter.runtime is None else drafter.runtime.runners()
 
-    @property
-    def lossy(self) -> bool:
-        """Whether this drafter's runs change the output distribution (a lossy acceptance rule)."""
-        return self.acceptance is not None and self.acceptance.lossy
 
-    def start(self, state: DecodeState) -> None:
-        """A generation begins: the prompt is in the target's cache and its first token emitted."""
-
-    def reset(self) -> None:
-        """Drop all per-generation state."""
-
-    def graph_device(self) -> torch.device | None:
-        """Where the drafter's own work could replay graphs (its model's device); None: it has none worth it."""
-        return None
-
-    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
-        """Route the drafter's work through ``graphs`` (``compile``: compile what is captured, where it can)."""
-
-    def replay_graphs(self, mode: str) -> None:
-        """Run the drafter's own work as the target's forwards run (``target.compile``'s ``mode``), once built."""
-        check_compile_mode(mode)  # see specdec.models.target_decoder
-        device = self.graph_device()
-        if mode != "none" and device is not None and self.backend.replays_graphs(device):
-            self.graphs = Graphs(device, emulate=self.backend.emulate_graphs)
-            self.use_graphs(self.graphs, compile=mode == "compiled_graphs")
-
-    def graph_runners(self) -> list[Graphs]:
-        """What replays the drafter's graphs (their ``captures``, ``replays``, ``capture_time_s``); [] if eager."""
-        return [] if self.graphs is None else [self.graphs]
-
-    def _call(self, fn, inputs: tuple[torch.Tensor, ...], key) -> tuple[torch.Tensor, ...]:
-        """``fn(*inputs)``: replayed as a graph where :meth:`replay_graphs` set them up (``key``: what else fixes
-        ``fn``), else eager."""
-        return fn(*inputs) if self.graphs is None else self.graphs(fn, inputs, key=key)
-
-    def _new_cache(self, make, batch: int, capacity: int, pad: torch.Tensor):
-        """The draft cache of a generation (``make(batch, capacity, pad)``, the model's ``new_cache``): a new one,
-        or with graphs the one they keep (:meth:`Graphs.cache`: their graphs read its memory)."""
-        return make(batch, capacity, pad) if self.graphs is None else self.graphs.cache(make, batch, capacity, pad)
+def registered_name(drafter: Drafter) -> str:
+    """The name configs build ``drafter``'s class (or the registered class it derives from) by, else its class's."""
+    names = {cls: name for name, cls in DRAFTERS.items()}
+    return next((names[cls] for cls in type(drafter).__mro__ if cls in names), type(drafter).__name__)
 
 
 class DrafterWrapper(Drafter):
-    """A drafter around ``inner`` (to record or alter what it sees): every member is ``inner``'s unless the
-    subclass overrides it, so the decode loop verifies with ``inner``'s rule, gives it its feature layers and
-    counts its forwards and graph captures. Built around a drafter, never from a config."""
+    """A drafter around ``inner`` (to record or alter what it sees): it drafts through ``inner`` and shares its
+    config, traits and runtime, so the decode loop verifies with ``inner``'s rule, gives it its feature layers and
+    counts its forwards and graph captures; a subclass overrides what it alters. Built around a drafter, never from
+    a config."""
 
     def __init__(self, inner: Drafter):
         self.inner = inner
+        self.config, self.traits, self.runtime = inner.config, inner.traits, inner.runtime
 
     @classmethod
     def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None,
@@ -182,48 +207,8 @@ class DrafterWrapper(Drafter):
     def observe(self, state: DecodeState) -> None:
         self.inner.observe(state)
 
-    @property
-    def acceptance(self) -> AcceptanceRule | None:
-        return self.inner.acceptance
-
-    @property
-    def config(self) -> Any:
-        return self.inner.config
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        return self.inner.feature_layers
-
-    @property
-    def backend(self) -> Backend:
-        return self.inner.backend
-
-    @property
-    def forwards(self) -> int:
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, value: int) -> None:
-        self.inner.forwards = value
-
-    @property
-    def siblings(self) -> SiblingDraws | None:
-        return self.inner.siblings
-
-    def samples_siblings(self, params: SamplingParams) -> bool:
-        return self.inner.samples_siblings(params)
-
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def replay_graphs(self, mode: str) -> None:
-        self.inner.replay_graphs(mode)
-
-    def graph_runners(self) -> list[Graphs]:
-        return self.inner.graph_runners()
 
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),
@@ -261,8 +246,6 @@ class NoDrafter(Drafter):
     """Proposes nothing: every step is a plain decode step (plain decoding on the speculative path; a base for
     what records the target's steps, e.g. the training data's hidden states)."""
 
-    name = "none"
-
     @classmethod
     def from_config(cls, cfg, target, tokenizer=None, backend=Backend()) -> "NoDrafter":
         return cls()
@@ -279,7 +262,6 @@ def register(name: str) -> Callable[[type[Drafter]], type[Drafter]]:
     (``Config``) is stored as Hydra's ``drafter/<name>_schema``, which ``configs/drafter/<name>.yaml`` builds on."""
 
     def wrap(cls: type[Drafter]) -> type[Drafter]:
-        cls.name = name
         DRAFTERS[name] = cls
         schema = getattr(cls, "Config", None)
         if schema is not None:

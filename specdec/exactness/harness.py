@@ -273,7 +273,7 @@ def verify_distribution(
         "exit_code": EXIT_REJECTED if reject else EXIT_INCONCLUSIVE if blind else 0,
         "planted_bug": planted_bug,
         **({"WARNING": _banner(planted_bug)} if planted_bug else {}),
-        "lossy_drafter": drafter.lossy,
+        "lossy_drafter": drafter.traits.lossy,
         "significance": significance,
         **report,
         "num_prompts": len(prompts),
@@ -300,7 +300,7 @@ def _samplers(target: torch.nn.Module, decoder: torch.nn.Module, drafter: Drafte
         log.warning(_banner(planted_bug))
     recorder = DraftRecorder(setup.drafter)
     # The rule verified with (the drafter's own lossy one stays unwatched: resolved by the decode loop).
-    rule = None if setup.rule is None and setup.drafter.acceptance is not None else recorder.watch(setup.rule or EXACT)
+    rule = None if setup.rule is None and setup.drafter.traits.acceptance is not None else recorder.watch(setup.rule or EXACT)
 
     def speculative(ids, mask, generator):
         return speculative_generate(setup.target, recorder, ids, attention_mask=mask, k=k,

@@ -55,7 +55,7 @@ name                              what is wrong                                 
 
 The two tree bugs act only where a node's first child was rejected and a later sibling tried, which is
 what the sibling-match test (:mod:`specdec.exactness.strata`) looks at; they plant into any drafter that
-samples tree candidates (:meth:`~specdec.drafters.base.Drafter.samples_siblings`: EAGLE's sampled tree today).
+samples tree candidates (:meth:`~specdec.drafters.base.Traits.samples_siblings`: EAGLE's sampled tree today).
 
 :func:`plant` applies one of them to what the decode loop is called with (a :class:`Setup`) and refuses
 settings under which the bug cannot bias anything (e.g. ``top_p_draft_only`` without top-p), so a
@@ -143,8 +143,6 @@ class DraftOnlySampling(DrafterWrapper):
     """Bug (``top_p_draft_only``, drafter half): ``inner`` drafts under ``sampling`` (q honestly reported),
     while the decode loop — hence the target's p and the verifier — runs under other settings. The rest (the
     inner drafter's rule, a lossy one staying lossy; its feature layers, forwards and graphs) is ``inner``'s."""
-
-    name = "planted:draft_only_sampling"
 
     def __init__(self, inner: Drafter, sampling: SamplingParams):
         super().__init__(inner)
@@ -312,7 +310,7 @@ def _plant_temperature_ignored_by_draft(s: Setup) -> Setup:
 
 def _plant_siblings(bug: str, draws: SiblingDraws) -> Callable[[Setup], Setup]:
     def plant_it(s: Setup) -> Setup:
-        if not s.drafter.samples_siblings(s.sampling):
+        if not s.drafter.traits.samples_siblings(s.sampling):
             raise ValueError(f"planted bug {bug!r} lives in a tree's sampled children, which "
                              f"{type(s.drafter).__name__} does not draw under these settings; use drafter=eagle "
                              "(tree) with drafter.lookup=0 and sampling.temperature > 0")
@@ -322,7 +320,7 @@ def _plant_siblings(bug: str, draws: SiblingDraws) -> Callable[[Setup], Setup]:
                              "no top-k or top-p); set sampling.top_p < 1 (e.g. 0.8), sampling.top_k or a temperature "
                              "other than 1")
         bugged = copy.copy(s.drafter)  # the same drafter and options, the bug's reports
-        bugged.siblings = draws
+        bugged.traits = replace(bugged.traits, siblings=draws)
         return replace(s, drafter=bugged)
 
     return plant_it

@@ -14,7 +14,7 @@ length forward) and every forward on CPU run eagerly, unchanged. Widths are capt
 (at most ``k + 1`` per drafter setting); ``capture_time_s`` says what that cost, apart from decoding.
 
 Capturing, replaying, timing and keeping the cache live in one place, :class:`Graphs`, which the target's wrapper
-and the drafters' own graphs (:meth:`specdec.drafters.base.Drafter.replay_graphs`) share.
+and the drafters' own graphs (:meth:`specdec.drafters.base.DraftRuntime.replay_graphs`) share.
 
 Use: ``speculative_generate(GraphedDecoder(as_decoder(model)), drafter, ...)``, the wrapper built once and
 reused across prompts so captures amortise; drafters that read the target's weights see through it.

@@ -53,12 +53,12 @@ class AutoChoice:
 
 def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = None) -> list[int]:
     """The sizes ``k=auto`` tries: ``given``, else :data:`CHAIN_KS` for a chain and :data:`TREE_SIZES` for a tree,
-    those the drafter drafts at (:meth:`~specdec.drafters.base.Drafter.drafts_at`: e.g. a Medusa tree's sizes
+    those the drafter drafts at (:meth:`~specdec.drafters.base.Traits.drafts_at`: e.g. a Medusa tree's sizes
     beyond its lookup nodes, a Medusa chain's up to its heads)."""
     sizes = list(given) if given else list(TREE_SIZES if tree else CHAIN_KS)
     if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in sizes):
         raise ValueError(f"the lookaheads k=auto tries (auto.ks) must be integers >= 1, got {sizes!r}")
-    kept = sorted({k for k in sizes if drafter.drafts_at(k)})
+    kept = sorted({k for k in sizes if drafter.traits.drafts_at(k)})
     if not kept:
         raise ValueError(f"{type(drafter).__name__} drafts at none of the sizes {sizes} (auto.ks); try others")
     return kept

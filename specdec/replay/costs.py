@@ -144,7 +144,7 @@ def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: S
     rows = [list(prompts[(i * len(prompts) // count) % len(prompts)]) for i in range(count)]
     batches = [rows[i: i + batch_size] for i in range(0, count, batch_size)]
     model = CostModel(verify_times(target, rows[0], sorted(set(widths) | {1}), trees=trees,
-                                   capture=tuple(drafter.feature_layers), batch_size=batch_size),
+                                   capture=tuple(drafter.traits.feature_layers), batch_size=batch_size),
                       batch_size=batch_size, machine=machine_description(device))
     model.draft_s, model.host_s, model.plain_host_s = loop_times(target, drafter, batches, ks, model, pad_id=pad_id,
                                                                  new_tokens=new_tokens, **sampling)

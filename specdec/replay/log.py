@@ -59,7 +59,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from specdec.decode.engine import speculative_generate
-from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
+from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal, registered_name
 from specdec.models.loading import stop_token_ids
 from specdec.replay.acceptance import chain_acceptance, tree_acceptance
 from specdec.replay.cost_model import CostModel
@@ -241,7 +241,7 @@ def drafter_identity(drafter: Drafter, *, chain_k_free: bool = True) -> dict[str
         elif isinstance(value, (bool, int, float, str, type(None))) or (
                 isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str, list, tuple)) for v in value)):
             settings[key] = value
-    return {"name": drafter.name or type(drafter).__name__, "class": type(drafter).__name__, "config": config,
+    return {"name": registered_name(drafter), "class": type(drafter).__name__, "config": config,
             "settings": settings, "weights": _fingerprint(weights) if weights else None}
 
 
@@ -365,8 +365,8 @@ def drafts_trees(drafter: Drafter) -> bool:
 def check_replayable(drafter: Drafter, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
     """Refuse what replay cannot reproduce from one proposal per position (see the module docstring)."""
     SamplingParams(temperature, top_k, top_p)
-    if drafter.lossy:
-        raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.acceptance!r}); replay "
+    if drafter.traits.lossy:
+        raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.traits.acceptance!r}); replay "
                          f"models the exact rule only: build it with drafter.acceptance=exact")
     schedule = drafter_identity(drafter)["settings"].get("schedule", "constant")  # the draft model's, as built
     if schedule != "constant":

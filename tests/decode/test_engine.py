@@ -6,7 +6,7 @@ import torch
 from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter, Proposal, Traits
 from specdec.errors import VocabMismatchError
 from specdec.jobs.data import left_pad
 from specdec.verify import EXACT, Tree, rejection_sample
@@ -179,7 +179,7 @@ class FixedTreeDrafter(Drafter):
 
 
 class LossyTreeDrafter(FixedTreeDrafter):
-    acceptance = TypicalAcceptance()
+    traits = Traits(acceptance=TypicalAcceptance())
 
 
 class RecordingRule:

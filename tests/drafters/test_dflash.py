@@ -11,6 +11,7 @@ import torch
 from helpers import exact_verdict, feature_batch, fused_backend, markov_blocks, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.base import graph_runners
 from specdec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel, load_dflash, save_dflash
 from specdec.errors import CheckpointError
 from specdec.models import cpu_kernels
@@ -63,7 +64,7 @@ def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
     the eager drafter drafts (the same τ); on torch's ops, and on the Triton kernels (under the interpreter here)."""
     backend = Backend.emulated_gpu() if kernels == "torch" else fused_backend("triton")
     graphed, eager = (DFlashDrafter(random_dflash(target, draft_vocab=40), paths, backend=backend) for _ in range(2))
-    graphed.replay_graphs("auto")
+    graphed.runtime.replay_graphs("auto")
     drafts = {id(graphed): [], id(eager): []}
     for d in (graphed, eager):
         def recording(state, k, d=d, propose=d.propose):
@@ -79,9 +80,9 @@ def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
         assert out.sequences == unreplayed.sequences == ref.sequences
     mine, theirs = drafts[id(graphed)], drafts[id(eager)]  # the same drafts every step
     assert len(mine) == len(theirs) > 10 and all(torch.equal(a, b) for a, b in zip(mine, theirs))
-    runners = graphed.graph_runners()
+    runners = graph_runners(graphed)
     assert len(runners) == 1 and runners[0].captures >= 2 and runners[0].replays > runners[0].captures
-    assert not eager.graph_runners()
+    assert not graph_runners(eager)
 
 
 def test_one_forward_drafts_the_whole_block(target):

@@ -103,7 +103,7 @@ def test_pruned_growth_selects_the_same_trees(target, options, monkeypatch):
         drafter.seen = []
         speculative_generate(target, drafter, PROMPTS, k=6 + options.get("lookup", 0), max_new_tokens=24,
                              attention_mask=MASK, eos_token_id=[])
-        runs.append((drafter.seen, drafter.forwards))
+        runs.append((drafter.seen, drafter.runtime.forwards))
     (full, full_forwards), (pruned, pruned_forwards) = runs
     assert pruned == full
     assert pruned_forwards < full_forwards
@@ -520,7 +520,7 @@ def test_wrapping_drafters_pass_the_feature_layers_through(target):
     ref = autoregressive_generate(target, PROMPTS, max_new_tokens=10, attention_mask=MASK, eos_token_id=[])
     for wrap in (DraftRecorder, lambda d: DraftOnlySampling(d, SamplingParams(0.0, 0, 1.0))):
         drafter = wrap(EagleDrafter(random_eagle(target)))
-        assert drafter.feature_layers == (1, 2, 3)
+        assert drafter.traits.feature_layers == (1, 2, 3)
         out = speculative_generate(target, drafter, PROMPTS, k=5, max_new_tokens=10, attention_mask=MASK,
                                    eos_token_id=[])
         assert out.sequences == ref.sequences

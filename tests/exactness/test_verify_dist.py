@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -413,9 +414,9 @@ def test_draft_record_follows_the_verify_steps(models, drafter):
 def test_recorder_verifies_with_the_drafters_rule(models):
     """The decode loop reads the acceptance rule (a lossy one, if chosen) through the recorder."""
     drafter = FACTORIES["medusa"](models)
-    drafter.acceptance = SimpleNamespace(lossy=True)  # stands in for a lossy rule
+    drafter.traits = replace(drafter.traits, acceptance=SimpleNamespace(lossy=True))  # stands in for a lossy rule
     recorder = strata.DraftRecorder(drafter)
-    assert recorder.acceptance is drafter.acceptance and recorder.lossy
+    assert recorder.traits.acceptance is drafter.traits.acceptance and recorder.traits.lossy
 
 
 def test_a_sampled_draft_is_emitted_with_probability_min_1_p_over_q():

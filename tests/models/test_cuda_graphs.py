@@ -10,6 +10,7 @@ import torch
 from helpers import tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
+from specdec.drafters.base import graph_runners
 from specdec.jobs.data import left_pad
 from specdec.models import Backend, GraphedDecoder, as_decoder
 
@@ -133,7 +134,7 @@ def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, g
 
 
 def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_device):
-    """drafter.replay_graphs where graphs replay: the draft's [B, 2] and [B, 1] forwards are captured once (then only
+    """drafter.runtime.replay_graphs where graphs replay: the draft's [B, 2] and [B, 1] forwards are captured once (then only
     replayed, across generations of one batch size), the greedy outputs stay plain decoding's, with a full or
     a restricted draft head, at batch 1 and 3; at T=1 the graphed draft draws what the eager one draws."""
     model = tiny_llama(layers=3, seed=0).to(graph_device)
@@ -141,7 +142,7 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
     half = torch.arange(0, model.config.vocab_size, 2, device=graph_device)
     for vocab_ids in (None, half):
         drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids, backend=_backend(model))
-        drafter.replay_graphs("auto")
+        drafter.runtime.replay_graphs("auto")
         assert isinstance(drafter.decoder, GraphedDecoder)
         for n, batch in enumerate((PROMPTS[:1], PROMPTS[1:2], PROMPTS)):
             ids, mask = (t.to(graph_device) for t in left_pad(batch))
@@ -155,7 +156,7 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
     runs = []
     for mode in ("none", "auto"):
         drafter = DraftModelDrafter(model, num_layers=1, backend=_backend(model))
-        drafter.replay_graphs(mode)
+        drafter.runtime.replay_graphs(mode)
         runs.append(speculative_generate(graphed, drafter, ids, k=3, max_new_tokens=20, temperature=1.0,
                                          generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]))
     assert runs[0].sequences == runs[1].sequences
@@ -164,7 +165,7 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
 
 @pytest.mark.parametrize("token_aware", [False, True], ids=["independent", "token-aware"])
 def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, graph_device):
-    """MedusaDrafter.replay_graphs: a fixed tree is drafted by one graph, a dynamic one by a graph per level (the
+    """MedusaDrafter's runtime.replay_graphs: a fixed tree is drafted by one graph, a dynamic one by a graph per level (the
     lookup branch merged in, batch 1 and 3, through the graphed target). The greedy outputs are plain decoding's
     and the drafts the eager drafter's (the same acceptance); graphs are captured once per batch size (per level
     of a dynamic token-aware tree), then only replayed; at T=1 the graphed drafter samples what the eager one does."""
@@ -180,8 +181,8 @@ def test_medusa_trees_drafted_by_replayed_graphs_equal_eager_ones(token_aware, g
     for min_confidence in (0.0, 0.05):
         drafters = [MedusaDrafter(heads, model.lm_head.weight, PATHS, min_confidence, embed, lookup=4,
                                   backend=_backend(model)) for _ in range(2)]
-        drafters[1].replay_graphs("auto")
-        drafters[0].replay_graphs("none")
+        drafters[1].runtime.replay_graphs("auto")
+        drafters[0].runtime.replay_graphs("none")
         graphs = drafters[1].drafting.candidates.graphs
         assert graphs is not None and drafters[0].drafting.candidates.graphs is None
         for batch in (PROMPTS[:1], PROMPTS, PROMPTS[:1]):
@@ -218,11 +219,7 @@ class _Twins:
 
     def __init__(self, eager, graphed):
         self.eager, self.graphed, self.steps = eager, graphed, 0
-        self.feature_layers, self.acceptance, self.forwards = eager.feature_layers, eager.acceptance, 0
-        self.config = eager.config
-
-    def reset(self):
-        self.eager.reset(), self.graphed.reset()
+        self.config, self.traits, self.runtime = eager.config, eager.traits, graphed.runtime  # graphed's graphs counted
 
     def start(self, state):
         self.eager.start(state), self.graphed.start(state)
@@ -238,15 +235,12 @@ class _Twins:
     def observe(self, state):
         self.eager.observe(state), self.graphed.observe(state)
 
-    def graph_runners(self):
-        return self.graphed.graph_runners()
-
 
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
                                         (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
                          ids=["chain", "tree", "dynamic-tree"])
 def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
-    """EagleDrafter.replay_graphs: the draft layer's forwards and logits replay graphs over a draft cache kept across
+    """EagleDrafter's runtime.replay_graphs: the draft layer's forwards and logits replay graphs over a draft cache kept across
     generations. Step by step the graphed drafter proposes what the eager one does (a random draft layer, whose
     outputs depend on all it attends: batch 1, 3, then 1 twice), the outputs stay plain decoding's, and a second
     generation of a batch size already seen captures nothing; at T=1 both draw the same from the same seed."""
@@ -258,10 +252,10 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     graphed = _graphed(model)
     layer = random_eagle(model).to(graph_device)
     drafters = [EagleDrafter(layer, **options, backend=_backend(model)) for _ in range(2)]
-    drafters[1].replay_graphs("auto")
-    drafters[0].replay_graphs("none")
-    graphs = drafters[1].graphs
-    assert graphs is not None and drafters[0].graphs is None
+    drafters[1].runtime.replay_graphs("auto")
+    drafters[0].runtime.replay_graphs("none")
+    graphs = drafters[1].runtime.graphs
+    assert graphs is not None and drafters[0].runtime.graphs is None
     twins = _Twins(*drafters)
     for n, batch in enumerate((PROMPTS[:1], PROMPTS, PROMPTS[:1], PROMPTS[:1])):
         ids, mask = (t.to(graph_device) for t in left_pad(batch))
@@ -306,15 +300,15 @@ def test_graph_captures_are_left_out_of_the_decode_times(graph_device):
     graphed = _graphed(model)
     drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS, 0.0,
                             backend=_backend(model))
-    drafter.replay_graphs("auto")
+    drafter.runtime.replay_graphs("auto")
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = []
     for first in (True, False):
-        before = graphed.capture_time_s + drafter.graph_runners()[0].capture_time_s
+        before = graphed.capture_time_s + graph_runners(drafter)[0].capture_time_s
         start = time.perf_counter()
         stats = speculative_generate(graphed, drafter, ids, k=len(PATHS), max_new_tokens=12, eos_token_id=[]).stats
         outside = time.perf_counter() - start
-        captured = graphed.capture_time_s + drafter.graph_runners()[0].capture_time_s - before
+        captured = graphed.capture_time_s + graph_runners(drafter)[0].capture_time_s - before
         assert stats.capture_time_s == pytest.approx(captured) and (captured > 0) == first
         assert 0 < stats.wall_time_s <= outside - captured
         assert 0 < stats.target_time_s + stats.drafter_time_s + stats.prefill_time_s <= stats.wall_time_s

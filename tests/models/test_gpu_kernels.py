@@ -198,11 +198,11 @@ def test_eagle_drafts_through_replayed_graphs_on_the_kernels(device):
     target = GraphedDecoder(as_decoder(model, backend=_backend(device)))
     drafter = EagleDrafter(random_eagle(model).to(device), tree=True, min_confidence=0.0, depth=2, top_k=2, expand=2,
                            backend=_backend(device))
-    drafter.replay_graphs("auto")
+    drafter.runtime.replay_graphs("auto")
     ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]))
     ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[])
     out = speculative_generate(target, drafter, ids, attention_mask=mask, k=4, max_new_tokens=8, eos_token_id=[])
-    assert out.sequences == ref.sequences and drafter.graphs.captures > 0
+    assert out.sequences == ref.sequences and drafter.runtime.graphs.captures > 0
 
 
 def _rotary_attention_agrees(device, dtype, case, planted=None) -> bool:

@@ -47,7 +47,7 @@ def test_target_exact_numerics_reaches_the_backend():
     from omegaconf import OmegaConf
 
     from specdec.config import TargetConfig
-    from specdec.jobs.runs import target_backend
+    from specdec.jobs.job import target_backend
     from specdec.models import Backend
 
     target = OmegaConf.structured(TargetConfig)
@@ -61,7 +61,7 @@ def test_target_exact_numerics_reaches_the_backend():
 
 
 def test_a_draft_models_forwards_stay_eager_on_cpu():
-    """drafter.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
+    """drafter.runtime.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
     decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
     from specdec.models import CompactDecoder
 
@@ -71,13 +71,13 @@ def test_a_draft_models_forwards_stay_eager_on_cpu():
                                eos_token_id=[])
     drafter = DraftModelDrafter(model, num_layers=1)
     for mode in ("auto", "none", "cuda_graphs", "compiled_graphs"):
-        drafter.replay_graphs(mode)
+        drafter.runtime.replay_graphs(mode)
         assert type(drafter.decoder) is CompactDecoder
     out = speculative_generate(model, drafter, ids, k=3, max_new_tokens=16, eos_token_id=[])
     assert out.sequences == ref.sequences and out.stats.acceptance_rate == ref.stats.acceptance_rate
     with pytest.raises(ValueError, match="target.compile='graphs' is not a mode"):
-        drafter.replay_graphs("graphs")
-    NgramDrafter().replay_graphs("auto")  # drafters without a model of their own: nothing to do
+        drafter.runtime.replay_graphs("graphs")
+    assert NgramDrafter().runtime is None  # drafters without a model of their own: nothing to replay
 
 
 def test_emulated_graphs_fail_where_a_cuda_graph_would():

@@ -75,14 +75,14 @@ def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, r
     without host syncs, replays of the captured ops on the captured memory, and greedy outputs equal to plain
     decoding's on the torch path a GPU runs (batch 1, then 2 left-padded), with as many drafts accepted as the
     drafter accepts drafting eagerly."""
-    from specdec.drafters.base import DRAFTERS
+    from specdec.drafters.base import DRAFTERS, graph_runners
     from specdec.models import Backend, GraphedDecoder, as_decoder, target_decoder
     from specdec.run import drafter_graph_fields
 
     cls, backend = DRAFTERS[name], Backend.emulated_gpu()
     decoder = target_decoder(model, "auto", backend=backend)
     drafter, eager = (cls.from_config(cls.Config(), target=model, backend=backend) for _ in range(2))
-    drafter.replay_graphs("auto")
+    drafter.runtime.replay_graphs("auto")
     assert isinstance(decoder, GraphedDecoder)
     k = 3 if name == "draft_model" else cls.Config().k
     for prompts in (real_prompts[:1], real_prompts[1:3]):
@@ -93,8 +93,8 @@ def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, r
                                                 eos_token_id=[]) for d in (drafter, eager))
         assert out.sequences == ref.sequences
         assert out.stats.mean_accepted_length == unreplayed.stats.mean_accepted_length > 1.0  # the same drafts
-    runners = drafter.graph_runners()  # what the main job reports of the drafter's graphs
-    assert len(runners) == 1 and runners[0].replays > 0 and decoder.replays > 0 and not eager.graph_runners()
+    runners = graph_runners(drafter)  # what the main job reports of the drafter's graphs
+    assert len(runners) == 1 and runners[0].replays > 0 and decoder.replays > 0 and not graph_runners(eager)
     assert drafter_graph_fields(drafter) == {"drafter_graph_captures": runners[0].captures,
                                              "drafter_graph_capture_time_s": runners[0].capture_time_s}
     assert runners[0].captures > 0 and runners[0].capture_time_s > 0

@@ -212,8 +212,6 @@ class OracleTreeDrafter(Drafter):
     """Knows the greedy continuation; hides it along a random branch of ``PARENTS`` among wrong tokens,
     and sometimes only partly, so verification accepts paths of every length through every branch."""
 
-    name = "oracle_tree"
-
     def __init__(self, reference: list[list[int]], prompt_lens: list[int], vocab: int, seed: int = 0):
         self.reference, self.prompt_lens, self.vocab = reference, prompt_lens, vocab
         self.tree = Tree.from_parents(PARENTS)

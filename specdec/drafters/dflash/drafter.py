@@ -31,7 +31,8 @@ from typing import Any, Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.base import (GRAPHED_CATCH_UP, DecodeState, Drafter, DraftRuntime, Proposal, Traits, register,
+                                  round_weights)
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
 from specdec.drafters.features import check_state, on_target
 from specdec.drafters.trees.drafting import ChainDrafting, IndependentHeads, TreeDrafting
@@ -92,7 +93,6 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"drafter.lookup must be an integer >= 0, got {lookup!r}")
         self.model = model.eval()
         self.backend = model.backend = backend
-        self.feature_layers = tuple(model.cfg.aux_layers)
         self.positions = BlockPositions(model)
         self.paths = None if paths is None else check_paths(paths, self.positions.num_heads)
         self.lookup = lookup if self.paths is not None else 0  # the lookup branch joins a tree; a chain has none
@@ -100,7 +100,13 @@ class DFlashDrafter(Drafter):
         self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup))
         self.cache = self.last = None
-        self.forwards = 0
+        # a tree drafts at its lookup nodes and at least one of its paths; a chain at one draft per masked position
+        sizes = (range(1, self.positions.num_heads + 1) if self.paths is None
+                 else range(self.lookup + 1, self.lookup + len(self.paths) + 1))
+        self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes)
+        # the catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU; both
+        # are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly
+        self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "DFlashDrafter":
@@ -129,39 +135,25 @@ class DFlashDrafter(Drafter):
                  "a chain" if paths is None else f"a tree of {len(paths)} paths")
         return cls(model, paths, min_confidence=cfg.min_confidence, lookup=cfg.lookup, backend=backend)
 
-    def drafts_at(self, k: int) -> bool:
-        """A tree: its lookup nodes and at least one of its paths; a chain: one draft per masked position at most."""
-        if self.paths is None:
-            return 1 <= k <= self.positions.num_heads
-        return self.lookup < k <= self.lookup + len(self.paths)
-
     # ---- one generation -------------------------------------------------------------------------------
 
     def start(self, state: DecodeState) -> None:
         cfg = self.model.cfg
         check_state(state, cfg, "block drafter")
         margin = 2 * (cfg.block_size + state.features.shape[1] + 8)
-        self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
+        self.cache = self.runtime.new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
         self.last = torch.zeros(state.seq.shape[0], cfg.hidden_size, dtype=self.model.fc.weight.dtype,
                                 device=state.seq.device)  # [B, H]: each row's newest committed context
 
-    def reset(self) -> None:
-        self.cache = self.last = None
-
     def observe(self, state: DecodeState) -> None:
         """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
-
-    def graph_device(self) -> torch.device | None:
-        """The catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU;
-        both are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly."""
-        return self.model.fc.weight.device
 
     @torch.no_grad()
     def catch_up(self, state: DecodeState) -> None:
         """The positions committed since the last step enter the cache as context (and are committed there)."""
         cache, feats = self.cache, state.features
         t = feats.shape[1]
-        kv_len = None if self.graphs is not None else min(state.max_seq_len + t + 1, cache.capacity)
+        kv_len = None if self.runtime.graphs is not None else min(state.max_seq_len + t + 1, cache.capacity)
 
         def run(feats, seq_lens, last):  # no commit inside: a graph's warm-up runs it more than once
             count = (seq_lens - 1 - cache.lengths).clamp(min=0, max=t)  # per row: its positions before the newest token
@@ -170,18 +162,18 @@ class DFlashDrafter(Drafter):
             return torch.where((count > 0)[:, None], newest, last), count
 
         inputs = (feats, state.seq_lens, self.last)
-        self.last, count = self._call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
+        self.last, count = self.runtime.call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
         cache.commit(count)
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self.catch_up(state)
-        graphed = self.graphs is not None
+        graphed = self.runtime.graphs is not None
         kv_len = None if graphed else min(state.max_seq_len + self.model.cfg.block_size + 1, self.cache.capacity)
 
         def run(anchors, last):  # the block's entries are written uncommitted: a rerun writes them the same
             return (self.model.draft_block(anchors, last, self.cache, kv_len)[:, 1:],)  # [B, B-1, H]
 
-        hidden, = self._call(run, (state.last_tokens, self.last), key="block")
-        self.forwards += 1
+        hidden, = self.runtime.call(run, (state.last_tokens, self.last), key="block")
+        self.runtime.forwards += 1
         return self.drafting.propose(state, hidden, k)

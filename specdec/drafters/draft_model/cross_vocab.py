@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from specdec.drafters.base import DecodeState, Proposal
+from specdec.drafters.base import DecodeState, DraftRuntime, Proposal
 from specdec.drafters.draft_model.drafter import CROSS_VOCAB_RULES, DraftModelDrafter
 from specdec.drafters.draft_model.vocab_map import VocabMap, complete_utf8
 from specdec.models.backend import Backend
@@ -52,6 +52,9 @@ class CrossVocabDrafter(DraftModelDrafter):
         self.tokenizer, self.target_tokenizer, self.rule = draft_tokenizer, target_tokenizer, rule
         vocab_map.check()
         self.use_map(vocab_map)
+        # the draft runs eagerly: its catch-up forwards take as many tokens as the text re-tokenised gives, a shape per
+        # step that graphs would capture anew
+        self.runtime = DraftRuntime(backend)
         self.held: list[list[int]] = []  # per row, the draft tokens its draft cache holds, in order
         log.info("cross-vocabulary draft: %s", vocab_map.describe())
 
@@ -68,11 +71,6 @@ class CrossVocabDrafter(DraftModelDrafter):
         if self.rule == "auto":
             return "string" if params.greedy else "intersection"
         return self.rule
-
-    def graph_device(self) -> torch.device | None:
-        """None: the draft runs eagerly (its catch-up forwards take as many tokens as the text re-tokenised gives,
-        a shape per step that graphs would capture anew)."""
-        return None
 
     def start(self, state: DecodeState) -> None:
         self.rule_for(state.sampling)  # refuse a bad rule before the first step
@@ -132,14 +130,14 @@ class CrossVocabDrafter(DraftModelDrafter):
                              device=device)
         logits, _ = self.decoder(block, self.cache, kv_len=kv_len, last_only=True)
         self.cache.commit(torch.tensor([len(tokens) for tokens in rows], device=device))
-        self.forwards += 1
+        self.runtime.forwards += 1
         return logits[:, -1]
 
     def _step(self, tokens: torch.Tensor, kv_len: int) -> torch.Tensor:  # [B] -> [B, V]
         """Feed one drafted token per row (``kv_len``: the longest row's slots after it); the logits after it."""
         logits, _ = self.decoder(tokens[:, None], self.cache, kv_len=kv_len)
         self.cache.commit(torch.ones_like(tokens))
-        self.forwards += 1
+        self.runtime.forwards += 1
         return logits[:, -1]
 
     @torch.no_grad()
@@ -207,7 +205,3 @@ class CrossVocabDrafter(DraftModelDrafter):
         block = [ids + [0] * (width - len(ids)) for ids in rows]
         return Proposal(tokens=torch.tensor(block, dtype=torch.long, device=state.seq.device).view(len(rows), width),
                         num_proposed=[len(ids) for ids in rows])
-
-    def reset(self) -> None:
-        super().reset()
-        self.held = []

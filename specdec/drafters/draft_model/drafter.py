@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.base import DecodeState, Drafter, DraftRuntime, Proposal, register, round_weights
 from specdec.drafters.draft_model.student import DEFAULT_DRAFT
 from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.errors import VocabMismatchError
@@ -119,7 +119,7 @@ class DraftModelDrafter(Drafter):
         if vocab_ids is not None:
             self._restrict_head(vocab_ids)
         self.cache = None
-        self.forwards = 0
+        self.runtime = DraftRuntime(backend, device=self._graph_device, route=self._use_graphs)
         self.length = None  # the heuristic schedule's current draft length (None: start at k)
         self.proposed = 0  # drafts in the last proposal
 
@@ -212,7 +212,7 @@ class DraftModelDrafter(Drafter):
                       what="draft model")
         return self
 
-    def graph_device(self) -> torch.device | None:
+    def _graph_device(self) -> torch.device | None:
         """The draft's decode forwards replay graphs as the target's do, on the compact path only: a [B, 2]
         and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step is all kernel
         launches: a K-token draft would cost more than the graphed verify)."""
@@ -220,7 +220,7 @@ class DraftModelDrafter(Drafter):
 
         return self.decoder.device if isinstance(self.decoder, CompactDecoder) else None
 
-    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
+    def _use_graphs(self, graphs: Graphs, compile: bool) -> None:
         """The draft's decoder wrapped to replay ``graphs`` (compiled first for ``compile``)."""
         from specdec.models import GraphedDecoder
 
@@ -247,7 +247,7 @@ class DraftModelDrafter(Drafter):
         if prefix > 0:
             self.decoder(state.seq[:, :prefix], self.cache, kv_len=prefix, last_only=True)
             self.cache.commit(torch.full_like(state.seq_lens, prefix))
-            self.forwards += 1
+            self.runtime.forwards += 1
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -260,7 +260,7 @@ class DraftModelDrafter(Drafter):
         tokens, probs = [], []
         logits, _ = self.decoder(last_two, self.cache, kv_len=state.max_seq_len)
         self.cache.commit(torch.full_like(state.seq_lens, 2))
-        self.forwards += 1
+        self.runtime.forwards += 1
         for i in range(k):
             token, q = self.draw(logits[:, -1], params, state.generator)  # [B], [B, V]
             tokens.append(token)
@@ -270,7 +270,7 @@ class DraftModelDrafter(Drafter):
             if i + 1 < k:
                 logits, _ = self.decoder(token[:, None], self.cache, kv_len=state.max_seq_len + i + 1)
                 self.cache.commit(torch.ones_like(state.seq_lens))
-                self.forwards += 1
+                self.runtime.forwards += 1
         self.proposed = len(tokens)
         return Proposal(
             tokens=torch.stack(tokens, 1),
@@ -311,7 +311,3 @@ class DraftModelDrafter(Drafter):
             return self.vocab_ids[token], q
         full = q.new_zeros(q.shape[0], self.decoder.vocab_size).scatter_(1, self.vocab_ids.expand(q.shape[0], -1), q)
         return self.vocab_ids[token], full
-
-    def reset(self) -> None:
-        self.cache = None
-        self.length = None

@@ -24,7 +24,8 @@ that fit in k (whole depths; which nodes get children may depend on their values
 shape below them). Verification is multi-candidate recursive rejection sampling
 (:mod:`specdec.verify.tree`).
 
-Where graphs replay (a GPU; :meth:`EagleDrafter.replay_graphs`, which the main job calls with ``target.compile``),
+Where graphs replay (a GPU; its runtime's :meth:`~specdec.drafters.base.DraftRuntime.replay_graphs`, which the main
+job calls with ``target.compile``),
 the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
 and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
 whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
@@ -41,15 +42,16 @@ from typing import Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import GRAPHED_CATCH_UP, DecodeState, Drafter, Proposal, register, round_weights
+from specdec.drafters.base import (GRAPHED_CATCH_UP, DecodeState, Drafter, DraftRuntime, Proposal, Traits, register,
+                                  round_weights)
 from specdec.drafters.eagle.growth import TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.features import check_state, on_target
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
 from specdec.drafters.trees.plan import TreeCache
-from specdec.drafters.trees.siblings import EXACT_SIBLINGS, SiblingDraws
+from specdec.drafters.trees.siblings import EXACT_SIBLINGS
 from specdec.models.backend import Backend
-from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
+from specdec.verify.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,6 @@ class EagleDrafter(Drafter):
     """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree, its
     forwards on ``backend``."""
 
-    siblings: SiblingDraws = EXACT_SIBLINGS
 
     @dataclass
     class Config(DrafterConfig):
@@ -100,12 +101,18 @@ class EagleDrafter(Drafter):
         self.backend = model.backend = backend  # the draft layer's forwards and logits run on it
         self.tree, self.depth, self.top_k, self.expand = tree, depth, top_k, min(expand, top_k)
         self.sampled, self.lookup, self.min_confidence = sampled, lookup, min_confidence
-        self.feature_layers = tuple(model.cfg.aux_layers)
         self.token_ids = model.token_ids  # [Dv]
         self.trees = TreeCache(MAX_TREES)  # the trees verified, by parent list
         self.masks = TreeCache(MAX_TREES)  # the trees of a step's draft entries (:class:`TreeGrowth`)
         self.cache = None
-        self.forwards = 0
+        # a tree's children are sampled at temperature > 0 where ``sampled`` says so (null: unless a lookup branch asks
+        # for fixed candidates)
+        wanted = (not lookup) if sampled is None else sampled
+        self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers),
+                             siblings=EXACT_SIBLINGS if tree and wanted else None)
+        # the draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
+        # compiled or not, the same graphs
+        self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "EagleDrafter":
@@ -121,21 +128,13 @@ class EagleDrafter(Drafter):
         return cls(model, tree=cfg.tree, depth=cfg.depth, top_k=cfg.top_k, expand=cfg.expand, sampled=cfg.sampled,
                    lookup=cfg.lookup, min_confidence=cfg.min_confidence, backend=backend)
 
-    def graph_device(self) -> torch.device | None:
-        """The draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
-        compiled or not, the same graphs."""
-        return self.model.fc.weight.device
-
     # ---- one generation -------------------------------------------------------------------------------
 
     def start(self, state: DecodeState) -> None:
         cfg = self.model.cfg
         check_state(state, cfg, "EAGLE drafter")
         margin = 2 * (self.depth * self.expand + state.features.shape[1] + 8)
-        self.cache = self._new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
-
-    def reset(self) -> None:
-        self.cache = None
+        self.cache = self.runtime.new_cache(self.model.new_cache, state.seq.shape[0], state.capacity + margin, state.pad)
 
     def observe(self, state: DecodeState) -> None:
         """Nothing to do yet: the next :meth:`propose` catches up on what was committed (``state.features``)."""
@@ -148,7 +147,7 @@ class EagleDrafter(Drafter):
         t = feats.shape[1]
         slots = (cache.lengths[:, None] + 1 + torch.arange(t, device=feats.device)).clamp_(max=state.capacity - 1)
         tokens = state.seq.gather(1, slots)  # [B, T]: the token after each position
-        graphed = self.graphs is not None
+        graphed = self.runtime.graphs is not None
         kv_len = None if graphed else state.max_seq_len + t  # graphs attend over the whole cache
 
         def run(feats, tokens, seq_lens):  # no commit inside: a graph's warm-up runs it more than once
@@ -160,9 +159,9 @@ class EagleDrafter(Drafter):
             return out[rows, (count - 1).clamp(min=0)], count
 
         inputs = (feats, tokens, state.seq_lens)
-        out, count = self._call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
+        out, count = self.runtime.call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
         cache.commit(count)
-        self.forwards += 1
+        self.runtime.forwards += 1
         return out
 
     def draft_probs(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:  # [B, n, Dv] -> [B, n, Dv]
@@ -196,7 +195,7 @@ class EagleDrafter(Drafter):
         wrote before them, and committed too (``propose`` rolls them back); ``tree`` [n, drafted + n]: which of
         this step's draft entries (those written before, then these) each sees (None: all before it, a chain)."""
         n, cache = tokens.shape[1], self.cache
-        kv_len = None if self.graphs is not None else min(state.max_seq_len + drafted + n + 1, cache.capacity)
+        kv_len = None if self.runtime.graphs is not None else min(state.max_seq_len + drafted + n + 1, cache.capacity)
 
         def run(hidden, tokens, *mask):
             first = cache.lengths - drafted - cache.pad  # [B] position of the first draft entry
@@ -204,15 +203,15 @@ class EagleDrafter(Drafter):
             return (self.model.step(hidden, tokens, cache, positions, kv_len, mask[0] if mask else None,
                                     drafted if mask else 0),)  # no commit inside (see catch_up)
 
-        out, = self._call(run, (hidden, tokens) if tree is None else (hidden, tokens, tree),
+        out, = self.runtime.call(run, (hidden, tokens) if tree is None else (hidden, tokens, tree),
                           key=("draft", level, drafted, tree is None))
         cache.commit(torch.full_like(cache.lengths, n))
-        self.forwards += 1
+        self.runtime.forwards += 1
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, n, H] or [B, H] -> [..., Dv] float32
         """The draft layer's logits over the draft vocabulary at ``hidden``."""
-        return self._call(lambda hidden: (self.model.logits(hidden),), (hidden,), key="logits")[0]
+        return self.runtime.call(lambda hidden: (self.model.logits(hidden),), (hidden,), key="logits")[0]
 
     def top_candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # -> [B, P, top_k] x 2
         """The ``top_k`` likeliest draft tokens at each of ``hidden`` [B, P, H]: their log-probabilities and
@@ -220,7 +219,7 @@ class EagleDrafter(Drafter):
         def run(hidden):
             return self.backend.top_log_softmax(self.model.logits(hidden), self.top_k)
 
-        return self._call(run, (hidden,), key="top")
+        return self.runtime.call(run, (hidden,), key="top")
 
     def propose_chain(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
         greedy = state.sampling.greedy
@@ -240,17 +239,11 @@ class EagleDrafter(Drafter):
         return Proposal(tokens=drafts, num_proposed=[k] * drafts.shape[0],
                         probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
 
-    def samples_siblings(self, params: SamplingParams) -> bool:
-        """A tree's children are sampled at temperature > 0 when ``sampled`` says so (null: unless a lookup
-        branch asks for fixed candidates)."""
-        wanted = (not self.lookup) if self.sampled is None else self.sampled
-        return bool(self.tree and wanted and not params.greedy)
-
     def propose_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
         if self.sampled and self.lookup:
             raise ValueError("drafter.lookup adds fixed candidates to a tree of sampled ones; set drafter.sampled=false "
                              "(or null) or drafter.lookup=0")
-        sampled = self.samples_siblings(state.sampling)
+        sampled = self.traits.samples_siblings(state.sampling)
         lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
         tree = TreeGrowth(self, state, sampled, self.masks)
         tree.grow(hidden, k - lookup)

@@ -54,7 +54,7 @@ class TreeGrowth:
             logq = q.clamp(min=1e-30).log()
             index, logp = [], []
             for j in range(len(parents)):
-                drawn, laws = d.siblings.draw(q[:, j], logits[:, j], d.top_k, self.state.generator)  # [B, top_k]
+                drawn, laws = d.traits.siblings.draw(q[:, j], logits[:, j], d.top_k, self.state.generator)  # [B, top_k]
                 index.append(drawn)
                 logp.append(base[:, j, None] + logq[:, j].gather(1, drawn))
                 self.q += laws

@@ -15,7 +15,7 @@ Token-aware heads also read the embeddings of the emitted token and of the draft
 drafted head by head and a tree level by level: a node's candidates are the top tokens of its depth's head given the
 node's path, one small head call per level.
 
-Where graphs replay (a GPU; :meth:`MedusaDrafter.replay_graphs`), a tree's drafting is a few dozen small kernels
+Where graphs replay (a GPU; the drafter's ``runtime.replay_graphs``), a tree's drafting is a few dozen small kernels
 that each cost a launch: ``graphs`` (a :class:`~specdec.models.graphs.Graphs`) then replays it, one graph per level
 for a dynamic tree (whose levels depend on which parents are confident, read on the host between levels; a level cut
 to its confident part runs eagerly).

@@ -32,7 +32,7 @@ drawn.
 
 ``acceptance="typical"`` (``drafter.acceptance=typical``) swaps the exact rule for Medusa's own default,
 typical acceptance (:mod:`specdec.verify.lossy.typical`): LOSSY at temperature > 0, never the default, offered to
-measure what it costs; the drafter then reports ``lossy`` and results carry it.
+measure what it costs; the drafter's ``traits.lossy`` then says so and results carry it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.base import DecodeState, Drafter, DraftRuntime, Proposal, Traits, register
 from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.drafters.medusa.candidates import TokenAwareHeads
 from specdec.drafters.medusa.heads import DEFAULT_HEADS, MedusaHeads, default_heads_path, load_heads
@@ -140,24 +140,24 @@ class MedusaDrafter(Drafter):
         if next(heads.parameters()).dtype != self.dtype:
             heads = copy.deepcopy(heads).to(self.dtype)  # the caller's heads stay as they are
         self.heads = heads
-        self.backend = heads.backend = backend
+        heads.backend = backend
         self.embed_weight = embed_weight  # [V, H] the target's input embeddings (token-aware heads only)
         self.lm_head_weight = heads.draft_lm_head(lm_head_weight).to(self.dtype)  # [V', H]: the draft vocabulary's rows
         self.paths = None if paths is None else check_paths(paths, heads.num_heads)
         self.min_confidence = min_confidence
         self.lookup = lookup
-        self.acceptance = acceptance
         candidates = (TokenAwareHeads(heads, self.lm_head_weight, embed_weight) if heads.token_aware
                       else IndependentHeads(heads, self.lm_head_weight))
         self.drafting = (ChainDrafting(candidates, heads, min_confidence) if self.paths is None
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup))
-        self.forwards = 0
-
-    def drafts_at(self, k: int) -> bool:
-        """A tree: its lookup nodes and at least one of its paths; a chain: one head per draft at most."""
-        if self.paths is None:
-            return 1 <= k <= self.heads.num_heads
-        return self.lookup < k <= self.lookup + len(self.paths)
+        # a tree drafts at its lookup nodes and at least one of its paths; a chain at one head per draft at most
+        sizes = (range(1, heads.num_heads + 1) if self.paths is None
+                 else range(lookup + 1, lookup + len(self.paths) + 1))
+        self.traits = Traits(acceptance=acceptance, sizes=sizes)
+        # a tree is drafted by replayed graphs of the heads' work (specdec.drafters.medusa.candidates): a fixed tree in
+        # one graph, a dynamic one a graph per level; compiled or not, the same graphs (the heads are a few small
+        # products). Chains (which sample inside) stay eager.
+        self.runtime = DraftRuntime(backend, device=self._graph_device, route=self._use_graphs)
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "MedusaDrafter":
@@ -187,7 +187,7 @@ class MedusaDrafter(Drafter):
                       else cfg.acceptance)  # "exact", or a wrong name the drafter reports
         drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
                       lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance, backend=backend)
-        if drafter.lossy:
+        if drafter.traits.lossy:
             log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
                         "(output not distributed as the target's); results are marked lossy")
         log.info("Medusa heads %s drafting in %s (drafter.dtype=%s)", path, drafter.dtype, cfg.dtype)
@@ -200,20 +200,16 @@ class MedusaDrafter(Drafter):
                 f"the target has {state.last_hidden.shape[-1]} and {state.vocab_size}; train heads for this target"
             )
 
-    def graph_device(self) -> torch.device | None:
-        """A tree is drafted by replayed graphs of the heads' work (:mod:`specdec.drafters.medusa.candidates`): a
-        fixed tree in one graph, a dynamic one a graph per level; compiled or not, the same graphs (the heads are
-        a few small products). Chains (which sample inside) stay eager."""
+    def _graph_device(self) -> torch.device | None:
         return self.lm_head_weight.device if isinstance(self.drafting, TreeDrafting) else None
 
-    def use_graphs(self, graphs: Graphs, compile: bool) -> None:
-        """The tree's candidates drafted through ``graphs``."""
+    def _use_graphs(self, graphs: Graphs, compile: bool) -> None:
         self.drafting.candidates.graphs = graphs
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         hidden = state.last_hidden.to(self.dtype)  # [B, H]
-        self.forwards += 1
+        self.runtime.forwards += 1
         return self.drafting.propose(state, hidden, k)
 
     def observe(self, state: DecodeState) -> None:
