@@ -63,6 +63,9 @@ class TrainConfig:
     save_every: int = 50  # optimiser steps between checkpoints
     log_every: int = 10
     stop_after_steps: Optional[int] = None  # stop (checkpointed) after this many steps of this invocation
+    # stop (checkpointed) at the first step boundary once this invocation has run this many seconds, data phase
+    # included: a command with a wall budget (experiments/gpu/train.sh) keeps what it trained; rerun to resume
+    stop_after_s: Optional[float] = None
     eval_every_epoch: bool = False  # also record the held-out figures after every epoch (metrics' per_epoch)
     data: DistillDataConfig = field(default_factory=DistillDataConfig)
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)

@@ -103,7 +103,7 @@ def export(directory: Path, method: TrainMethod, model: torch.nn.Module, cfg: An
                  "processes": metrics.get("data_processes", 1)},  # processes that built the data
         "git_commit": metrics.get("git_commit") or git_commit(),  # the code training ran
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description("cuda" if torch.cuda.is_available() else "cpu"),
+        "machine": machine_description(metrics.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "wall_time_s": metrics["times_s"],
         "metrics": metrics,

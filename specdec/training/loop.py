@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.errors import CheckpointError
 from specdec.training.checkpoint import latest_state, load_checkpoint, save_checkpoint
 from specdec.training.methods.base import TrainMethod
 
@@ -49,12 +50,17 @@ def batch_indices(num_examples: int, step: int, steps_per_epoch: int, cfg: Any, 
 
 
 def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_dir: Path,
-        evaluate: Callable[[torch.nn.Module], dict[str, Any]] | None = None) -> tuple[torch.nn.Module, Progress]:
+        evaluate: Callable[[torch.nn.Module], dict[str, Any]] | None = None,
+        deadline: float | None = None, data: str | None = None) -> tuple[torch.nn.Module, Progress]:
     """Train ``model`` (resuming from ``out_dir``'s latest checkpoint) until the run's last step, or for
-    ``cfg.stop_after_steps`` steps of this invocation. Returns the prepared model and where it stands.
-    ``evaluate``: model -> held-out figures, recorded after every epoch (:attr:`Progress.history`)."""
+    ``cfg.stop_after_steps`` steps of this invocation, or until ``time.perf_counter()`` passes ``deadline`` (checked
+    between steps, the same verdict on every process). Returns the prepared model and where it stands.
+    ``evaluate``: model -> held-out figures, recorded after every epoch (:attr:`Progress.history`). ``data``: the
+    digest of the data's configuration (:func:`~specdec.training.distill.store.data_key`), kept in each checkpoint
+    (:func:`check_data` compares it before the data are built)."""
     optimizer = torch.optim.AdamW(method.param_groups(model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     run = {"method": method.run_config(), "seed": cfg.seed, "optim": dict(vars(cfg.optim))}
+    check_data(out_dir, data)
     first_step = load_checkpoint(out_dir, model, optimizer, expect=run)
     before = latest_state(out_dir)  # what earlier invocations of this run recorded
     trained_before = before.get("train_s", 0.0)
@@ -72,13 +78,17 @@ def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_
         if accelerator.is_main_process and progress.step > saved:
             save_checkpoint(out_dir, progress.step, accelerator.unwrap_model(model), optimizer,
                             {"total_steps": progress.total, "run": run, "train_s": progress.train_s,
-                             "history": progress.history})
+                             "history": progress.history, **({"data": data} if data is not None else {})})
         saved = progress.step
 
     model.train()
     try:
         while progress.step < progress.total and (cfg.stop_after_steps is None
                                                   or progress.step - first_step < cfg.stop_after_steps):
+            if deadline is not None and _past(deadline, accelerator):
+                log.info("stopping at step %d of %d: stop_after_s=%s reached", progress.step, progress.total,
+                         cfg.stop_after_s)
+                break
             _step(method, model, optimizer, cfg, accelerator, progress, steps_per_epoch)
             if evaluate is not None and progress.step % steps_per_epoch == 0:
                 _after_epoch(method, model, evaluate, accelerator, progress, steps_per_epoch)
@@ -89,6 +99,25 @@ def fit(method: TrainMethod, model: torch.nn.Module, cfg: Any, accelerator, out_
         raise
     checkpoint()
     return model, progress
+
+
+def check_data(out_dir: Path, data: str | None) -> None:
+    """Refuse to resume ``out_dir``'s latest checkpoint on data configured otherwise than it recorded (``data``, a
+    :func:`~specdec.training.distill.store.data_key`): where the data are built again (a fresh GPU machine), not only
+    where the stored data file says so. Called before the data are built; a checkpoint recording none passes."""
+    recorded = latest_state(out_dir).get("data", data)
+    if data is not None and recorded != data:
+        raise CheckpointError(f"the checkpoint in {str(out_dir / 'checkpoints')!r} was trained on data configured "
+                              f"otherwise (data.*, eval.*, the prompts file's content, the target, the seed); resume "
+                              f"with the settings it was written with, or delete that folder to start over")
+
+
+def _past(deadline: float, accelerator) -> bool:
+    """Whether any process is past ``deadline``: one verdict for all of them (they step together)."""
+    past = time.perf_counter() > deadline
+    if accelerator.num_processes == 1:
+        return past
+    return bool(accelerator.gather(torch.tensor([float(past)], device=accelerator.device)).max().item())
 
 
 def _step(method: TrainMethod, model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: Any, accelerator,

@@ -18,9 +18,9 @@ import torch
 from omegaconf import OmegaConf
 
 from specdec.jobs.io import write_json
-from specdec.training.distill.store import Split, build_processes, build_seconds, load_or_build
+from specdec.training.distill.store import Split, build_processes, build_seconds, data_key, load_or_build
 from specdec.training.export import check_export, export, export_dtype, git_commit, plain
-from specdec.training.loop import fit
+from specdec.training.loop import check_data, fit
 from specdec.training.methods import TrainMethod, build_method
 
 
@@ -41,8 +41,9 @@ def check_config(cfg: Any) -> None:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ValueError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     at_least = {"optim.epochs": 1, "optim.batch_size": 1, "optim.warmup_steps": 0, "data.num_prompts": 1,
-                "data.max_new_tokens": 1, "data.batch_size": 1, "data.text_seq_len": 2, "data.skip_first": 0,
-                "eval.limit_per_source": 1, "eval.max_new_tokens": 1, "save_every": 1, "log_every": 1}
+                "data.max_new_tokens": 1, "data.batch_size": 1, "data.text_seq_len": 2,
+                "data.skip_first": 0, "eval.limit_per_source": 1, "eval.max_new_tokens": 1, "save_every": 1,
+                "log_every": 1}
     for name, low in at_least.items():
         section, _, field = name.rpartition(".")
         value = getattr(getattr(cfg, section) if section else cfg, field)
@@ -55,6 +56,8 @@ def check_config(cfg: Any) -> None:
     if cfg.stop_after_steps is not None and cfg.stop_after_steps < 0:
         raise ValueError(f"stop_after_steps must be null (train to the end) or >= 0 (0: build the data only), "
                          f"got {cfg.stop_after_steps}")
+    if cfg.stop_after_s is not None and not cfg.stop_after_s >= 0:
+        raise ValueError(f"stop_after_s must be null (no wall limit) or >= 0 seconds, got {cfg.stop_after_s}")
 
 
 def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
@@ -66,23 +69,28 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
 
     from specdec.models.loading import load_target
 
+    invoked = time.perf_counter()  # stop_after_s counts from here
     check_config(cfg)
     code = git_commit()  # the code this invocation runs (the provenance's commit, not the one at export time)
     method = build_method(cfg.method)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    # cpu: without a GPU, processes launched together (torchrun, accelerate launch) form one CPU group (gloo);
-    # left False there, each would run alone as its own single process
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              log_with="wandb" if cfg.logger.name == "wandb" else None)
+    device = train_device(cfg.target.device, target)
+    # cpu: processes launched together (torchrun, accelerate launch) form one CPU group (gloo); left False without a
+    # GPU, each would run alone as its own single process. On CUDA each process takes its own GPU.
+    accelerator = Accelerator(cpu=device.type == "cpu", log_with="wandb" if cfg.logger.name == "wandb" else None)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     times: dict[str, Any] = {}
     start = time.perf_counter()
     if target is None:
         target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=accelerator.device)
+    elif target.device != accelerator.device:
+        target = target.to(accelerator.device)
     target.requires_grad_(False)
     method.check_target(target)
+    data = data_key(cfg, method.needs())
+    check_data(out_dir, data)  # a checkpoint of data configured otherwise: refused before the data are built
     # each process builds its share of the data, the main process merges them into the store
     splits = load_or_build(cfg, target, tokenizer, method.needs(), out_dir / "data.safetensors", accelerator)
     times["data_s"] = time.perf_counter() - start
@@ -92,11 +100,12 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         accelerator.init_trackers(cfg.logger.project, config=plain(cfg),
                                   init_kwargs={"wandb": {"mode": cfg.logger.mode, "name": cfg.run_name}})
     evaluate = (lambda m: method.evaluate(m, splits)) if cfg.eval_every_epoch else None
-    model, progress = fit(method, model, cfg, accelerator, out_dir, evaluate)
+    deadline = None if cfg.stop_after_s is None else invoked + cfg.stop_after_s
+    model, progress = fit(method, model, cfg, accelerator, out_dir, evaluate, deadline, data)
     times["train_s"] = progress.train_s  # over every invocation of this run
     if progress.first_step:
         times["resumed_at_step"] = progress.first_step
-    metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total,
+    metrics: dict[str, Any] = {"step": progress.step, "total_steps": progress.total, "device": str(accelerator.device),
                                "data_processes": build_processes(out_dir / "data.safetensors"), "git_commit": code,
                                "finished": progress.step >= progress.total, **method.summary(), "times_s": times,
                                **({"per_epoch": progress.history} if progress.history else {})}
@@ -106,6 +115,17 @@ def train(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         accelerator.log(method.log_values(metrics), step=progress.total)
     accelerator.end_training()
     return metrics
+
+
+def train_device(name: str, target=None) -> torch.device:
+    """The device training runs on, from ``target.device``: ``auto`` is CUDA where present (else CPU), or the
+    device of an already loaded ``target`` (tests); ``cpu`` keeps a GPU machine's run on its CPU; ``cuda`` without a
+    GPU is refused here, before any work."""
+    from specdec.models.loading import resolve_device
+
+    if name == "auto" and target is not None:
+        return target.device
+    return resolve_device(name)
 
 
 def _evaluate_and_save(method: TrainMethod, model: torch.nn.Module, cfg: Any, splits: dict[str, Split],

@@ -289,6 +289,61 @@ def test_resuming_with_another_training_config_is_refused(tiny_pair, tmp_path):
         train(cfg, model, tokenizer)
 
 
+def test_a_run_stopped_by_its_wall_limit_resumes_to_the_uninterrupted_weights(tiny_pair, tmp_path, monkeypatch):
+    """stop_after_s (experiments/gpu/train.sh's budget): the run stops at a step boundary with a checkpoint there, and
+    resuming it where its data had to be built again (a fresh GPU machine: data.safetensors gone) ends on the weights
+    of a run never stopped; the checkpoint records the data's configuration, and data configured otherwise is
+    refused."""
+    from specdec.training import loop
+
+    model, tokenizer = tiny_pair
+    straight = train(tiny_config(tmp_path / "straight"), model, tokenizer)
+    cfg = tiny_config(tmp_path / "run")
+    cfg.stop_after_s = 0.0  # past at once: the data are built, nothing is trained
+    assert train(cfg, model, tokenizer)["step"] == 0 and not (tmp_path / "run" / "checkpoints").exists()
+    calls = []
+    monkeypatch.setattr(loop, "_past", lambda deadline, accelerator: calls.append(deadline) or len(calls) > 3)
+    cfg.stop_after_s = 60.0  # "past" after 3 steps (between two regular checkpoints, every 2)
+    stopped = train(cfg, model, tokenizer)
+    assert not stopped["finished"] and stopped["step"] == 3
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step-3"
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "state.json").read_text())
+    assert len(state["data"]) == 16
+    monkeypatch.undo()
+    (tmp_path / "run" / "data.safetensors").unlink()
+    other = copy.deepcopy(cfg)
+    other.data.max_new_tokens += 1
+    with pytest.raises(CheckpointError, match="trained on data configured otherwise"):
+        train(other, model, tokenizer)
+    assert not (tmp_path / "run" / "data.safetensors").exists()  # refused before the data were built
+    cfg.stop_after_s = None
+    resumed = train(cfg, model, tokenizer)
+    assert resumed["finished"] and resumed["times_s"]["resumed_at_step"] == 3
+    a, _ = load_heads(tmp_path / "straight" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
+    b, _ = load_heads(tmp_path / "run" / "heads.safetensors", hidden_size=16, vocab_size=len(TRAIN_WORDS))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+    assert resumed["eval"] == straight["eval"]
+
+
+def test_training_runs_on_the_device_target_device_names(tiny_pair, tmp_path):
+    """target.device decides where training runs (it was ignored: a GPU machine trained on its GPU whatever it said);
+    cuda without a GPU is refused before any work; auto follows a target already loaded."""
+    from specdec.training.trainer import train_device
+
+    model, tokenizer = tiny_pair
+    assert train_device("cpu") == torch.device("cpu") and train_device("auto", model) == model.device
+    if not torch.cuda.is_available():
+        cfg = tiny_config(tmp_path / "run")
+        cfg.target.device = "cuda"
+        with pytest.raises(ValueError, match="target.device='cuda' but"):
+            train(cfg, model, tokenizer)
+        assert not (tmp_path / "run" / "data.safetensors").exists()
+    cfg = tiny_config(tmp_path / "cpu")
+    cfg.target.device, cfg.optim.epochs = "cpu", 1
+    assert train(cfg, model, tokenizer)["device"] == "cpu"
+
+
 def test_config_composes_with_hydra():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

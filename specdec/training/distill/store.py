@@ -86,6 +86,13 @@ def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
     return json.dumps(found, sort_keys=True, default=list)
 
 
+def data_key(cfg: Any, needs: DataNeeds) -> str:
+    """A short digest of what the stored data depends on (:func:`_fingerprint`): checkpoints record it, so a run
+    resumed where its data had to be built again (a fresh GPU machine) is refused if that data was configured
+    otherwise."""
+    return hashlib.sha256(_fingerprint(cfg, needs).encode()).hexdigest()[:16]
+
+
 def split_name(kind: str, source: str) -> str:
     """The held-out split of ``source`` (``answers_mtbench``, ``text_wikipedia``); a file source by its stem
     (``mtbench.jsonl`` -> ``answers_mtbench``), since the stored tensors' names end at the first dot."""
