@@ -26,6 +26,9 @@ class DistillDataConfig:
     magpie_fraction: float = 0.0  # self_distill: share of those prompts written by the target itself (Magpie)
     max_new_tokens: int = 96  # self_distill: answer length
     batch_size: int = 64  # sequences per target forward while building the data
+    # answers per teacher-forced forward reading the feature layers (EAGLE, the block drafter): 1 = one at a time,
+    # as the CPU stores were built; more pads them into one forward (a GPU's data phase), equal to rounding
+    feature_batch: int = 1
     text_sources: list[str] = field(default_factory=lambda: ["wikipedia", "stdlib", "shakespeare"])  # mode=text
     text_seq_len: int = 256  # mode=text: tokens per chunk
     skip_first: int = 16  # rows of each corpus never trained on (the benchmark runs' prompts)

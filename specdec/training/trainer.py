@@ -41,7 +41,7 @@ def check_config(cfg: Any) -> None:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ValueError(f"data.val_fraction must be in [0, 1), got {cfg.data.val_fraction}")
     at_least = {"optim.epochs": 1, "optim.batch_size": 1, "optim.warmup_steps": 0, "data.num_prompts": 1,
-                "data.max_new_tokens": 1, "data.batch_size": 1, "data.text_seq_len": 2,
+                "data.max_new_tokens": 1, "data.batch_size": 1, "data.feature_batch": 1, "data.text_seq_len": 2,
                 "data.skip_first": 0, "eval.limit_per_source": 1, "eval.max_new_tokens": 1, "save_every": 1,
                 "log_every": 1}
     for name, low in at_least.items():

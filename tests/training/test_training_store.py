@@ -191,3 +191,28 @@ def test_stored_hidden_states_come_from_the_body_without_the_lm_head(family, mon
         monkeypatch.setattr(model.lm_head, "forward", lambda x: pytest.fail("the LM head ran"))
         found = hidden_states(model, ids)
     assert len(found) == len(expected) and all(torch.equal(a, b) for a, b in zip(found, expected))
+
+
+def test_feature_layers_read_in_batches_equal_those_read_one_answer_at_a_time(tiny_pair, tmp_path):
+    """data.feature_batch (a GPU's data phase): answers of different lengths padded into one forward give each one's
+    layers and context states as its own forward does, to rounding; the default (1) keeps the fingerprint of stores
+    built before the option."""
+    from specdec.training.distill.answers import answer_sequences
+
+    model, tokenizer = tiny_pair
+    prompts = [[3, 9, 4], [5, 6, 7, 8, 2, 3], [2, 2], [7, 1, 4, 4, 9]]
+    one = answer_sequences(model, prompts, max_new_tokens=6, batch_size=4, pad_id=0, layers=(0, 1), context=True)
+    from specdec.training.distill import answers
+
+    batched = answers.answer_shard(model, prompts, 6, 4, 0, (0, 1), True, feature_batch=3)
+    for i, seq in enumerate(one):
+        other = batched[i]
+        assert torch.equal(seq.tokens, other.tokens)
+        for name in ("features", "context_hidden", "context_features"):
+            a, b = getattr(seq, name), getattr(other, name)
+            assert a.shape == b.shape, (i, name)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    cfg = tiny_config(tmp_path)
+    assert "feature_batch" not in _fingerprint(cfg, DataNeeds())
+    cfg.data.feature_batch = 8
+    assert "feature_batch" in _fingerprint(cfg, DataNeeds())

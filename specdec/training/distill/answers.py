@@ -75,10 +75,11 @@ def answer_sequences(target, prompts: list[list[int]], max_new_tokens: int, batc
 @torch.no_grad()
 def answer_shard(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int,
                  layers: tuple[int, ...] = (), context: bool = False,
-                 shard: tuple[int, int] = (0, 1)) -> dict[int, Sequence]:
+                 shard: tuple[int, int] = (0, 1), feature_batch: int = 1) -> dict[int, Sequence]:
     """:func:`answer_sequences`' share of a process: ``shard`` = (index, count) answers the batches b with
     b % count == index, batched as one process batches them all (prompts sorted by length, ``batch_size`` each),
-    so every answer and hidden state is the one a single process computes. Returns {prompt index: Sequence}."""
+    so every answer and hidden state is the one a single process computes. ``feature_batch``: answers per
+    teacher-forced forward that reads the ``layers`` (:func:`batch_features`). Returns {prompt index: Sequence}."""
     from specdec.models import supports, target_decoder
 
     index, count = shard
@@ -104,9 +105,15 @@ def answer_shard(target, prompts: list[list[int]], max_new_tokens: int, batch_si
                  tokens / (time.perf_counter() - started))
     if layers or context:
         started = time.perf_counter()
-        for done, seq in enumerate(out.values(), 1):
-            seq.features = layer_features(target, seq, layers, context)
-            if done % 64 == 0 or done == len(out):
+        seqs = list(out.values())
+        by_length = sorted(seqs, key=lambda seq: seq.context.numel() + seq.tokens.numel())  # little padding
+        groups = [[seq] for seq in seqs] if feature_batch == 1 else \
+            [by_length[i: i + feature_batch] for i in range(0, len(seqs), feature_batch)]
+        done = 0
+        for group in groups:
+            batch_features(target, group, layers, context)
+            done += len(group)
+            if done % 64 < len(group) or done == len(out):
                 log.info("stored the feature layers of %d/%d answers (%.1f s)", done, len(out),
                          time.perf_counter() - started)
     return out
@@ -134,6 +141,34 @@ def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool
         if layers:
             seq.context_features = torch.stack([states[layer][0, :first] for layer in layers], 1).float().cpu()
     return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu() if layers else None
+
+
+@torch.no_grad()
+def batch_features(target, seqs: list[Sequence], layers: tuple[int, ...], context: bool = False) -> None:
+    """:func:`layer_features` of several sequences from one forward: their ids padded on the right (a causal
+    model's positions before the padding never see it), each sequence's ``features`` (and ``context_*``) filled in.
+    A single sequence takes :func:`layer_features` itself (no padding, no mask): the data as it was built before
+    batching. Batched rows agree with it to rounding, not bit for bit (other shapes, other kernels)."""
+    if len(seqs) == 1:
+        seqs[0].features = layer_features(target, seqs[0], layers, context)
+        return
+    rows = [torch.cat([seq.context, seq.tokens[:-1]]) for seq in seqs]  # [c + n - 1] each
+    width = max(row.numel() for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, W]
+    mask = torch.zeros(len(rows), width, dtype=torch.long)  # [B, W]: 1 where a sequence's token is
+    for i, row in enumerate(rows):
+        ids[i, : row.numel()], mask[i, : row.numel()] = row, 1
+    body = getattr(target, "base_model", target)
+    states = body(ids.to(target.device), attention_mask=mask.to(target.device),
+                  output_hidden_states=True).hidden_states  # (layers + 1) x [B, W, H]
+    for i, (seq, row) in enumerate(zip(seqs, rows)):
+        first, end = seq.context.numel() - 1, row.numel()  # the position that predicted tokens[0]; the row's end
+        if context:
+            seq.context_hidden = states[-1][i, :first].float().cpu()
+            if layers:
+                seq.context_features = torch.stack([states[layer][i, :first] for layer in layers], 1).float().cpu()
+        seq.features = (torch.stack([states[layer][i, first:end] for layer in layers], 1).float().cpu()
+                        if layers else None)
 
 
 def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = (),

@@ -75,9 +75,11 @@ class Split:
 
 def _fingerprint(cfg: Any, needs: DataNeeds) -> str:
     """What the stored data depends on: the target, the seed, the data and held-out settings (a prompts file's
-    content too), the needs. Without a prompts file it is what it was before that option existed, so stores
-    built then are still read."""
+    content too), the needs. Without a prompts file, and with features read one answer at a time, it is what it
+    was before those options existed, so stores built then are still read."""
     data = dict(vars(cfg.data))
+    if data.get("feature_batch", 1) == 1:
+        data.pop("feature_batch", None)
     found = {"target": cfg.target.name, "seed": cfg.seed, "data": data, "eval": vars(cfg.eval), "needs": asdict(needs)}
     if data.get("prompts_file") is None:
         data.pop("prompts_file", None)
@@ -125,7 +127,7 @@ def training_shard(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: 
         write_jsonl(prompts_path, rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return answer_shard(target, [encode_prompt(tokenizer, r) for r in rows], data.max_new_tokens, data.batch_size,
-                        pad_id, needs.layers, needs.context, shard)
+                        pad_id, needs.layers, needs.context, shard, data.feature_batch)
 
 
 def file_prompts(path: str, num: int) -> list[dict[str, str]]:
@@ -155,7 +157,8 @@ def build_parts(cfg: Any, target, tokenizer, needs: DataNeeds, prompts_path: Pat
         rows = load_prompts(source, limit=cfg.eval.limit_per_source)
         prompts = [encode_prompt(tokenizer, r) for r in rows]
         parts[split_name("answers", source)] = answer_shard(target, prompts, cfg.eval.max_new_tokens, data.batch_size,
-                                                            pad_id, needs.layers, needs.context, shard)
+                                                            pad_id, needs.layers, needs.context, shard,
+                                                            data.feature_batch)
     for source in cfg.eval.text_sources:
         texts = [tokenizer(r["text"])["input_ids"] for r in list(load_prompts(source, seed=0))[: data.skip_first]]
         parts[split_name("text", source)] = text_shard(target, texts, data.text_seq_len, needs.layers, needs.context,
