@@ -155,14 +155,15 @@ def train_prompts(folder: Path, num: int) -> None:
 
 
 def split(args) -> None:
-    """``--out``/NAME.json and NAME.part-NN: the folder's files (less ``--exclude``'d names) as one tar cut into parts
-    of at most PART_BYTES, with every file's and part's SHA-256 and the tar's; refused past MAX_PARTS."""
+    """``--out``/NAME.json and NAME.part-NN: the folder's files (less ``--exclude``'d names) as one tar, gzip'd at
+    level 1 (a float32 checkpoint shrinks ~7%: EAGLE's 118 MB then fits 7 parts), cut into parts of at most PART_BYTES,
+    with every file's and part's SHA-256 and the whole's; refused past MAX_PARTS."""
     folder, out = Path(args.folder), Path(args.out)
     left_out = set(args.exclude)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not set(p.relative_to(folder).parts) & left_out)
     out.mkdir(parents=True, exist_ok=True)
-    tar_path = out / f".{args.name}.tar"
-    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
+    tar_path = out / f".{args.name}.tar.gz"
+    with tarfile.open(tar_path, "w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
         for path in files:
             tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
     total = tar_path.stat().st_size
@@ -208,7 +209,7 @@ def join(args) -> None:
     tmp = to.with_name(f".{to.name}.join")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    whole = tmp / ".bundle.tar"
+    whole = tmp / ".bundle.tar.gz"
     with open(whole, "wb") as out:
         for part in manifest["parts"]:
             out.write((folder / part["name"]).read_bytes())
