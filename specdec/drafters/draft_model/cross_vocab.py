@@ -28,18 +28,18 @@ from typing import Any
 
 import torch
 
-from specdec.drafters.base import DecodeState, DraftRuntime, Proposal
-from specdec.drafters.draft_model.drafter import CROSS_VOCAB_RULES, DraftModelDrafter
+from specdec.drafters.base import DRAFTERS, DecodeState, DraftRuntime, Proposal
+from specdec.drafters.draft_model.core import ModelDrafter
 from specdec.drafters.draft_model.vocab_map import VocabMap, complete_utf8
 from specdec.models.backend import Backend
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
-RULES = tuple(rule for rule in CROSS_VOCAB_RULES if rule != "off")
+RULES = ("auto", "intersection", "string")  # drafter.cross_vocab (the draft model's config adds off: refuse)
 
 
-class CrossVocabDrafter(DraftModelDrafter):
+class CrossVocabDrafter(ModelDrafter):
     """``model`` (a causal LM or decoder) drafting through ``vocab_map`` for a target with another tokenizer."""
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any, *, rule: str = "auto",
@@ -57,6 +57,17 @@ class CrossVocabDrafter(DraftModelDrafter):
         self.runtime = DraftRuntime(backend)
         self.held: list[list[int]] = []  # per row, the draft tokens its draft cache holds, in order
         log.info("cross-vocabulary draft: %s", vocab_map.describe())
+
+    @classmethod
+    def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "CrossVocabDrafter":
+        """What the draft model's config (``drafter=cross_vocab`` presets it) builds for a draft whose tokenizer
+        differs from the target's ``tokenizer``: the drafter registered as ``draft_model`` loads the draft and,
+        seeing another tokenizer, builds this one; a draft sharing the target's tokenizer is refused here."""
+        drafter = DRAFTERS["draft_model"].from_config(cfg, target, tokenizer, backend)
+        if not isinstance(drafter, cls):
+            raise ValueError(f"drafter.path={cfg.path!r} shares the target's tokenizer: it drafts as drafter=draft_model, "
+                             f"not across vocabularies")
+        return drafter
 
     def use_map(self, vocab_map: VocabMap) -> None:
         """Draft through ``vocab_map``: its pairs, the shared draft ids [N] and the mask of the others [V_draft]."""

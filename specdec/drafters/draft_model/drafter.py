@@ -30,22 +30,22 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, DraftRuntime, Proposal, register, round_weights
+from specdec.drafters.base import DecodeState, Proposal, register, round_weights
+from specdec.drafters.draft_model.core import ModelDrafter
+from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
 from specdec.drafters.draft_model.student import DEFAULT_DRAFT
 from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.errors import VocabMismatchError
-from specdec.models import as_decoder
 from specdec.models.backend import Backend
-from specdec.models.graphs import Graphs
 from specdec.models.loading import same_model
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
-CROSS_VOCAB_RULES = ("auto", "intersection", "string", "off")  # drafter.cross_vocab (cross_vocab.py)
+CROSS_VOCAB_RULES = (*RULES, "off")  # drafter.cross_vocab: off refuses a draft with another tokenizer
 EARLY_EXIT_LAYERS = 8  # drafter.path=target: the target's first 8 layers draft (all, for a smaller target)
 
 
 @register("draft_model")
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(ModelDrafter):
     """``model``: any transformers causal LM (or decoder) with the target's vocabulary.
 
     ``num_layers`` keeps its first N layers only (Llama family): with the target itself as ``model``
@@ -104,40 +104,6 @@ class DraftModelDrafter(Drafter):
                                  f"(target=gemma3), drafter.path=default drafts with the shipped student, "
                                  f"drafter.path=target with the target's first layers")
 
-    SCHEDULES = ("constant", "heuristic")
-
-    def __init__(self, model: torch.nn.Module, num_layers: int | None = None, *, confidence: float = 0.0,
-                 schedule: str = "constant", vocab_ids: torch.Tensor | None = None, backend: Backend = Backend()):
-        if not 0.0 <= confidence < 1.0:
-            raise ValueError(f"drafter.confidence must be in [0, 1) (0 = off), got {confidence}")
-        if schedule not in self.SCHEDULES:
-            raise ValueError(f"drafter.schedule must be one of {list(self.SCHEDULES)}, got {schedule!r}")
-        self.backend = backend
-        self.decoder = as_decoder(model, num_layers=num_layers, backend=backend)
-        self.confidence, self.schedule = confidence, schedule
-        self.vocab_ids = None
-        if vocab_ids is not None:
-            self._restrict_head(vocab_ids)
-        self.cache = None
-        self.runtime = DraftRuntime(backend, device=self._graph_device, route=self._use_graphs)
-        self.length = None  # the heuristic schedule's current draft length (None: start at k)
-        self.proposed = 0  # drafts in the last proposal
-
-    def _restrict_head(self, vocab_ids: torch.Tensor) -> None:
-        """Score only ``vocab_ids``: this drafter's decoder gets its own LM head over those rows (the model's,
-        shared with the target for an early-exit or stitched student, is left alone)."""
-        head = getattr(self.decoder, "lm_head", None)
-        if not isinstance(head, torch.nn.Linear):
-            raise ValueError("drafter.draft_vocab needs the compact path (an LM head to cut; families: llama, "
-                             "mistral, qwen2, qwen3, gemma3)")
-        ids = vocab_ids.to(device=head.weight.device, dtype=torch.long)
-        small = torch.nn.Linear(head.in_features, ids.numel(), bias=False, device=head.weight.device,
-                                dtype=head.weight.dtype)
-        small.weight.data.copy_(head.weight.data[ids])
-        small.weight.requires_grad_(False)
-        self.decoder.lm_head = small
-        self.vocab_ids = ids
-
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "DraftModelDrafter":
         from specdec.drafters.draft_model.student import default_student_path, is_student_dir, load_student
@@ -187,9 +153,8 @@ class DraftModelDrafter(Drafter):
     @classmethod
     def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer, mismatch: VocabMismatchError,
                      backend: Backend) -> "DraftModelDrafter":
-        """The drafter for a draft model with another tokenizer (cross_vocab.py), or the refusal cfg asks for."""
-        from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
-
+        """The drafter for a draft model with another tokenizer (cross_vocab.py), or the refusal cfg asks for (a rule
+        that does not exist is refused by the drafter's constructor, naming the rules)."""
         names = (f"the draft's {getattr(draft_tokenizer, 'name_or_path', '?')!r} ({len(draft_tokenizer)} tokens), "
                  f"the target's {getattr(tokenizer, 'name_or_path', '?')!r} ({len(tokenizer)} tokens)")
         if cfg.cross_vocab == "off":
@@ -197,8 +162,6 @@ class DraftModelDrafter(Drafter):
                                      f"drafter.cross_vocab=off refuses that; set drafter.cross_vocab=auto to draft "
                                      f"across vocabularies (exact), or use a draft with the target's tokenizer") \
                 from mismatch
-        if cfg.cross_vocab not in RULES:
-            raise ValueError(f"drafter.cross_vocab must be one of {list(RULES) + ['off']}, got {cfg.cross_vocab!r}")
         if cfg.confidence or cfg.num_layers is not None or cfg.weight_bits is not None:
             raise ValueError(f"drafter.confidence, num_layers and weight_bits apply to a same-tokenizer draft; "
                              f"drafter.path={path!r} drafts across vocabularies ({names}): leave them at 0 / null")
@@ -211,20 +174,6 @@ class DraftModelDrafter(Drafter):
         round_weights(getattr(self.decoder, "layers", self.decoder), bits, keep=tuple(target.parameters()),
                       what="draft model")
         return self
-
-    def _graph_device(self) -> torch.device | None:
-        """The draft's decode forwards replay graphs as the target's do, on the compact path only: a [B, 2]
-        and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step is all kernel
-        launches: a K-token draft would cost more than the graphed verify)."""
-        from specdec.models import CompactDecoder
-
-        return self.decoder.device if isinstance(self.decoder, CompactDecoder) else None
-
-    def _use_graphs(self, graphs: Graphs, compile: bool) -> None:
-        """The draft's decoder wrapped to replay ``graphs`` (compiled first for ``compile``)."""
-        from specdec.models import GraphedDecoder
-
-        self.decoder = GraphedDecoder(self.decoder, compile=compile, graphs=graphs)
 
     @staticmethod
     def _options(cfg, path) -> dict:
@@ -288,12 +237,6 @@ class DraftModelDrafter(Drafter):
             p = q.gather(1, token[:, None])[:, 0]
         sure = (p >= self.confidence).tolist()
         return not any(s and a for s, a in zip(sure, active))
-
-    def observe(self, state: DecodeState) -> None:
-        if self.schedule != "heuristic" or state.num_accepted is None:
-            return
-        kept_all = all(n >= self.proposed for n, a in zip(state.num_accepted.tolist(), state.active) if a)
-        self.length = self.length + 2 if kept_all else max(1, self.length - 1)
 
     def draw(self, logits: torch.Tensor, params: SamplingParams,  # logits [B, V] (or [B, N]: draft_vocab)
              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # token [B], q [B, V]
