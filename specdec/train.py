@@ -24,7 +24,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.config import config_dir
-from specdec.jobs.runs import check_target_choice, refuse_briefly
+from specdec.jobs.checks import check_target_choice
+from specdec.jobs.runs import refuse_briefly
 from specdec.training.config import register_train_configs
 from specdec.training.trainer import train
 

@@ -1,8 +1,8 @@
-"""Every check of a decoding job's config that needs no model, run before the target loads (a refusal after a
-minute of loading costs a user that minute, and a sweep all its points): the data and sampling settings, the
-lookahead against the target's context, the drafter's own settings and files (:func:`~specdec.drafters.loading.
-check_drafter_config`), ``drafter.k=auto``'s settings, and the prompts themselves (read, and refused where chat
-prompts meet a target known to have no chat template).
+"""Every check of a decoding job's config that needs no model, in one place, run before the target loads (a refusal
+after a minute of loading costs a user that minute, and a sweep all its points): the target choice, the data and
+sampling settings, the lookahead against the target's context, the drafter's own settings and files
+(:func:`~specdec.drafters.loading.check_drafter_config`), ``drafter.k=auto``'s settings, and the prompts themselves
+(read, and refused where chat prompts meet a target known to have no chat template).
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specdec.config import TargetConfig
 from specdec.decode.engine import capped_lookahead
 from specdec.drafters.loading import check_drafter_config
 from specdec.jobs.data import check_chat_prompts, load_prompt_mix, prompt_room
-from specdec.jobs.runs import check_job_config, try_writing
+from specdec.jobs.runs import try_writing
 from specdec.models.graphs import check_compile_mode
 from specdec.models.loading import has_chat_template
 from specdec.verify.sampling import SamplingParams
@@ -70,15 +72,9 @@ def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
     rows (:func:`~specdec.jobs.data.load_prompt_mix`), read once here. ``k``: the largest lookahead the job drafts
     with; ``room``: the lookahead the prompts must leave room for (default ``k``)."""
     check_job_config(cfg)
-    max_new = cfg.data.max_new_tokens
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise ValueError(f"data.max_new_tokens must be an integer >= 1 (tokens generated per prompt), got {max_new!r}")
-    most = cfg.data.max_prompt_tokens
-    if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
-        raise ValueError(f"data.max_prompt_tokens must be an integer >= 1 (longer prompts are refused) or null (the "
-                         f"context's room), got {most!r}")
     SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     check_compile_mode(cfg.target.compile)
+    max_new = cfg.data.max_new_tokens
     prompt_room(max_new, room or k, cfg.target.max_context, "target.max_context")
     check_drafter_config(cfg.drafter, cfg)
     drafts = cfg.drafter.k
@@ -88,3 +84,46 @@ def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     check_chat_prompts(rows, has_chat_template(cfg.target.name))
     return rows
+
+
+def check_job_config(cfg: DictConfig) -> None:
+    """``target=hub`` given a model (its ``name: ???`` does not replace the schema's default when Hydra merges), not
+    ``target=synthetic``, and the data settings."""
+    check_target_choice(cfg)
+    limit = cfg.data.limit_per_source
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"data.limit_per_source must be an integer >= 1 (prompts per source) or null (all), "
+                         f"got {limit!r}")
+    if isinstance(cfg.data.batch_size, bool) or cfg.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be an integer >= 1 (prompts decoded together), got "
+                         f"{cfg.data.batch_size!r}")
+    max_new = cfg.data.max_new_tokens
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(f"data.max_new_tokens must be an integer >= 1 (tokens generated per prompt), got {max_new!r}")
+    most = cfg.data.max_prompt_tokens
+    if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+        raise ValueError(f"data.max_prompt_tokens must be an integer >= 1 (longer prompts are refused) or null (the "
+                         f"context's room), got {most!r}")
+
+
+def check_target_choice(cfg: Any) -> None:
+    """``target=hub`` without ``target.name``: Hydra keeps the schema's default model, which would run silently;
+    ``target=synthetic``: random weights, refused where τ or outputs are reported."""
+    _refuse_synthetic(cfg.target)
+    try:
+        choice = HydraConfig.get().runtime.choices.get("target")
+    except ValueError:  # not under Hydra
+        return
+    if choice == "hub" and cfg.target.name == TargetConfig.name:
+        raise ValueError(f"target=hub needs the model: add target.name=<a hub id or a local directory> (e.g. "
+                         f"target.name=HuggingFaceTB/SmolLM2-360M-Instruct); without it the embedded default "
+                         f"{TargetConfig.name!r} would run (target=smollm2 names it)")
+
+
+def _refuse_synthetic(target: Any) -> None:
+    """``target=synthetic`` has random weights: its τ and outputs mean nothing, so no entry point reporting them runs."""
+    if getattr(target, "name", None) == "synthetic":
+        shape = getattr(target, "shape", None)
+        raise ValueError(f"target=synthetic (shape {shape!r}) has random weights: costs only, no τ or outputs to "
+                         f"report; measure its step costs with `python experiments/benchmarks/step_costs.py --shape "
+                         f"{shape or 'llama-3.1-8b'}`, or pick a real target (target=smollm2, target.name=<dir>)")

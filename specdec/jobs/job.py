@@ -6,9 +6,9 @@
 
 :meth:`Job.build` refuses what the config cannot run before any model loads
 (:func:`~specdec.jobs.checks.check_before_loading`, which also reads the prompt rows), then seeds torch, loads the
-target on its device, chooses the backend the target and the drafter both run on (:func:`~specdec.jobs.runs.
-target_backend`: ``target.coded_weights``, ``target.gpu_kernels``), builds the drafter, and encodes the prompts in
-the room the context leaves them. An entry point checks its own settings before it builds the job.
+target on its device, chooses the backend the target and the drafter both run on (:func:`target_backend`:
+``target.coded_weights``, ``target.gpu_kernels``), builds the drafter, and encodes the prompts in the room the context
+leaves them. An entry point checks its own settings before it builds the job.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from omegaconf import DictConfig
 from specdec.drafters import Drafter, build_drafter
 from specdec.jobs.checks import check_before_loading
 from specdec.jobs.data import encode_prompts, prompt_room
-from specdec.jobs.runs import target_backend
 from specdec.models import target_decoder
 from specdec.models.backend import Backend
 from specdec.models.loading import load_target, resolve_device, stop_token_ids
@@ -82,3 +81,11 @@ class Job:
     def pad_id(self) -> int:
         """The token prompts are left-padded with: the tokenizer's pad token, else 0."""
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+
+def target_backend(target: Any) -> Backend:
+    """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
+    float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
+    specdec's CPU kernels otherwise at their defaults; ``target.exact_numerics`` orders the Triton kernels' arithmetic."""
+    return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels,
+                   exact_numerics=target.exact_numerics)

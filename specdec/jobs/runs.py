@@ -33,7 +33,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.jobs.io import write_json
-from specdec.models.backend import Backend
 
 T = TypeVar("T")
 
@@ -100,52 +99,6 @@ def cpu_model() -> str:
     flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
     isa = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags] or (["avx2"] if "avx2" in flags else [])
     return f"{name} ({', '.join(isa) or 'no AVX2'})"
-
-
-def check_job_config(cfg: DictConfig) -> None:
-    """Checked before the target loads, by every decoding job (run, verify_dist): ``target=hub`` given a model
-    (its ``name: ???`` does not replace the schema's default when Hydra merges), and the data settings."""
-    check_target_choice(cfg)
-    limit = cfg.data.limit_per_source
-    if limit is not None and (isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"data.limit_per_source must be an integer >= 1 (prompts per source) or null (all), "
-                         f"got {limit!r}")
-    if isinstance(cfg.data.batch_size, bool) or cfg.data.batch_size < 1:
-        raise ValueError(f"data.batch_size must be an integer >= 1 (prompts decoded together), got "
-                         f"{cfg.data.batch_size!r}")
-
-
-def target_backend(target: Any) -> Backend:
-    """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
-    float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
-    specdec's CPU kernels otherwise at their defaults; ``target.exact_numerics`` orders the Triton kernels' arithmetic."""
-    return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels,
-                   exact_numerics=target.exact_numerics)
-
-
-def check_target_choice(cfg: Any) -> None:
-    """``target=hub`` without ``target.name``: Hydra keeps the schema's default model, which would run silently;
-    ``target=synthetic``: random weights, refused where τ or outputs are reported."""
-    from specdec.config import TargetConfig
-
-    _refuse_synthetic(cfg.target)
-    try:
-        choice = HydraConfig.get().runtime.choices.get("target")
-    except ValueError:  # not under Hydra
-        return
-    if choice == "hub" and cfg.target.name == TargetConfig.name:
-        raise ValueError(f"target=hub needs the model: add target.name=<a hub id or a local directory> (e.g. "
-                         f"target.name=HuggingFaceTB/SmolLM2-360M-Instruct); without it the embedded default "
-                         f"{TargetConfig.name!r} would run (target=smollm2 names it)")
-
-
-def _refuse_synthetic(target: Any) -> None:
-    """``target=synthetic`` has random weights: its τ and outputs mean nothing, so no entry point reporting them runs."""
-    if getattr(target, "name", None) == "synthetic":
-        shape = getattr(target, "shape", None)
-        raise ValueError(f"target=synthetic (shape {shape!r}) has random weights: costs only, no τ or outputs to "
-                         f"report; measure its step costs with `python experiments/benchmarks/step_costs.py --shape "
-                         f"{shape or 'llama-3.1-8b'}`, or pick a real target (target=smollm2, target.name=<dir>)")
 
 
 def check_logger(cfg: DictConfig) -> None:

@@ -47,7 +47,7 @@ def test_a_shape_that_is_not_one_is_refused(tmp_path):
 
 
 def test_entry_points_that_report_outputs_refuse_it():
-    from specdec.jobs.runs import check_target_choice
+    from specdec.jobs.checks import check_target_choice
 
     cfg = OmegaConf.create({"target": {"name": "synthetic", "shape": "llama-3.2-1b"}})
     with pytest.raises(ValueError, match="target=synthetic .* costs only.*step_costs.py --shape llama-3.2-1b"):
