@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
         if isinstance(decoder, GraphedDecoder):
             decoder.graphs.clear()
             decoder.graphs.kept = None
-    name = Path(args.shape).stem if Path(args.shape).suffix else Path(args.shape).name
+    given = Path(args.shape)  # a preset's name (llama-3.1-8b, whose dots are no suffix) or a JSON file's
+    name = (given.parent.name if given.name == "config.json" else given.stem) if given.suffix == ".json" else args.shape
     result = {"mark": MARK, "shape": args.shape, "layers": model.config.num_hidden_layers, "dtype": str(dtype),
               "device": machine_description(device), "torch": torch.__version__, "context": args.context,
               "read_bandwidth_GBps": bandwidth / 1e9, "parameters": sum(p.numel() for p in model.parameters()),

@@ -4,7 +4,9 @@ drafting step and per step's host work by lookahead, and plain decoding's host w
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -27,6 +29,28 @@ class CostModel:
 
         return cls(keyed("verify_s"), keyed("draft_s"), keyed("host_s"), data.get("plain_host_s", 0.0),
                    data.get("batch_size", 1), data.get("machine", ""))
+
+    @classmethod
+    def from_curve(cls, path: str | Path, batch_size: int) -> "CostModel":
+        """The verify times a step-cost curve gives at ``batch_size`` rows: the JSON
+        ``experiments/benchmarks/step_costs.py`` writes (a target's forward by the tokens a row carries, measured on
+        another machine or at another model's shape, random weights). The drafter's steps and the loop's host work
+        are not in it and count as free, so a speedup predicted from it is an upper bound for a drafter with a
+        model of its own (n-gram lookup's step is host work only)."""
+        file = Path(path).expanduser()
+        try:
+            data = json.loads(file.read_text())
+            rows = [row for row in data["rows"] if row["batch"] == batch_size]
+            batches = sorted({row["batch"] for row in data["rows"]})
+            described = f"{data['device']}, {data['shape']} ({data['layers']} layers, {data['dtype']}): {data['mark']}"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"costs={str(path)!r} is not a step-cost curve ({exc}); give the step_costs_<shape>.json "
+                             f"that experiments/benchmarks/step_costs.py wrote, or costs=true to measure here") from exc
+        if not rows:
+            raise ValueError(f"costs={str(path)!r} holds batch sizes {batches}, not data.batch_size={batch_size}; "
+                             f"replay at one of those, or measure the curve at {batch_size} (step_costs.py --batch)")
+        return cls(verify_s={row["width"]: row["ms"] / 1e3 for row in rows}, batch_size=batch_size,
+                   machine=described)
 
     def verify(self, width: float) -> float:
         """A verify forward over ``width`` tokens (linear between the widths measured, the widest beyond)."""

@@ -249,3 +249,27 @@ def test_a_tree_logs_cost_model_times_its_trees(models, tmp_path):
     assert trees and all(tree.num_nodes + 1 == width for width, tree in trees.items())
     model = log.cost_model(1)
     assert set(model.verify_s) == set(range(1, 12)) and set(model.draft_s) == set(model.host_s) == {10}
+
+
+def test_a_step_cost_curve_times_the_verify_steps_at_its_batch_size(tmp_path):
+    """costs=<a curve> (experiments/benchmarks/step_costs.py's JSON, e.g. the H200's at Llama-3.1-8B's shape): the
+    verify times at the replay's batch size, drafting and host work free; a batch it lacks and a file that is not a
+    curve are refused naming what to give."""
+    import json
+
+    from specdec.replay.costs import CostModel
+
+    curve = {"mark": "SYNTHETIC", "shape": "llama-3.1-8b", "layers": 32, "dtype": "torch.bfloat16", "device": "H200",
+             "rows": [{"batch": b, "width": w, "ms": ms} for b, w, ms in
+                      [(1, 1, 4.0), (1, 4, 4.2), (1, 16, 5.0), (8, 1, 4.5), (8, 16, 9.0)]]}
+    path = tmp_path / "step_costs_llama-3.1-8b.json"
+    path.write_text(json.dumps(curve))
+    costs = CostModel.from_curve(path, 1)
+    assert costs.plain_step() == pytest.approx(4e-3) and costs.step(4, 3) == pytest.approx(4.2e-3)
+    assert costs.verify(10) == pytest.approx(4.6e-3) and costs.draft(8) == 0.0 and "llama-3.1-8b" in costs.machine
+    assert CostModel.from_curve(path, 8).verify(16) == pytest.approx(9e-3)
+    with pytest.raises(ValueError, match=r"holds batch sizes \[1, 8\], not data.batch_size=4"):
+        CostModel.from_curve(path, 4)
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a step-cost curve"):
+        CostModel.from_curve(tmp_path / "other.json", 1)
