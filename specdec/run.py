@@ -12,7 +12,8 @@ every speedup comes with its 95% bootstrap interval over the prompts it rests on
 prompts is marked (``few_prompts``). Writes ``results.json`` in the run directory.
 
 ``drafter.k=auto`` chooses the lookahead before decoding (:mod:`specdec.replay.auto`: a replay of held-out
-prompts, timed at this batch size on this machine), down to none: k = 0 decodes plainly, once, and that run is
+prompts, timed at this batch size on this machine; its settings are checked and its prompts read and encoded with the
+job's, :meth:`~specdec.jobs.job.Job.build`), down to none: k = 0 decodes plainly, once, and that run is
 both sides (1.00x: timing plain decoding against itself would measure only the machine's noise, ±10% at batch 8
 here). ``results.json`` keeps the choice and its predictions under ``auto``.
 """
@@ -36,13 +37,12 @@ from specdec.decode.engine import GenerationOutput, autoregressive_generate, spe
 from specdec.decode.metrics import DecodeStats, summarize_prompts, total
 from specdec.decode.speed_of_light import speed_of_light
 from specdec.drafters.base import graph_runners
-from specdec.jobs.checks import check_auto, check_lookahead
-from specdec.jobs.data import encode_prompts, held_out_mix, left_pad, result_category
+from specdec.jobs.data import left_pad, result_category
 from specdec.jobs.io import write_json
 from specdec.jobs.job import Job
 from specdec.jobs.runs import config_fields, machine_description, run_task
 from specdec.models.backend import Backend
-from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoChoice, auto_candidates, choose_lookahead
+from specdec.replay.auto import AutoChoice, choose_lookahead
 from specdec.report.table import format_table
 
 register_configs()
@@ -51,14 +51,14 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     """The main job: ``cfg``'s drafter against plain decoding on its prompts; the results.json fields. The target
-    and the drafter run on ``backend`` (None: the one ``cfg.target`` names, :func:`target_backend`)."""
-    k = lookahead(cfg)  # k=auto: the drafter is built at the largest size it tries
-    job = Job.build(cfg, k, backend=backend)
+    and the drafter run on ``backend`` (None: the one ``cfg.target`` names,
+    :func:`~specdec.jobs.job.target_backend`)."""
+    job = Job.build(cfg, backend=backend)  # k=auto: the drafter is built at the largest size it tries
     decoder = job.decoder(graphs=True)  # what the target's forwards run through
     if job.drafter.runtime is not None:  # and the drafter's own model, where it runs one
         job.drafter.runtime.replay_graphs(job.compile)
-    choice = choose_auto(cfg, job) if cfg.drafter.k == "auto" else None
-    sides = Sides(job, decoder, choice.k if choice else k)
+    choice = choose_auto(job) if job.auto else None
+    sides = Sides(job, decoder, choice.k if choice else job.k)
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
         ids, mask = left_pad(job.prompts[:1], job.pad_id, job.device)
         sides.generate(ids, mask, job.seed, max_new_tokens=8)
@@ -66,16 +66,6 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     decoded = decode_prompts(sides, baseline=cfg.baseline,
                              desc=f"{cfg.drafter.name} k={sides.k}{' (auto)' if choice else ''}")
     return {"status": "ok", "error": None, **config_fields(cfg), **results(decoded, sides, choice)}
-
-
-def lookahead(cfg: DictConfig) -> int:
-    """The lookahead the drafter is built with: ``drafter.k`` (an integer >= 1), or for ``drafter.k=auto`` (its settings
-    checked) the largest it tries."""
-    check_lookahead(cfg.drafter.k, auto=True)
-    if cfg.drafter.k != "auto":
-        return cfg.drafter.k
-    check_auto(cfg.auto)
-    return max(cfg.auto.ks or (TREE_SIZES if cfg.drafter.get("tree") else CHAIN_KS))
 
 
 @dataclass
@@ -176,22 +166,12 @@ def results(decoded: Decoded, sides: Sides, choice: AutoChoice | None) -> dict[s
     return figures
 
 
-def choose_auto(cfg: DictConfig, job: Job) -> AutoChoice:
-    """drafter.k=auto's choice for this run (:func:`~specdec.replay.auto.choose_lookahead`) on held-out prompts of
-    its sources (cfg.auto), timed through the target's eager forwards (a GPU's graphs are not replayed there), on
-    the job's backend."""
-    rows, held_out = held_out_mix(list(cfg.data.sources), cfg.data.limit_per_source, cfg.auto.prompts_per_source,
-                                  seed=job.seed)
-    if not held_out:
-        log.warning("drafter.k=auto: data.sources leave no prompts out of the run; choosing on the run's own first "
-                    "%d per source", cfg.auto.prompts_per_source)
-    tree = bool(cfg.drafter.get("tree"))
-    candidates = auto_candidates(job.drafter, tree, cfg.auto.ks)
-    choice = choose_lookahead(job.decoder(), job.drafter, encode_prompts(job.tokenizer, rows, job.limit, job.context),
-                              tree=tree, candidates=candidates, batch_size=job.batch_size,
-                              max_new_tokens=cfg.auto.max_new_tokens, eos=job.eos, tokenizer=job.tokenizer,
-                              **asdict(job.sampling), seeds=cfg.auto.seeds, margin=cfg.auto.margin,
-                              directory=cfg.auto.log_dir)
+def choose_auto(job: Job) -> AutoChoice:
+    """drafter.k=auto's choice for ``job`` (:func:`~specdec.replay.auto.choose_lookahead`, with its checked settings)
+    on its held-out prompts, timed through the target's eager forwards (a GPU's graphs are not replayed there), on the
+    job's backend."""
+    choice = choose_lookahead(job.decoder(), job.drafter, job.calibration, job.auto, batch_size=job.batch_size,
+                              eos=job.eos, tokenizer=job.tokenizer, sampling=job.sampling)
     predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in choice.predicted.items())
     log.info("drafter.k=auto chose k=%d%s in %.1f s (predicted decode speedups %s)", choice.k,
              " (plain decoding)" if choice.k == 0 else "", choice.seconds, predicted)

@@ -103,7 +103,7 @@ def check_verify_config(cfg: DictConfig) -> float:
 
 def run(cfg: DictConfig) -> VerifyResult:
     significance = check_verify_config(cfg)
-    job = Job.build(cfg, cfg.drafter.k)
+    job = Job.build(cfg)
     result = verify_distribution(
         job.target, job.drafter, job.prompts, k=job.k, length=job.max_new_tokens,
         samples_per_prompt=cfg.samples_per_prompt, sampling=job.sampling, batch_size=job.batch_size, seed=job.seed,

@@ -1,29 +1,67 @@
-"""Every check of a decoding job's config that needs no model, in one place, run before the target loads (a refusal
-after a minute of loading costs a user that minute, and a sweep all its points): the target choice, the data and
-sampling settings, the lookahead against the target's context, the drafter's own settings and files
-(:func:`~specdec.drafters.loading.check_drafter_config`), ``drafter.k=auto``'s settings, and the prompts themselves
-(read, and refused where chat prompts meet a target known to have no chat template).
+"""Every check of a decoding job's config, in one place, run before the target loads (a refusal after a minute of
+loading costs a user that minute, and a sweep all its points): the lookahead (``drafter.k``, and for
+``drafter.k=auto`` its settings), the target choice, the data and sampling settings, the lookahead against the
+target's context, the drafter's own settings and files (:func:`~specdec.drafters.loading.check_drafter_config`), the
+prompts themselves (read, and refused where chat prompts meet a target known to have no chat template) and the
+device. :func:`check_before_loading` runs them all and hands :meth:`~specdec.jobs.job.Job.build` what they found
+(:class:`Checked`); an entry point checks its own settings before that.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specdec.config import TargetConfig
 from specdec.decode.engine import capped_lookahead
 from specdec.drafters.loading import check_drafter_config
-from specdec.jobs.data import check_chat_prompts, load_prompt_mix, prompt_room
+from specdec.jobs.data import check_chat_prompts, held_out_mix, load_prompt_mix, prompt_room
 from specdec.jobs.runs import try_writing
 from specdec.models.graphs import check_compile_mode
-from specdec.models.loading import has_chat_template
+from specdec.models.loading import has_chat_template, resolve_device
 from specdec.verify.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+
+CHAIN_KS = tuple(range(1, 9))  # the chain lookaheads drafter.k=auto tries unless told (auto.ks)
+TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes it tries unless told (those the drafter drafts at)
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    """``drafter.k=auto``'s settings (:class:`~specdec.config.AutoConfig`), checked (:func:`check_auto`): what its
+    chooser, :func:`~specdec.replay.auto.choose_lookahead`, is handed."""
+
+    tree: bool  # the drafter drafts trees: the sizes are tree sizes, each logged on its own
+    ks: tuple[int, ...] | None  # the sizes tried (auto.ks); None: CHAIN_KS or TREE_SIZES
+    max_new_tokens: int  # tokens logged per calibration prompt
+    seeds: int  # temperature > 0: sampled continuations logged per calibration prompt
+    margin: float  # draft only where the best predicted decode speedup reaches 1 + margin
+    log_dir: str | None  # where the logs and costs are kept; None: specdec's cache
+
+    @property
+    def largest(self) -> int:
+        """The largest size tried: the lookahead the drafter is built with."""
+        return max(self.ks or (TREE_SIZES if self.tree else CHAIN_KS))
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`check_before_loading` found in a job's config, typed: what :meth:`~specdec.jobs.job.Job.build`
+    builds from beside the models' names."""
+
+    k: int  # the lookahead the drafter is built with: drafter.k, or for drafter.k=auto the largest size it tries
+    rows: Any  # datasets.Dataset: the job's prompt rows (id, source, category, kind, text)
+    device: torch.device
+    sampling: SamplingParams
+    auto: AutoSettings | None  # drafter.k=auto's settings; None for an integer drafter.k
+    held_out: Any  # drafter.k=auto: the rows it calibrates on (held out of ``rows`` where the sources allow); None
 
 
 def check_lookahead(k: Any, *, auto: bool = False, hint: str = "") -> None:
@@ -36,8 +74,9 @@ def check_lookahead(k: Any, *, auto: bool = False, hint: str = "") -> None:
                          + (f": {hint}" if hint else ""))
 
 
-def check_auto(auto: Any) -> None:
-    """``drafter.k=auto``'s settings (:class:`~specdec.config.AutoConfig`), each refused naming itself."""
+def check_auto(auto: Any, tree: bool) -> AutoSettings:
+    """``drafter.k=auto``'s settings (:class:`~specdec.config.AutoConfig`), each refused naming itself; checked, for
+    a drafter of trees where ``tree``."""
     ks = auto.ks
     if ks is not None and (len(ks) == 0 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks)):
         raise ValueError(f"auto.ks (the lookaheads drafter.k=auto tries) must be a non-empty list of integers >= 1, "
@@ -50,6 +89,8 @@ def check_auto(auto: Any) -> None:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < float("inf"):
         raise ValueError(f"auto.margin (the predicted gain a drafter must show) must be a number >= 0, got {margin!r}")
     check_log_dir(auto.log_dir, "auto.log_dir")
+    return AutoSettings(tree=tree, ks=tuple(ks) if ks is not None else None, max_new_tokens=auto.max_new_tokens,
+                        seeds=auto.seeds, margin=margin, log_dir=auto.log_dir)
 
 
 def check_log_dir(directory: str | None, key: str) -> None:
@@ -67,12 +108,15 @@ def check_log_dir(directory: str | None, key: str) -> None:
         raise ValueError(f"{key}={directory!r} cannot be written ({exc}); give a directory you can write to") from exc
 
 
-def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
-    """Refuse what ``cfg`` (a decoding job's composed config) cannot run, before any model loads; the job's prompt
-    rows (:func:`~specdec.jobs.data.load_prompt_mix`), read once here. ``k``: the largest lookahead the job drafts
-    with; ``room``: the lookahead the prompts must leave room for (default ``k``)."""
+def check_before_loading(cfg: DictConfig, *, room: int | None = None) -> Checked:
+    """Refuse what ``cfg`` (a decoding job's composed config) cannot run, before any model loads; what the job is
+    built from (:class:`Checked`), the prompt rows read once here. ``room``: the lookahead the prompts must leave
+    room for (default: the one the drafter is built with)."""
+    check_lookahead(cfg.drafter.k, auto=True)
+    auto = check_auto(cfg.auto, bool(cfg.drafter.get("tree"))) if cfg.drafter.k == "auto" else None
+    k = auto.largest if auto else cfg.drafter.k  # k=auto: the drafter is built at the largest size it tries
     check_job_config(cfg)
-    SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
+    sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
     check_compile_mode(cfg.target.compile)
     max_new = cfg.data.max_new_tokens
     prompt_room(max_new, room or k, cfg.target.max_context, "target.max_context")
@@ -83,7 +127,14 @@ def check_before_loading(cfg: DictConfig, k: int, *, room: int | None = None):
                     "drafts %d", drafts, max_new, capped, capped)
     rows = load_prompt_mix(list(cfg.data.sources), cfg.data.limit_per_source, seed=cfg.sampling.seed)
     check_chat_prompts(rows, has_chat_template(cfg.target.name))
-    return rows
+    held_out = None
+    if auto:  # k=auto calibrates on the rows that follow the job's own in each source
+        held_out, left_out = held_out_mix(list(cfg.data.sources), cfg.data.limit_per_source,
+                                          cfg.auto.prompts_per_source, seed=cfg.sampling.seed)
+        if not left_out:
+            log.warning("drafter.k=auto: data.sources leave no prompts out of the run; choosing on the run's own "
+                        "first %d per source", cfg.auto.prompts_per_source)
+    return Checked(k, rows, resolve_device(cfg.target.device), sampling, auto, held_out)
 
 
 def check_job_config(cfg: DictConfig) -> None:

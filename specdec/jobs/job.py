@@ -1,30 +1,31 @@
 """One decoding job, built once from its composed config: what the main job (:mod:`specdec.run`), replay
 (:mod:`specdec.replay`) and verify_dist (:mod:`specdec.verify_dist`) each decode with.
 
-    job = Job.build(cfg, k)             # refusals first, then the target, its backend and the drafter
+    job = Job.build(cfg)                # refusals first, then the target, its backend and the drafter
     decoder = job.decoder(graphs=True)  # what the target's forwards run through
 
 :meth:`Job.build` refuses what the config cannot run before any model loads
-(:func:`~specdec.jobs.checks.check_before_loading`, which also reads the prompt rows), then seeds torch, loads the
-target on its device, chooses the backend the target and the drafter both run on (:func:`target_backend`:
-``target.coded_weights``, ``target.gpu_kernels``), builds the drafter, and encodes the prompts in the room the context
-leaves them. An entry point checks its own settings before it builds the job.
+(:func:`~specdec.jobs.checks.check_before_loading`: every check, the lookahead resolved, for ``drafter.k=auto`` the
+largest size it tries, the prompt rows read and the device resolved), then seeds torch, chooses the backend the target
+and the drafter both run on (:func:`target_backend`: ``target.coded_weights``, ``target.gpu_kernels``), loads the
+target on its device, builds the drafter, and encodes the prompts (``drafter.k=auto``'s held-out ones too) in the room
+the context leaves them. An entry point checks its own settings before it builds the job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from specdec.drafters import Drafter, build_drafter
-from specdec.jobs.checks import check_before_loading
+from specdec.jobs.checks import AutoSettings, check_before_loading
 from specdec.jobs.data import encode_prompts, prompt_room
 from specdec.models import target_decoder
 from specdec.models.backend import Backend
-from specdec.models.loading import load_target, resolve_device, stop_token_ids
+from specdec.models.loading import load_target, stop_token_ids
 from specdec.verify.sampling import SamplingParams
 
 
@@ -48,29 +49,32 @@ class Job:
     max_new_tokens: int  # data.max_new_tokens
     batch_size: int  # data.batch_size
     compile: str  # target.compile: whether the target's forwards (and the drafter's own) replay graphs
+    auto: AutoSettings | None = None  # drafter.k=auto's checked settings; None for an integer drafter.k
+    calibration: list[list[int]] = field(default_factory=list)  # drafter.k=auto: its held-out prompts, encoded
 
     @classmethod
-    def build(cls, cfg: DictConfig, k: int, *, room: int | None = None, backend: Backend | None = None) -> Job:
-        """The job ``cfg`` (a decoding job's composed config) describes, its drafter built at lookahead ``k``;
-        ``room``: the lookahead the prompts leave room for (default ``k``); ``backend``: the one the target and the
-        drafter run on (None: the one ``cfg.target`` names). Every refusal that needs no model comes first."""
-        rows = check_before_loading(cfg, k, room=room)
+    def build(cls, cfg: DictConfig, *, room: int | None = None, backend: Backend | None = None) -> Job:
+        """The job ``cfg`` (a decoding job's composed config) describes, its drafter built at ``drafter.k``
+        (``drafter.k=auto``: the largest size it tries); ``room``: the lookahead the prompts leave room for (default:
+        the drafter's); ``backend``: the one the target and the drafter run on (None: the one ``cfg.target`` names).
+        Every refusal that needs no model comes first."""
+        checked = check_before_loading(cfg, room=room)
         torch.manual_seed(cfg.sampling.seed)
-        device = resolve_device(cfg.target.device)
         backend = target_backend(cfg.target) if backend is None else backend
-        target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
-        drafter = build_drafter({**cfg.drafter, "k": k}, target, tokenizer, backend)
+        target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=checked.device)
+        drafter = build_drafter({**cfg.drafter, "k": checked.k}, target, tokenizer, backend)
         context = min(cfg.target.max_context, target.config.max_position_embeddings)
         where = "target.max_context" if context == cfg.target.max_context else "max_position_embeddings"
-        limit = prompt_room(cfg.data.max_new_tokens, room or k, context, where)
+        limit = prompt_room(cfg.data.max_new_tokens, room or checked.k, context, where)
         if cfg.data.max_prompt_tokens is not None:
             limit = min(limit, cfg.data.max_prompt_tokens)
-        return cls(k=k, rows=rows, device=device, backend=backend, target=target, tokenizer=tokenizer,
-                   drafter=drafter, context=context, limit=limit,
-                   prompts=encode_prompts(tokenizer, rows, limit, context), eos=stop_token_ids(target, tokenizer),
-                   sampling=SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p),
-                   seed=cfg.sampling.seed, max_new_tokens=cfg.data.max_new_tokens, batch_size=cfg.data.batch_size,
-                   compile=cfg.target.compile)
+        prompts = encode_prompts(tokenizer, checked.rows, limit, context)
+        calibration = encode_prompts(tokenizer, checked.held_out, limit, context) if checked.auto else []
+        return cls(k=checked.k, rows=checked.rows, device=checked.device, backend=backend, target=target,
+                   tokenizer=tokenizer, drafter=drafter, context=context, limit=limit, prompts=prompts,
+                   eos=stop_token_ids(target, tokenizer), sampling=checked.sampling, seed=cfg.sampling.seed,
+                   max_new_tokens=cfg.data.max_new_tokens, batch_size=cfg.data.batch_size, compile=cfg.target.compile,
+                   auto=checked.auto, calibration=calibration)
 
     def decoder(self, graphs: bool = False) -> torch.nn.Module:
         """What the target's forwards run through, on the job's backend: with ``graphs``, graphs where

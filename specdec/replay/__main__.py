@@ -91,7 +91,7 @@ def check_replay_config(cfg: DictConfig) -> tuple[int, int]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     k, room = check_replay_config(cfg)
-    job = Job.build(cfg, k, room=room)
+    job = Job.build(cfg, room=room)
     target = job.decoder()  # eager: what the target's forwards run through
     tree = drafts_trees(job.drafter)
     sampling = asdict(job.sampling)

@@ -10,25 +10,23 @@ misses (within ~6% at batch 1 here: experiments/README.md#replay-costs-2026-11-2
 accepts as at batch 1, and the rows step together as a live batch does: each step as wide as the widest row's
 block, each batch as long as its slowest row (:func:`~specdec.replay.simulate.batched_speedup`).
 
+Its settings arrive checked before any model loads (:class:`~specdec.jobs.checks.AutoSettings`, from ``auto.*``).
 The logs and costs are cached like the replay job's (:func:`~specdec.replay.cache.cached_log`): a second run of the
 same configuration on this machine chooses in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from specdec.decode.metrics import total
 from specdec.drafters.base import Drafter
+from specdec.jobs.checks import CHAIN_KS, TREE_SIZES, AutoSettings
 from specdec.replay.cache import cached_log
 from specdec.replay.simulate import batched_speedup, replay
-
-CHAIN_KS = tuple(range(1, 9))  # the chain lookaheads tried unless told
-TREE_SIZES = (4, 8, 12, 16, 24)  # the tree sizes tried unless told (those the drafter drafts at)
+from specdec.verify.sampling import SamplingParams
 
 
 @dataclass
@@ -64,21 +62,19 @@ def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = 
     return kept
 
 
-def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, tree: bool,
-                     candidates: Sequence[int], batch_size: int, max_new_tokens: int, eos: Sequence[int],
-                     tokenizer: Any = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                     seeds: int = 1, margin: float = 0.05, directory: str | Path | None = None) -> AutoChoice:
-    """The lookahead among ``candidates`` (chain K's, or tree sizes where ``tree``) with the best decode speedup
-    predicted on ``prompts`` at a batch of ``batch_size`` rows, or 0 (plain decoding) where none reaches
-    ``1 + margin`` (see the module docstring). At temperature > 0 the replay is in expectation along ``seeds``
-    sampled continuations per prompt."""
+def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]], settings: AutoSettings, *,
+                     batch_size: int, eos: Sequence[int], tokenizer: Any = None,
+                     sampling: SamplingParams = SamplingParams()) -> AutoChoice:
+    """The lookahead among the sizes ``settings`` names (chain K's, or tree sizes where ``settings.tree``; those the
+    drafter drafts at, :func:`auto_candidates`) with the best decode speedup predicted on ``prompts`` at a batch of
+    ``batch_size`` rows, or 0 (plain decoding) where none reaches ``1 + settings.margin`` (see the module docstring).
+    At temperature > 0 the replay is in expectation along ``settings.seeds`` sampled continuations per prompt."""
+    tree, margin, candidates = settings.tree, settings.margin, auto_candidates(drafter, settings.tree, settings.ks)
     if not prompts:
         raise ValueError("k=auto needs at least one calibration prompt")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
-        raise ValueError(f"auto.margin (the predicted gain a drafter must show) must be a number >= 0, got {margin!r}")
     start = time.perf_counter()
-    common = dict(max_new_tokens=max_new_tokens, tokenizer=tokenizer, eos_token_id=list(eos), temperature=temperature,
-                  top_k=top_k, top_p=top_p, seeds=seeds, tree=tree, directory=directory, costs=True,
+    common = dict(max_new_tokens=settings.max_new_tokens, tokenizer=tokenizer, eos_token_id=list(eos),
+                  **asdict(sampling), seeds=settings.seeds, tree=tree, directory=settings.log_dir, costs=True,
                   cost_batch=batch_size, pad_id=getattr(tokenizer, "pad_token_id", None) or 0)
     choice = AutoChoice(0, margin=margin, prompts=len(prompts), batch_size=batch_size)
     logs = {}

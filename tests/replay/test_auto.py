@@ -13,7 +13,7 @@ from test_replay_job import TINY, job
 from specdec import DraftModelDrafter, NgramDrafter
 from specdec.jobs.runs import machine_description
 from specdec.replay import ReplayLog
-from specdec.replay.auto import CHAIN_KS, TREE_SIZES, auto_candidates, choose_lookahead
+from specdec.replay.auto import CHAIN_KS, TREE_SIZES, AutoSettings, auto_candidates, choose_lookahead
 from specdec.replay.cache import cached_log
 from specdec.replay.costs import CostModel
 
@@ -28,7 +28,7 @@ def models():
     return target, DraftModelDrafter(noisy_copy(target))  # a draft that is often right
 
 
-def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MACHINE, **options):
+def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MACHINE, margin: float = 0.05):
     """choose_lookahead over a log whose cost model is ``costs`` (planted in the cached file before choosing, as
     measured on ``machine``)."""
     common = dict(max_new_tokens=NEW, eos_token_id=[], directory=directory, tree=False)
@@ -37,8 +37,9 @@ def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MAC
     costs.machine = machine
     log.costs = {"1": asdict(costs)}
     log.save(path)
-    return choose_lookahead(target, drafter, PROMPTS, tree=False, candidates=[1, 2, 3, 4], batch_size=1,
-                            max_new_tokens=NEW, eos=[], directory=directory, **options)
+    settings = AutoSettings(tree=False, ks=(1, 2, 3, 4), max_new_tokens=NEW, seeds=1, margin=margin,
+                            log_dir=directory)
+    return choose_lookahead(target, drafter, PROMPTS, settings, batch_size=1, eos=[])
 
 
 def test_it_drafts_at_the_best_predicted_lookahead_where_verifying_is_nearly_free(models, tmp_path):

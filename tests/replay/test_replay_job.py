@@ -36,8 +36,9 @@ def test_every_drafter_composes(drafter):
     cfg = composed(f"drafter={drafter}", "drafter.k=3", *other)
     presets = {"cross_vocab": "draft_model"}  # a preset of another drafter (configs/drafter/cross_vocab.yaml)
     k, room = check_replay_config(cfg)
-    rows = check_before_loading(cfg, k, room=room)  # the checks the job makes before its target loads
-    assert cfg.drafter.name == presets.get(drafter, drafter) and cfg.k_max == 8 and k == 3 and len(rows) == 16
+    checked = check_before_loading(cfg, room=room)  # the checks the job makes before its target loads
+    assert cfg.drafter.name == presets.get(drafter, drafter) and cfg.k_max == 8 and k == checked.k == 3
+    assert len(checked.rows) == 16 and checked.auto is None
 
 
 def test_help_lists_the_main_jobs_groups():
