@@ -60,9 +60,7 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     choice = choose_auto(job) if job.auto else None
     sides = Sides(job, decoder, choice.k if choice else job.k)
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
-        ids, mask = left_pad(job.prompts[:1], job.pad_id, job.device)
-        sides.generate(ids, mask, job.seed, max_new_tokens=8)
-        sides.generate(ids, mask, job.seed, plain=True, max_new_tokens=8)
+        sides.warm_up()
     decoded = decode_prompts(sides, baseline=cfg.baseline,
                              desc=f"{cfg.drafter.name} k={sides.k}{' (auto)' if choice else ''}")
     return {"status": "ok", "error": None, **config_fields(cfg), **results(decoded, sides, choice)}
@@ -91,6 +89,13 @@ class Sides:
         if plain or self.k == 0:
             return autoregressive_generate(self.decoder, ids, **options)
         return speculative_generate(self.decoder, self.job.drafter, ids, k=self.k, **options)
+
+    def warm_up(self) -> None:
+        """A short generation of the first prompt on each side, untimed: one-off costs (the allocator, kernels' first
+        calls) stay out of the timings."""
+        ids, mask = left_pad(self.job.prompts[:1], self.job.pad_id, self.job.device)
+        self.generate(ids, mask, self.job.seed, max_new_tokens=8)
+        self.generate(ids, mask, self.job.seed, plain=True, max_new_tokens=8)
 
 
 @dataclass
