@@ -19,7 +19,9 @@ reports τ's gap (results: ``live_check``). The log holds one prompt per generat
 replay by a cost model measured at B rows, each row accepting as it would alone, and (the overall and per-K figures)
 its rows stepping together in batches of B as a live run's do (:func:`~specdec.replay.simulate.batched_speedup`: each
 step as wide as its widest row's block, each batch as long as its slowest row; no interval, since a batch's time does
-not split into prompts); the per-category figures time each row alone at B rows' costs.
+not split into prompts); the per-category figures time each row alone at B rows' costs. ``costs=<a step-cost
+curve>`` (``experiments/benchmarks/step_costs.py``'s JSON) times the replay by another machine's or model size's
+verify steps instead, the drafter's steps counted free: an upper bound (results: ``costs_from``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ class ReplayConfig(JobConfig):
     check_live: int = 0  # decode the first N prompts live at this point too and report τ's gap (results: live_check)
     live_seeds: int = 8  # T > 0: live runs per prompt checked (generator seeds sampling.seed + 1000 s + prompt index)
     log_dir: Optional[str] = None  # where logs are kept; null = replay/ under specdec's cache ($SPECDEC_CACHE)
-    costs: bool = True  # measure the cost model (verify time per width, live steps per K) for the speedups
+    # true: measure the cost model here (verify time per width, live steps per K) for the speedups; false: none; or a
+    # step-cost curve (experiments/benchmarks/step_costs.py's JSON: another machine's, another model size's) to time
+    # the replay by, the drafter's steps counted free (an upper bound for a drafter with a model)
+    costs: Any = True
     results_file: str = "results.json"
 
 
@@ -91,14 +96,16 @@ def check_replay_config(cfg: DictConfig) -> tuple[int, int]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     k, room = check_replay_config(cfg)
+    curve = cost_curve(cfg)
     job = Job.build(cfg, room=room)
     target = job.decoder()  # eager: what the target's forwards run through
     tree = drafts_trees(job.drafter)
     sampling = asdict(job.sampling)
     log, path, from_disk = cached_log(target, job.drafter, job.prompts, k_max=k if tree else max(k, cfg.k_max),
                                       max_new_tokens=job.max_new_tokens, tokenizer=job.tokenizer, eos_token_id=job.eos,
-                                      tree=tree, directory=cfg.log_dir, costs=cfg.costs, cost_batch=job.batch_size,
+                                      tree=tree, directory=cfg.log_dir, costs=cfg.costs is True, cost_batch=job.batch_size,
                                       pad_id=job.pad_id, seeds=[job.seed + s for s in range(cfg.seeds)], **sampling)
+    log = log.timed_by(curve) if curve else log
     start = time.perf_counter()
     spec = replay(log, k, batch_size=job.batch_size)
     replay_time = time.perf_counter() - start
@@ -128,7 +135,19 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "replay_time_s": replay_time,
         "k_max": log.k_max,
         "device": (costs.machine if costs else None) or machine_description(job.device),
+        "costs_from": str(cfg.costs) if curve else None,  # a step-cost curve: the speedups are its, upper bounds
     }
+
+
+def cost_curve(cfg: DictConfig) -> CostModel | None:
+    """``costs``: true or false (measure here, or not), or a step-cost curve's path, read and checked before any
+    model loads (:meth:`~specdec.replay.cost_model.CostModel.from_curve`)."""
+    if isinstance(cfg.costs, bool):
+        return None
+    if not isinstance(cfg.costs, str) or not cfg.costs:
+        raise ValueError(f"costs must be true, false or the path of a step-cost curve (step_costs_<shape>.json), got "
+                         f"{cfg.costs!r}")
+    return CostModel.from_curve(cfg.costs, cfg.data.batch_size)
 
 
 def replayed_figures(log: ReplayLog, spec: list[DecodeStats], costs: CostModel | None, rows, k: int, *,

@@ -52,7 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
@@ -130,6 +130,11 @@ class ReplayLog:
         """The cost model measured at a batch of ``batch_size`` rows (None: not measured)."""
         data = self.costs.get(str(batch_size))
         return None if data is None else CostModel.from_dict(data)
+
+    def timed_by(self, costs: CostModel) -> ReplayLog:
+        """This log timed by ``costs`` at its batch size (a step-cost curve's, say) in place of what was measured: a
+        copy for the replay, never saved."""
+        return replace(self, costs={str(costs.batch_size): asdict(costs)})
 
     def check(self, *, target: dict | None = None, drafter: dict | None = None, tokenizer: dict | None = None,
               k: int | None = None, sampling: dict | None = None, path: str | Path | None = None) -> None:

@@ -72,8 +72,10 @@ def format_replay_table(results: dict[str, Any]) -> str:
     covers, the best marked. A replay times no prefill and measures no wall clock: there is nothing end to end."""
     head = (f"{'category':<19}{'prompts':>8}{'α':>7}{'τ':>7}{'tok/s':>9}{'base tok/s':>11}"
             f"{'predicted (replay)':>20}{'95% CI':>12}")
-    lines = [f"{_setting(results)}, REPLAYED against plain decoding: speedup predicted from this machine's measured "
-             f"costs, decode only (no prefill); no wall clock measured", head, "-" * len(head)]
+    source = (f"the step-cost curve {results['costs_from']} ({results.get('device')}; the drafter's steps counted free: "
+              f"an upper bound)" if results.get("costs_from") else "this machine's measured costs")
+    lines = [f"{_setting(results)}, REPLAYED against plain decoding: speedup predicted from {source}, decode only "
+             f"(no prefill); no wall clock measured", head, "-" * len(head)]
     rows = list(results["per_category"].items()) + [("ALL", results)]
     for name, r in rows:
         lines.append(f"{_lead(name, r)}{r['decode_tokens_per_second']:>9.1f}"
@@ -82,7 +84,9 @@ def format_replay_table(results: dict[str, Any]) -> str:
     lines += _under_rows(results, rows)
     if "verify_step_time_s" in results:
         lines.append(f"cost model: verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
-                     f"{1000 * results['target_step_time_s']:.1f} ms, the loop's host work included in the prediction")
+                     f"{1000 * results['target_step_time_s']:.1f} ms, "
+                     + ("neither drafting nor host work in the curve" if results.get("costs_from")
+                        else "the loop's host work included in the prediction"))
     by_k = results.get("predicted_speedup_by_k")
     if by_k and len(by_k) > 1:
         best = max(by_k, key=lambda k: (by_k[k], -int(k)))

@@ -12,6 +12,8 @@ test_a_planted_bug_is_caught keeps one such bug in the suite.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import PATHS, make_markov_target, markov_blocks, markov_heads, noisy_copy, random_eagle, tiny_llama, word_tokenizer
@@ -273,3 +275,23 @@ def test_a_step_cost_curve_times_the_verify_steps_at_its_batch_size(tmp_path):
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(ValueError, match="is not a step-cost curve"):
         CostModel.from_curve(tmp_path / "other.json", 1)
+
+
+def test_the_replay_job_reads_its_costs_setting_before_any_model_loads(tmp_path):
+    """costs=true or false measures here or not; a curve's path is read (and a bad one refused) before the target
+    loads; anything else is refused naming the three forms."""
+    from omegaconf import OmegaConf
+
+    from specdec.replay.__main__ import cost_curve
+
+    def cfg(costs, batch=1):
+        return OmegaConf.create({"costs": costs, "data": {"batch_size": batch}})
+
+    assert cost_curve(cfg(True)) is None and cost_curve(cfg(False)) is None
+    curve = Path(__file__).resolve().parents[2] / "experiments/gpu/results/h200-2026-11-27/step_costs_llama-3.1-8b.json"
+    model = cost_curve(cfg(str(curve), batch=8))
+    assert model.batch_size == 8 and "SYNTHETIC" in model.machine and model.verify(16) > model.verify(1)
+    with pytest.raises(ValueError, match="costs must be true, false or the path of a step-cost curve"):
+        cost_curve(cfg(3))
+    with pytest.raises(ValueError, match="is not a step-cost curve"):
+        cost_curve(cfg(str(tmp_path / "missing.json")))
