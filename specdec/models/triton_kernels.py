@@ -226,11 +226,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
                      HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, ORDERED: tl.constexpr, GROUP: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
                      PLANT: tl.constexpr):
-    # One program: new token t of row b, the query heads sharing KV head h. It writes that token's key and
-    # value into slot lengths[b] + t (no program reads those slots: the step's keys are read from k and v),
-    # then attends, with an online softmax, to the committed slots from the cache and the step's tokens.
-    # Token m's q, k and v start at q_start, k_start, v_start + m * (q_stride or kv_stride): three tensors, or one
-    # stacked q|k|v product; with ROTATE the rotary embedding (cos, sin [M, D]) is applied to q and k as read.
+    # One program: new token t of row b, the query heads sharing KV head h. It writes the token's key and value into slot
+    # lengths[b] + t (read by no program: the step's keys come from k and v), then attends (online softmax) to the
+    # committed slots and the step's tokens. Token m's q, k, v start at q_start, k_start, v_start + m * (q_stride or
+    # kv_stride): three tensors or one q|k|v product; ROTATE applies the rotary embedding (cos, sin [M, D]) as read.
     m, h = tl.program_id(0), tl.program_id(1)
     b, t = m // new, m % new
     group = q_heads // kv_heads
