@@ -66,7 +66,8 @@ from specdec.replay.cost_model import CostModel
 from specdec.verify.sampling import SamplingParams, sample
 
 FORMAT = 3  # bumped when what a log holds changes: an older file is refused, not misread
-VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner"}  # per-generation drafter state
+VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner",  # per-generation drafter state
+            "last", "held", "capacity"}  # the block drafter's newest context; a cross-vocabulary draft's tokens, room
 
 
 class ReplayMismatchError(ValueError):

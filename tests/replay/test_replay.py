@@ -295,3 +295,15 @@ def test_the_replay_job_reads_its_costs_setting_before_any_model_loads(tmp_path)
         cost_curve(cfg(3))
     with pytest.raises(ValueError, match="is not a step-cost curve"):
         cost_curve(cfg(str(tmp_path / "missing.json")))
+
+
+@pytest.mark.parametrize("case", ["dflash", "dflash_tree", "eagle_tree"])
+def test_a_log_is_read_back_by_the_drafter_as_built(case, models, tmp_path):
+    """A log names the drafter as it was built, not the state a generation left in it (the block drafter's newest
+    context, a tensor after its first step): a later run with the same drafter reads it back."""
+    target, make, k_max = CASES[case]
+    options = dict(k_max=k_max, max_new_tokens=8, eos_token_id=[], directory=tmp_path)
+    drafter = make(models)
+    log, _, from_disk = cached_log(models[target], drafter, PROMPTS[:2], **options)
+    again, _, read = cached_log(models[target], drafter, PROMPTS[:2], **options)  # after the logging pass's steps
+    assert not from_disk and read and again.drafter == log.drafter
