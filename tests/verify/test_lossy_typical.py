@@ -69,9 +69,9 @@ def test_typical_acceptance_at_temperature_1_is_rejected_by_the_exactness_test(m
 def test_typical_acceptance_is_explicit_and_marked_lossy(tiny_target):
     weight = tiny_target.lm_head.weight
     assert MedusaDrafter.Config().acceptance == "exact"
-    assert not MedusaDrafter(random_heads(), weight, PATHS).lossy
+    assert not MedusaDrafter(random_heads(), weight, PATHS).traits.lossy
     drafter = MedusaDrafter(random_heads(), weight, PATHS, acceptance=TypicalAcceptance(0.05, 0.2))
-    assert drafter.lossy and drafter.acceptance == TypicalAcceptance(0.05, 0.2)
+    assert drafter.traits.lossy and drafter.traits.acceptance == TypicalAcceptance(0.05, 0.2)
     with pytest.raises(ValueError, match="acceptance must be 'exact' or 'typical'.*'typcal'"):
         MedusaDrafter(random_heads(), weight, PATHS, acceptance="typcal")
 
