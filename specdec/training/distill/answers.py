@@ -119,12 +119,13 @@ def answer_shard(target, prompts: list[list[int]], max_new_tokens: int, batch_si
     return out
 
 
-def hidden_states(target, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def hidden_states(target, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Every layer's hidden states of ``ids`` [B, T] (embeddings first, the final norm's output last), from the
     transformer body alone: the LM head's logits, most of a forward's cost for a large vocabulary (Gemma's 262k
-    rows), are not needed."""
+    rows), are not needed. ``mask`` [B, T]: 1 where a row's token is (None: every position)."""
     body = getattr(target, "base_model", target)
-    return body(ids, output_hidden_states=True).hidden_states
+    options = {} if mask is None else {"attention_mask": mask}
+    return body(ids, output_hidden_states=True, **options).hidden_states
 
 
 @torch.no_grad()
@@ -135,12 +136,20 @@ def layer_features(target, seq: Sequence, layers: tuple[int, ...], context: bool
     positions before."""
     ids = torch.cat([seq.context, seq.tokens[:-1]])[None].to(target.device)  # [1, c + n - 1]
     states = hidden_states(target, ids)  # (layers + 1) x [1, c + n - 1, H]
+    return _read_row(seq, states, 0, ids.shape[1], layers, context)
+
+
+def _read_row(seq: Sequence, states: tuple[torch.Tensor, ...], row: int, end: int, layers: tuple[int, ...],
+              context: bool) -> torch.Tensor | None:
+    """Row ``row`` of a teacher-forced forward's ``states`` (its positions before ``end`` are ``seq``'s): the
+    ``layers`` along ``seq``'s tokens ([n, L, H]; None without layers), and with ``context`` its ``context_hidden``
+    (and ``context_features``) at the positions before."""
     first = seq.context.numel() - 1  # the position that predicted tokens[0]
     if context:
-        seq.context_hidden = states[-1][0, :first].float().cpu()
+        seq.context_hidden = states[-1][row, :first].float().cpu()
         if layers:
-            seq.context_features = torch.stack([states[layer][0, :first] for layer in layers], 1).float().cpu()
-    return torch.stack([states[layer][0, first:] for layer in layers], 1).float().cpu() if layers else None
+            seq.context_features = torch.stack([states[layer][row, :first] for layer in layers], 1).float().cpu()
+    return torch.stack([states[layer][row, first:end] for layer in layers], 1).float().cpu() if layers else None
 
 
 @torch.no_grad()
@@ -158,17 +167,9 @@ def batch_features(target, seqs: list[Sequence], layers: tuple[int, ...], contex
     mask = torch.zeros(len(rows), width, dtype=torch.long)  # [B, W]: 1 where a sequence's token is
     for i, row in enumerate(rows):
         ids[i, : row.numel()], mask[i, : row.numel()] = row, 1
-    body = getattr(target, "base_model", target)
-    states = body(ids.to(target.device), attention_mask=mask.to(target.device),
-                  output_hidden_states=True).hidden_states  # (layers + 1) x [B, W, H]
+    states = hidden_states(target, ids.to(target.device), mask.to(target.device))  # (layers + 1) x [B, W, H]
     for i, (seq, row) in enumerate(zip(seqs, rows)):
-        first, end = seq.context.numel() - 1, row.numel()  # the position that predicted tokens[0]; the row's end
-        if context:
-            seq.context_hidden = states[-1][i, :first].float().cpu()
-            if layers:
-                seq.context_features = torch.stack([states[layer][i, :first] for layer in layers], 1).float().cpu()
-        seq.features = (torch.stack([states[layer][i, first:end] for layer in layers], 1).float().cpu()
-                        if layers else None)
+        seq.features = _read_row(seq, states, i, row.numel(), layers, context)
 
 
 def text_sequences(target, texts: list[list[int]], seq_len: int, layers: tuple[int, ...] = (),
