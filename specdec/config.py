@@ -37,7 +37,8 @@ class TargetConfig:
     # CPU: stream weights that are 4- or 8-bit codes with per-block scales (a dequantised GGUF model, as the
     # embedded default is) as those codes, 0.75-1.1 bytes a weight, the products bit for bit the same; false =
     # their float32 values (4 bytes: the memory-bound regime, where verifying a few extra tokens is nearly free).
-    # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")).
+    # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")); a draft
+    # model with another tokenizer, a model of its own, streams its codes either way.
     coded_weights: bool = True
     # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (eight kernels a
     # layer, specdec.models.gpu_kernels); false = torch's ops (the reference; ~1,400 kernels a step for SmolLM2-135M)

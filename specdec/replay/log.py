@@ -66,8 +66,9 @@ from specdec.replay.cost_model import CostModel
 from specdec.verify.sampling import SamplingParams, sample
 
 FORMAT = 3  # bumped when what a log holds changes: an older file is refused, not misread
-VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner",  # per-generation drafter state
-            "last", "held", "capacity"}  # the block drafter's newest context; a cross-vocabulary draft's tokens, room
+# per-generation drafter state, left out of a drafter's identity: its caches, counters, graphs and wrapped drafter, the
+# block drafter's newest context, a cross-vocabulary draft's held tokens, room and text origins
+VOLATILE = {"cache", "forwards", "length", "proposed", "graphs", "config", "inner", "last", "held", "capacity", "origins"}
 
 
 class ReplayMismatchError(ValueError):

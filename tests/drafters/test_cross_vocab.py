@@ -163,6 +163,43 @@ def test_a_left_padded_batch_gives_each_rows_plain_output(pair, rule):
     assert out.stats.mean_accepted_length > 1.5
 
 
+@pytest.mark.parametrize("rule", ["string", "intersection"])
+def test_a_window_reads_the_prompts_last_tokens_and_keeps_the_output(pair, rule):
+    """drafter.window: the draft's first forward covers the prompt's last N tokens of its own, not the whole prompt;
+    the origin stays for the generation, so later steps feed only what is new; greedy output is the target's."""
+    target, t_tok, draft, d_tok, _ = pair
+    prompt = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(2))
+    whole, windowed = (CrossVocabDrafter(draft, d_tok, t_tok, rule=rule, window=n) for n in (0, 12))
+    state = SimpleNamespace(tokens=prompt.tolist())
+    assert windowed._contexts(state)[0] == whole._contexts(state)[0][-12:]
+    fed = []
+    feed = windowed._feed
+    windowed._feed = lambda rows, kv_len: fed.append(max(map(len, rows))) or feed(rows, kv_len)
+    plain = autoregressive_generate(target, prompt, max_new_tokens=24, eos_token_id=[]).sequences
+    out = speculative_generate(target, windowed, prompt, k=4, max_new_tokens=24, eos_token_id=[])
+    assert out.sequences == plain and out.stats.mean_accepted_length > 1.5
+    assert fed[0] == 12 and max(fed[1:]) < 12  # the window, then each step's new text only (the origin stays)
+    with pytest.raises(ValueError, match="drafter.window must be an integer >= 0"):
+        CrossVocabDrafter(draft, d_tok, t_tok, window=-1)
+
+
+def test_a_draft_with_another_tokenizer_streams_its_codes_whatever_the_targets_format(pair):
+    """target.coded_weights=false sets the target's weights to float32 values; the draft model, a model of its own, is
+    built on the codes backend all the same (the same products: only its step's cost changes); window passes through,
+    and a same-tokenizer draft refuses a window."""
+    from specdec.drafters.draft_model.drafter import DraftModelDrafter
+    from specdec.errors import VocabMismatchError
+    from specdec.models.backend import Backend
+
+    _, t_tok, draft, d_tok, _ = pair
+    config = DraftModelDrafter.Config(path="a-draft", window=5)
+    drafter = DraftModelDrafter._cross_vocab(config, "a-draft", draft, d_tok, t_tok, VocabMismatchError("differ"),
+                                             Backend(weights="float"))
+    assert drafter.decoder.backend.weights == "codes" and drafter.window == 5
+    with pytest.raises(ValueError, match="drafter.window=5 applies to a draft with another tokenizer"):
+        DraftModelDrafter._no_window(config, "a-draft")
+
+
 def test_sampling_through_the_intersection_is_exact(pair):
     target, t_tok, draft, d_tok, _ = pair
     drafter = CrossVocabDrafter(draft, d_tok, t_tok, rule="intersection")

@@ -19,6 +19,11 @@ Two rules turn the draft's tokens into target tokens the verifier checks:
   this one reaches text the intersection cannot.
 
 ``auto`` takes ``string`` under greedy decoding and ``intersection`` when sampling.
+
+**Window.** With ``window`` = N > 0 the draft reads each row's text from the start of the prompt's last N draft tokens
+on: its first forward, a prefill of the prompt as costly as the target's own (a draft half the target's size), then
+covers N tokens, not the whole prompt. The origin is fixed for the generation, so every later step keeps the cache's
+prefix as before. What the draft reads changes the drafts only, never the output.
 """
 
 from __future__ import annotations
@@ -43,13 +48,19 @@ class CrossVocabDrafter(ModelDrafter):
     """``model`` (a causal LM or decoder) drafting through ``vocab_map`` for a target with another tokenizer."""
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, target_tokenizer: Any, *, rule: str = "auto",
-                 schedule: str = "constant", vocab_map: VocabMap | None = None, backend: Backend = Backend()):
+                 schedule: str = "constant", window: int = 0, vocab_map: VocabMap | None = None,
+                 backend: Backend = Backend()):
         if rule not in RULES:
             raise ValueError(f"drafter.cross_vocab must be one of {list(RULES) + ['off']}, got {rule!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"drafter.window must be an integer >= 0 (the draft tokens of the prompt the draft reads; "
+                             f"0 = all), got {window!r}")
         super().__init__(model, schedule=schedule, backend=backend)
         if vocab_map is None:
             vocab_map = VocabMap(draft_tokenizer, target_tokenizer, draft_size=self.decoder.vocab_size)
         self.tokenizer, self.target_tokenizer, self.rule = draft_tokenizer, target_tokenizer, rule
+        self.window = window
+        self.origins: list[int] = []  # per row, the character its draft text starts at (set at a generation's first step)
         vocab_map.check()
         self.use_map(vocab_map)
         # the draft runs eagerly: its catch-up forwards take as many tokens as the text re-tokenised gives, a shape per
@@ -90,12 +101,28 @@ class CrossVocabDrafter(ModelDrafter):
         self.capacity = 2 * state.capacity + 64
         self.cache = self.decoder.new_cache(batch, self.capacity, torch.zeros(batch, dtype=torch.long, device=device))
         self.held = [[] for _ in range(batch)]
+        self.origins = []
         self.length = None
 
     def _contexts(self, state: DecodeState) -> list[list[int]]:
-        """Each row's committed text as the draft tokenises it (its BOS first where its tokenizer adds one)."""
+        """Each row's committed text from its origin on as the draft tokenises it (its BOS first where its tokenizer
+        adds one)."""
         texts = [complete_utf8(self.map.target_text(tokens))[0] for tokens in state.tokens]
-        return [self.tokenizer.encode(text, add_special_tokens=True) for text in texts]
+        if len(self.origins) != len(texts):  # a generation's first step
+            self.origins = [self._origin(text) for text in texts]
+        return [self.tokenizer.encode(text[origin:], add_special_tokens=True)
+                for text, origin in zip(texts, self.origins)]
+
+    def _origin(self, text: str) -> int:
+        """Where a row's draft text starts: the first character of the last ``window`` draft tokens of ``text``
+        (0: all of it, or no window)."""
+        if not self.window:
+            return 0
+        try:
+            spans = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        except NotImplementedError:  # a slow tokenizer: about four characters a token
+            return max(0, len(text) - 4 * self.window)
+        return spans[-self.window][0] if len(spans) > self.window else 0
 
     def _catch_up(self, contexts: list[list[int]]) -> torch.Tensor:
         """Bring each row's draft cache to its context, keeping the prefix it shares with what the cache holds (a

@@ -23,7 +23,7 @@ zero outside those N tokens, which exact verification allows: such tokens are ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -80,6 +80,9 @@ class DraftModelDrafter(ModelDrafter):
         # under greedy decoding, the token-level intersection when sampling; intersection | string force one
         # (string: greedy only); off = refuse another tokenizer. A same-tokenizer draft ignores it.
         cross_vocab: str = "auto"
+        # A draft with another tokenizer reads each prompt from its last N tokens of its own on (0 = all of it): its
+        # first forward, the prompt's prefill, costs as much as the target's own for a draft half the target's size
+        window: int = 0
 
         def check(self, job) -> None:
             """Refused before any model loads: a rule or schedule that does not exist, the string rule when
@@ -88,6 +91,9 @@ class DraftModelDrafter(ModelDrafter):
             if self.cross_vocab not in CROSS_VOCAB_RULES:
                 raise ValueError(f"drafter.cross_vocab must be one of {list(CROSS_VOCAB_RULES)}, got "
                                  f"{self.cross_vocab!r}")
+            if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+                raise ValueError(f"drafter.window must be an integer >= 0 (the prompt's last tokens a draft with another "
+                                 f"tokenizer reads; 0 = all), got {self.window!r}")
             if self.schedule not in DraftModelDrafter.SCHEDULES:
                 raise ValueError(f"drafter.schedule must be one of {list(DraftModelDrafter.SCHEDULES)}, got "
                                  f"{self.schedule!r}")
@@ -122,6 +128,7 @@ class DraftModelDrafter(ModelDrafter):
                                         f"from {str(path)!r} (a broken install?); reinstall specdec, or train one with "
                                         f"`python -m specdec.train method=draft_model` and point drafter.path at it")
         if student:
+            cls._no_window(cfg, path)
             drafter = cls(load_student(path, target), **cls._options(cfg, path), backend=backend)
             return drafter.rounded(cfg.weight_bits, target)
         if not early_exit and looks_like_path(path) and not Path(path).expanduser().is_dir():
@@ -147,8 +154,16 @@ class DraftModelDrafter(ModelDrafter):
                 check_same_vocab(tokenizer, draft_tokenizer)
             except VocabMismatchError as mismatch:
                 return cls._cross_vocab(cfg, path, model, draft_tokenizer, tokenizer, mismatch, backend)
+        cls._no_window(cfg, path)
         drafter = cls(model, num_layers=num_layers, confidence=cfg.confidence, schedule=cfg.schedule, backend=backend)
         return drafter.rounded(cfg.weight_bits, target)
+
+    @staticmethod
+    def _no_window(cfg, path) -> None:
+        """A same-tokenizer draft reads the target's own tokens, all of them: drafter.window is refused."""
+        if cfg.window:
+            raise ValueError(f"drafter.window={cfg.window} applies to a draft with another tokenizer than the target's; "
+                             f"drafter.path={path!r} shares the target's: leave drafter.window at 0")
 
     @classmethod
     def _cross_vocab(cls, cfg, path, model, draft_tokenizer, tokenizer, mismatch: VocabMismatchError,
@@ -165,8 +180,11 @@ class DraftModelDrafter(ModelDrafter):
         if cfg.confidence or cfg.num_layers is not None or cfg.weight_bits is not None:
             raise ValueError(f"drafter.confidence, num_layers and weight_bits apply to a same-tokenizer draft; "
                              f"drafter.path={path!r} drafts across vocabularies ({names}): leave them at 0 / null")
+        # a model of its own: its weights stream as their codes where they are codes, whatever target.coded_weights
+        # chose for the target's (the same products, so the same drafts; over float32 values a draft step costs about
+        # half a float32 Gemma-3-270M step, over SmolLM2's codes a fifth)
         return CrossVocabDrafter(model, draft_tokenizer, tokenizer, rule=cfg.cross_vocab, schedule=cfg.schedule,
-                                 backend=backend)
+                                 window=cfg.window, backend=replace(backend, weights="codes"))
 
     def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
         """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;
