@@ -129,6 +129,19 @@ def test_the_table_names_the_drafter_its_lookahead_and_which_speedup_it_shows():
     assert auto.startswith("ngram, k=0 chosen by drafter.k=auto (plain decoding) against plain decoding")
 
 
+def test_a_run_slower_than_plain_decoding_points_to_k_auto():
+    """A fixed lookahead that lost (0.77x: n-gram K=4 at batch 4), end to end or decode only, says so under the table
+    and names drafter.k=auto; a run that gained, or one where k=auto chose, does not."""
+    from specdec.report.table import format_table
+
+    hint = [line for line in format_table(table_results(speedup=0.77)).splitlines() if "drafter.k=auto chooses" in line]
+    assert len(hint) == 1 and hint[0].startswith("speculative decoding ran at 0.77x plain decoding here")
+    assert "drafter.k=auto chooses" not in format_table(table_results())
+    assert "ran at 0.69x plain decoding" in format_table(table_results(speedup=0.94, decode_speedup=0.69))
+    chose = {"k": 0, "predicted_speedup": {1: 0.7}, "prompts": 8, "seconds": 60.0}
+    assert "drafter.k=auto chooses" not in format_table(table_results(speedup=0.9, k="auto", k_chosen=0, auto=chose))
+
+
 def test_the_table_shows_end_to_end_and_decode_only_figures():
     """Tokens/s and speedup end to end (the prompt's prefill included) and decode only (left out), named so over
     the columns, from results.json's keys; the prefill's share of the time under the table."""
