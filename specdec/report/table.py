@@ -124,8 +124,8 @@ def _under_rows(results: dict[str, Any], rows: list[tuple[str, dict[str, Any]]])
         measured.pop()
     pos = ", ".join(f"{a:.2f}" for a in measured)
     return ["95% CI: the speedup's interval over its prompts, resampled (a bootstrap)"
-            + ("; * fewer than 3 prompts: no interval, too few to tell the speedup from noise"
-               if any(r.get("few_prompts") for _, r in rows) else ""),
+            + ("; * fewer than 3 prompts (at a batch > 1: batches, the unit timed): no interval, too few to tell the "
+               "speedup from noise" if any(r.get("few_prompts") for _, r in rows) else ""),
             f"acceptance per position: [{pos}]   cost ratio c = {results['cost_ratio']:.3f}   on {results['device']}"]
 
 

@@ -192,7 +192,7 @@ def test_the_main_job_gives_each_speedup_its_interval_and_marks_categories_of_fe
     assert code[1] == "3" and code[7] == "{:.2f}-{:.2f}x".format(*results["per_category"]["humaneval/code"]
                                                                   ["speedup_interval"])
     assert rows["ALL"][7] == "{:.2f}-{:.2f}x".format(*results["speedup_interval"])
-    assert "* fewer than 3 prompts: no interval" in table
+    assert "* fewer than 3 prompts (at a batch > 1: batches, the unit timed): no interval" in table
 
 
 def test_summarize_gives_end_to_end_and_decode_only_rates():
