@@ -25,6 +25,7 @@ floor is those bytes over the GPU's read bandwidth, measured here by a short pro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -235,6 +236,11 @@ def main() -> None:
         drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
+    def read_each_step(drafter):  # a device-only drafter read back before each next step, as every drafter was
+        if drafter is not UNBUILT and drafter is not None:
+            drafter.traits = dataclasses.replace(drafter.traits, device_only=False)
+        return drafter
+
     def draft_model(graphs: bool):  # the shipped distilled draft, 8192-token head; its own forwards eager or graphed
         if "draft_model" in args.skip:
             return None
@@ -284,6 +290,14 @@ def main() -> None:
                                      MedusaDrafter.Config().k),
         "medusa fixed tree graphs, torch ops": (target("medusa fixed graphs, torch ops"),
                                                 medusa(True, min_confidence=0.0), MedusaDrafter.Config().k),
+        # the fixed tree without the lookup branch drafts from the device alone: read a step late (engine._pipelined_steps)
+        "medusa fixed tree K=31 on the device, graphs": (target("medusa device graphs"),
+                                                         medusa(True, min_confidence=0.0, lookup=0), 31),
+        "medusa fixed tree K=15 on the device, graphs": (target("medusa device 15 graphs"),
+                                                         medusa(True, min_confidence=0.0, lookup=0), 15),
+        "medusa fixed tree K=31 on the device, graphs, each step read": (
+            target("medusa device graphs, each step read"),
+            read_each_step(medusa(True, min_confidence=0.0, lookup=0)), 31),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
         "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(False),
@@ -353,7 +367,8 @@ def main() -> None:
         padded = [tuple(t.to(device) for t in left_pad(g, pad_id=tokenizer.pad_token_id)) for g in groups]
         batched = {f"{name} batch {args.batch}": methods[name] for name in
                    ("plain eager", "plain graphs", "plain graphs, each step read before the next",
-                    "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs")
+                    "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs",
+                    "medusa fixed tree K=15 on the device, graphs", "medusa fixed tree K=31 on the device, graphs")
                    if name in stats}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)

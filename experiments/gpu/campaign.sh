@@ -12,7 +12,8 @@
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
 # QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c \
-# bash experiments/gpu/campaign.sh).
+# bash experiments/gpu/campaign.sh). STEPS, when set, names the steps to run (e.g. STEPS="bench_bf16 bench_exact tests"),
+# in the order below.
 set -u
 BUDGET=${BUDGET:-560}
 PROMPTS=${PROMPTS:-6}
@@ -25,6 +26,7 @@ start=$SECONDS
 step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/NAME.log, within the budget
     local name=$1 limit=$2 began=$SECONDS
     shift 2
+    if [[ -n ${STEPS:-} && " $STEPS " != *" $name "* ]]; then echo "== $name: not in STEPS"; return; fi
     local left=$((BUDGET - (SECONDS - start) - 5))
     ((left < limit)) && limit=$left
     if ((limit < 30)); then echo "== $name: skipped, ${left}s of the budget left"; return; fi
@@ -47,8 +49,8 @@ read -r -a skip <<<"${SKIP:-eager draft_model}"
 step tests 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
-step bench_exact 120 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --exact-numerics \
-    --skip eager draft_model transformers torch --out "$OUT/exact"
+step bench_exact 180 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --exact-numerics \
+    --skip eager draft_model transformers torch read K=15 --out "$OUT/exact"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
 step profile_step 60 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"

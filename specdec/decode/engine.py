@@ -357,13 +357,15 @@ def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, ma
     state.features = step.features
 
 
-PIPELINED_DEVICES = ("cuda",)  # where plain decoding reads each step one step late (tests add "cpu")
+PIPELINED_DEVICES = ("cuda",)  # where a step is read back one step late (tests add "cpu")
 
 
 def _pipelined(decoder, drafter: Drafter) -> bool:
-    """Whether :func:`_plain_steps` runs the loop: plain decoding (a :class:`NoDrafter` itself, not a subclass that
-    observes the steps), on a device where the host's work can run beside the device's."""
-    return type(drafter) is NoDrafter and decoder.device.type in PIPELINED_DEVICES
+    """Whether :func:`_pipelined_steps` runs the loop: plain decoding (a :class:`NoDrafter` itself, not a subclass that
+    observes the steps) or a drafter that proposes from the device's state alone (``traits.device_only``), on a
+    device where the host's work can run beside the device's."""
+    reads_device_only = type(drafter) is NoDrafter or drafter.traits.device_only
+    return reads_device_only and decoder.device.type in PIPELINED_DEVICES
 
 
 def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
@@ -373,9 +375,7 @@ def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Reque
     while any(state.active):
         with timer("drafter_time_s"):
             proposal = drafter.propose(state, k)
-        width = proposal.tokens.shape[1]
-        if width > k:
-            raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
+        width = _checked_width(proposal, drafter, k)
         with timer("target_time_s"):
             step = verify_step(decoder, cache, state, proposal, rule, request.capture)
             # the one sync per step: the accepted counts and the emitted tokens in one read
@@ -392,20 +392,30 @@ def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Reque
             drafter.observe(state)
 
 
+def _checked_width(proposal: Proposal, drafter: Drafter, k: int) -> int:
+    width = proposal.tokens.shape[1]
+    if width > k:
+        raise RuntimeError(f"{type(drafter).__name__} proposed {width} tokens, more than k={k}")
+    return width
+
+
 class _Readback:
     """A step's results ([R, B] long) copied to the host without waiting for them: into one of two pinned buffers in
-    turn, an event recorded after the copy; :meth:`send` returns the function that waits for that event and reads
-    them (on CPU the copy has already happened)."""
+    turn (per R), an event recorded after the copy; :meth:`send` returns the function that waits for that event and
+    reads them (on CPU the copy has already happened)."""
 
-    def __init__(self, rows: int, batch_size: int, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.buffers = [torch.empty(rows, batch_size, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
+    def __init__(self, batch_size: int, device: torch.device):
+        self.cuda, self.batch_size = device.type == "cuda", batch_size
+        self.buffers: dict[int, list[torch.Tensor]] = {}
         self.events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []  # made once: a driver call each
         self.turn = 0
 
-    def send(self, *rows: torch.Tensor):  # -> () -> list[list[int]]
-        buffer = self.buffers[self.turn]
-        buffer.copy_(torch.stack(rows), non_blocking=self.cuda)
+    def send(self, rows: torch.Tensor):  # rows [R, B] long -> () -> list[list[int]]
+        if rows.shape[0] not in self.buffers:
+            self.buffers[rows.shape[0]] = [torch.empty(rows.shape[0], self.batch_size, dtype=torch.long,
+                                                       pin_memory=self.cuda) for _ in range(2)]
+        buffer = self.buffers[rows.shape[0]][self.turn]
+        buffer.copy_(rows, non_blocking=self.cuda)
         if not self.cuda:
             self.turn ^= 1
             return buffer.tolist
@@ -430,51 +440,72 @@ def _plain_counts(step: StepResult, live: torch.Tensor, left: torch.Tensor, eos:
     return count
 
 
-def _plain_steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
-                 timer: _PhaseTimer, out: list[list[int]], k: int, rule: AcceptanceRule) -> None:
-    """Plain decoding's steps, each read back after the next is launched: the kept counts are worked out on the
-    device (:func:`_plain_counts`), so the host's bookkeeping of a step runs while the device computes the next
-    one. The host launches a step while a row it knows to be decoding may still emit after the step in flight;
-    a step launched after every row's EOS (at most one a generation) is discarded unread, its time in the wall
-    time (and, sampling, its draw from the generator). Outputs and counts are :func:`_steps`' (checked: the
-    counts the device committed must be those the host emits)."""
+def _drafted_counts(step: StepResult, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """A speculative step's kept counts [B] worked out on the device, as :func:`_emit` does on the host: each ``live``
+    row keeps its accepted drafts and the next token, cut after its first EOS and at ``left``; ``live`` and ``left``
+    move in place (as :func:`_plain_counts`, which it equals for a step that drafted nothing)."""
+    width = step.emitted.shape[1]
+    position = torch.arange(width, device=left.device)
+    stops = (step.emitted[..., None] == eos).any(-1)  # [B, E]
+    first_stop = torch.where(stops, position, width).amin(1)  # [B]: the first EOS's place (width: none)
+    count = torch.minimum(torch.minimum(step.num_accepted + 1, first_stop + 1), left) * live
+    left -= count
+    live &= (first_stop >= count) & (left > 0)
+    return count
+
+
+def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
+                     timer: _PhaseTimer, out: list[list[int]], k: int, rule: AcceptanceRule) -> None:
+    """The steps of plain decoding, or of a drafter that proposes from the device's state alone, each read back after
+    the next is launched: the kept counts are worked out on the device (:func:`_plain_counts`,
+    :func:`_drafted_counts`), so the host's bookkeeping of a step runs while the device computes the next one. The
+    host launches a step while a row it knows to be decoding may still emit after the step in flight; a step launched
+    after every row's EOS (at most one a generation) is discarded unread, its time in the wall time (and, sampling,
+    its draw from the generator). The host's bound on the rows' lengths grows by each step's width, clamped to the
+    capacity (graphs attend over the whole cache). Outputs and counts are :func:`_steps`' (checked: the counts the
+    device committed must be those the host emits)."""
     device = state.seq.device
     live = torch.tensor(state.active, device=device)
     left = torch.tensor([request.max_new_tokens - len(row) for row in out], device=device)
     eos = torch.tensor(sorted(request.eos), dtype=torch.long, device=device)
-    readback, pending = _Readback(2, len(out), device), None
+    readback, pending = _Readback(len(out), device), None
     while True:
         launched = None
         if any(on and request.max_new_tokens - len(row) > (pending is not None) for on, row in zip(state.active, out)):
             with timer("drafter_time_s"):
                 proposal = drafter.propose(state, k)
+            width = _checked_width(proposal, drafter, k)
             with timer("target_time_s"):
                 step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            count = _plain_counts(step, live, left, eos)
-            _commit(cache, state, step, count, state.max_seq_len + 1)
-            launched = readback.send(step.next_tokens, count)
+            counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
+            count = counted(step, live, left, eos)
+            _commit(cache, state, step, count, min(state.capacity, state.max_seq_len + step.emitted.shape[1]))
+            read = readback.send(torch.cat([step.num_accepted[None], count[None], step.emitted.T]))
+            launched = (read, proposal.num_proposed or [width] * len(out),
+                        None if proposal.tree is None else proposal.tree.max_depth)
         if pending is not None:
-            _read_plain(pending(), state, out, request, stats)
+            _read_step(*pending, state, out, request, stats)
         if launched is None:
             return
         pending = launched
 
 
-def _read_plain(read: list[list[int]], state: DecodeState, out: list[list[int]], request: _Request,
-                stats: DecodeStats) -> None:
-    """The host's bookkeeping of a plain step read back (``read``: its next tokens and the counts the device kept)."""
-    tokens, committed = read
-    nothing = [0] * len(out)
+def _read_step(read, num_proposed: list[int], depth: int | None, state: DecodeState, out: list[list[int]],
+               request: _Request, stats: DecodeStats) -> None:
+    """The host's bookkeeping of a step read back (``read`` gives its accepted drafts, the counts the device kept and
+    the emitted tokens, position by position; ``num_proposed`` and ``depth`` as the step was launched)."""
+    accepted, committed, *emitted = read()
     if any(state.active):
         stats.target_forwards += 1
-        stats.record_step(nothing, nothing, state.active)
-        counts = _emit(state, out, nothing, [[t] for t in tokens], request.eos, request.max_new_tokens)
+        stats.record_step(num_proposed, accepted, state.active, depth)
+        counts = _emit(state, out, accepted, [list(row) for row in zip(*emitted)], request.eos,
+                       request.max_new_tokens)
         stats.new_tokens += sum(counts)
     else:  # launched after every row's EOS: discarded
-        counts = nothing
+        counts = [0] * len(out)
     if counts != committed:
-        raise RuntimeError(f"plain decoding's device-side counts {committed} differ from the host's {counts}: the "
-                           f"cache committed other tokens than the output keeps")
+        raise RuntimeError(f"the device-side counts {committed} differ from the host's {counts}: the cache "
+                           f"committed other tokens than the output keeps")
 
 
 @torch.no_grad()
@@ -504,7 +535,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     with timer("drafter_time_s"):
         drafter.start(state)
     # 3) Steps: propose -> verify (device) -> one sync -> emit (host) -> commit -> the drafter observes.
-    steps = _plain_steps if _pipelined(decoder, drafter) else _steps
+    steps = _pipelined_steps if _pipelined(decoder, drafter) else _steps
     steps(decoder, cache, state, drafter, request, stats, timer, out, k, rule)
     # 4) Totals.
     timer.close()

@@ -236,6 +236,38 @@ class _Twins:
         self.eager.observe(state), self.graphed.observe(state)
 
 
+def test_a_device_only_medusa_tree_read_a_step_late_on_graphs_equals_plain(graph_device, monkeypatch):
+    """Medusa's fixed tree without the lookup branch drafts from the device alone, so on a GPU each step is read back
+    after the next is launched (engine._pipelined_steps): through the graphed target and the heads' graph, batch 1
+    and 3, with and without an EOS, the outputs are plain decoding's and the counts those of the loop that reads
+    every step."""
+    from helpers import PATHS, random_heads
+
+    from specdec.decode import engine
+    from specdec.drafters.medusa import MedusaDrafter
+
+    model = tiny_llama(layers=3, seed=0).to(graph_device)
+    graphed = _graphed(model)
+    drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS,
+                            backend=_backend(model))
+    drafter.runtime.replay_graphs("auto")
+    assert drafter.traits.device_only
+    for batch in (PROMPTS[:1], PROMPTS):
+        ids, mask = (t.to(graph_device) for t in left_pad(batch))
+        free = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+        for eos in ([], [free.sequences[0][9]]):
+            ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24,
+                                          eos_token_id=eos)
+            runs = []
+            for devices in ((), ("cpu", "cuda")):
+                monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
+                out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=len(PATHS), max_new_tokens=24,
+                                           eos_token_id=eos)
+                runs.append((out.sequences, out.stats.target_forwards, out.stats.accepted_tokens))
+            assert runs[0] == runs[1] and runs[0][0] == ref.sequences
+            assert runs[0][2] > 0
+
+
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
                                         (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
                          ids=["chain", "tree", "dynamic-tree"])

@@ -153,7 +153,8 @@ class MedusaDrafter(Drafter):
         # a tree drafts at its lookup nodes and at least one of its paths; a chain at one head per draft at most
         sizes = (range(1, heads.num_heads + 1) if self.paths is None
                  else range(lookup + 1, lookup + len(self.paths) + 1))
-        self.traits = Traits(acceptance=acceptance, sizes=sizes)
+        # a fixed tree or chain without the lookup branch is drafted from the target's hidden state alone, on the device
+        self.traits = Traits(acceptance=acceptance, sizes=sizes, device_only=min_confidence == 0 and lookup == 0)
         # a tree is drafted by replayed graphs of the heads' work (specdec.drafters.medusa.candidates): a fixed tree in
         # one graph, a dynamic one a graph per level; compiled or not, the same graphs (the heads are a few small
         # products). Chains (which sample inside) stay eager.
