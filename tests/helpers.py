@@ -455,3 +455,21 @@ def fused_backend(kernels: str):
     if not (gpu_kernels.available() and gpu_kernels.interpreted()):
         pytest.skip("Triton's interpreter is not on here (Triton missing, or a GPU present)")
     return Backend.interpreted_gpu()
+
+
+def read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos, max_new_tokens=12, **sampling):
+    """A speculative run read back each step, then one read a step late (engine._pipelined_steps, as on a GPU): each
+    run's outputs and the counts that do not depend on the clock. ``sampling`` with a temperature: each run draws
+    from its own generator seeded alike."""
+    from specdec.decode import engine
+
+    runs = []
+    for devices in ((), ("cpu", "cuda")):
+        monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
+        seeded = {"generator": torch.Generator(ids.device).manual_seed(3)} if sampling else {}
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=max_new_tokens,
+                                   eos_token_id=eos, **sampling, **seeded)
+        stats = out.stats
+        runs.append((out.sequences, (stats.target_forwards, stats.new_tokens, stats.verify_steps,
+                                     stats.verified_tokens, stats.accepted_tokens, stats.proposed_tokens)))
+    return runs

@@ -248,10 +248,10 @@ def main() -> None:
         drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
-    def dflash(graphs: bool):  # the shipped block drafter; its catch-up and block forward eager or replaying graphs
+    def dflash(graphs: bool, **settings):  # the shipped block drafter; its catch-up and block forward eager or graphed
         if "dflash" in args.skip:
             return None
-        drafter = DFlashDrafter.from_config(DFlashDrafter.Config(), target=model)
+        drafter = DFlashDrafter.from_config(DFlashDrafter.Config(**settings), target=model)
         drafter.runtime.replay_graphs("cuda_graphs" if graphs else "none")
         return drafter
 
@@ -298,6 +298,11 @@ def main() -> None:
         "medusa fixed tree K=31 on the device, graphs, each step read": (
             target("medusa device graphs, each step read"),
             read_each_step(medusa(True, min_confidence=0.0, lookup=0)), 31),
+        "eagle chain K=4 on the device, graphs": (target("eagle chain device graphs"), eagle(True, tree=False), 4),
+        "dflash fixed tree K=31 on the device, graphs": (target("dflash device graphs"),
+                                                         dflash(True, min_confidence=0.0, lookup=0), 31),
+        "dflash fixed tree K=15 on the device, graphs": (target("dflash device 15 graphs"),
+                                                         dflash(True, min_confidence=0.0, lookup=0), 15),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
         "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(False),
@@ -368,7 +373,8 @@ def main() -> None:
         batched = {f"{name} batch {args.batch}": methods[name] for name in
                    ("plain eager", "plain graphs", "plain graphs, each step read before the next",
                     "plain graphs, torch ops", "ngram K=4 eager", "ngram K=4 graphs",
-                    "medusa fixed tree K=15 on the device, graphs", "medusa fixed tree K=31 on the device, graphs")
+                    "medusa fixed tree K=15 on the device, graphs", "medusa fixed tree K=31 on the device, graphs",
+                    "dflash fixed tree K=15 on the device, graphs")
                    if name in stats}
         for name, (tgt, drafter, k) in batched.items():
             run((tgt, drafter), k, *padded[0])  # warm-up (captures this batch size)

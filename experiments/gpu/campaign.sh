@@ -1,6 +1,6 @@
 # The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
 #     source experiments/gpu/setup.sh && BUDGET=560 bash experiments/gpu/campaign.sh
-# runs the GPU tests, the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
+# runs the GPU tests (the training's last), the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
 # ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
 # decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
@@ -46,10 +46,11 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/N
 bench=(python3 experiments/benchmarks/gpu.py --prompt-file .gpu/prompts.json --prompts "$PROMPTS" --new "$NEW")
 # SKIP: the benchmark's methods left out, by word (the drafters' eager variants by default)
 read -r -a skip <<<"${SKIP:-eager draft_model}"
-step tests 120 python3 -m pytest -q -m gpu tests -p no:cacheprovider
+# -v: each test's verdict is in the log as it runs, so a step stopped at its limit still says what passed
+step tests 120 python3 -m pytest -v --tb=short -m gpu tests --ignore=tests/training -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
-step bench_exact 180 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --exact-numerics \
+step bench_exact 180 "${bench[@]}" --prompts "${EXACT_PROMPTS:-$BF16_PROMPTS}" --batch 8 --dtype bfloat16 --exact-numerics \
     --skip eager draft_model transformers torch read K=15 --out "$OUT/exact"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
@@ -62,6 +63,7 @@ step profile_medusa 60 python3 experiments/gpu/profile_draft.py --prompt-file .g
     --new 64 --drafter medusa --fixed-tree --out "$OUT/profile_medusa"
 step profile_eagle 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter eagle --out "$OUT/profile_eagle"
+step tests_training 120 python3 -m pytest -v --tb=short -m gpu tests/training -p no:cacheprovider
 step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"
 # packed outside $OUT first: tar reading the folder it writes into fails ("file changed as we read it")

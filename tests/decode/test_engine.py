@@ -265,15 +265,6 @@ def test_plain_decoding_read_a_step_late_equals_the_loop_that_reads_each_step(ti
         _plain_runs(target, ids, mask, cases[1][0])
 
 
-def _drafted_runs(target, drafter, ids, mask, eos, k, **sampling):
-    """A speculative run's outputs and the counts that do not depend on the clock."""
-    out = speculative_generate(target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=12, eos_token_id=eos,
-                               **sampling)
-    stats = out.stats
-    return out.sequences, (stats.target_forwards, stats.new_tokens, stats.verify_steps, stats.verified_tokens,
-                           stats.accepted_tokens, stats.proposed_tokens)
-
-
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "emulated_graphs"])
 @pytest.mark.parametrize("tree", [True, False], ids=["fixed_tree", "chain"])
 def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_step(tiny_target, monkeypatch,
@@ -283,7 +274,7 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
     worked out on the device with accepted drafts, EOS inside them and max_new_tokens): the same tokens and counts as
     the loop that reads each step, greedy and sampled; a device count that keeps tokens past an EOS among the
     accepted drafts (planted) is refused."""
-    from helpers import PATHS, random_heads
+    from helpers import PATHS, random_heads, read_late_and_each_step
 
     from specdec.decode import engine
     from specdec.drafters.medusa import MedusaDrafter
@@ -299,13 +290,10 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
     cases = [([], {}), ([free.sequences[1][4], free.sequences[2][8]], {}), ([free.sequences[0][0]], {}),
              ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})]
     for eos, sampling in cases:
-        seeded = (lambda: {"generator": torch.Generator().manual_seed(3)}) if sampling else dict
-        monkeypatch.setattr(engine, "PIPELINED_DEVICES", ())
-        reference = _drafted_runs(target, drafter, ids, mask, eos, k, **sampling, **seeded())
-        monkeypatch.setattr(engine, "PIPELINED_DEVICES", ("cpu",))
-        assert _drafted_runs(target, drafter, ids, mask, eos, k, **sampling, **seeded()) == reference, (eos, sampling)
+        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos, **sampling)
+        assert read_late == each_step, (eos, sampling)
         if not eos and not sampling:
-            assert reference[0] == free.sequences and reference[1][4] > 0  # drafts were accepted
+            assert each_step[0] == free.sequences and each_step[1][4] > 0  # drafts were accepted
 
     def past_eos(step, live, left, eos):  # the planted bug: a row keeps its accepted drafts past an EOS among them
         count = torch.minimum(step.num_accepted + 1, left) * live
@@ -316,14 +304,16 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
     monkeypatch.setattr(engine, "_drafted_counts", past_eos)
     with pytest.raises(RuntimeError, match="device-side counts"):
         for eos in [[token] for token in free.sequences[0][1:8]]:  # some EOS lands among accepted drafts
-            _drafted_runs(target, drafter, ids, mask, eos, k)
+            read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos)
 
 
 def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_target):
     """Medusa's dynamic trees (their kept nodes read on the host) and its lookup branch (the host's tokens) are read
-    each step; the fixed tree and chain without lookup a step late; drafters say nothing by default."""
-    from helpers import PATHS, random_heads
+    each step; the fixed tree and chain without lookup a step late; EAGLE's chain, not its tree (the levels' choices
+    on the host); drafters say nothing by default."""
+    from helpers import PATHS, random_eagle, random_heads
 
+    from specdec.drafters import EagleDrafter
     from specdec.drafters.medusa import MedusaDrafter
 
     weight = tiny_target.lm_head.weight
@@ -331,6 +321,8 @@ def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_targ
     assert not MedusaDrafter(random_heads(), weight, PATHS, min_confidence=0.1).traits.device_only
     assert not MedusaDrafter(random_heads(), weight, PATHS, lookup=2).traits.device_only
     assert not NgramDrafter().traits.device_only
+    layer = random_eagle(tiny_target)
+    assert EagleDrafter(layer, tree=False).traits.device_only and not EagleDrafter(layer).traits.device_only
 
 
 class OracleTreeDrafter(Drafter):

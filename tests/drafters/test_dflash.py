@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import exact_verdict, feature_batch, fused_backend, markov_blocks, tiny_llama
+from helpers import exact_verdict, feature_batch, fused_backend, markov_blocks, read_late_and_each_step, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import graph_runners
@@ -53,6 +53,24 @@ def test_greedy_output_equals_plain_decoding(target, options):
     assert out.sequences == ref.sequences
     one = speculative_generate(target, drafter, PROMPTS[:1], k=k, max_new_tokens=24, eos_token_id=[])
     assert one.sequences == ref.sequences[:1]
+
+
+@pytest.mark.parametrize("paths", [None, TREE], ids=["chain", "tree"])
+def test_a_fixed_block_draft_read_a_step_late_equals_the_loop_that_reads_each_step(target, monkeypatch, paths):
+    """The block drafter's chain or fixed tree without the lookup branch drafts on the device alone
+    (``traits.device_only``), so on a GPU each step is read back after the next is launched: the outputs and counts
+    of the loop that reads every step, greedy (plain decoding's output), with an EOS, and sampled."""
+    drafter = DFlashDrafter(random_dflash(target, draft_vocab=40), paths)
+    assert drafter.traits.device_only
+    assert not DFlashDrafter(random_dflash(target), TREE, lookup=3).traits.device_only
+    assert not DFlashDrafter(random_dflash(target), TREE, min_confidence=0.05).traits.device_only
+    k = 4 if paths is None else len(TREE)
+    free = autoregressive_generate(target, PROMPTS, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
+    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, PROMPTS, MASK, k, eos, **sampling)
+        assert read_late == each_step, (eos, sampling)
+        if not eos and not sampling:
+            assert each_step[0] == free.sequences
 
 
 @pytest.mark.parametrize("paths, kernels", [(None, "torch"), (TREE, "torch"),

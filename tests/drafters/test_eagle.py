@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from helpers import (check_export_force, exact_verdict, feature_batch, fused_backend, random_eagle,
-                     shipped_drafter_taus, tiny_llama)
+                     read_late_and_each_step, shipped_drafter_taus, tiny_llama)
 from safetensors.torch import load_file, save_file
 
 from specdec import autoregressive_generate, speculative_generate
@@ -560,3 +560,17 @@ def test_another_targets_drafter_is_refused_by_name():
     other = tiny_llama(layers=4, seed=0)
     with pytest.raises(CheckpointError, match=r"hidden size 576, vocabulary 49152 and 30 layers.*hidden size 32"):
         load_eagle(default_eagle_path(), target_config=other.config)
+
+
+def test_an_eagle_chain_read_a_step_late_equals_the_loop_that_reads_each_step(target, monkeypatch):
+    """EAGLE's chain drafts on the device alone (``traits.device_only``; its tree's choices between levels are read
+    on the host), so on a GPU each step is read back after the next is launched: the outputs and counts of the loop
+    that reads every step, greedy (plain decoding's output), with an EOS, and sampled."""
+    drafter = EagleDrafter(random_eagle(target, draft_vocab=40), tree=False)
+    assert drafter.traits.device_only
+    free = autoregressive_generate(target, PROMPTS, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
+    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, PROMPTS, MASK, 4, eos, **sampling)
+        assert read_late == each_step, (eos, sampling)
+        if not eos and not sampling:
+            assert each_step[0] == free.sequences

@@ -103,7 +103,10 @@ class DFlashDrafter(Drafter):
         # a tree drafts at its lookup nodes and at least one of its paths; a chain at one draft per masked position
         sizes = (range(1, self.positions.num_heads + 1) if self.paths is None
                  else range(self.lookup + 1, self.lookup + len(self.paths) + 1))
-        self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes)
+        # a fixed tree or chain without the lookup branch is drafted on the device alone (a dynamic one's kept nodes
+        # and the lookup's continuations are read on the host)
+        self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes,
+                             device_only=min_confidence == 0 and self.lookup == 0)
         # the catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU; both
         # are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)

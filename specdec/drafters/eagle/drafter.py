@@ -108,8 +108,9 @@ class EagleDrafter(Drafter):
         # a tree's children are sampled at temperature > 0 where ``sampled`` says so (null: unless a lookup branch asks
         # for fixed candidates)
         wanted = (not lookup) if sampled is None else sampled
+        # a chain is drafted on the device alone; a tree's choices between levels are read on the host
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers),
-                             siblings=EXACT_SIBLINGS if tree and wanted else None)
+                             siblings=EXACT_SIBLINGS if tree and wanted else None, device_only=not tree)
         # the draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
         # compiled or not, the same graphs
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
