@@ -101,9 +101,14 @@ def parse_overrides(spec: str, config: type) -> dict:
     return out
 
 
+WARM_UP_LENGTHS = (32, 33)  # prompt lengths of side_by_side's untimed warm-up
+
+
 def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: list | None = None,
                  failed: dict | None = None) -> tuple[dict, dict, dict, dict]:
-    """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up.
+    """Each prompt runs every method in turn (machine drifts hit all alike) after an untimed warm-up (the first prompt
+    cut to each of :data:`WARM_UP_LENGTHS`: Triton specialises a kernel on whether its integers divide by 16, and a
+    specialisation first met by a timed run is compiled inside it).
     ``methods``: name -> (drafter or None, k); ``run(drafter, k, ids)`` -> GenerationOutput; the first method is
     the reference. Returns per method: seconds (graph captures left out: their time is the stats' ``capture_time_s``),
     new tokens, merged DecodeStats, outputs differing from the reference;
@@ -124,8 +129,9 @@ def side_by_side(methods: dict, prompts: list[torch.Tensor], run, references: li
             del methods[name]
             return None
 
-    for name, (drafter, k) in list(methods.items()):  # warm-up, untimed
-        attempt(name, drafter, k, prompts[0][:, :32])
+    for name, (drafter, k) in list(methods.items()):  # warm-up, untimed: a length a multiple of 16 and one not,
+        for cut in WARM_UP_LENGTHS:  # so that Triton's kernels are compiled for both (it specialises on that)
+            attempt(name, drafter, k, prompts[0][:, :cut])
     seconds, tokens, stats = dict.fromkeys(methods, 0.0), dict.fromkeys(methods, 0), {}
     mismatches = dict.fromkeys(methods, 0)
     with torch.no_grad():

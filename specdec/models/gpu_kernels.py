@@ -184,15 +184,14 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K]) in a fixed order per row: every row's products summed
     over K in the same steps whatever the number of rows, so a row's result does not depend on the batch or on how
     many tokens the forward carries (cuBLAS picks its algorithm by shape). ``target.exact_numerics``' products.
-    ``_planted`` (tests only): the inner step chosen by the number of rows, as a shape-tuned library does."""
+    ``_planted`` (tests only): the order of the inner steps chosen by the number of rows, as a shape-tuned library
+    chooses its reduction (a split of the inner steps alone can give the same bits on a GPU's tensor cores)."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     m, k = flat.shape
     n = weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     rows, cols, inner = INVARIANT_TILE
-    if _planted and m > 1:
-        inner //= 2
     _kernels().invariant_matmul_kernel[(_cdiv(m, rows), _cdiv(n, cols))](
         flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner)
+        IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1)
     return out.view(*x.shape[:-1], n)

@@ -284,15 +284,21 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
 
 @triton.jit
 def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            REVERSED: tl.constexpr = False):
     # out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
     # K in BLOCK_K steps in one order: a row's arithmetic is the same whatever M is, and whatever the other rows hold.
+    # REVERSED (a planted bug, tests only): the steps summed last to first.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inner = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for start in range(0, k, BLOCK_K):
-        ks = start + inner
+    steps = tl.cdiv(k, BLOCK_K)
+    for step in range(0, steps):
+        if REVERSED:
+            ks = (steps - 1 - step) * BLOCK_K + inner
+        else:
+            ks = step * BLOCK_K + inner
         x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
         w = tl.load(w_ptr + cols[:, None] * k + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k), other=0.0)
         if IEEE:  # float32: no TF32

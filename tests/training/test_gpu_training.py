@@ -17,6 +17,28 @@ from specdec.training.trainer import train
 
 DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu), "cpu"]
 
+PROMPTS = ["Explain how a river shapes its valley.", "Write a short poem about the sea.",
+           "List three uses of a paper clip.", "What makes a good cup of tea?", "Describe a busy market at dawn.",
+           "Write a function that reverses a list.", "Why is the sky blue?", "Summarise the plot of a fairy tale."]
+
+
+def file_config(out, folder):
+    """:func:`tiny_config` reading its prompts and held-out sets from JSONL files written to ``folder`` (as
+    experiments/gpu/train.sh does: the GPU machine has none of the corpora's packages)."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def write(name, rows, kind):
+        path = folder / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{name}/{i}", "source": name, "category": name, "kind": kind,
+                                            "text": text}) + "\n" for i, text in enumerate(rows)))
+        return str(path)
+
+    cfg = tiny_config(out)
+    cfg.data.prompts_file = write("prompts", PROMPTS[:6], "chat")
+    cfg.eval.answer_sources = [write("mtbench", PROMPTS[6:], "chat")]
+    cfg.eval.text_sources = [write("wikipedia", [" ".join(PROMPTS)], "completion")]
+    return cfg
+
 
 def method_config(name: str):
     from specdec.training.methods.dflash import DFlashMethodConfig
@@ -59,7 +81,7 @@ def drafter_from_export(name: str, path, model):
 def test_each_method_trains_on_the_device_it_names_and_its_export_decodes_exactly(tmp_path, tiny_pair, name, device):
     model, tokenizer = tiny_pair
     tokenizer.chat_template = CHAT_TEMPLATE
-    cfg = tiny_config(tmp_path / "run")
+    cfg = file_config(tmp_path / "run", tmp_path / "prompts")
     cfg.method = method_config(name)
     cfg.target.device, cfg.data.feature_batch, cfg.optim.epochs, cfg.optim.lr = device, 3, 2, 3e-3
     cfg.export = str(tmp_path / "export")
@@ -85,8 +107,9 @@ def test_the_data_phase_on_cuda_builds_the_cpu_store(tmp_path, tiny_pair):
     model, tokenizer = tiny_pair
     tokenizer.chat_template = CHAT_TEMPLATE
     needs = DataNeeds(layers=(0, 1), context=True)
-    cpu = load_or_build(tiny_config(tmp_path / "cpu"), model, tokenizer, needs, tmp_path / "cpu.safetensors")
-    cfg = tiny_config(tmp_path / "cuda")
+    cpu = load_or_build(file_config(tmp_path / "cpu", tmp_path / "prompts"), model, tokenizer, needs,
+                        tmp_path / "cpu.safetensors")
+    cfg = file_config(tmp_path / "cuda", tmp_path / "prompts")
     cfg.data.feature_batch = 4
     cuda = load_or_build(cfg, copy.deepcopy(model).to("cuda"), tokenizer, needs, tmp_path / "cuda.safetensors")
     assert cuda.keys() == cpu.keys()
