@@ -12,7 +12,9 @@ block, each batch as long as its slowest row (:func:`~specdec.replay.simulate.ba
 
 Its settings arrive checked before any model loads (:class:`~specdec.jobs.checks.AutoSettings`, from ``auto.*``).
 The logs and costs are cached like the replay job's (:func:`~specdec.replay.cache.cached_log`): a second run of the
-same configuration on this machine chooses in a fraction of a second.
+same configuration on this machine chooses in a fraction of a second. Tree sizes, each logged in a pass of its own,
+are timed by one cost model measured for all of them (:func:`~specdec.replay.cache.shared_costs`), so that they are
+compared by the same clock.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Sequence
 from specdec.decode.metrics import total
 from specdec.drafters.base import Drafter
 from specdec.jobs.checks import CHAIN_KS, TREE_SIZES, AutoSettings
-from specdec.replay.cache import cached_log
+from specdec.replay.cache import cached_log, shared_costs
 from specdec.replay.simulate import batched_speedup, replay
 from specdec.verify.sampling import SamplingParams
 
@@ -78,12 +80,17 @@ def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]],
                   cost_batch=batch_size, pad_id=getattr(tokenizer, "pad_token_id", None) or 0)
     choice = AutoChoice(0, margin=margin, prompts=len(prompts), batch_size=batch_size)
     logs = {}
+    shared = tree and len(candidates) > 1  # tree sizes: one log each, timed by one cost model (shared_costs)
     for size in (candidates if tree else [max(candidates)]):
-        log, path, _ = cached_log(target, drafter, prompts, k_max=size, **common)
-        logs[size] = log
+        log, path, _ = cached_log(target, drafter, prompts, k_max=size, **{**common, "costs": not shared})
+        logs[size] = log, path
         choice.logs.append(str(path))
+    if shared:
+        costs = shared_costs(target, drafter, prompts, logs, batch_size=batch_size, directory=settings.log_dir,
+                             pad_id=common["pad_id"], **asdict(sampling))
+        logs = {size: (log.timed_by(costs), path) for size, (log, path) in logs.items()}
     for k in candidates:
-        log = logs[k if tree else max(candidates)]
+        log = logs[k if tree else max(candidates)][0]
         choice.tau[k] = total(replay(log, k)).mean_accepted_length
         choice.predicted[k] = batched_speedup(log, k, batch_size)  # the same tokens (expected, at T > 0)
     best = max(choice.predicted, key=lambda k: (choice.predicted[k], -k))

@@ -8,6 +8,8 @@ with a message naming both, whatever its name says.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,6 +17,7 @@ from typing import Any, Sequence
 from specdec.drafters.base import Drafter
 from specdec.jobs.runs import machine_description
 from specdec.models.loading import cache_root, stop_token_ids
+from specdec.replay.cost_model import CostModel
 from specdec.replay.costs import logged_trees, measure
 from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
                                 target_identity, tokenizer_identity)
@@ -76,3 +79,32 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
     if not from_disk:
         log.save(path)
     return log, path, from_disk
+
+
+def shared_costs(target, drafter: Drafter, prompts: Sequence[Sequence[int]], logs: dict[int, tuple[ReplayLog, Path]],
+                 *, batch_size: int = 1, directory: str | Path | None = None, pad_id: int = 0,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> CostModel:
+    """One cost model for every tree size of ``logs`` (size -> its log and file): verify widths 1 .. the largest size
+    + 1 (under the first tree logged at each width), live steps at every size, plain decoding's step, all measured in
+    one session at ``batch_size`` rows, so that the sizes are compared by the same clock (each log measured on its own
+    read plain decoding's step 7.9-10.7 ms apart on one machine, and the largest prediction won on that noise). Kept
+    beside the logs, keyed by their files, the batch size, the sampling settings and this machine."""
+    device = next(target.parameters()).device
+    machine = machine_description(device)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    what = {"logs": sorted(path.name for _, path in logs.values()), "batch_size": batch_size, "machine": machine,
+            "sampling": sampling}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    path = Path(directory or default_directory()) / f"costs-{key}.json"
+    if path.is_file():
+        return CostModel.from_dict(json.loads(path.read_text()))
+    trees = {}
+    for size in sorted(logs):
+        for width, tree in logged_trees(logs[size][0]).items():
+            trees.setdefault(width, tree)
+    sizes = sorted(logs)
+    model = measure(target, drafter, prompts, ks=sizes, widths=range(1, max(sizes) + 2), trees=trees,
+                    batch_size=batch_size, pad_id=pad_id, **sampling)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(model)))
+    return model

@@ -128,3 +128,45 @@ def test_an_auto_run_shows_its_choice_in_the_sweep_summary(tmp_path):
     assert "| 0 | eagle (k=auto) | 0 |" in md and "k=auto: a run marked so chose its k" in md
     summary = report.load_summary(paths["csv"])
     assert bool(summary["k_auto"].iloc[0]) and summary["k"].iloc[0] == 0
+
+
+def test_tree_sizes_are_compared_by_one_cost_model_measured_once(models, tmp_path, monkeypatch):
+    """A tree's sizes are logged a pass each but timed by one cost model measured for all of them in one session
+    (replay.cache.shared_costs: each log measured alone gave one machine's plain step 7.9-10.7 ms, and the largest
+    prediction won on that noise); the model is kept, so a second choice measures nothing."""
+    from helpers import PATHS, random_heads
+
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.replay import cache
+    from specdec.replay.simulate import batched_speedup
+
+    target = models[0]
+    drafter = MedusaDrafter(random_heads(scale=1.0), target.lm_head.weight, PATHS)
+    planted = CostModel({w: 1.0 + 0.01 * w for w in range(1, 10)}, {k: 0.01 for k in range(1, 9)},
+                        {k: 0.0 for k in range(1, 9)}, machine=THIS_MACHINE)
+    calls = []
+
+    def measure(target, drafter, prompts, **options):
+        calls.append(options)
+        return planted
+
+    monkeypatch.setattr(cache, "measure", measure)
+    settings = AutoSettings(tree=True, ks=(3, 5, 8), max_new_tokens=NEW, seeds=1, margin=0.05, log_dir=tmp_path)
+    choice = choose_lookahead(target, drafter, PROMPTS, settings, batch_size=1, eos=[])
+    assert len(calls) == 1 and list(calls[0]["ks"]) == [3, 5, 8] and list(calls[0]["widths"]) == list(range(1, 10))
+    for k, path in zip((3, 5, 8), choice.logs):
+        log = ReplayLog.load(path)
+        assert log.cost_model(1) is None  # the logs keep no cost model of their own
+        assert choice.predicted[k] == batched_speedup(log.timed_by(planted), k, 1)
+    again = choose_lookahead(target, drafter, PROMPTS, settings, batch_size=1, eos=[])
+    assert len(calls) == 1 and again.predicted == choice.predicted
+
+
+def test_a_speculative_steps_host_work_is_at_least_plain_decodings(models):
+    """The live runs' host work per step is floored at plain decoding's, which a speculative step includes (a
+    smaller figure is the clock's noise: one was measured negative)."""
+    from specdec.replay.costs import measure
+
+    target, drafter = models
+    model = measure(target, drafter, PROMPTS, ks=[1, 2, 3], widths=range(1, 5), new_tokens=8)
+    assert all(host >= model.plain_host_s for host in model.host_s.values())
