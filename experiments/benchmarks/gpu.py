@@ -290,7 +290,13 @@ def main() -> None:
                                      MedusaDrafter.Config().k),
         "medusa fixed tree graphs, torch ops": (target("medusa fixed graphs, torch ops"),
                                                 medusa(True, min_confidence=0.0), MedusaDrafter.Config().k),
-        # the fixed tree without the lookup branch drafts from the device alone: read a step late (engine._pipelined_steps)
+        # on a GPU a fixed tree drafts from the device alone, its lookup branch found there: read a step late
+        # (engine._pipelined_steps); the same read each step beside it
+        "medusa fixed tree graphs, each step read": (target("medusa fixed graphs, each step read"),
+                                                     read_each_step(medusa(True, min_confidence=0.0)),
+                                                     MedusaDrafter.Config().k),
+        "dflash fixed tree graphs": (target("dflash fixed graphs"), dflash(True, min_confidence=0.0),
+                                     DFlashDrafter.Config().k),
         "medusa fixed tree K=31 on the device, graphs": (target("medusa device graphs"),
                                                          medusa(True, min_confidence=0.0, lookup=0), 31),
         "medusa fixed tree K=15 on the device, graphs": (target("medusa device 15 graphs"),

@@ -197,3 +197,78 @@ def test_auto_dtype_drafts_in_bf16_only_where_it_is_fast(tiny_target, monkeypatc
     assert drafter.dtype == expected and drafter.lm_head_weight.dtype == expected
     assert next(drafter.heads.parameters()).dtype == expected
     assert MedusaDrafter(random_heads(), weight, PATHS).dtype == target_dtype  # None: the target's
+
+
+# --- the lookup branch found on the device (a GPU's way) --------------------------------------------------------
+
+
+def test_the_device_lookup_finds_what_the_host_lookup_finds():
+    """lookup_branch.device_continuations, fixed shapes and nothing read back, against the n-gram rule row by row
+    (left padding, rows too short for a suffix, no match, a continuation cut by the row's end), the rest filled with
+    the row's last token; a planted lookup that reads the left padding as the row's tokens fails."""
+    from specdec.drafters.trees import lookup_branch
+    from specdec.drafters.trees.lookup_branch import continuations, device_continuations
+
+    g = torch.Generator().manual_seed(0)
+
+    def agree(find) -> bool:
+        for trial in range(200):
+            lens = torch.randint(2, 30, (3,), generator=g)
+            pads = torch.stack([torch.randint(0, int(40 - n) + 1, (1,), generator=g)[0] for n in lens])
+            seq, rows = torch.zeros(3, 40, dtype=torch.long), []
+            for b in range(3):
+                row = torch.randint(0, 4 if trial % 2 else 7, (int(lens[b]),), generator=g)
+                seq[b, pads[b]: pads[b] + lens[b]] = row
+                rows.append(row.tolist())
+            tokens, found = find(seq, pads + lens, pads, 5)
+            for b, chain in enumerate(continuations(rows, [True] * 3, 5)):
+                if (int(found[b]), tokens[b, :len(chain)].tolist()) != (len(chain), chain) or \
+                        any(t != rows[b][-1] for t in tokens[b, len(chain):].tolist()):
+                    return False
+        return True
+
+    assert agree(device_continuations)
+
+    def padding_read(seq, seq_lens, pad, width):  # planted: the left padding read as the row's tokens
+        return device_continuations(seq, seq_lens, torch.zeros_like(pad), width)
+
+    assert not agree(padding_read)
+    assert lookup_branch.below_branch((-1, 0), 2) == (-1, 0, -1, 2)
+
+
+@pytest.mark.parametrize("batch", [[REPEATING[0]], REPEATING], ids=["batch1", "batch2"])
+def test_greedy_medusa_with_the_device_lookup_equals_plain_decoding(tiny_target, batch, monkeypatch):
+    """A fixed tree with the lookup branch found on the device (lookup_on_device, a GPU's default) drafts from the
+    device alone: greedy output equals plain decoding, read a step late as each step read, and the branch is there
+    (a fixed chain of L nodes before the heads' tree)."""
+    from helpers import read_late_and_each_step
+
+    ids, mask = left_pad(batch)
+    reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
+    drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, lookup=4,
+                            lookup_on_device=True)
+    assert drafter.traits.device_only
+    assert not MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS, 0.05, lookup=4,
+                             lookup_on_device=True).traits.device_only  # a dynamic tree reads its nodes on the host
+    widths = []
+    real = drafter.drafting.add_device_lookup
+
+    def spy(state, tokens, tree):
+        out = real(state, tokens, tree)
+        widths.append(out[0].shape[1] - tokens.shape[1])
+        return out
+
+    drafter.drafting.add_device_lookup = spy
+    each_step, read_late = read_late_and_each_step(monkeypatch, tiny_target, drafter, ids, mask, 12, [],
+                                                   max_new_tokens=30)
+    assert each_step == read_late and each_step[0] == reference.sequences
+    assert widths and set(widths) == {4} and each_step[1][4] > 0  # the branch, and drafts accepted
+
+
+def test_sampling_with_the_device_lookup_is_exact(markov_target):
+    drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=4, lookup_on_device=True)
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter, rows=200, prompts=markov_prompts,
+                                                       batch=200)
+    assert stats.mean_accepted_length > 1.5
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert not verdict.reject, verdict

@@ -97,16 +97,17 @@ class DFlashDrafter(Drafter):
         self.paths = None if paths is None else check_paths(paths, self.positions.num_heads)
         self.lookup = lookup if self.paths is not None else 0  # the lookup branch joins a tree; a chain has none
         candidates = IndependentHeads(self.positions, model.lm_head.weight)
+        on_device = model.lm_head.weight.device.type == "cuda"  # a GPU finds the lookup branch on the device
         self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
-                         else TreeDrafting(candidates, self.paths, min_confidence, lookup))
+                         else TreeDrafting(candidates, self.paths, min_confidence, lookup, on_device))
         self.cache = self.last = None
         # a tree drafts at its lookup nodes and at least one of its paths; a chain at one draft per masked position
         sizes = (range(1, self.positions.num_heads + 1) if self.paths is None
                  else range(self.lookup + 1, self.lookup + len(self.paths) + 1))
-        # a fixed tree or chain without the lookup branch is drafted on the device alone (a dynamic one's kept nodes
-        # and the lookup's continuations are read on the host)
+        # a fixed tree or chain is drafted on the device alone where its lookup branch is (a GPU's) or it has none (a
+        # dynamic tree's kept nodes are read on the host)
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes,
-                             device_only=min_confidence == 0 and self.lookup == 0)
+                             device_only=min_confidence == 0 and (self.lookup == 0 or on_device))
         # the catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU; both
         # are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)

@@ -22,7 +22,8 @@ Token-aware heads draft a chain head by head and a tree level by level
 **Prompt-lookup branch** (``lookup`` L > 0, trees only): each step also looks up the n-gram drafter's
 continuation of the text so far (up to L tokens) and adds it to the tree
 (:mod:`specdec.drafters.trees.lookup_branch`); the Medusa tree gets the first k − L paths, so a proposal
-never exceeds k nodes.
+never exceeds k nodes. On a GPU (``lookup_on_device``, by default where the heads are on CUDA) the lookup runs on the
+device as a fixed chain of L nodes, so a fixed tree with it is drafted on the device alone and read a step late.
 
 ``dtype`` (e.g. bfloat16; ``"auto"``, the config's default, picks bfloat16 for a float32 target where it
 is fast: a GPU, or a CPU with avx512_bf16 or AMX) runs the heads, the draft LM-head rows and the embeddings
@@ -119,7 +120,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, heads: MedusaHeads, lm_head_weight: torch.Tensor, paths: list[list[int]] | None = None,
                  min_confidence: float = 0.0, embed_weight: torch.Tensor | None = None, lookup: int = 0,
                  dtype: torch.dtype | str | None = None, acceptance: str | TypicalAcceptance = "exact",
-                 backend: Backend = Backend()):
+                 backend: Backend = Backend(), lookup_on_device: bool | None = None):
         if acceptance == "typical":
             acceptance = TypicalAcceptance()
         elif acceptance == "exact":
@@ -148,13 +149,16 @@ class MedusaDrafter(Drafter):
         self.lookup = lookup
         candidates = (TokenAwareHeads(heads, self.lm_head_weight, embed_weight) if heads.token_aware
                       else IndependentHeads(heads, self.lm_head_weight))
+        if lookup_on_device is None:  # a GPU finds the lookup branch on the device (lookup_branch's docstring)
+            lookup_on_device = lm_head_weight.device.type == "cuda"
         self.drafting = (ChainDrafting(candidates, heads, min_confidence) if self.paths is None
-                         else TreeDrafting(candidates, self.paths, min_confidence, lookup))
+                         else TreeDrafting(candidates, self.paths, min_confidence, lookup, lookup_on_device))
         # a tree drafts at its lookup nodes and at least one of its paths; a chain at one head per draft at most
         sizes = (range(1, heads.num_heads + 1) if self.paths is None
                  else range(lookup + 1, lookup + len(self.paths) + 1))
-        # a fixed tree or chain without the lookup branch is drafted from the target's hidden state alone, on the device
-        self.traits = Traits(acceptance=acceptance, sizes=sizes, device_only=min_confidence == 0 and lookup == 0)
+        # a fixed tree or chain is drafted on the device alone where its lookup branch is (a GPU's) or it has none
+        self.traits = Traits(acceptance=acceptance, sizes=sizes,
+                             device_only=min_confidence == 0 and (lookup == 0 or lookup_on_device))
         # a tree is drafted by replayed graphs of the heads' work (specdec.drafters.medusa.candidates): a fixed tree in
         # one graph, a dynamic one a graph per level; compiled or not, the same graphs (the heads are a few small
         # products). Chains (which sample inside) stay eager.

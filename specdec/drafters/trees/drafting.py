@@ -23,7 +23,7 @@ import torch
 
 from specdec.drafters.base import DecodeState, Proposal
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes, path_logprobs
-from specdec.drafters.trees.lookup_branch import add_branch, continuations
+from specdec.drafters.trees.lookup_branch import add_branch, below_branch, continuations, device_continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, TreePlan
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import logits_to_probs, sample
@@ -131,8 +131,10 @@ class ChainDrafting:
 class TreeDrafting:
     """The first k − ``lookup`` paths' tree (dynamic: the confident part of it), plus the lookup branch."""
 
-    def __init__(self, candidates: Candidates, paths: list[list[int]], min_confidence: float, lookup: int):
+    def __init__(self, candidates: Candidates, paths: list[list[int]], min_confidence: float, lookup: int,
+                 lookup_on_device: bool = False):
         self.candidates, self.paths, self.lookup = candidates, paths, lookup
+        self.lookup_on_device = lookup_on_device  # the lookup branch found on the device, a fixed chain (a GPU)
         self.min_confidence = min_confidence if min_confidence > 0 else None
         self.plans = PlanCache(paths)
         self.trees = TreeCache(MAX_TREES)
@@ -146,7 +148,9 @@ class TreeDrafting:
                              f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
         tokens, tree = self.heads_tree(state, hidden, k - self.lookup)
         filler = [0] * tokens.shape[0]
-        if self.lookup:
+        if self.lookup and self.lookup_on_device:
+            tokens, tree = self.add_device_lookup(state, tokens, tree)
+        elif self.lookup:
             tokens, tree, filler = self.add_lookup(state, tokens, tree)
         if tree is None:  # no path is worth its verification, no continuation found: a plain step
             return Proposal(tokens=tokens[:, :0], num_proposed=[0] * tokens.shape[0])
@@ -164,6 +168,15 @@ class TreeDrafting:
         if not nodes:
             return tokens[:, :0], None
         return tokens[:, list(nodes)], self.plans.get(nodes, device).tree
+
+    def add_device_lookup(self, state: DecodeState, tokens: torch.Tensor, tree: Tree | None
+                          ) -> tuple[torch.Tensor, Tree]:
+        """The lookup branch found on the device (:func:`device_continuations`), a chain of ``lookup`` nodes below
+        the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
+        fixed whatever the rows hold, nothing read back (the filler counts as proposed)."""
+        found, _ = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
+        parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
+        return torch.cat([found, tokens], 1), self.trees.get(parents, tokens.device)
 
     def add_lookup(self, state: DecodeState, tokens: torch.Tensor,
                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:
