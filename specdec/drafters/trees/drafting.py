@@ -134,8 +134,9 @@ class TreeDrafting:
     def __init__(self, candidates: Candidates, paths: list[list[int]], min_confidence: float, lookup: int,
                  lookup_on_device: bool = False):
         self.candidates, self.paths, self.lookup = candidates, paths, lookup
-        self.lookup_on_device = lookup_on_device  # the lookup branch found on the device, a fixed chain (a GPU)
         self.min_confidence = min_confidence if min_confidence > 0 else None
+        # a fixed tree's lookup branch found on the device, a fixed chain (a GPU; a dynamic tree reads the host anyway)
+        self.lookup_on_device = lookup_on_device and self.min_confidence is None
         self.plans = PlanCache(paths)
         self.trees = TreeCache(MAX_TREES)
 

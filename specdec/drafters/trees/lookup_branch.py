@@ -10,8 +10,8 @@ the tree a drafter built (Medusa's heads, an EAGLE layer):
   the root as its own chain, tried first (:func:`branch_first`); a row with a shorter or no continuation
   fills it with its last token, and that filler is not counted as proposed.
 
-On a GPU the lookup runs on the device (:func:`device_continuations`, the same rule in ops of fixed shapes) and its
-branch is always :func:`branch_first`'s chain of L nodes, filled where shorter, so that the tree's shape is fixed and
+On a GPU a fixed tree's lookup runs on the device (:func:`device_continuations`, the same rule in ops of fixed shapes)
+and its branch is always :func:`branch_first`'s chain of L nodes, filled where shorter, so that the tree's shape is fixed and
 no value is read back: the drafter then drafts from the device alone (``Traits.device_only``) and each step is read
 back a step late; its filler nodes count as proposed there (the host does not know them).
 
