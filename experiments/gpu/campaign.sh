@@ -1,7 +1,7 @@
 # The GPU campaign in one command, on a GPU machine after stages 1 and 2 (README.md here):
 #     source experiments/gpu/setup.sh && BUDGET=560 bash experiments/gpu/campaign.sh
-# runs the GPU tests (the training's last), the benchmark (plain decoding eager, on graphs with specdec's Triton kernels and with torch's
-# ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
+# runs the GPU tests (the training's last), the benchmark (plain decoding eager, on graphs with specdec's Triton
+# kernels and with torch's ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
 # decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
 # step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights), profiles of Medusa's fixed tree and
@@ -12,8 +12,8 @@
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
 # QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c \
-# bash experiments/gpu/campaign.sh). STEPS, when set, names the steps to run (e.g. STEPS="bench_bf16 bench_exact tests"),
-# in the order below.
+# bash experiments/gpu/campaign.sh). STEPS, when set, names the steps to run (e.g.
+# STEPS="bench_bf16 bench_exact tests"), in the order below.
 set -u
 BUDGET=${BUDGET:-560}
 PROMPTS=${PROMPTS:-6}
@@ -50,8 +50,8 @@ read -r -a skip <<<"${SKIP:-eager draft_model}"
 step tests 120 python3 -m pytest -v --tb=short -m gpu tests --ignore=tests/training -p no:cacheprovider
 step bench_bf16 300 "${bench[@]}" --prompts "$BF16_PROMPTS" --batch 8 --dtype bfloat16 --skip "${skip[@]}" \
     --out "$OUT/bf16"
-step bench_exact 180 "${bench[@]}" --prompts "${EXACT_PROMPTS:-$BF16_PROMPTS}" --batch 8 --dtype bfloat16 --exact-numerics \
-    --skip eager draft_model transformers torch read K=15 --out "$OUT/exact"
+step bench_exact 180 "${bench[@]}" --prompts "${EXACT_PROMPTS:-$BF16_PROMPTS}" --batch 8 --dtype bfloat16 \
+    --exact-numerics --skip eager draft_model transformers torch read K=15 --out "$OUT/exact"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
 step profile_step 60 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"

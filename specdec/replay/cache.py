@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.drafters.base import Drafter
+from specdec.jobs.io import write_text
 from specdec.jobs.runs import machine_description
 from specdec.models.loading import cache_root, stop_token_ids
 from specdec.replay.cost_model import CostModel
@@ -98,13 +99,11 @@ def shared_costs(target, drafter: Drafter, prompts: Sequence[Sequence[int]], log
     path = Path(directory or default_directory()) / f"costs-{key}.json"
     if path.is_file():
         return CostModel.from_dict(json.loads(path.read_text()))
-    trees = {}
-    for size in sorted(logs):
+    sizes, trees = sorted(logs), {}
+    for size in sizes:
         for width, tree in logged_trees(logs[size][0]).items():
             trees.setdefault(width, tree)
-    sizes = sorted(logs)
     model = measure(target, drafter, prompts, ks=sizes, widths=range(1, max(sizes) + 2), trees=trees,
                     batch_size=batch_size, pad_id=pad_id, **sampling)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(model)))
+    write_text(path, json.dumps(asdict(model)))  # a crash mid-write leaves no half file under the real name
     return model

@@ -93,8 +93,8 @@ def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int
     """From live generations of ``new_tokens`` per row over each of ``batches`` (prompts decoded together,
     left-padded) at each of ``ks``, after a warm-up: the drafter's seconds per step, the step's host work (its
     seconds beyond the drafter's and ``verify``'s forward over the step's mean block width, at least plain
-    decoding's), and plain decoding's host work per step, each pooled over the batches. Sampled runs (``sampling``: temperature, top_k, top_p) draw
-    from a fixed seed."""
+    decoding's), and plain decoding's host work per step, each pooled over the batches. Sampled runs (``sampling``:
+    temperature, top_k, top_p) draw from a fixed seed."""
     from specdec.decode.engine import autoregressive_generate, speculative_generate
     from specdec.jobs.data import left_pad
 

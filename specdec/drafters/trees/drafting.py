@@ -175,9 +175,9 @@ class TreeDrafting:
         """The lookup branch found on the device (:func:`device_continuations`), a chain of ``lookup`` nodes below
         the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
         fixed whatever the rows hold, nothing read back (the filler counts as proposed)."""
-        found, _ = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
+        branch, _ = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
         parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
-        return torch.cat([found, tokens], 1), self.trees.get(parents, tokens.device)
+        return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device)
 
     def add_lookup(self, state: DecodeState, tokens: torch.Tensor,
                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:

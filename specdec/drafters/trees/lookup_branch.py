@@ -10,10 +10,10 @@ the tree a drafter built (Medusa's heads, an EAGLE layer):
   the root as its own chain, tried first (:func:`branch_first`); a row with a shorter or no continuation
   fills it with its last token, and that filler is not counted as proposed.
 
-On a GPU a fixed tree's lookup runs on the device (:func:`device_continuations`, the same rule in ops of fixed shapes)
-and its branch is always :func:`branch_first`'s chain of L nodes, filled where shorter, so that the tree's shape is fixed and
-no value is read back: the drafter then drafts from the device alone (``Traits.device_only``) and each step is read
-back a step late; its filler nodes count as proposed there (the host does not know them).
+On a GPU a fixed tree's lookup runs on the device (:func:`device_continuations`, the same rule in ops of fixed
+shapes) and its branch is always :func:`branch_first`'s chain of L nodes, filled where shorter, so that the tree's
+shape is fixed and no value is read back: the drafter then drafts from the device alone (``Traits.device_only``) and
+each step is read back a step late; its filler nodes count as proposed there (the host does not know them).
 
 Lookup nodes are deterministic (one-hot q), so verification stays exact. Text that repeats (code, quoted
 input) is where a learned drafter is weakest and the lookup strongest.
@@ -63,7 +63,8 @@ def device_continuations(
         suffix = seq.gather(1, (seq_lens[:, None] - n + offsets).clamp(min=0))  # [B, n]
         windows = seq.unfold(1, n, 1)  # [B, S - n + 1, n]: the n tokens from each slot
         at = torch.arange(windows.shape[1], device=seq.device)
-        earlier = (at[None] >= pad[:, None]) & (at[None] + n <= seq_lens[:, None] - 1)  # windows before the suffix's end
+        # windows inside the row that end before the suffix does
+        earlier = (at[None] >= pad[:, None]) & (at[None] + n <= seq_lens[:, None] - 1)
         hits = (windows == suffix[:, None]).all(-1) & earlier & (seq_lens - pad > n)[:, None]  # [B, S - n + 1]
         latest = torch.where(hits, at[None], -1).amax(1)  # [B]
         start = torch.where(latest >= 0, latest + n, start)
