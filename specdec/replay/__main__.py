@@ -87,9 +87,6 @@ def check_replay_config(cfg: DictConfig) -> tuple[int, int]:
     if lossy_rule(cfg.drafter) is not None:
         raise ValueError(f"drafter.acceptance={lossy_rule(cfg.drafter)} is a lossy rule; replay models the exact rule "
                          f"only: use drafter.acceptance=exact")
-    if cfg.drafter.get("schedule", "constant") != "constant":
-        raise ValueError(f"drafter.schedule={cfg.drafter.schedule!r}: the draft length follows earlier steps' "
-                         f"acceptance, which one proposal per position cannot replay; use drafter.schedule=constant")
     check_log_dir(cfg.log_dir, "log_dir")
     return k, 2 * (k if cfg.drafter.get("tree") else max(k, cfg.k_max))  # the log's margin
 

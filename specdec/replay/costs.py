@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal
 from specdec.models import as_decoder
 from specdec.replay.cost_model import CostModel
+from specdec.replay.log import ReplayLog, constant_length
 from specdec.verify.tree import Tree
-
-if TYPE_CHECKING:
-    from specdec.replay.log import ReplayLog
 
 REPEATS = 5
 LIVE_TOKENS = 32  # new tokens per row of each live generation the draft and host times come from
@@ -148,8 +146,9 @@ def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: S
     model = CostModel(verify_times(target, rows[0], sorted(set(widths) | {1}), trees=trees,
                                    capture=tuple(drafter.traits.feature_layers), batch_size=batch_size),
                       batch_size=batch_size, machine=machine_description(device))
-    model.draft_s, model.host_s, model.plain_host_s = loop_times(target, drafter, batches, ks, model, pad_id=pad_id,
-                                                                 new_tokens=new_tokens, **sampling)
+    with constant_length(drafter):  # a draft length schedule's steps timed at each K (the replay re-enacts it)
+        model.draft_s, model.host_s, model.plain_host_s = loop_times(target, drafter, batches, ks, model,
+                                                                     pad_id=pad_id, new_tokens=new_tokens, **sampling)
     return model
 
 

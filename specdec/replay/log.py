@@ -26,10 +26,11 @@ at K (each draft continues the ones before it; confidence cut-offs cut a prefix)
 live runs. In exact arithmetic, that is; the live run computes those hidden states, features and draft caches in
 forwards of other widths (a verify block of K+1 or a tree), whose float sums may differ in the last bits, and a
 draft whose choice is a near tie (an argmax, a confidence threshold) could then differ. The key test
-(tests/replay) finds none on the real target. What is history-dependent is refused: the draft model's ``schedule:
-heuristic`` (its length follows earlier acceptance), batches (a tree's shape is chosen over a batch's rows), lossy
-acceptance rules, and at T > 0 trees whose candidates are drawn at random (EAGLE's ``sampled`` trees: siblings
-drawn without replacement; their acceptance is not kept).
+(tests/replay) finds none on the real target. What is history-dependent is modelled or refused: the draft model's ``schedule:
+heuristic`` is logged at a fixed length and its length re-enacted by the replay from the steps' acceptance
+(:func:`constant_length`; :func:`~specdec.replay.simulate.next_length`). Refused: batches (a tree's shape is chosen
+over a batch's rows), lossy acceptance rules, and at T > 0 trees whose candidates are drawn at random (EAGLE's
+``sampled`` trees: siblings drawn without replacement; their acceptance is not kept).
 
 At T > 0, what is exact and what is not (replayed in :mod:`specdec.replay.simulate`):
 
@@ -52,9 +53,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
@@ -122,6 +124,7 @@ class ReplayLog:
     top_p: float = 1.0
     seeds: int = 1  # T > 0: sampled continuations per prompt (``prompts`` holds them prompt by prompt)
     one_hot: bool = True  # every logged draft deterministic (probs None): the matching walk is exact too
+    schedule: str = "constant"  # the draft length's schedule the replay re-enacts (logged at fixed lengths)
     format: int = FORMAT
 
     @property
@@ -375,10 +378,43 @@ def check_replayable(drafter: Drafter, temperature: float = 0.0, top_k: int = 0,
     if drafter.traits.lossy:
         raise ValueError(f"{type(drafter).__name__} verifies with a lossy rule ({drafter.traits.acceptance!r}); replay "
                          f"models the exact rule only: build it with drafter.acceptance=exact")
-    schedule = drafter_identity(drafter)["settings"].get("schedule", "constant")  # the draft model's, as built
-    if schedule != "constant":
-        raise ValueError(f"drafter.schedule={schedule!r}: the draft length follows earlier steps' acceptance, "
-                         f"which one proposal per position cannot replay; use drafter.schedule=constant")
+    schedule = draft_schedule(drafter)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"drafter.schedule={schedule!r}: replay re-enacts {list(SCHEDULES)} only; use one of them")
+
+
+SCHEDULES = ("constant", "heuristic")  # the draft lengths a replay re-enacts (simulate.next_length)
+
+
+def _scheduled(drafter: Drafter) -> Any:
+    """The drafter, or the one it wraps, that keeps a draft length schedule (the draft model's); None: none does."""
+    while not hasattr(drafter, "schedule") and isinstance(drafter, DrafterWrapper):
+        drafter = drafter.inner
+    return drafter if hasattr(drafter, "schedule") else None
+
+
+def draft_schedule(drafter: Drafter) -> str:
+    """``drafter``'s draft length schedule, as built: ``constant`` (a proposal as long as asked) or the draft model's
+    ``heuristic`` (+2 after a step that kept every draft, else -1; at most k)."""
+    owner = _scheduled(drafter)
+    return "constant" if owner is None else str(owner.schedule)
+
+
+@contextmanager
+def constant_length(drafter: Drafter) -> Iterator[None]:
+    """``drafter`` proposing as many drafts as it is asked for inside the block: a ``heuristic`` schedule set aside
+    (and its length forgotten on either side), so that the logging pass logs every position at K_max and the cost
+    model times each K at K; the replay re-enacts the schedule (:func:`~specdec.replay.simulate.next_length`)."""
+    owner = _scheduled(drafter)
+    schedule = None if owner is None else owner.schedule
+    if schedule in (None, "constant"):
+        yield
+        return
+    owner.schedule, owner.length = "constant", None
+    try:
+        yield
+    finally:
+        owner.schedule, owner.length = schedule, None
 
 
 def log_proposals(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
@@ -400,26 +436,28 @@ def log_proposals(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *,
         raise ValueError(f"seeds must be a count >= 1 or a non-empty list of seeds, got {seeds!r}")
     eos = sorted(set(stop_token_ids(target) if eos_token_id is None else
                      [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id))
-    device = next(target.parameters()).device
     recorder = Recorder(drafter, k_max, max_new_tokens, set(eos), sampled=sampled)
     logs, start = [], time.perf_counter()
-    for prompt in prompts:
-        ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]
-        for seed in seed_list:
-            recorder.begin(ids.shape[1])
-            options: dict[str, Any] = {}
-            if sampled:  # the target's draws and the drafter's from two streams: the continuation is the seed's
-                drafts = torch.Generator(device=device).manual_seed(seed + 1)
-                rule = AcceptanceRecorder(recorder, torch.Generator(device=device).manual_seed(seed))
-                options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=drafts, rule=rule)
-            out = speculative_generate(target, recorder, ids, k=k_max, max_new_tokens=max_new_tokens + k_max,
-                                       eos_token_id=[], **options)  # EOS must not stop it: drafts are checked past one
-            logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times,
-                                  recorder.accept_probs, seed))
+    device = next(target.parameters()).device
+    with constant_length(drafter):  # a schedule's proposals logged at K_max (the replay re-enacts it)
+        for prompt in prompts:
+            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=device)[None]
+            for seed in seed_list:
+                recorder.begin(ids.shape[1])
+                options: dict[str, Any] = {}
+                if sampled:  # the target's draws and the drafter's from two streams: the continuation is the seed's
+                    drafts = torch.Generator(device=device).manual_seed(seed + 1)
+                    rule = AcceptanceRecorder(recorder, torch.Generator(device=device).manual_seed(seed))
+                    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=drafts, rule=rule)
+                # EOS must not stop it: drafts are checked past one
+                out = speculative_generate(target, recorder, ids, k=k_max, max_new_tokens=max_new_tokens + k_max,
+                                           eos_token_id=[], **options)
+                logs.append(PromptLog(list(map(int, prompt)), out.sequences[0], recorder.proposals, recorder.times,
+                                      recorder.accept_probs, seed))
     log_time = time.perf_counter() - start
     tree = (drafts_trees(drafter) if tree is None else tree) or any(
         p.parents is not None for log in logs for p in log.proposals)
     return ReplayLog(target_identity(target), drafter_identity(drafter, chain_k_free=not tree),
                      tokenizer_identity(tokenizer), max_new_tokens, float(temperature), eos, k_max, tree, logs,
                      log_time_s=log_time, top_k=int(top_k), top_p=float(top_p), seeds=len(seed_list),
-                     one_hot=recorder.one_hot)
+                     one_hot=recorder.one_hot, schedule=draft_schedule(drafter))

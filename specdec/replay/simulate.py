@@ -29,6 +29,13 @@ never the recovered token: the residual holds no mass there), so given the emitt
 are fixed, and the emitted tokens are distributed as the target's samples: τ of the walk along one continuation is
 distributed exactly as a live run's τ (no approximation; one run's noise per seed).
 
+The draft model's ``schedule: heuristic`` (its draft length +2 after a step that kept every draft, else -1, at most
+K) is re-enacted: logged at K_max (:func:`~specdec.replay.log.constant_length`), each step drafts the first L of the
+logged drafts, L following the steps replayed (:func:`next_length`); in expectation the walk's states are (position,
+L). A batch's rows share L, as live (:func:`batched_speedup` steps them together). Exact where the chain's first L
+drafts at K_max are its drafts at L; a cross-vocabulary draft re-tokenises its text, so its shorter proposals may end
+in another token.
+
 With a cost model (:mod:`specdec.replay.costs`, measured on this machine) the steps are timed too: each verify step
 costs the target's forward over its block (last token + drafts), a drafting step at K and the step's host work at
 K; plain decoding (:func:`plain_stats`) a width-1 forward and a plain step's host work per token. Those times feed
@@ -51,102 +58,127 @@ from specdec.verify import greedy_chain, greedy_tree
 from specdec.verify.tree import Tree
 
 
-def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
-                  trees: dict[tuple[int, ...], Tree] | None = None, costs: CostModel | None = None,
-                  blocks: list[int] | None = None) -> DecodeStats:
-    """One prompt's live greedy run at lookahead ``k`` (a chain's K, or the tree's size: its proposals as logged),
-    re-enacted from ``log``: its :class:`DecodeStats`, with times from ``costs`` (None: counts only); each verify
-    step's block (last token + drafts) appended to ``blocks`` where given."""
-    trees = {} if trees is None else trees
-    stop, c = set(eos), log.continuation
-    stats = DecodeStats(k=k)
-    stats.new_tokens = stats.prefill_tokens = 1  # the prefill's token, c[0]
-    j = 1
-    active = c[0] not in stop and max_new_tokens > 1
-    while active:
-        if j - 1 >= len(log.proposals):
-            raise ValueError(f"the log holds proposals from {len(log.proposals)} positions, position {j} was reached "
-                             f"(max_new_tokens={max_new_tokens}): a log written with another max_new_tokens?")
-        proposed = log.proposals[j - 1]
-        if proposed.parents is None:  # a chain: its first k drafts
-            drafts = proposed.tokens[:k]
-            width, depth = min(proposed.num_proposed, k), None
+def next_length(schedule: str, length: int, k: int, kept_all: bool) -> int:
+    """The draft length of the step after one that drafted ``length`` (of at most ``k``): ``k`` under a constant
+    schedule; under the draft model's ``heuristic``, +2 after a step whose rows kept every draft (``kept_all``), else
+    -1, at least 1 and at most ``k`` (:meth:`~specdec.drafters.draft_model.core.ModelDrafter.observe`)."""
+    if schedule == "constant":
+        return k
+    return min(k, length + 2) if kept_all else max(1, length - 1)
+
+
+class _Walk:
+    """One prompt's live greedy run re-enacted from its log a step at a time (:func:`replay_prompt`'s; a batch's
+    rows step together in :func:`batched_speedup`): ``stats`` as the loop counts them, ``active`` until it ends."""
+
+    def __init__(self, log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
+                 trees: dict[tuple[int, ...], Tree]):
+        self.log, self.max_new_tokens, self.stop, self.trees = log, max_new_tokens, set(eos), trees
+        self.stats = DecodeStats(k=k)
+        self.stats.new_tokens = self.stats.prefill_tokens = 1  # the prefill's token, c[0]
+        self.j = 1
+        self.active = log.continuation[0] not in self.stop and max_new_tokens > 1
+
+    def step(self, length: int, costs: CostModel | None = None) -> tuple[int, int, int]:
+        """One verify step from where the run stands, a chain drafting ``length`` (a tree: its proposal as logged),
+        timed by ``costs`` (None: counts only): its block (last token + drafts), drafts and drafts accepted."""
+        j, c, stats = self.j, self.log.continuation, self.stats
+        if j - 1 >= len(self.log.proposals):
+            raise ValueError(f"the log holds proposals from {len(self.log.proposals)} positions, position {j} was "
+                             f"reached (max_new_tokens={self.max_new_tokens}): a log written with another "
+                             f"max_new_tokens?")
+        proposed = self.log.proposals[j - 1]
+        if proposed.parents is None:  # a chain: its first ``length`` drafts
+            drafts = proposed.tokens[:length]
+            width, depth, block = min(proposed.num_proposed, length), None, 1 + len(drafts)
             target = torch.tensor([c[j: j + len(drafts) + 1]])  # [1, K'+1]: the argmax at each draft, then after
             accepted = int(greedy_chain(torch.tensor([drafts], dtype=torch.long).reshape(1, -1), target)[0][0])
         else:  # a tree: walked as the verifier walks it
             shape = tuple(proposed.parents)
-            if shape not in trees:
-                trees[shape] = Tree.from_parents(list(shape))
-            shape_tree = trees[shape]
-            depths = shape_tree.depths.tolist()  # [N+1]: the root, then each node
-            target = torch.tensor([[c[j + d] for d in depths]])  # [1, N+1]: the argmax wherever the walk reads it
-            accepted = int(greedy_tree(shape_tree, torch.tensor([proposed.tokens]), target)[1][0])
-            width, depth = proposed.num_proposed, shape_tree.max_depth
-        block = 1 + (len(drafts) if proposed.parents is None else len(proposed.tokens))
-        if blocks is not None:
-            blocks.append(block)
+            if shape not in self.trees:
+                self.trees[shape] = Tree.from_parents(list(shape))
+            tree = self.trees[shape]
+            target = torch.tensor([[c[j + d] for d in tree.depths.tolist()]])  # [1, N+1]: wherever the walk reads
+            accepted = int(greedy_tree(tree, torch.tensor([proposed.tokens]), target)[1][0])
+            width, depth, block = proposed.num_proposed, tree.max_depth, 1 + len(proposed.tokens)
         if costs is not None:
             stats.target_time_s += costs.verify(block)
-            stats.drafter_time_s += costs.draft(k)
-            stats.wall_time_s += costs.step(block, k)
+            stats.drafter_time_s += costs.draft(length)
+            stats.wall_time_s += costs.step(block, length)
         stats.record_step([width], [accepted], [True], depth)
         stats.target_forwards += 1
-        kept = c[j: j + accepted + 1][: max_new_tokens - j]
+        kept = c[j: j + accepted + 1][: self.max_new_tokens - j]
         for i, token in enumerate(kept):
-            if token in stop:
+            if token in self.stop:
                 kept = kept[: i + 1]
                 break
-        j += len(kept)
+        self.j += len(kept)
         stats.new_tokens += len(kept)
-        active = not (kept[-1] in stop or j >= max_new_tokens)
-    return stats
+        self.active = not (kept[-1] in self.stop or self.j >= self.max_new_tokens)
+        return block, width, accepted
+
+
+def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
+                  trees: dict[tuple[int, ...], Tree] | None = None, costs: CostModel | None = None,
+                  schedule: str = "constant") -> DecodeStats:
+    """One prompt's live greedy run at lookahead ``k`` (a chain's K, or the tree's size: its proposals as logged),
+    re-enacted from ``log``: its :class:`DecodeStats`, with times from ``costs`` (None: counts only). A chain's
+    draft length follows ``schedule`` (:func:`next_length`), starting at ``k``."""
+    walk = _Walk(log, k, max_new_tokens=max_new_tokens, eos=eos, trees={} if trees is None else trees)
+    length = k
+    while walk.active:
+        _, width, accepted = walk.step(length, costs)
+        length = next_length(schedule, length, k, accepted >= width)
+    return walk.stats
 
 
 def expected_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
-                    costs: CostModel | None = None) -> DecodeStats:
+                    costs: CostModel | None = None, schedule: str = "constant") -> DecodeStats:
     """One prompt's sampled run at lookahead ``k``, in expectation over the verifier's draws along ``log``'s
     sampled continuation (T > 0; see the module docstring): its :class:`DecodeStats` with expected counts
-    (floats), times from ``costs`` (None: counts only)."""
+    (floats), times from ``costs`` (None: counts only). A chain's draft length follows ``schedule``
+    (:func:`next_length`): the walk's states are then (position, length)."""
     stop, c = set(eos), log.continuation
     end = min(max_new_tokens, next((i + 1 for i, t in enumerate(c) if t in stop), len(c)))  # tokens it emits
     stats = DecodeStats(k=k)
     stats.new_tokens = end
     stats.prefill_tokens = 1
-    reach = [0.0] * (end + 1)  # reach[j]: P(a step starts at position j)
+    reach: list[dict[int, float]] = [{} for _ in range(end + 1)]  # reach[j][L]: P(a step of length L starts at j)
     if end > 1:
-        reach[1] = 1.0
+        reach[1][k] = 1.0
     for j in range(1, end):
-        pi = reach[j]
-        if pi == 0.0:
-            continue
-        if j - 1 >= len(log.proposals) or j - 1 >= len(log.accept_probs):
-            raise ValueError(f"the log holds acceptance probabilities from {len(log.accept_probs)} positions, position "
-                             f"{j} was reached (max_new_tokens={max_new_tokens}): a greedy log, or one written with "
-                             f"another max_new_tokens?")
-        proposed = log.proposals[j - 1]
-        if proposed.parents is None:  # a chain: its first k drafts
-            reached = at_least(log.accept_probs[j - 1][:k])
-            width, depth, block = min(proposed.num_proposed, k), None, 1 + len(proposed.tokens[:k])
-        else:
-            reached = at_least(log.accept_probs[j - 1], proposed.parents)
-            width, depth, block = proposed.num_proposed, len(reached), 1 + len(proposed.tokens)
-        stats.verify_steps += pi
-        stats.target_forwards += pi
-        stats.tree_steps += 0.0 if depth is None else pi
-        stats.proposed_tokens += pi * width
-        stats.verified_tokens += pi * (1.0 + sum(reached))
-        for i in range(min(width if depth is None else depth, len(reached) + 1)):  # position i reached: n >= i
-            stats.proposed_per_position[i] += pi * (1.0 if i == 0 else reached[i - 1])
-        for i in range(min(width, len(reached)) if depth is None else len(reached)):
-            stats.accepted_per_position[i] += pi * reached[i]
-        for n in range(len(reached) + 1):  # the step accepts n drafts, emits n + 1 tokens
-            p_n = (1.0 if n == 0 else reached[n - 1]) - (reached[n] if n < len(reached) else 0.0)
-            if j + n + 1 < end:
-                reach[j + n + 1] += pi * p_n
-        if costs is not None:
-            stats.target_time_s += pi * costs.verify(block)
-            stats.drafter_time_s += pi * costs.draft(k)
-            stats.wall_time_s += pi * costs.step(block, k)
+        for length, pi in sorted(reach[j].items()):
+            if pi == 0.0:
+                continue
+            if j - 1 >= len(log.proposals) or j - 1 >= len(log.accept_probs):
+                raise ValueError(f"the log holds acceptance probabilities from {len(log.accept_probs)} positions, "
+                                 f"position {j} was reached (max_new_tokens={max_new_tokens}): a greedy log, or one "
+                                 f"written with another max_new_tokens?")
+            proposed = log.proposals[j - 1]
+            if proposed.parents is None:  # a chain: its first ``length`` drafts
+                reached = at_least(log.accept_probs[j - 1][:length])
+                width, depth, block = min(proposed.num_proposed, length), None, 1 + len(proposed.tokens[:length])
+            else:
+                reached = at_least(log.accept_probs[j - 1], proposed.parents)
+                width, depth, block = proposed.num_proposed, len(reached), 1 + len(proposed.tokens)
+            stats.verify_steps += pi
+            stats.target_forwards += pi
+            stats.tree_steps += 0.0 if depth is None else pi
+            stats.proposed_tokens += pi * width
+            stats.verified_tokens += pi * (1.0 + sum(reached))
+            for i in range(min(width if depth is None else depth, len(reached) + 1)):  # position i reached: n >= i
+                stats.proposed_per_position[i] += pi * (1.0 if i == 0 else reached[i - 1])
+            for i in range(min(width, len(reached)) if depth is None else len(reached)):
+                stats.accepted_per_position[i] += pi * reached[i]
+            for n in range(len(reached) + 1):  # the step accepts n drafts, emits n + 1 tokens
+                p_n = (1.0 if n == 0 else reached[n - 1]) - (reached[n] if n < len(reached) else 0.0)
+                if j + n + 1 < end:
+                    after = next_length(schedule, length, k, n >= width)
+                    reach[j + n + 1][after] = reach[j + n + 1].get(after, 0.0) + pi * p_n
+            if costs is not None:
+                stats.target_time_s += pi * costs.verify(block)
+                stats.drafter_time_s += pi * costs.draft(length)
+                stats.wall_time_s += pi * costs.step(block, length)
     return stats
 
 
@@ -173,7 +205,7 @@ def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False, batch_si
     log.check(k=k)
     trees: dict[tuple[int, ...], Tree] = {}
     costs = log.cost_model(batch_size)
-    options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos, costs=costs)
+    options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos, costs=costs, schedule=log.schedule)
     if log.temperature == 0 or walk:
         if walk and not log.one_hot:
             raise ValueError("the matching walk replays deterministic drafts only; this log's drafter drew its drafts "
@@ -191,8 +223,9 @@ def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
     is as wide as its widest row's block, since the loop verifies every row's drafts in one forward padded to the
     widest; plain decoding takes the batch's longest row's tokens, one plain step each. So a batch pays for its
     slowest row and its longest proposal: a prompt-lookup draft in one row widens every row's forward. Greedy
-    (or ``walk``-able): each row's logged steps, stepped together exactly. T > 0: each row's expected steps,
-    a batch as many as its row with the most, each at the largest of its rows' mean step costs (an approximation).
+    (or ``walk``-able): each row's logged steps, stepped together exactly (a heuristic schedule's one length for all
+    rows). T > 0: each row's expected steps (its own schedule), a batch as many as its row with the most, each at the
+    largest of its rows' mean step costs (an approximation).
     At one row, :func:`replay`'s per-prompt times summed."""
     log.check(k=k)
     costs = log.cost_model(batch_size)
@@ -202,12 +235,16 @@ def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
     for start in range(0, len(log.prompts), batch_size):
         rows = log.prompts[start: start + batch_size]
         if log.temperature == 0:
-            blocks: list[list[int]] = [[] for _ in rows]
-            runs = [replay_prompt(p, k, trees=trees, blocks=b, **options) for p, b in zip(rows, blocks)]
-            spec_s += sum(costs.step(max(b[s] for b in blocks if s < len(b)), k)
-                          for s in range(max(len(b) for b in blocks)))
+            walks = [_Walk(p, k, trees=trees, **options) for p in rows]
+            length = k
+            while any(w.active for w in walks):
+                steps = [w.step(length) for w in walks if w.active]
+                spec_s += costs.step(max(block for block, _, _ in steps), length)
+                widest = max(width for _, width, _ in steps)  # the schedule asks each row to keep the batch's widest
+                length = next_length(log.schedule, length, k, all(accepted >= widest for _, _, accepted in steps))
+            runs = [w.stats for w in walks]
         else:
-            runs = [expected_prompt(p, k, costs=costs, **options) for p in rows]
+            runs = [expected_prompt(p, k, costs=costs, schedule=log.schedule, **options) for p in rows]
             stepping = [r for r in runs if r.verify_steps > 0]
             spec_s += max((r.verify_steps for r in stepping), default=0.0) * max(
                 (r.wall_time_s / r.verify_steps for r in stepping), default=0.0)

@@ -7,7 +7,8 @@ all 18 cases; a chain read one draft too long (``drafts = proposed.tokens[:k + 1
 and Medusa chain cases (a random EAGLE chain and the confidence-cut draft model never get the extra draft accepted);
 the tree walk reading the continuation one level deep (``c[j + d + 1]``) failed all 8 tree cases; dropping the cut
 after an EOS failed the 5 EOS cases whose runs stop at an EOS inside accepted drafts. The planted rule of
-test_a_planted_bug_is_caught keeps one such bug in the suite.
+test_a_planted_bug_is_caught keeps one such bug in the suite. The draft model's heuristic schedule replayed at a
+constant length (``next_length("constant", ...)`` in ``replay_prompt``, 2026-11-28) failed both of its cases.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ CASES = {
     "ngram": ("tiny", lambda m: NgramDrafter(min_ngram=1), 6),
     "draft_model": ("tiny", lambda m: DraftModelDrafter(m["close"]), 6),
     "draft_model_confidence": ("tiny", lambda m: DraftModelDrafter(m["close"], confidence=0.3), 6),
+    "draft_model_heuristic": ("tiny", lambda m: DraftModelDrafter(m["close"], schedule="heuristic"), 6),
     "eagle": ("tiny", lambda m: eagle(m["tiny"], tree=False), 4),
     "eagle_tree": ("tiny", lambda m: eagle(m["tiny"], depth=3, top_k=2, expand=2), 8),
     "eagle_tree_lookup": ("tiny", lambda m: eagle(m["tiny"], depth=3, top_k=2, expand=2, lookup=3), 8),
@@ -66,7 +68,8 @@ PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13],
 
 
 def test_every_drafter_is_covered():
-    assert {name for name in DRAFTERS} <= {case.split("_tree")[0].split("_confidence")[0] for case in CASES}
+    assert {name for name in DRAFTERS} <= {case.split("_tree")[0].split("_confidence")[0].split("_heuristic")[0]
+                                           for case in CASES}
 
 
 def eos_for(target) -> list[int]:
@@ -166,9 +169,6 @@ def test_refused_for_another_target_drafter_or_tokenizer(models, tmp_path):
 def test_refused_what_replay_cannot_reproduce(models):
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         log_proposals(models["tiny"], NgramDrafter(), PROMPTS, k_max=2, max_new_tokens=4, temperature=-0.7)
-    heuristic = DraftModelDrafter(models["close"], schedule="heuristic")
-    with pytest.raises(ValueError, match="schedule='heuristic'"):
-        log_proposals(models["tiny"], heuristic, PROMPTS, k_max=2, max_new_tokens=4)
 
 
 def test_a_log_round_trips(models, tmp_path):
@@ -240,6 +240,31 @@ def test_a_batch_steps_together_at_its_widest_block_until_its_slowest_row_ends()
     assert batched_speedup(log, 2, 1) == pytest.approx((4 + 4) / (4 + 4))
     # together: 4 steps (row 1's), the first two 3 wide (row 0's blocks), then 1 wide once row 0 has ended
     assert batched_speedup(log, 2, 2) == pytest.approx(4 / (2 * 2.0 + 2 * 1.0))
+
+
+def test_a_heuristic_schedule_replays_its_length_over_the_batchs_rows_together():
+    """The draft model's heuristic schedule (+2 after a step whose rows kept every draft, else -1) is one length for
+    the batch: two rows (K=4, 9 tokens), row 0 always right, row 1 always wrong. Together the length falls 4, 3, 2, 1
+    (row 1 never keeps all); row 0 alone would keep 4. The replay re-enacts it a step at a time, and the heuristic
+    log replays its length a prompt at a time too (test_replay_equals_live: the live loop's counts)."""
+    from dataclasses import asdict, replace
+
+    from specdec.replay.costs import CostModel
+    from specdec.replay.log import PromptLog, Proposed
+    from specdec.replay.simulate import batched_speedup
+
+    c = list(range(10, 24))
+    right = PromptLog([1], c, [Proposed(c[j: j + 4], None, 4) for j in range(1, 9)])
+    wrong = PromptLog([1], c, [Proposed([0] * 4, None, 4) for _ in range(1, 9)])
+    costs = CostModel({w: float(w) for w in range(1, 6)}, {}, {}, 0.0)  # a step costs its block's width
+    log = ReplayLog({}, {}, None, 9, 0.0, [], 4, False, [right, wrong], schedule="heuristic",
+                    costs={"2": asdict(replace(costs, batch_size=2))})
+    # 8 steps (row 1's): blocks 5, 4, 3 (row 0 ends), then 2 each; plain decoding 8 steps of 1
+    assert batched_speedup(log, 4, 2) == pytest.approx(8 / (5 + 4 + 3 + 2 * 5))
+    constant = replace(log, schedule="constant")  # blocks 5, 5 (row 0 ends), then row 1's 5 each
+    assert batched_speedup(constant, 4, 2) == pytest.approx(8 / (5 * 8))
+    alone = [simulate.replay_prompt(p, 4, max_new_tokens=9, eos=[], schedule="heuristic") for p in (right, wrong)]
+    assert [s.verify_steps for s in alone] == [2, 8] and [s.proposed_tokens for s in alone] == [8, 4 + 3 + 2 + 5]
 
 
 def test_a_tree_logs_cost_model_times_its_trees(models, tmp_path):

@@ -6,7 +6,9 @@ the mean over many live runs, and what a sampled log cannot answer is refused.
 Shown to catch planted bugs (2026-11-26, planted by hand, the file run, the bug removed): the expectation's walk
 stepping one position too far (``reach[j + n + 2]``) failed 16 tests (every certain-draws case but the ones whose
 drafts are never accepted); positions reached counted whether or not the step got there failed 12; a sampled
-draft's β taken as p(x) (the one-hot formula) failed the recomputed-β test and the draft model's T=1 comparison.
+draft's β taken as p(x) (the one-hot formula) failed the recomputed-β test and the draft model's T=1 comparison;
+the walk's next length taken as constant under the heuristic schedule (2026-11-28) failed its two certain-draws cases
+and its T=1 comparison.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def test_certain_draws_replay_as_live_runs(models, case, stop):
                 assert getattr(replayed, count) == pytest.approx(getattr(live, count)), (case, k, prompt, count)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "medusa_tree"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "draft_model_heuristic", "medusa_tree"])
 def test_replayed_tau_at_t1_is_near_the_live_mean(markov, drafter):
     """T=1 on the Markov target: the replay over 24 sampled continuations per prompt against 100 live runs per
     prompt. The draft model's drafts are sampled (its β's conditioned on its own draws); n-gram and Medusa's
@@ -130,6 +132,7 @@ def test_replayed_tau_at_t1_is_near_the_live_mean(markov, drafter):
     make, k, bound = {
         "ngram": (lambda: NgramDrafter(min_ngram=1), 3, 0.03),
         "draft_model": (lambda: DraftModelDrafter(markov["close"]), 3, 0.03),
+        "draft_model_heuristic": (lambda: DraftModelDrafter(markov["close"], schedule="heuristic"), 4, 0.03),
         "medusa_tree": (lambda: MedusaDrafter(markov_heads(3, strength=2.0), target.lm_head.weight, PATHS), 8, 0.12),
     }[drafter]
     prompts = PROMPTS[:3]
