@@ -139,8 +139,9 @@ class AutoConfig:
 
 @dataclass
 class RunConfig(JobConfig):
-    # The main job drafts by prompt lookup (n-gram, K=4): the fastest drafter measured on its prompts on a 2-core CPU
-    # under greedy decoding (README); configs/run.yaml names the same choices.
+    # The main job drafts by prompt lookup (n-gram): the fastest drafter measured on its prompts on a 2-core CPU
+    # under greedy decoding (README), its lookahead chosen by drafter.k=auto (configs/run.yaml, which names these
+    # choices and sets drafter.k: auto; the drafter presets keep the fixed k other jobs use).
     defaults: list[Any] = field(default_factory=lambda: job_defaults("greedy", "ngram"))
     baseline: bool = True  # also run plain autoregressive decoding on the same prompts (for speedup)
     auto: AutoConfig = field(default_factory=lambda: AutoConfig())  # how drafter.k=auto chooses

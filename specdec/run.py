@@ -1,9 +1,9 @@
 """Main job: speculative vs plain decoding of one configuration on a real prompt set.
 
-    python -m specdec.run                                  # embedded SmolLM2-135M, prompt lookup (n-gram, K=4)
+    python -m specdec.run                                  # embedded SmolLM2-135M, prompt lookup, k=auto
     python -m specdec.run drafter=draft_model drafter.k=2 sampling=sample
     python -m specdec.run -m drafter=ngram drafter.k=1,2,4,8   # a sweep (summary written at the end)
-    python -m specdec.run drafter.k=auto data.batch_size=4     # the lookahead chosen for this machine and batch
+    python -m specdec.run drafter.k=4 data.batch_size=4        # a fixed lookahead (default auto: chosen per run)
 
 Speculative and plain decoding run on the same prompts in the same process, batch by batch in
 alternation so slow drifts in machine load hit both alike (plain decoding first in every other batch: the first of

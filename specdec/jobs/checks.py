@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from specdec.config import TargetConfig
 from specdec.decode.engine import capped_lookahead
-from specdec.drafters.loading import check_drafter_config
+from specdec.drafters.loading import check_drafter_config, lossy_rule
 from specdec.jobs.data import check_chat_prompts, held_out_mix, load_prompt_mix, prompt_room
 from specdec.jobs.runs import try_writing
 from specdec.models.graphs import check_compile_mode
@@ -114,6 +114,8 @@ def check_before_loading(cfg: DictConfig, *, room: int | None = None) -> Checked
     room for (default: the one the drafter is built with)."""
     check_lookahead(cfg.drafter.k, auto=True)
     auto = check_auto(cfg.auto, bool(cfg.drafter.get("tree"))) if cfg.drafter.k == "auto" else None
+    if auto:
+        check_auto_can_choose(cfg)
     k = auto.largest if auto else cfg.drafter.k  # k=auto: the drafter is built at the largest size it tries
     check_job_config(cfg)
     sampling = SamplingParams(cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p)
@@ -135,6 +137,20 @@ def check_before_loading(cfg: DictConfig, *, room: int | None = None) -> Checked
             log.warning("drafter.k=auto: data.sources leave no prompts out of the run; choosing on the run's own "
                         "first %d per source", cfg.auto.prompts_per_source)
     return Checked(k, rows, resolve_device(cfg.target.device), sampling, auto, held_out)
+
+
+def check_auto_can_choose(cfg: DictConfig) -> None:
+    """Refuse ``drafter.k=auto`` (the main job's default) where its replay cannot predict the run: a lossy acceptance
+    rule, or at temperature > 0 a tree whose nodes are drawn at random (EAGLE's ``sampled: true``); the message names
+    the fixed lookahead to give instead."""
+    fixed = "give a fixed lookahead instead (drafter.k=<n>: a chain's drafts, a tree's nodes)"
+    if lossy_rule(cfg.drafter) is not None:
+        raise ValueError(f"drafter.acceptance={lossy_rule(cfg.drafter)} is a lossy rule, and drafter.k=auto (the main "
+                         f"job's default) chooses by replaying the exact rule only: {fixed}")
+    if cfg.drafter.get("sampled") and cfg.drafter.get("tree") and cfg.sampling.temperature:
+        raise ValueError(f"drafter.sampled=true draws a tree's nodes at random at temperature "
+                         f"{cfg.sampling.temperature}, which drafter.k=auto (the main job's default) cannot replay: "
+                         f"{fixed}, or drafter.sampled=false")
 
 
 def check_job_config(cfg: DictConfig) -> None:

@@ -174,6 +174,10 @@ CODE = ["target=gemma3", "data=code_text"]  # a target with another tokenizer th
     ("run", ["drafter=eagle", f"drafter.path={ASSETS / 'dflash' / 'smollm2-135m'}"],
      "holds a block (DFlash-style) drafter, not what drafter=eagle reads"),
     ("run", ["drafter.k=0"], "drafter.k (lookahead) must be an integer >= 1 or 'auto', got 0"),
+    # drafter.k=auto, the main job's default, where its replay cannot predict the run: refused naming a fixed k
+    ("run", ["drafter=medusa", "drafter.acceptance=typical"], "is a lossy rule, and drafter.k=auto (the main job's"),
+    ("run", ["drafter=eagle", "drafter.sampled=true", "drafter.lookup=0", "sampling=sample"],
+     "which drafter.k=auto (the main job's default) cannot replay: give a fixed lookahead instead (drafter.k=<n>"),
     ("run", ["data.max_new_tokens=0"], "data.max_new_tokens must be an integer >= 1"),
     ("run", ["drafter.k=1000", "target.max_context=512"], "exceeds the model's context of 512 positions"),
     # refused after the target had loaded, before (the probe's own finds)
@@ -190,7 +194,6 @@ CODE = ["target=gemma3", "data=code_text"]  # a target with another tokenizer th
     ("verify_dist", ["planted_bug=banana"], "unknown planted bug 'banana'"),
     ("verify_dist", ["detect_tv=-1"], "detect_tv (a TV distance) must lie in (0, 1]"),
     ("verify_dist", ["joint_tokens=-1"], "joint_tokens must be an integer >= 0, got -1"),
-    ("replay", ["drafter=draft_model", "drafter.schedule=heuristic"], "one proposal per position cannot replay"),
 ])
 def test_refused_before_any_model_loads(no_model, entry, overrides, message):
     if entry == "verify_dist":

@@ -20,6 +20,14 @@ REQUIRED = ["drafter", "k", "temperature", "acceptance_rate", "acceptance_per_po
             "leviathan_chain_formula", "drafting", "speedup_interval", "decode_speedup_interval",
             "few_prompts", "per_prompt"]
 TINY = ["data.limit_per_source=1", "data.max_new_tokens=8", "warmup=false"]
+FIXED = "drafter.k=4"  # a fixed lookahead: no drafter.k=auto calibration (the main job's default)
+
+
+def preset_k(drafter: str) -> str:
+    """drafter.k=<the k of configs/drafter/<drafter>.yaml>: the preset's fixed lookahead instead of the main job's auto."""
+    from omegaconf import OmegaConf
+
+    return f"drafter.k={OmegaConf.load(CONFIGS / 'drafter' / f'{drafter}.yaml').k}"
 
 
 def run_job(*overrides, cwd: Path) -> subprocess.CompletedProcess:
@@ -39,7 +47,7 @@ def test_every_config_composes(group):
         for option in group_options(group):
             extra = ["target.name=some/model"] if (group, option) == ("target", "hub") else []
             cfg = compose("run", overrides=[f"{group}={option}", *extra], return_hydra_config=True)
-            assert cfg.drafter.k >= 1 and cfg.data.max_new_tokens >= 1
+            assert cfg.drafter.k == "auto" and cfg.data.max_new_tokens >= 1  # the main job chooses its lookahead
 
 
 @pytest.mark.parametrize("entry, groups", [
@@ -63,7 +71,7 @@ def test_help_lists_only_the_choices_a_user_can_make(entry, groups):
 @pytest.mark.real_model
 @pytest.mark.parametrize("coded", [True, False])
 def test_main_job_writes_results(tmp_path, coded):
-    proc = run_job(*TINY, f"target.coded_weights={coded}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_job(*TINY, FIXED, f"target.coded_weights={coded}", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "ok" and all(key in results for key in REQUIRED)
@@ -93,7 +101,7 @@ def test_the_main_job_on_the_gpu_path_through_emulated_graphs(drafter):
 
     register_configs()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("run", overrides=[f"drafter={drafter}", "data.sources=[mtbench]", *TINY])
+        cfg = compose("run", overrides=[f"drafter={drafter}", "data.sources=[mtbench]", *TINY, preset_k(drafter)])
     results = run(cfg, Backend.emulated_gpu())
     assert results["greedy_mismatches"] == 0 and results["cuda_graph_captures"] > 0
     assert results["cuda_graph_capture_time_s"] > 0
@@ -277,14 +285,14 @@ BAD_INPUTS = [  # (overrides, what the error must say)
 def test_bad_input_fails_clearly_and_leaves_a_failed_results_file(tmp_path, override, message):
     """A job run alone: non-zero exit, the error on stderr, a results file saying "failed" and why (the
     other bad inputs, which fail the same way, in one sweep below)."""
-    proc = run_job(*TINY, *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_job(*TINY, FIXED, *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "failed" and message in results["error"]
 
 
-LOSSY = "drafter=medusa drafter.acceptance=typical sampling=sample"
+LOSSY = "drafter=medusa drafter.acceptance=typical sampling=sample drafter.k=23"  # k=auto replays exact rules only
 
 
 @pytest.mark.real_model
@@ -301,7 +309,7 @@ def test_in_one_sweep_each_bad_input_fails_clearly_and_a_lossy_rule_is_marked(tm
         groups = [item for item in override.split() if "." not in item.split("=")[0]]
         values = [item for item in override.split() if item not in groups]
         defaults = "".join(f"  - override /{item.replace('=', ': ')}\n" for item in groups)
-        body = OmegaConf.to_yaml(OmegaConf.from_dotlist([*TINY, *values]))
+        body = OmegaConf.to_yaml(OmegaConf.from_dotlist([*TINY, FIXED, *values]))
         (cases / f"case{i}.yaml").write_text("# @package _global_\n" + (f"defaults:\n{defaults}" if defaults else "")
                                             + body)
     names = ",".join(f"case{i}" for i in range(len(BAD_INPUTS) + 1))

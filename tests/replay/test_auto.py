@@ -98,7 +98,8 @@ def test_build_drafter_refuses_auto(models):
 
 @pytest.mark.real_model
 def test_the_main_job_chooses_and_decodes_with_it(tmp_path):
-    overrides = ["drafter=ngram", "drafter.k=auto", *TINY, "auto.prompts_per_source=1", "auto.max_new_tokens=16",
+    """drafter.k=auto is the main job's default (configs/run.yaml): no drafter.k given."""
+    overrides = ["drafter=ngram", *TINY, "auto.prompts_per_source=1", "auto.max_new_tokens=16",
                  "auto.ks=[1,2]", f"auto.log_dir={tmp_path}/logs", "warmup=false"]
     run = job("specdec.run", *overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
