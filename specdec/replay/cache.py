@@ -41,6 +41,13 @@ def load_log(path: str | Path, target, drafter: Drafter, tokenizer: Any = None, 
     return log
 
 
+def _current(costs: dict[str, Any]) -> bool:
+    """Whether a kept cost model is one this specdec measures: one without ``setup_s`` spread a drafter's
+    once-a-generation work over its steps (a cross-vocabulary draft's step read several times too slow), so it is
+    measured again."""
+    return "setup_s" in costs
+
+
 def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_max: int, max_new_tokens: int,
                tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seeds: int = 1, tree: bool | None = None,
@@ -71,7 +78,8 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
         log = log_proposals(target, drafter, prompts, k_max=k_max, max_new_tokens=max_new_tokens,
                             tokenizer=tokenizer, eos_token_id=eos, tree=tree, seeds=seeds, **sampling)
     measured = log.cost_model(cost_batch)
-    if costs and (measured is None or measured.machine != machine_description(next(target.parameters()).device)):
+    stale = measured is None or not _current(log.costs[str(cost_batch)])
+    if costs and (stale or measured.machine != machine_description(next(target.parameters()).device)):
         model = measure(target, drafter, prompts, ks=[k_max] if log.tree else range(1, k_max + 1),
                         widths=range(1, k_max + 2), trees=logged_trees(log), batch_size=cost_batch, pad_id=pad_id,
                         **sampling)
@@ -97,8 +105,8 @@ def shared_costs(target, drafter: Drafter, prompts: Sequence[Sequence[int]], log
             "sampling": sampling}
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
     path = Path(directory or default_directory()) / f"costs-{key}.json"
-    if path.is_file():
-        return CostModel.from_dict(json.loads(path.read_text()))
+    if path.is_file() and _current(kept := json.loads(path.read_text())):
+        return CostModel.from_dict(kept)
     sizes, trees = sorted(logs), {}
     for size in sizes:
         for width, tree in logged_trees(logs[size][0]).items():

@@ -21,6 +21,7 @@ class CostModel:
     plain_host_s: float = 0.0
     batch_size: int = 1
     machine: str = ""
+    setup_s: float = 0.0  # the drafter's one-off work a generation (its start, its first proposal's catch-up)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CostModel":
@@ -28,7 +29,7 @@ class CostModel:
             return {int(w): t for w, t in data.get(name, {}).items()}
 
         return cls(keyed("verify_s"), keyed("draft_s"), keyed("host_s"), data.get("plain_host_s", 0.0),
-                   data.get("batch_size", 1), data.get("machine", ""))
+                   data.get("batch_size", 1), data.get("machine", ""), data.get("setup_s", 0.0))
 
     @classmethod
     def from_curve(cls, path: str | Path, batch_size: int) -> "CostModel":

@@ -9,12 +9,15 @@ per block width, and what a live step spends besides.
   prompts (their acceptance sets how much a drafter does between forwards), after a warm-up: the drafter's seconds
   per step (proposing and observing, as the loop times them), and the rest of the step beyond the verify forward of
   its mean width (the acceptance rule, the one sync, emitting and committing: the loop's host work), at least plain
-  decoding's, which it includes. Plain decoding's host work likewise (``plain_host_s``).
+  decoding's, which it includes. Plain decoding's host work likewise (``plain_host_s``). What the drafter does once a
+  generation (its start; its first proposal's excess over the median one: a draft model reading the prompt) is kept
+  apart (``setup_s``), not spread over the few steps of a short live run.
 
-A replayed run is then timed as the live loop would spend it: per verify step, ``verify[width]`` + ``draft[K]`` +
-``host[K]``; plain decoding, ``verify[1]`` + ``plain_host`` per token. No prefill. At a batch of B rows every
-figure is a step of the whole batch: a replay at batch 1's acceptance timed by them predicts batch B's speedup
-(each row accepting as it would alone: for trees, whose shape a batch's rows share, an optimistic guess).
+A replayed run is then timed as the live loop would spend it: ``setup`` once, then per verify step,
+``verify[width]`` + ``draft[K]`` + ``host[K]``; plain decoding, ``verify[1]`` + ``plain_host`` per token. No
+prefill. At a batch of B rows every figure is a step of the whole batch: a replay at batch 1's acceptance timed by
+them predicts batch B's speedup (each row accepting as it would alone: for trees, whose shape a batch's rows share,
+an optimistic guess).
 """
 
 from __future__ import annotations
@@ -73,26 +76,47 @@ def verify_times(target, prompt: Sequence[int], widths: Sequence[int], repeats: 
 
 
 class _Widths(DrafterWrapper):
-    """Counts the block widths a live run verifies (the last token and the proposal's tokens)."""
+    """Counts the block widths a live run verifies (the last token and the proposal's tokens), and times what the
+    drafter does once a generation (its start, and its first proposal's excess over the others': a draft model
+    reading the prompt) apart from its steps."""
 
     def __init__(self, inner: Drafter):
         super().__init__(inner)
         self.widths: list[int] = []
+        self.starts: list[float] = []  # seconds of each generation's start
+        self.firsts: list[float] = []  # seconds of each generation's first proposal
+        self.others: list[float] = []  # seconds of every later proposal
+        self.fresh = False
+
+    def start(self, state: DecodeState) -> None:
+        began = time.perf_counter()
+        self.inner.start(state)
+        self.starts.append(time.perf_counter() - began)
+        self.fresh = True
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        began = time.perf_counter()
         proposal = self.inner.propose(state, k)
+        (self.firsts if self.fresh else self.others).append(time.perf_counter() - began)
+        self.fresh = False
         self.widths.append(1 + proposal.tokens.shape[1])
         return proposal
+
+    def one_off(self) -> float:
+        """Seconds of once-a-generation work timed so far: the starts, and each first proposal beyond a typical one."""
+        typical = statistics.median(self.others) if self.others else 0.0
+        return sum(self.starts) + sum(max(0.0, first - typical) for first in self.firsts)
 
 
 def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int]]], ks: Sequence[int],
                verify: CostModel, *, new_tokens: int = LIVE_TOKENS, pad_id: int = 0,
-               **sampling: Any) -> tuple[dict[int, float], dict[int, float], float]:
+               **sampling: Any) -> tuple[dict[int, float], dict[int, float], float, float]:
     """From live generations of ``new_tokens`` per row over each of ``batches`` (prompts decoded together,
-    left-padded) at each of ``ks``, after a warm-up: the drafter's seconds per step, the step's host work (its
-    seconds beyond the drafter's and ``verify``'s forward over the step's mean block width, at least plain
-    decoding's), and plain decoding's host work per step, each pooled over the batches. Sampled runs (``sampling``:
-    temperature, top_k, top_p) draw from a fixed seed."""
+    left-padded) at each of ``ks``, after a warm-up: the drafter's seconds per step (its once-a-generation work left
+    out), the step's host work (its seconds beyond the drafter's and ``verify``'s forward over the step's mean block
+    width, at least plain decoding's), plain decoding's host work per step, each pooled over the batches, and the
+    drafter's once-a-generation seconds (a batch's; the mean over every K's generations). Sampled runs
+    (``sampling``: temperature, top_k, top_p) draw from a fixed seed."""
     from specdec.decode.engine import autoregressive_generate, speculative_generate
     from specdec.jobs.data import left_pad
 
@@ -115,18 +139,20 @@ def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int
         return seconds, drafting, max(steps, 1)
 
     run(max(ks), min(8, new_tokens))  # warm-up
-    draft, host = {}, {}
+    draft, host, setups = {}, {}, []
     for k in ks:
-        wrapped.widths = []
+        wrapped.widths, wrapped.starts, wrapped.firsts, wrapped.others = [], [], [], []
         seconds, drafting, steps = run(k, new_tokens)
         width = sum(wrapped.widths) / max(len(wrapped.widths), 1)  # a fractional width: interpolated
-        draft[k] = drafting / steps
-        host[k] = seconds / steps - draft[k] - verify.verify(width)
+        one_off = min(wrapped.one_off(), drafting)
+        setups.append(one_off / len(batches))
+        draft[k] = (drafting - one_off) / steps
+        host[k] = (seconds - one_off) / steps - draft[k] - verify.verify(width)
     run(None, min(8, new_tokens))
     seconds, _, steps = run(None, new_tokens)
     plain_host = seconds / steps - verify.verify(1)
     # a speculative step does a plain step's host work and more: a smaller figure is the clock's noise (seen negative)
-    return draft, {k: max(t, plain_host) for k, t in host.items()}, plain_host
+    return draft, {k: max(t, plain_host) for k, t in host.items()}, plain_host, sum(setups) / len(setups)
 
 
 def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: Sequence[int],
@@ -147,8 +173,8 @@ def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: S
                                    capture=tuple(drafter.traits.feature_layers), batch_size=batch_size),
                       batch_size=batch_size, machine=machine_description(device))
     with constant_length(drafter):  # a draft length schedule's steps timed at each K (the replay re-enacts it)
-        model.draft_s, model.host_s, model.plain_host_s = loop_times(target, drafter, batches, ks, model,
-                                                                     pad_id=pad_id, new_tokens=new_tokens, **sampling)
+        model.draft_s, model.host_s, model.plain_host_s, model.setup_s = loop_times(
+            target, drafter, batches, ks, model, pad_id=pad_id, new_tokens=new_tokens, **sampling)
     return model
 
 

@@ -125,11 +125,20 @@ def replay_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[
     re-enacted from ``log``: its :class:`DecodeStats`, with times from ``costs`` (None: counts only). A chain's
     draft length follows ``schedule`` (:func:`next_length`), starting at ``k``."""
     walk = _Walk(log, k, max_new_tokens=max_new_tokens, eos=eos, trees={} if trees is None else trees)
+    _set_up(walk.stats, costs)
     length = k
     while walk.active:
         _, width, accepted = walk.step(length, costs)
         length = next_length(schedule, length, k, accepted >= width)
     return walk.stats
+
+
+def _set_up(stats: DecodeStats, costs: CostModel | None) -> None:
+    """A generation's once-only drafting (``costs.setup_s``: the drafter's start, a draft model reading the prompt)
+    counted in its drafter's time and its wall time."""
+    if costs is not None:
+        stats.drafter_time_s += costs.setup_s
+        stats.wall_time_s += costs.setup_s
 
 
 def expected_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequence[int],
@@ -143,6 +152,7 @@ def expected_prompt(log: PromptLog, k: int, *, max_new_tokens: int, eos: Sequenc
     stats = DecodeStats(k=k)
     stats.new_tokens = end
     stats.prefill_tokens = 1
+    _set_up(stats, costs)
     reach: list[dict[int, float]] = [{} for _ in range(end + 1)]  # reach[j][L]: P(a step of length L starts at j)
     if end > 1:
         reach[1][k] = 1.0
@@ -236,6 +246,7 @@ def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
         rows = log.prompts[start: start + batch_size]
         if log.temperature == 0:
             walks = [_Walk(p, k, trees=trees, **options) for p in rows]
+            spec_s += costs.setup_s  # the batch's once-only drafting
             length = k
             while any(w.active for w in walks):
                 steps = [w.step(length) for w in walks if w.active]

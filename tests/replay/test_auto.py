@@ -171,5 +171,53 @@ def test_a_speculative_steps_host_work_is_at_least_plain_decodings(models):
 
     target, drafter = models
     slow_wide = CostModel({1: 0.0, 5: 10.0})  # blocks of 2-5 tokens read as seconds: the raw host term goes negative
-    _, host, plain_host = loop_times(target, drafter, [PROMPTS[:1]], [1, 2, 3], slow_wide, new_tokens=8)
+    _, host, plain_host, _ = loop_times(target, drafter, [PROMPTS[:1]], [1, 2, 3], slow_wide, new_tokens=8)
     assert plain_host > 0 and all(t == plain_host for t in host.values())
+
+
+def test_a_drafters_once_a_generation_work_is_kept_apart_from_its_steps(models):
+    """A drafter whose first proposal of a generation reads the prompt (a cross-vocabulary draft's catch-up, planted
+    here as 0.3 s of sleep) is timed as that once, not spread over a short live run's few steps (which had read such a
+    draft's step several times too slow, and k=auto chose plain decoding for a drafter that paid). The replay counts
+    it once a generation."""
+    import time
+
+    from specdec.drafters.base import DrafterWrapper
+    from specdec.replay import log_proposals
+    from specdec.replay.costs import loop_times
+    from specdec.replay.simulate import replay_prompt
+
+    class ReadsThePrompt(DrafterWrapper):
+        def start(self, state):
+            self.inner.start(state)
+            self.first = True
+
+        def propose(self, state, k):
+            if self.first:
+                time.sleep(0.3)
+                self.first = False
+            return self.inner.propose(state, k)
+
+    target, _ = models
+    drafter = ReadsThePrompt(NgramDrafter(min_ngram=1))
+    verify = CostModel({1: 0.0, 5: 0.0})
+    draft, _, _, setup = loop_times(target, drafter, [PROMPTS[:1], PROMPTS[1:2]], [1, 2], verify, new_tokens=8)
+    assert 0.25 < setup < 0.45 and all(t < 0.05 for t in draft.values()), (setup, draft)
+    log = log_proposals(target, NgramDrafter(min_ngram=1), PROMPTS[:1], k_max=2, max_new_tokens=NEW, eos_token_id=[])
+    costs = CostModel({1: 1.0, 3: 1.0}, {2: 0.0}, {2: 0.0}, 0.0, setup_s=5.0)
+    once, never = (replay_prompt(log.prompts[0], 2, max_new_tokens=NEW, eos=[], costs=c)
+                   for c in (costs, CostModel({1: 1.0, 3: 1.0}, {2: 0.0}, {2: 0.0}, 0.0)))
+    assert once.wall_time_s == pytest.approx(never.wall_time_s + 5.0) and once.drafter_time_s == pytest.approx(5.0)
+
+
+def test_a_cost_model_kept_without_the_once_a_generation_term_is_measured_again(models, tmp_path):
+    """A log's cost model measured before setup_s existed spread a drafter's once-a-generation work over its steps:
+    the next run measures it again rather than choosing by it."""
+    target, drafter = models
+    options = dict(k_max=2, max_new_tokens=8, eos_token_id=[], directory=tmp_path, costs=True, tree=False)
+    _, path, _ = cached_log(target, drafter, PROMPTS[:1], **options)
+    data = json.loads(path.read_text())
+    del data["costs"]["1"]["setup_s"]
+    path.write_text(json.dumps(data))
+    log, _, from_disk = cached_log(target, drafter, PROMPTS[:1], **options)
+    assert not from_disk and "setup_s" in json.loads(path.read_text())["costs"]["1"]
