@@ -69,9 +69,10 @@ def _merge(cfg: DictConfig, values: Any, name: str, what: str) -> DictConfig:
 
 
 def drafter_config(name: str, **overrides: Any) -> DictConfig:
-    """The config ``python -m specdec.run drafter=<name>`` composes for the registered drafter ``name``: its
-    ``Config``, then ``configs/drafter/<name>.yaml`` (the shipped defaults), then ``overrides`` (a setting each,
-    as ``drafter.<setting>=...`` on the command line, e.g. ``k=4`` or ``path="outputs/eagle"``)."""
+    """The config ``python -m specdec.run drafter=<name>`` composes for the registered drafter ``name`` (the preset's
+    fixed ``k`` where the main job's is ``auto``): its ``Config``, then ``configs/drafter/<name>.yaml`` (the shipped
+    defaults), then ``overrides`` (a setting each, as ``drafter.<setting>=...`` on the command line, e.g. ``k=4`` or
+    ``path="outputs/eagle"``)."""
     from specdec.config import config_dir
 
     cfg = OmegaConf.structured(_registered(name).Config)
@@ -166,7 +167,7 @@ def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, *, b
                  **overrides: Any) -> Drafter:
     """The registered drafter ``name`` ("eagle", "medusa", "draft_model", "ngram", ...) for ``target`` and its
     ``tokenizer``, its own models on ``backend``, with the defaults ``python -m specdec.run drafter=<name>`` uses
-    (the shipped weights for the default target), changed by ``overrides`` (``drafter.<setting>`` on the command
+    (the shipped weights for the default target; the preset's fixed ``k``, not the main job's ``auto``), changed by ``overrides`` (``drafter.<setting>`` on the command
     line: ``k=4``, ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
     :func:`~specdec.speculative_generate` drafts with unless given one.
 

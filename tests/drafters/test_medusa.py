@@ -146,8 +146,8 @@ def test_drafter_config_composes_with_hydra():
 
     import specdec.run  # noqa: F401  (registers the configs)
 
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("run", overrides=["drafter=medusa"])
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # verify_dist keeps the preset's k
+        cfg = compose("verify_dist", overrides=["drafter=medusa"])
     assert cfg.drafter.name == "medusa" and cfg.drafter.path == "default" and cfg.drafter.tree == "default"
     defaults = MedusaDrafter.Config()  # the YAML and the dataclass tell the same defaults
     fields = ("k", "min_confidence", "lookup", "dtype", "acceptance", "typical_epsilon", "typical_alpha")

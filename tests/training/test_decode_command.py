@@ -61,8 +61,9 @@ def test_a_trained_drafter_decodes_with_the_command_its_training_printed(method,
     monkeypatch.setattr(specdec.jobs.job, "load_target", load_tiny)  # the main job's target
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # the printed overrides, then a budget
+        preset = OmegaConf.load(CONFIGS / "drafter" / f"{method}.yaml").k  # a fixed k: no k=auto calibration
         run_cfg = compose("run", overrides=[*command[3:], "data.sources=[mtbench]", "data.limit_per_source=2",
-                                            "data.max_new_tokens=8", "warmup=false"])
+                                            "data.max_new_tokens=8", "warmup=false", f"drafter.k={preset}"])
     results = run_job.run(run_cfg)
     assert results["drafter"] == method and results["greedy_mismatches"] == 0 and results["drafter_forwards"] > 0
 
