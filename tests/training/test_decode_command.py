@@ -61,9 +61,11 @@ def test_a_trained_drafter_decodes_with_the_command_its_training_printed(method,
     monkeypatch.setattr(specdec.jobs.job, "load_target", load_tiny)  # the main job's target
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # the printed overrides, then a budget
-        preset = OmegaConf.load(CONFIGS / "drafter" / f"{method}.yaml").k  # a fixed k: no k=auto calibration
+        # a fixed k (no k=auto calibration): the one the command names (a trained tree's size), else the preset's
+        named = any(o.startswith("drafter.k=") for o in command[3:])
+        preset = [] if named else [f"drafter.k={OmegaConf.load(CONFIGS / 'drafter' / f'{method}.yaml').k}"]
         run_cfg = compose("run", overrides=[*command[3:], "data.sources=[mtbench]", "data.limit_per_source=2",
-                                            "data.max_new_tokens=8", "warmup=false", f"drafter.k={preset}"])
+                                            "data.max_new_tokens=8", "warmup=false", *preset])
     results = run_job.run(run_cfg)
     assert results["drafter"] == method and results["greedy_mismatches"] == 0 and results["drafter_forwards"] > 0
 
