@@ -10,12 +10,37 @@ import shutil
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np
 import pytest
 import torch
 from helpers import make_markov_target, tiny_llama, tiny_train_pair
 from transformers import LlamaForCausalLM
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def _dot_a_row_at_a_time() -> None:
+    """Triton's interpreter computes ``tl.dot`` with numpy's matmul, whose order of sums for a row depends on the
+    row's place in the tile on some hosts (OpenBLAS's AVX2 kernels: a row in a tile's first place and the same row
+    in its eighth differ in the last bit); a GPU's MMA gives a row the same bits wherever it sits, which
+    ``target.exact_numerics``' kernels rely on. Under the interpreter each row is multiplied alone, as on a GPU."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    whole = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        rows = [whole(self, interpreter.TensorHandle(a.data[..., i:i + 1, :], a.dtype), b,
+                      interpreter.TensorHandle(d.data[..., i:i + 1, :], d.dtype), input_precision,
+                      max_num_imprecise_acc) for i in range(a.data.shape[-2])]
+        return interpreter.TensorHandle(np.concatenate([row.data for row in rows], axis=-2), rows[0].dtype)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _dot_a_row_at_a_time()
 
 
 @pytest.fixture(scope="session")

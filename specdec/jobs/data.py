@@ -120,9 +120,8 @@ def held_out_mix(sources: list[str], limit_per_source: int | None, per_source: i
         raise ValueError(f"held-out prompts per source must be >= 1, got {per_source}")
     if limit_per_source is not None:
         rows = [load_prompts(s, limit=limit_per_source + per_source, seed=seed) for s in sources]
-        rows = [r.select(range(min(limit_per_source, len(r)), len(r))) for r in rows]
-        if all(len(r) for r in rows):
-            return datasets.concatenate_datasets(rows), True
+        if all(len(r) > limit_per_source for r in rows):
+            return datasets.concatenate_datasets([r.select(range(limit_per_source, len(r))) for r in rows]), True
     return load_prompt_mix(sources, per_source, seed=seed), False
 
 

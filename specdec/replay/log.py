@@ -386,18 +386,17 @@ def check_replayable(drafter: Drafter, temperature: float = 0.0, top_k: int = 0,
 SCHEDULES = ("constant", "heuristic")  # the draft lengths a replay re-enacts (simulate.next_length)
 
 
-def _scheduled(drafter: Drafter) -> Any:
-    """The drafter, or the one it wraps, that keeps a draft length schedule (the draft model's); None: none does."""
-    while not hasattr(drafter, "schedule") and isinstance(drafter, DrafterWrapper):
+def _unwrapped(drafter: Drafter) -> Drafter:
+    """The drafter ``drafter`` wraps (through every wrapper), or itself: the one that keeps its schedule."""
+    while isinstance(drafter, DrafterWrapper):
         drafter = drafter.inner
-    return drafter if hasattr(drafter, "schedule") else None
+    return drafter
 
 
 def draft_schedule(drafter: Drafter) -> str:
     """``drafter``'s draft length schedule, as built: ``constant`` (a proposal as long as asked) or the draft model's
     ``heuristic`` (+2 after a step that kept every draft, else -1; at most k)."""
-    owner = _scheduled(drafter)
-    return "constant" if owner is None else str(owner.schedule)
+    return str(drafter.schedule)
 
 
 @contextmanager
@@ -405,9 +404,9 @@ def constant_length(drafter: Drafter) -> Iterator[None]:
     """``drafter`` proposing as many drafts as it is asked for inside the block: a ``heuristic`` schedule set aside
     (and its length forgotten on either side), so that the logging pass logs every position at K_max and the cost
     model times each K at K; the replay re-enacts the schedule (:func:`~specdec.replay.simulate.next_length`)."""
-    owner = _scheduled(drafter)
-    schedule = None if owner is None else owner.schedule
-    if schedule in (None, "constant"):
+    owner = _unwrapped(drafter)
+    schedule = owner.schedule
+    if schedule == "constant":
         yield
         return
     owner.schedule, owner.length = "constant", None

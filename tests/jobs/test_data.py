@@ -120,6 +120,18 @@ def test_prompt_mix_concatenates_in_order():
     assert mix["source"] == ["mtbench"] * 4 + ["humaneval"] * 4
 
 
+def test_held_out_rows_follow_the_jobs_own_and_a_source_they_exhaust_gives_its_first(tmp_path):
+    """k=auto's calibration prompts: the rows after the job's own in each source; where a source has no more (a
+    one-row file under the default limit), the mix's own first rows, said so (False), not an error."""
+    held, left_out = data.held_out_mix(["mtbench", "humaneval"], 4, 2)
+    assert left_out and held["id"] == load_prompt_mix(["mtbench", "humaneval"], 6)["id"][4:6] + \
+        load_prompt_mix(["humaneval"], 6)["id"][4:6]
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"text": "def add(a, b):", "kind": "completion"}\n')
+    held, left_out = data.held_out_mix(["mtbench", str(path)], 8, 2)
+    assert not left_out and held["id"] == load_prompt_mix(["mtbench", str(path)], 2)["id"]
+
+
 def test_user_jsonl_file(tmp_path):
     path = tmp_path / "mine.jsonl"
     lines = [

@@ -30,6 +30,12 @@ def preset_k(drafter: str) -> str:
     return f"drafter.k={OmegaConf.load(CONFIGS / 'drafter' / f'{drafter}.yaml').k}"
 
 
+def pinned(override: str) -> str:
+    """The fixed lookahead a job of ``override`` runs at: the preset's k where it names a drafter, else FIXED."""
+    drafter = next((item.split("=")[1] for item in override.split() if item.startswith("drafter=")), None)
+    return FIXED if drafter is None else preset_k(drafter)
+
+
 def run_job(*overrides, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     return subprocess.run([sys.executable, "-m", "specdec.run", *overrides], cwd=cwd, env=env,
@@ -285,7 +291,7 @@ BAD_INPUTS = [  # (overrides, what the error must say)
 def test_bad_input_fails_clearly_and_leaves_a_failed_results_file(tmp_path, override, message):
     """A job run alone: non-zero exit, the error on stderr, a results file saying "failed" and why (the
     other bad inputs, which fail the same way, in one sweep below)."""
-    proc = run_job(*TINY, FIXED, *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    proc = run_job(*TINY, pinned(override), *override.split(), f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert proc.returncode != 0
     assert message in proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -309,7 +315,7 @@ def test_in_one_sweep_each_bad_input_fails_clearly_and_a_lossy_rule_is_marked(tm
         groups = [item for item in override.split() if "." not in item.split("=")[0]]
         values = [item for item in override.split() if item not in groups]
         defaults = "".join(f"  - override /{item.replace('=', ': ')}\n" for item in groups)
-        body = OmegaConf.to_yaml(OmegaConf.from_dotlist([*TINY, FIXED, *values]))
+        body = OmegaConf.to_yaml(OmegaConf.from_dotlist([*TINY, pinned(override), *values]))
         (cases / f"case{i}.yaml").write_text("# @package _global_\n" + (f"defaults:\n{defaults}" if defaults else "")
                                             + body)
     names = ",".join(f"case{i}" for i in range(len(BAD_INPUTS) + 1))

@@ -280,7 +280,9 @@ def test_invariant_linear_gives_a_row_the_same_bits_whatever_the_rows_beside_it(
                    for i in (0, 7, 16, 39))
 
     assert invariant()
-    torch.testing.assert_close(gpu_kernels.invariant_linear(x, weight, bias), F.linear(x, weight, bias))
+    # sums of 200 products in another order than F.linear's: float32 rounding of their size (|value| ~ 15)
+    torch.testing.assert_close(gpu_kernels.invariant_linear(x, weight, bias), F.linear(x, weight, bias),
+                               rtol=1e-5, atol=1e-4)
     assert not invariant(planted=True)
 
 
