@@ -176,7 +176,8 @@ def choose_auto(job: Job) -> AutoChoice:
     on its held-out prompts, timed through the target's eager forwards (a GPU's graphs are not replayed there), on the
     job's backend."""
     choice = choose_lookahead(job.decoder(), job.drafter, job.calibration, job.auto, batch_size=job.batch_size,
-                              eos=job.eos, tokenizer=job.tokenizer, sampling=job.sampling)
+                              eos=job.eos, tokenizer=job.tokenizer, sampling=job.sampling,
+                              run_tokens=job.max_new_tokens)
     predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in choice.predicted.items())
     log.info("drafter.k=auto chose k=%d%s in %.1f s (predicted decode speedups %s)", choice.k,
              " (plain decoding)" if choice.k == 0 else "", choice.seconds, predicted)

@@ -66,11 +66,13 @@ def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = 
 
 def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]], settings: AutoSettings, *,
                      batch_size: int, eos: Sequence[int], tokenizer: Any = None,
-                     sampling: SamplingParams = SamplingParams()) -> AutoChoice:
+                     sampling: SamplingParams = SamplingParams(), run_tokens: int | None = None) -> AutoChoice:
     """The lookahead among the sizes ``settings`` names (chain K's, or tree sizes where ``settings.tree``; those the
     drafter drafts at, :func:`auto_candidates`) with the best decode speedup predicted on ``prompts`` at a batch of
     ``batch_size`` rows, or 0 (plain decoding) where none reaches ``1 + settings.margin`` (see the module docstring).
-    At temperature > 0 the replay is in expectation along ``settings.seeds`` sampled continuations per prompt."""
+    At temperature > 0 the replay is in expectation along ``settings.seeds`` sampled continuations per prompt.
+    ``run_tokens``: the run's new tokens per row (None: the calibration's ``settings.max_new_tokens``), over which
+    it pays the drafter's once-a-generation work (:func:`~specdec.replay.simulate.batched_speedup`)."""
     tree, margin, candidates = settings.tree, settings.margin, auto_candidates(drafter, settings.tree, settings.ks)
     if not prompts:
         raise ValueError("k=auto needs at least one calibration prompt")
@@ -92,7 +94,7 @@ def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]],
     for k in candidates:
         log = logs[k if tree else max(candidates)][0]
         choice.tau[k] = total(replay(log, k)).mean_accepted_length
-        choice.predicted[k] = batched_speedup(log, k, batch_size)  # the same tokens (expected, at T > 0)
+        choice.predicted[k] = batched_speedup(log, k, batch_size, run_tokens=run_tokens)  # expected, at T > 0
     best = max(choice.predicted, key=lambda k: (choice.predicted[k], -k))
     choice.k = best if choice.predicted[best] >= 1 + margin else 0
     choice.seconds = time.perf_counter() - start

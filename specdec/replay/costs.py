@@ -82,6 +82,10 @@ class _Widths(DrafterWrapper):
 
     def __init__(self, inner: Drafter):
         super().__init__(inner)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was counted and timed (a new K's runs)."""
         self.widths: list[int] = []
         self.starts: list[float] = []  # seconds of each generation's start
         self.firsts: list[float] = []  # seconds of each generation's first proposal
@@ -141,7 +145,7 @@ def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int
     run(max(ks), min(8, new_tokens))  # warm-up
     draft, host, setups = {}, {}, []
     for k in ks:
-        wrapped.widths, wrapped.starts, wrapped.firsts, wrapped.others = [], [], [], []
+        wrapped.reset()
         seconds, drafting, steps = run(k, new_tokens)
         width = sum(wrapped.widths) / max(len(wrapped.widths), 1)  # a fractional width: interpolated
         one_off = min(wrapped.one_off(), drafting)

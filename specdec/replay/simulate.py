@@ -226,7 +226,7 @@ def replay(log: ReplayLog, k: int | None = None, *, walk: bool = False, batch_si
     return [total(runs[i: i + log.seeds]) for i in range(0, len(runs), log.seeds)]  # a prompt's seeds together
 
 
-def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
+def batched_speedup(log: ReplayLog, k: int, batch_size: int, *, run_tokens: int | None = None) -> float:
     """The decode speedup over plain decoding predicted for a live run of ``log``'s prompts at lookahead ``k`` in
     batches of ``batch_size`` rows (consecutive prompts, as the live run takes its own), timed by the log's cost
     model at that batch size. A batch steps together until its last row ends (a finished row waits), and each step
@@ -236,17 +236,20 @@ def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
     (or ``walk``-able): each row's logged steps, stepped together exactly (a heuristic schedule's one length for all
     rows). T > 0: each row's expected steps (its own schedule), a batch as many as its row with the most, each at the
     largest of its rows' mean step costs (an approximation).
-    At one row, :func:`replay`'s per-prompt times summed."""
+    ``run_tokens``: the live run's new tokens per row (None: the log's). A run shorter than the log is replayed
+    over its first ``run_tokens``; a longer one pays the drafter's once-a-generation work over more tokens than
+    the log holds, so the replay counts the share of it its tokens carry (:func:`setup_share`).
+    At one row and the log's length, :func:`replay`'s per-prompt times summed."""
     log.check(k=k)
     costs = log.cost_model(batch_size)
-    options = dict(max_new_tokens=log.max_new_tokens, eos=log.eos)
+    covered = log.max_new_tokens if run_tokens is None else min(log.max_new_tokens, run_tokens)
+    options = dict(max_new_tokens=covered, eos=log.eos)
     trees: dict[tuple[int, ...], Tree] = {}
     spec_s = plain_s = 0.0
     for start in range(0, len(log.prompts), batch_size):
         rows = log.prompts[start: start + batch_size]
         if log.temperature == 0:
             walks = [_Walk(p, k, trees=trees, **options) for p in rows]
-            spec_s += costs.setup_s  # the batch's once-only drafting
             length = k
             while any(w.active for w in walks):
                 steps = [w.step(length) for w in walks if w.active]
@@ -258,9 +261,22 @@ def batched_speedup(log: ReplayLog, k: int, batch_size: int) -> float:
             runs = [expected_prompt(p, k, costs=costs, schedule=log.schedule, **options) for p in rows]
             stepping = [r for r in runs if r.verify_steps > 0]
             spec_s += max((r.verify_steps for r in stepping), default=0.0) * max(
-                (r.wall_time_s / r.verify_steps for r in stepping), default=0.0)
+                ((r.wall_time_s - costs.setup_s) / r.verify_steps for r in stepping), default=0.0)
+        spec_s += costs.setup_s * setup_share(runs, covered, run_tokens)  # the batch's once-only drafting
         plain_s += costs.plain_step() * max(r.new_tokens - r.prefill_tokens for r in runs)
     return plain_s / spec_s if spec_s > 0 else 1.0
+
+
+def setup_share(runs: Sequence[DecodeStats], covered: int, run_tokens: int | None) -> float:
+    """The share of a batch's once-a-generation drafting that the replay of its first ``covered`` tokens per row
+    (``runs``) carries, where the live run generates up to ``run_tokens`` per row (None: ``covered``): the
+    replayed tokens over those the batch's longest row is expected to reach live (a row that stopped before
+    ``covered`` stops there live; one that did not runs on to ``run_tokens``). At most 1."""
+    if run_tokens is None or run_tokens <= covered:
+        return 1.0
+    replayed = max(r.new_tokens for r in runs)
+    expected = max(r.new_tokens if r.new_tokens < covered else run_tokens for r in runs)
+    return min(1.0, replayed / expected) if expected > 0 else 1.0
 
 
 def replay_total(log: ReplayLog, k: int | None = None, *, walk: bool = False) -> DecodeStats:

@@ -244,6 +244,29 @@ def test_a_batch_steps_together_at_its_widest_block_until_its_slowest_row_ends()
     assert batched_speedup(log, 2, 2) == pytest.approx(4 / (2 * 2.0 + 2 * 1.0))
 
 
+def test_a_run_longer_than_the_log_pays_the_drafters_once_a_generation_work_over_all_its_tokens():
+    """k=auto logs 48 tokens a prompt and predicts a run of data.max_new_tokens: the drafter's once-a-generation work
+    (2 s here) is paid once over the run's tokens, so a run twice the log's length carries half of it over the
+    logged tokens; a shorter run is replayed over its own first tokens; a row that stopped early stops there live."""
+    from dataclasses import asdict
+
+    from specdec.decode.metrics import DecodeStats
+    from specdec.replay.costs import CostModel
+    from specdec.replay.log import PromptLog, Proposed
+    from specdec.replay.simulate import batched_speedup, setup_share
+
+    c = [5, 6, 7, 8, 9, 10, 11]
+    drafting = PromptLog([1], c, [Proposed(c[j: j + 2], None, 2) for j in range(1, 6)])
+    costs = CostModel({1: 1.0, 3: 2.0}, {2: 0.0}, {2: 0.0}, 0.0, setup_s=2.0)
+    log = ReplayLog({}, {}, None, 5, 0.0, [], 2, False, [drafting], costs={"1": asdict(costs)})
+    # two steps of 2 s (blocks of 3 from positions 1 and 4) against four plain steps of 1 s, and the 2 s once
+    assert batched_speedup(log, 2, 1) == pytest.approx(4 / (4 + 2))
+    assert batched_speedup(log, 2, 1, run_tokens=10) == pytest.approx(4 / (4 + 2 * 5 / 10))
+    assert batched_speedup(log, 2, 1, run_tokens=3) == pytest.approx(2 / (2 + 2))  # one step, 3 tokens
+    stopped, running = DecodeStats(new_tokens=3), DecodeStats(new_tokens=5)
+    assert setup_share([stopped], 5, 10) == 1.0 and setup_share([stopped, running], 5, 10) == 0.5
+
+
 def test_a_heuristic_schedule_replays_its_length_over_the_batchs_rows_together():
     """The draft model's heuristic schedule (+2 after a step whose rows kept every draft, else -1) is one length for
     the batch: two rows (K=4, 9 tokens), row 0 always right, row 1 always wrong. Together the length falls 4, 3, 2, 1
