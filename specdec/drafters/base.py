@@ -177,9 +177,6 @@ class Drafter(ABC):
     """What the decode loop reads of it beyond its calls (a drafter with other traits sets its own instance)."""
     runtime: DraftRuntime | None = None
     """Its own models' backend, forwards and graphs; None: it has no model (n-gram lookup)."""
-    schedule: str = "constant"
-    """Its draft length schedule: ``constant`` (a proposal as long as asked) or the draft model's ``heuristic``
-    (+2 after a step that kept every draft, else -1; at most k), which replay re-enacts."""
 
 
 def graph_runners(drafter: Drafter) -> list[Graphs]:
@@ -216,10 +213,6 @@ class DrafterWrapper(Drafter):
 
     def start(self, state: DecodeState) -> None:
         self.inner.start(state)
-
-    @property
-    def schedule(self) -> str:
-        return self.inner.schedule
 
 
 def round_weights(module: torch.nn.Module, bits: int | None, *, keep: tuple[torch.Tensor, ...] = (),

@@ -62,6 +62,7 @@ import torch
 
 from specdec.decode.engine import speculative_generate
 from specdec.drafters.base import DecodeState, Drafter, DrafterWrapper, Proposal, registered_name
+from specdec.drafters.draft_model.core import ModelDrafter
 from specdec.models.loading import stop_token_ids
 from specdec.replay.acceptance import chain_acceptance, tree_acceptance
 from specdec.replay.cost_model import CostModel
@@ -387,16 +388,17 @@ SCHEDULES = ("constant", "heuristic")  # the draft lengths a replay re-enacts (s
 
 
 def _unwrapped(drafter: Drafter) -> Drafter:
-    """The drafter ``drafter`` wraps (through every wrapper), or itself: the one that keeps its schedule."""
+    """The drafter ``drafter`` wraps (through every wrapper), or itself: the one that keeps a schedule."""
     while isinstance(drafter, DrafterWrapper):
         drafter = drafter.inner
     return drafter
 
 
 def draft_schedule(drafter: Drafter) -> str:
-    """``drafter``'s draft length schedule, as built: ``constant`` (a proposal as long as asked) or the draft model's
+    """``drafter``'s draft length schedule, as built: ``constant`` (a proposal as long as asked) or a draft model's
     ``heuristic`` (+2 after a step that kept every draft, else -1; at most k)."""
-    return str(drafter.schedule)
+    owner = _unwrapped(drafter)
+    return str(owner.schedule) if isinstance(owner, ModelDrafter) else "constant"
 
 
 @contextmanager
@@ -404,8 +406,7 @@ def constant_length(drafter: Drafter) -> Iterator[None]:
     """``drafter`` proposing as many drafts as it is asked for inside the block: a ``heuristic`` schedule set aside
     (and its length forgotten on either side), so that the logging pass logs every position at K_max and the cost
     model times each K at K; the replay re-enacts the schedule (:func:`~specdec.replay.simulate.next_length`)."""
-    owner = _unwrapped(drafter)
-    schedule = owner.schedule
+    owner, schedule = _unwrapped(drafter), draft_schedule(drafter)
     if schedule == "constant":
         yield
         return
