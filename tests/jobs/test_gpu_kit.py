@@ -155,6 +155,7 @@ def test_stage_train_carries_the_prompts_and_a_checked_bundle(tmp_path, monkeypa
     assert not (tmp_path / "kit" / "resume").exists() and not (tmp_path / "kit" / "resume-1").exists()
 
 
+@pytest.mark.slow  # 40 s of real training runs
 def test_train_script_stops_at_its_limit_hands_back_a_bundle_and_resumes_from_it(tmp_path, tiny_pair):
     """experiments/gpu/train.sh on CPU with a tiny target: the first call stops early (checkpointed) and hands back
     its checkpoint; a second call on an empty run directory (a fresh machine) joins it, builds the data again, resumes

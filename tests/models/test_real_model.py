@@ -68,7 +68,9 @@ def test_greedy_speculative_equals_plain(model, real_prompts, reference, drafter
     assert batched.sequences == reference
 
 
-@pytest.mark.parametrize("name", ["eagle", "medusa", "draft_model", "dflash"])
+@pytest.mark.parametrize("name", [pytest.param("eagle", marks=pytest.mark.slow), "medusa",  # ~30 s each: one
+                                  pytest.param("draft_model", marks=pytest.mark.slow),  # by default (the main
+                                  pytest.param("dflash", marks=pytest.mark.slow)])  # job's emulated-graph test runs all)
 def test_the_gpu_pipeline_through_emulated_graphs_equals_plain_decoding(model, real_prompts, name):
     """What the main job runs on a GPU (target.compile=auto: the target's forwards and the shipped drafter's own
     work replaying graphs), run on CPU through emulated graphs (both on Backend.emulated_gpu()): captures

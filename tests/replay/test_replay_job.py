@@ -69,6 +69,7 @@ def test_refused_before_anything_loads(override, message, monkeypatch):
         run(composed("drafter=ngram", override))
 
 
+@pytest.mark.slow  # 70 s on a 2-core AVX2 CPU; the replay-equals-live tests cover its claim per drafter
 @pytest.mark.real_model
 def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
     sweep = job("specdec.replay", "-m", "drafter=ngram", "drafter.k=1,2", *TINY, "k_max=4", f"log_dir={tmp_path}/logs",
@@ -140,6 +141,7 @@ def test_a_replayed_sweep_is_marked_in_the_summary_with_its_best_k(tmp_path):
     assert bool(report.load_summary(paths["csv"])["replayed"].iloc[0])
 
 
+@pytest.mark.slow  # 50 s; the T=1 replay-vs-live tests (test_replay_sampled) cover its claim in seconds
 @pytest.mark.real_model
 def test_a_sampled_replay_checks_itself_live(tmp_path):
     """T=1 replays with the live check: the results hold the gap; greedy, the same check finds none (exact)."""

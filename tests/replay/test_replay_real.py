@@ -24,7 +24,7 @@ COUNTS = ("verify_steps", "verified_tokens", "proposed_tokens", "accepted_per_po
           "new_tokens", "tree_steps")
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft_model", "eagle", "medusa"])
+@pytest.mark.parametrize("name", ["ngram", pytest.param("draft_model", marks=pytest.mark.slow), "eagle", "medusa"])
 def test_replayed_tau_equals_live(real_target, real_prompts, name):
     model, tokenizer = real_target
     prompts = real_prompts[:4]

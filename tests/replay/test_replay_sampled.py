@@ -121,7 +121,8 @@ def test_certain_draws_replay_as_live_runs(models, case, stop):
                 assert getattr(replayed, count) == pytest.approx(getattr(live, count)), (case, k, prompt, count)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft_model", "draft_model_heuristic", "medusa_tree"])
+@pytest.mark.parametrize("drafter", ["ngram", pytest.param("draft_model", marks=pytest.mark.slow),  # 15-30 s each
+                                     "draft_model_heuristic", pytest.param("medusa_tree", marks=pytest.mark.slow)])
 def test_replayed_tau_at_t1_is_near_the_live_mean(markov, drafter):
     """T=1 on the Markov target: the replay over 24 sampled continuations per prompt against 100 live runs per
     prompt. The draft model's drafts are sampled (its β's conditioned on its own draws); n-gram and Medusa's

@@ -152,6 +152,7 @@ def test_processes_share_the_build_and_the_merged_store_is_one_processs(tiny_pai
     assert store.build_processes(path) == 2 and not list(tmp_path.glob(".two.shard*"))  # shards gone once merged
 
 
+@pytest.mark.slow  # two real processes, 45 s; the shared build with stubbed processes stays in the default tier
 def test_two_processes_on_this_cpu_build_the_store_one_process_builds(tmp_path):
     """torchrun with 2 processes (what ``accelerate launch --multi_gpu --num_processes 2`` starts too): the data
     phase splits between them (the store says 2 processes built it) and the merged store equals one process's,
