@@ -6,8 +6,8 @@ change and compared after it (a refactor must leave both identical, token for to
     python experiments/studies/behaviour_snapshot.py --drafters eagle ngram --out quick.json
 
 Each drafter runs the main job's own ``run()`` (its default prompts: 8 MT-Bench + 8 HumanEval, greedy, the real
-target; the drafter preset's fixed k, not the main job's machine-dependent ``drafter.k=auto``) with every speculative and plain generation's sequences recorded on the way. The speedups it also prints
-are not figures to report (no warm-up; another program may be running): only the outputs and τ count here.
+target; the drafter preset's fixed k, not the main job's machine-dependent ``drafter.k=auto``) with every
+speculative and plain generation's sequences recorded on the way. The speedups it also prints are not figures to report (no warm-up; another program may be running): only the outputs and τ count here.
 With ``--compare`` it exits 1 when any output, τ or α differs from the earlier snapshot.
 """
 
@@ -40,8 +40,10 @@ def snapshot(drafter: str) -> dict:
 
     from omegaconf import OmegaConf
 
-    preset = OmegaConf.load(Path(config_dir()) / "drafter" / f"{drafter}.yaml").k  # not the main job's k=auto: its
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):   # choice depends on the machine
+    # the preset's k (a registered drafter's or a preset's, such as cross_vocab), not the main job's k=auto, whose
+    # choice depends on the machine
+    preset = OmegaConf.load(Path(config_dir()) / "drafter" / f"{drafter}.yaml").k
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("run", overrides=[f"drafter={drafter}", f"drafter.k={preset}", "warmup=false"])
     with mock.patch.object(job, "speculative_generate", recording("speculative", job.speculative_generate)), \
             mock.patch.object(job, "autoregressive_generate", recording("plain", job.autoregressive_generate)):

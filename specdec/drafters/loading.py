@@ -167,8 +167,8 @@ def load_drafter(name: str, target: torch.nn.Module, tokenizer: Any = None, *, b
                  **overrides: Any) -> Drafter:
     """The registered drafter ``name`` ("eagle", "medusa", "draft_model", "ngram", ...) for ``target`` and its
     ``tokenizer``, its own models on ``backend``, with the defaults ``python -m specdec.run drafter=<name>`` uses
-    (the shipped weights for the default target; the preset's fixed ``k``, not the main job's ``auto``), changed by ``overrides`` (``drafter.<setting>`` on the command
-    line: ``k=4``, ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
+    (the shipped weights for the default target; the preset's fixed ``k``, not the main job's ``auto``), changed by
+    ``overrides`` (``drafter.<setting>`` on the command line: ``k=4``, ``path="outputs/medusa"``). ``drafter.config`` is the composed config; its ``k`` is the lookahead
     :func:`~specdec.speculative_generate` drafts with unless given one.
 
         model, tokenizer = load_target()

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 import specdec.jobs.job
 import specdec.run as run_job
 from specdec.config import register_configs
-from specdec.drafters import DRAFTERS
+from specdec.drafters import DRAFTERS, drafter_config
 from specdec.models import loading
 from specdec.training.methods import METHODS
 
@@ -63,7 +63,7 @@ def test_a_trained_drafter_decodes_with_the_command_its_training_printed(method,
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # the printed overrides, then a budget
         # a fixed k (no k=auto calibration): the one the command names (a trained tree's size), else the preset's
         named = any(o.startswith("drafter.k=") for o in command[3:])
-        preset = [] if named else [f"drafter.k={OmegaConf.load(CONFIGS / 'drafter' / f'{method}.yaml').k}"]
+        preset = [] if named else [f"drafter.k={drafter_config(method).k}"]
         run_cfg = compose("run", overrides=[*command[3:], "data.sources=[mtbench]", "data.limit_per_source=2",
                                             "data.max_new_tokens=8", "warmup=false", *preset])
     results = run_job.run(run_cfg)
