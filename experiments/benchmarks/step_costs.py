@@ -8,11 +8,13 @@ tokens: on a GPU the replay of its captured CUDA graph (CUDA events around ``--r
 between them), on a CPU the median of ``--repeats`` eager forwards. Beside each: the ratio to the plain step and the
 bandwidth floor (every weight and the KV cache read once at the probed read bandwidth). Writes
 ``step_costs_<shape>.json`` (the curve replay can read), ``.md`` and ``.png`` to --out; every output is marked
-SYNTHETIC: costs only, no τ or outputs.
+SYNTHETIC: costs only, no τ or outputs. On a CPU, ``--weight-bits 4`` rounds the weights to 4-bit codes (the
+embedding and LM head to 8-bit ones) that specdec's kernels stream as such: a 4-bit GGUF's memory-bound regime.
 
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --dtype bfloat16        # one H100 / H200
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --dtype float32 --widths 1 2 4 8 16
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --layers 2                # a short model, same width
+    python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --weight-bits 4 --batch 1 --repeats 10  # a CPU
 """
 
 from __future__ import annotations
@@ -71,23 +73,28 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=512, help="committed tokens before the step")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--gpu-kernels", type=int, default=1, help="0: torch's ops on a GPU (target.gpu_kernels=false)")
+    ap.add_argument("--weight-bits", type=int, choices=(4, 8), default=None,
+                    help="a CPU's float32 weights as codes of this many bits (the embedding's 8), streamed as such")
     ap.add_argument("--out", default="outputs/step_costs")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     overrides = {} if args.layers is None else {"num_hidden_layers": args.layers}
-    model = synthetic_target(args.shape, dtype=dtype, device=device, **overrides)
-    backend = Backend(weights="float", gpu_kernels=bool(args.gpu_kernels))
+    if args.weight_bits is not None and device.type != "cpu":
+        ap.error(f"--weight-bits {args.weight_bits}: codes are what the CPU kernels stream; leave it out on a GPU")
+    model = synthetic_target(args.shape, dtype=dtype, device=device, weight_bits=args.weight_bits, **overrides)
+    backend = Backend(weights="float" if args.weight_bits is None else "codes", gpu_kernels=bool(args.gpu_kernels))
     decoder = as_decoder(model, backend=backend)
     if device.type == "cuda":
         decoder = GraphedDecoder(decoder)
     bandwidth = probe_read_bandwidth(device)
     rows = []
     for batch in args.batch:
-        floor_ms = 1e3 * step_bytes(model, args.context, batch, backend) / bandwidth
         plain = None
         for width in args.widths:
             ms = measure(decoder, batch, width, args.context, args.repeats)
+            # after a step, which packs the panels the CPU kernels stream (codes count as their bytes)
+            floor_ms = 1e3 * step_bytes(model, args.context, batch, backend) / bandwidth
             plain = ms if width == 1 else plain
             rows.append({"batch": batch, "width": width, "ms": ms, "x_plain_step": None if plain is None else ms / plain,
                          "floor_ms": floor_ms, "bandwidth_fraction": floor_ms / ms})
@@ -101,14 +108,15 @@ def main(argv: list[str] | None = None) -> dict:
               "device": machine_description(device), "torch": torch.__version__, "context": args.context,
               "read_bandwidth_GBps": bandwidth / 1e9, "parameters": sum(p.numel() for p in model.parameters()),
               "kernels": "triton" if device.type == "cuda" and args.gpu_kernels else "torch ops or the CPU's",
+              "weights": "float" if args.weight_bits is None else f"{args.weight_bits}-bit codes (embedding 8-bit)",
               "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"step_costs_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"## Step cost by width: {args.shape} ({result['layers']} layers), {MARK}",
-             f"{result['device']}, {result['dtype']}, {args.context} committed tokens, read bandwidth "
-             f"{bandwidth / 1e9:.0f} GB/s", "", "| batch | T | ms | x plain step | floor ms | bandwidth fraction |",
-             "|---|---|---|---|---|---|"]
+             f"{result['device']}, {result['dtype']}, weights {result['weights']}, {args.context} committed tokens, "
+             f"read bandwidth {bandwidth / 1e9:.0f} GB/s", "",
+             "| batch | T | ms | x plain step | floor ms | bandwidth fraction |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['width']} | {r['ms']:.3f} | "
               f"{'—' if r['x_plain_step'] is None else format(r['x_plain_step'], '.2f')} | {r['floor_ms']:.3f} | "
               f"{r['bandwidth_fraction']:.0%} |" for r in rows]
@@ -131,7 +139,9 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per row in the step (T)")
     ax.set_ylabel("ms per step")
-    ax.set_title(f"{result['shape']}: SYNTHETIC, costs only\n{result['device']}, {result['dtype']}", fontsize=9)
+    weights = "" if result.get("weights", "float") == "float" else f", {result['weights']}"
+    ax.set_title(f"{result['shape']}: SYNTHETIC, costs only\n{result['device']}, {result['dtype']}{weights}",
+                 fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -5,7 +5,9 @@ cannot receive the weights (a transfer of 64 MiB cannot carry Llama-3.1-8B's 16 
 ``config.json``, or a directory holding one), its weights drawn on the device in the target dtype (nothing is read
 or transferred), and runs through the same compact decoder and backend as a real target. Its logits mean nothing:
 it is for **costs only** (``experiments/benchmarks/step_costs.py``); the entry points that would report τ or
-outputs refuse it (``target=synthetic``), and what measures it marks it so (:data:`MARK`).
+outputs refuse it (``target=synthetic``), and what measures it marks it so (:data:`MARK`). With ``weight_bits``
+its weights are rounded to the block codes specdec's CPU kernels stream as such (``Backend(weights="codes")``), the
+memory-bound regime of a 4-bit GGUF on a CPU (what llama.cpp users meet).
 """
 
 from __future__ import annotations
@@ -61,19 +63,38 @@ def shape_config(shape: str, **overrides: Any):
 
 
 def synthetic_target(shape: str, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                     seed: int = 0, **overrides: Any):
+                     seed: int = 0, weight_bits: int | None = None, **overrides: Any):
     """A causal LM of ``shape`` (:func:`shape_config`) with random weights drawn on ``device`` in ``dtype``
     (transformers' own initialisation, seeded), in eval mode, its config marked ``specdec_synthetic``: for costs
-    only (:data:`MARK`)."""
+    only (:data:`MARK`). ``weight_bits`` (4 or 8; float32 on a CPU) rounds every layer's linear weights to codes of
+    that many bits and the embedding (the LM head where tied) to 8-bit ones, per block of 32 inputs
+    (``cpu_kernels.round_to_codes``: a Q4_1 or Q8_0 GGUF's forms, as the embedded SmolLM2 target's), so that
+    ``Backend(weights="codes")`` streams them as those codes."""
     from transformers import AutoModelForCausalLM
 
+    if weight_bits is not None and (torch.device(device).type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"weight_bits={weight_bits} rounds weights to the codes specdec's CPU kernels stream: "
+                         f"give device='cpu' and dtype=torch.float32 (got {device!r}, {dtype}), or no weight_bits")
     config = shape_config(shape, **overrides)
     config.specdec_synthetic = True
     device = torch.device(device)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if weight_bits is not None:
+        _round_to_codes(model, weight_bits)
     return model.eval()
+
+
+def _round_to_codes(model: Any, bits: int) -> None:
+    """Every linear weight of ``model`` rounded in place to ``bits``-bit codes, the embedding (and the LM head,
+    tied or not) to 8-bit codes (see :func:`synthetic_target`)."""
+    from specdec.models import cpu_kernels
+
+    heads = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    with torch.no_grad():
+        for weight in {id(p): p for p in model.parameters() if p.dim() == 2}.values():
+            weight.copy_(cpu_kernels.round_to_codes(weight, 8 if id(weight) in heads else bits))
 
 
 def is_synthetic(model: Any) -> bool:

@@ -68,3 +68,30 @@ def test_step_costs_measures_a_curve_marked_synthetic(tmp_path, monkeypatch):
     written = json.loads((tmp_path / "out" / "step_costs_tiny.json").read_text())
     assert written["rows"] == result["rows"] and "SYNTHETIC" in (tmp_path / "out" / "step_costs_tiny.md").read_text()
     assert (tmp_path / "out" / "step_costs_tiny.png").stat().st_size > 0
+
+
+def test_a_synthetic_target_over_codes_streams_them_and_says_so(tmp_path):
+    """``weight_bits``: every layer's weights 4-bit codes, the embedding (the tied LM head) 8-bit, as
+    ``cpu_kernels.pack_codes`` takes them back exactly; step_costs' floor counts the codes' bytes, its outputs say so.
+    Only on a CPU in float32."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from experiments.benchmarks import step_costs
+    from specdec.models import cpu_kernels
+
+    model = synthetic_target("llama-3.2-1b", dtype=torch.float32, weight_bits=4, **SMALL)
+    embedding = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight is embedding  # the preset ties them
+    kinds = {name: cpu_kernels.pack_codes(p.detach()).dtype for name, p in model.named_parameters() if p.dim() == 2}
+    assert kinds.pop("model.embed_tokens.weight") == torch.int8 and set(kinds.values()) == {torch.uint8}, kinds
+    with pytest.raises(ValueError, match="weight_bits=4 .* device='cpu' and dtype=torch.float32"):
+        synthetic_target("llama-3.2-1b", dtype=torch.bfloat16, weight_bits=4, **SMALL)
+    if not cpu_kernels.available():
+        pytest.skip("specdec's CPU kernels are not built here: the floor over codes needs them")
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"model_type": "llama", **SMALL, "tie_word_embeddings": True}))
+    runs = {bits: step_costs.main(["--shape", str(config), "--widths", "1", "--batch", "1", "--context", "16",
+                                   "--repeats", "1", "--out", str(tmp_path / f"out{len(bits)}"), *bits])
+            for bits in ((), ("--weight-bits", "4"))}
+    floats, codes = (runs[bits]["rows"][0]["floor_ms"] for bits in runs)
+    assert codes < 0.5 * floats  # 0.75 and 1.125 bytes a weight against float32's 4 (the KV cache the same)
+    assert "4-bit codes" in (tmp_path / "out2" / "step_costs_tiny.md").read_text()
