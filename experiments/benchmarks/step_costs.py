@@ -11,6 +11,13 @@ bandwidth floor (every weight and the KV cache read once at the probed read band
 SYNTHETIC: costs only, no τ or outputs. On a CPU, ``--weight-bits 4`` rounds the weights to 4-bit codes (the
 embedding and LM head to 8-bit ones) that specdec's kernels stream as such: a 4-bit GGUF's memory-bound regime.
 
+``--drafters`` adds the drafters' own steps at the shape's width, their weights random too (:func:`drafter_steps`):
+one level of EAGLE's tree (``fc``, its layer and draft LM head over ``w`` nodes a row), Medusa's heads over the target's
+LM head, the block drafter's block (its context written, its layers, its draft LM head), each as the shipped drafter
+is built (``--draft-vocab``, ``--block-layers``, ``--block-size`` change that), timed as the target's steps are. A draft
+model's step is this script's T = 1 row at the draft's own shape. Replay's ``costs=`` does not read these rows yet: its
+figures from a curve count drafting free.
+
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --dtype bfloat16        # one H100 / H200
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --dtype float32 --widths 1 2 4 8 16
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --layers 2                # a short model, same width
@@ -63,6 +70,127 @@ def measure(decoder, batch: int, width: int, context: int, repeats: int) -> floa
         return statistics.median(times[1:]) * 1e3
 
 
+DRAFTERS = ("eagle", "medusa", "dflash")
+EAGLE_WIDTHS = (1, 4, 8)  # nodes a row in one level of EAGLE's tree (a chain's 1; its default tree's levels ~4-8)
+
+
+def timed(step, device: torch.device, repeats: int) -> float:
+    """ms of ``step()``: on a GPU the replay of its captured CUDA graph (CUDA events around ``repeats`` replays, no
+    host sync between them), on a CPU the median of ``repeats`` calls after a first."""
+    with torch.no_grad():
+        if device.type == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compiles the Triton kernels, allocates outside the capture
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / repeats
+        times = []
+        for _ in range(repeats + 1):
+            begin = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - begin)
+        return statistics.median(times[1:]) * 1e3
+
+
+def drafter_steps(model, backend: Backend, args) -> list[dict]:
+    """The drafters' own steps at ``model``'s width (see the module doc), at each batch size, after
+    ``args.context`` committed entries in their caches; each drafter built once, on the device, in the target's
+    dtype. A drafter that raises gives a row naming the error and costs no other row."""
+    from specdec.drafters.dflash.model import DFlashConfig, DFlashModel
+    from specdec.drafters.eagle.model import EagleConfig, EagleModel
+    from specdec.drafters.medusa.heads import MedusaHeads
+
+    config, device, dtype = model.config, model.device, model.dtype
+    embed = model.get_input_embeddings().weight
+    lm_head = model.get_output_embeddings().weight
+    vocab, hidden = config.vocab_size, config.hidden_size
+    layers = config.num_hidden_layers
+    aux = (min(2, layers - 1), layers // 2, max(layers - 3, 0))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    built: dict[str, object] = {}
+    rows = []
+
+    def draft(name: str):
+        """The drafter ``name`` at this width, random weights (built on first use)."""
+        if name not in built:
+            ids = torch.randperm(vocab, generator=g)[:args.draft_vocab].sort().values.to(device)  # Medusa's vocabulary
+            with torch.device(device):
+                if name == "eagle":
+                    cfg = EagleConfig.for_target(config, draft_vocab_size=args.draft_vocab, aux_layers=aux)
+                    built[name] = EagleModel(cfg, backend=backend).to(dtype).eval().attach(embed)
+                elif name == "dflash":
+                    cfg = DFlashConfig.for_target(config, num_layers=args.block_layers, block_size=args.block_size,
+                                                  mask_token_id=0, aux_layers=aux, draft_vocab_size=args.draft_vocab)
+                    built[name] = DFlashModel(cfg, backend=backend).to(dtype).eval().attach(embed)
+                else:
+                    heads = MedusaHeads(hidden, vocab, 4, token_ids=ids).to(dtype).eval()
+                    heads.backend = backend
+                    built[name] = heads
+        return built[name]
+
+    def run(name: str, what: str, batch: int, build) -> None:
+        try:
+            rows.append({"drafter": name, "what": what, "batch": batch, "ms": timed(build(), device, args.repeats)})
+        except Exception as exc:  # noqa: BLE001 -- a drafter that fails on this device costs its own row only
+            rows.append({"drafter": name, "what": what, "batch": batch, "error": f"{type(exc).__name__}: {exc}"})
+        print(f"{name} {what}, batch {batch}: " + (f"{rows[-1]['ms']:.3f} ms" if "ms" in rows[-1]
+                                                   else rows[-1]["error"]), flush=True)
+
+    def cache_for(drafter, batch: int, extra: int):
+        cache = drafter.new_cache(batch, args.context + extra + 8, torch.zeros(batch, dtype=torch.long, device=device))
+        cache.lengths.zero_()
+        cache.commit(torch.full((batch,), args.context, device=device))
+        return cache
+
+    def tokens(batch: int, width: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (batch, width), generator=g).to(device)
+
+    def features(batch: int, width: int) -> torch.Tensor:
+        return torch.randn(batch, width, len(aux) * hidden, generator=g).to(device, dtype)
+
+    def eagle(batch: int, width: int):
+        drafter = draft("eagle")
+        cache, toks, feats = cache_for(drafter, batch, width), tokens(batch, width), features(batch, width)
+        positions = cache.positions(torch.arange(width, device=device))
+        return lambda: drafter.logits(drafter.step(drafter.fuse(feats), toks, cache, positions))
+
+    def medusa(batch: int):
+        heads = draft("medusa")
+        rows_of_head = heads.draft_lm_head(lm_head)
+        state = torch.randn(batch, 1, hidden, generator=g).to(device, dtype)
+        return lambda: heads(state, rows_of_head)
+
+    def dflash(batch: int):
+        drafter = draft("dflash")
+        cache, feats = cache_for(drafter, batch, args.block_size + 1), features(batch, 1)
+        anchors = tokens(batch, 1)[:, 0]
+        return lambda: drafter.logits(drafter.draft_block(anchors, drafter.write_context(feats, cache)[:, -1], cache))
+
+    for batch in args.batch:
+        if "eagle" in args.drafters:
+            for width in EAGLE_WIDTHS:
+                run("eagle", f"a tree level of {width} node{'s' if width > 1 else ''}", batch,
+                    lambda width=width, batch=batch: eagle(batch, width))
+        if "medusa" in args.drafters:
+            run("medusa", "4 heads over the target's LM head rows", batch, lambda batch=batch: medusa(batch))
+        if "dflash" in args.drafters:
+            run("dflash", f"a block of {args.block_size} ({args.block_layers} layers)", batch,
+                lambda batch=batch: dflash(batch))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama-3.1-8b", help="a preset (specdec.models.synthetic.SHAPES) or a config.json")
@@ -73,6 +201,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=512, help="committed tokens before the step")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--gpu-kernels", type=int, default=1, help="0: torch's ops on a GPU (target.gpu_kernels=false)")
+    ap.add_argument("--drafters", nargs="*", default=[], choices=DRAFTERS, help="the drafters' steps at this width too")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="the drafters' draft vocabulary (the shipped ones')")
+    ap.add_argument("--block-layers", type=int, default=2, help="the block drafter's layers (the shipped one's)")
+    ap.add_argument("--block-size", type=int, default=8, help="the block drafter's block (the shipped one's)")
     ap.add_argument("--weight-bits", type=int, choices=(4, 8), default=None,
                     help="a CPU's float32 weights as codes of this many bits (the embedding's 8), streamed as such")
     ap.add_argument("--out", default="outputs/step_costs")
@@ -102,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
         if isinstance(decoder, GraphedDecoder):
             decoder.graphs.clear()
             decoder.graphs.kept = None
+    drafter_rows = drafter_steps(model, backend, args) if args.drafters else []
     given = Path(args.shape)  # a preset's name (llama-3.1-8b, whose dots are no suffix) or a JSON file's
     name = (given.parent.name if given.name == "config.json" else given.stem) if given.suffix == ".json" else args.shape
     result = {"mark": MARK, "shape": args.shape, "layers": model.config.num_hidden_layers, "dtype": str(dtype),
@@ -109,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
               "read_bandwidth_GBps": bandwidth / 1e9, "parameters": sum(p.numel() for p in model.parameters()),
               "kernels": "triton" if device.type == "cuda" and args.gpu_kernels else "torch ops or the CPU's",
               "weights": "float" if args.weight_bits is None else f"{args.weight_bits}-bit codes (embedding 8-bit)",
-              "rows": rows}
+              "rows": rows, "drafter_rows": drafter_rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"step_costs_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -120,6 +253,13 @@ def main(argv: list[str] | None = None) -> dict:
     lines += [f"| {r['batch']} | {r['width']} | {r['ms']:.3f} | "
               f"{'—' if r['x_plain_step'] is None else format(r['x_plain_step'], '.2f')} | {r['floor_ms']:.3f} | "
               f"{r['bandwidth_fraction']:.0%} |" for r in rows]
+    if drafter_rows:
+        plain_ms = {r["batch"]: r["ms"] for r in rows if r["width"] == 1}
+        lines += ["", f"Drafters' steps at this width (random weights, draft vocabulary {args.draft_vocab}):", "",
+                  "| drafter | what | batch | ms | x plain step |", "|---|---|---|---|---|"]
+        lines += [f"| {r['drafter']} | {r['what']} | {r['batch']} | "
+                  + (f"{r['ms']:.3f} | {r['ms'] / plain_ms[r['batch']]:.2f} |" if plain_ms.get(r["batch"]) and "ms" in r
+                     else f"failed: {r.get('error', '')[:80]} | — |") for r in drafter_rows]
     (out / f"step_costs_{name}.md").write_text("\n".join(lines) + "\n")
     plot(result, out / f"step_costs_{name}.png")
     return result

@@ -4,14 +4,16 @@
 # kernels and with torch's ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
 # decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
-# step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights), profiles of Medusa's fixed tree and
-# EAGLE's draft step, and the benchmark in float32 with compiled graphs, in that order. Each step has its own time
+# step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights) and the drafters' steps at the
+# former's width, profiles of Medusa's fixed tree and EAGLE's draft step, and the benchmark in float32 with compiled
+# graphs, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
-# QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" OUT=/tmp/c \
+# QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" DRAFT_COSTS="--shape llama-3.2-1b
+# --layers 1 --widths 1 --batch 1 --repeats 2 --drafters eagle medusa dflash" OUT=/tmp/c \
 # bash experiments/gpu/campaign.sh). STEPS, when set, names the steps to run (e.g.
 # STEPS="bench_bf16 bench_exact tests"), in the order below.
 set -u
@@ -59,6 +61,8 @@ read -r -a costs <<<"${STEP_COSTS:---shape llama-3.1-8b}"  # step_costs.py's arg
 step step_costs 120 python3 experiments/benchmarks/step_costs.py "${costs[@]}" --out "$OUT/step_costs"
 read -r -a qwen <<<"${QWEN_COSTS:---shape qwen3-8b --widths 1 4 16 64 --repeats 20}"
 step step_costs_qwen3 90 python3 experiments/benchmarks/step_costs.py "${qwen[@]}" --out "$OUT/step_costs_qwen3"
+read -r -a drafts <<<"${DRAFT_COSTS:---shape llama-3.1-8b --widths 1 --repeats 20 --drafters eagle medusa dflash}"
+step step_costs_drafters 90 python3 experiments/benchmarks/step_costs.py "${drafts[@]}" --out "$OUT/step_costs_drafters"
 step profile_medusa 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter medusa --fixed-tree --out "$OUT/profile_medusa"
 step profile_eagle 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \

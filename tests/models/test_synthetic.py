@@ -95,3 +95,51 @@ def test_a_synthetic_target_over_codes_streams_them_and_says_so(tmp_path):
     floats, codes = (runs[bits]["rows"][0]["floor_ms"] for bits in runs)
     assert codes < 0.5 * floats  # 0.75 and 1.125 bytes a weight against float32's 4 (the KV cache the same)
     assert "4-bit codes" in (tmp_path / "out2" / "step_costs_tiny.md").read_text()
+
+
+def test_step_costs_times_the_drafters_steps_at_the_targets_width(tmp_path, monkeypatch):
+    """``--drafters``: EAGLE's tree levels, Medusa's heads and the block drafter's block, built at the shape's width
+    with random weights, each a row of its own (JSON and table); a drafter that raises costs its own row, named."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from experiments.benchmarks import step_costs
+    from specdec.drafters.dflash.model import DFlashModel
+    from specdec.drafters.medusa.heads import MedusaHeads
+
+    widths = []
+    step = DFlashModel.draft_block
+    monkeypatch.setattr(DFlashModel, "draft_block", lambda self, *a, **k: widths.append(self.cfg.hidden_size) or
+                        step(self, *a, **k))
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_hidden_layers": 4}))
+    args = ["--shape", str(config), "--widths", "1", "--batch", "1", "--context", "16", "--repeats", "1",
+            "--draft-vocab", "64", "--drafters", *step_costs.DRAFTERS]
+    result = step_costs.main([*args, "--out", str(tmp_path / "out")])
+    rows = result["drafter_rows"]
+    assert [r["drafter"] for r in rows] == ["eagle"] * len(step_costs.EAGLE_WIDTHS) + ["medusa", "dflash"]
+    assert all(r["ms"] > 0 for r in rows) and set(widths) == {SMALL["hidden_size"]}
+    table = (tmp_path / "out" / "step_costs_tiny.md").read_text()
+    assert "| medusa | 4 heads over the target's LM head rows | 1 |" in table and "failed" not in table
+
+    def broken(self, *a, **k):
+        raise RuntimeError("planted")
+    monkeypatch.setattr(MedusaHeads, "forward", broken)
+    rows = step_costs.main([*args, "--out", str(tmp_path / "out2")])["drafter_rows"]
+    medusa, = [r for r in rows if r["drafter"] == "medusa"]
+    assert "ms" not in medusa and medusa["error"] == "RuntimeError: planted"
+    assert all("ms" in r for r in rows if r["drafter"] != "medusa")
+    assert "| medusa | 4 heads over the target's LM head rows | 1 | failed: RuntimeError: planted" in \
+        (tmp_path / "out2" / "step_costs_tiny.md").read_text()
+
+
+@pytest.mark.gpu
+def test_step_costs_replays_the_drafters_steps_as_cuda_graphs(tmp_path):
+    """On a GPU each drafter's step is captured and replayed (bf16, Triton kernels): every row measured, none failed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from experiments.benchmarks import step_costs
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_hidden_layers": 4}))
+    result = step_costs.main(["--shape", str(config), "--widths", "1", "4", "--batch", "1", "8", "--context", "16",
+                              "--repeats", "3", "--draft-vocab", "64", "--drafters", *step_costs.DRAFTERS,
+                              "--out", str(tmp_path / "out")])
+    assert result["drafter_rows"] and all(r.get("ms", 0) > 0 for r in result["drafter_rows"]), result["drafter_rows"]
