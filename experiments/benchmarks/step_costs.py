@@ -54,20 +54,30 @@ def measure(decoder, batch: int, width: int, context: int, repeats: int) -> floa
         if device.type == "cuda":
             decoder(block, cache)  # captured here (a GraphedDecoder), then replayed
             graph = [entry for key, entry in decoder.graphs._graphs.items() if key[1][0][0] == (batch, width)][0][0]
-            graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / repeats
-        times = []
-        for _ in range(repeats + 1):
-            begin = time.perf_counter()
-            decoder(block, cache, kv_len=context + width)
-            times.append(time.perf_counter() - begin)
-        return statistics.median(times[1:]) * 1e3
+            return replayed_ms(graph, repeats)
+        return eager_ms(lambda: decoder(block, cache, kv_len=context + width), repeats)
+
+
+def replayed_ms(graph: torch.cuda.CUDAGraph, repeats: int) -> float:
+    """ms of one replay of ``graph``: CUDA events around ``repeats`` replays after a first, no host sync between."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def eager_ms(step, repeats: int) -> float:
+    """ms of ``step()``: the median of ``repeats`` calls after a first."""
+    times = []
+    for _ in range(repeats + 1):
+        begin = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times[1:]) * 1e3
 
 
 DRAFTERS = ("eagle", "medusa", "dflash")
@@ -88,20 +98,8 @@ def timed(step, device: torch.device, repeats: int) -> float:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 step()
-            graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / repeats
-        times = []
-        for _ in range(repeats + 1):
-            begin = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - begin)
-        return statistics.median(times[1:]) * 1e3
+            return replayed_ms(graph, repeats)
+        return eager_ms(step, repeats)
 
 
 def drafter_steps(model, backend: Backend, args) -> list[dict]:
@@ -109,15 +107,14 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
     ``args.context`` committed entries in their caches; each drafter built once, on the device, in the target's
     dtype. A drafter that raises gives a row naming the error and costs no other row."""
     from specdec.drafters.dflash.model import DFlashConfig, DFlashModel
-    from specdec.drafters.eagle.model import EagleConfig, EagleModel
+    from specdec.drafters.eagle.model import EagleConfig, EagleModel, default_aux_layers
     from specdec.drafters.medusa.heads import MedusaHeads
 
     config, device, dtype = model.config, model.device, model.dtype
     embed = model.get_input_embeddings().weight
     lm_head = model.get_output_embeddings().weight
     vocab, hidden = config.vocab_size, config.hidden_size
-    layers = config.num_hidden_layers
-    aux = (min(2, layers - 1), layers // 2, max(layers - 3, 0))
+    aux = default_aux_layers(config.num_hidden_layers)  # the fc's input width is what the timing needs of them
     g = torch.Generator(device="cpu").manual_seed(0)
     built: dict[str, object] = {}
     rows = []
