@@ -14,11 +14,16 @@ embedding and LM head to 8-bit ones) that specdec's kernels stream as such: a 4-
 ``--drafters`` adds the drafters' own steps at the shape's width, their weights random too (:func:`drafter_steps`):
 one level of EAGLE's tree (``fc``, its layer and draft LM head over ``w`` nodes a row), Medusa's heads over the target's
 LM head, the block drafter's block (its context written, its layers, its draft LM head), each as the shipped drafter
-is built (``--draft-vocab``, ``--block-layers``, ``--block-size`` change that), timed as the target's steps are. A draft
-model's step is this script's T = 1 row at the draft's own shape. Replay's ``costs=`` does not read these rows yet: its
-figures from a curve count drafting free.
+is built (``--draft-vocab``, ``--block-layers``, ``--block-size`` change that; with ``--weight-bits`` EAGLE's and the
+block drafter's weights are 4-bit codes, as the shipped ones' are on a CPU), timed as the target's steps are; and
+``draft_model``: a draft model's forward over ``w`` tokens at ``--draft-shape`` (a preset or a config.json). Replay's
+``costs=<this JSON>`` builds each drafting step from these rows (:func:`specdec.replay.cost_model.drafting_ms`): its
+figures are then predictions (the loop's host work left out), not bounds. ``--into <curve>`` writes a curve measured
+before (same shape, settings and machine) with this run's drafters' rows: one file for replay.
 
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --dtype bfloat16        # one H100 / H200
+    python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --drafters eagle medusa dflash draft_model \
+        --draft-shape llama-3.2-1b --widths 1 --into outputs/step_costs/step_costs_llama-3.1-8b.json --out outputs/drafts
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --dtype float32 --widths 1 2 4 8 16
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --layers 2                # a short model, same width
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --weight-bits 4 --batch 1 --repeats 10  # a CPU
@@ -80,8 +85,9 @@ def eager_ms(step, repeats: int) -> float:
     return statistics.median(times[1:]) * 1e3
 
 
-DRAFTERS = ("eagle", "medusa", "dflash")
-EAGLE_WIDTHS = (1, 4, 8)  # nodes a row in one level of EAGLE's tree (a chain's 1; its default tree's levels ~4-8)
+DRAFTERS = ("eagle", "medusa", "dflash", "draft_model")
+EAGLE_WIDTHS = (1, 4, 8)  # nodes a row in one level of EAGLE's tree (a chain's 1, its default tree's 4), or tokens
+# a catch-up carries (τ); a draft model's forward too
 
 
 def timed(step, device: torch.device, repeats: int) -> float:
@@ -106,6 +112,7 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
     """The drafters' own steps at ``model``'s width (see the module doc), at each batch size, after
     ``args.context`` committed entries in their caches; each drafter built once, on the device, in the target's
     dtype. A drafter that raises gives a row naming the error and costs no other row."""
+    from specdec.drafters.base import round_weights
     from specdec.drafters.dflash.model import DFlashConfig, DFlashModel
     from specdec.drafters.eagle.model import EagleConfig, EagleModel, default_aux_layers
     from specdec.drafters.medusa.heads import MedusaHeads
@@ -127,21 +134,30 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
                 if name == "eagle":
                     cfg = EagleConfig.for_target(config, draft_vocab_size=args.draft_vocab, aux_layers=aux)
                     built[name] = EagleModel(cfg, backend=backend).to(dtype).eval().attach(embed)
+                    round_weights(built[name], args.weight_bits, keep=(embed,), what="EAGLE drafter")
                 elif name == "dflash":
                     cfg = DFlashConfig.for_target(config, num_layers=args.block_layers, block_size=args.block_size,
                                                   mask_token_id=0, aux_layers=aux, draft_vocab_size=args.draft_vocab)
-                    built[name] = DFlashModel(cfg, backend=backend).to(dtype).eval().attach(embed)
+                    built[name] = block = DFlashModel(cfg, backend=backend).to(dtype).eval().attach(embed)
+                    round_weights(block, args.weight_bits, keep=(embed, block.fc.weight), what="block drafter")
+                elif name == "draft_model":  # its weights as trained (the shipped draft's drafter.weight_bits: null)
+                    small = synthetic_target(args.draft_shape, dtype=dtype, device=device)
+                    decoder = as_decoder(small, backend=Backend(gpu_kernels=backend.gpu_kernels))
+                    built[name] = GraphedDecoder(decoder) if device.type == "cuda" else decoder
                 else:
                     heads = MedusaHeads(hidden, vocab, 4, token_ids=ids).to(dtype).eval()
                     heads.backend = backend
                     built[name] = heads
         return built[name]
 
-    def run(name: str, what: str, batch: int, build) -> None:
+    def run(name: str, what: str, batch: int, build, width: int | None = None) -> None:
+        row = {"drafter": name, "what": what, "batch": batch, "width": width}  # width: nodes or tokens a row
         try:
-            rows.append({"drafter": name, "what": what, "batch": batch, "ms": timed(build(), device, args.repeats)})
+            ms = (measure(draft(name), batch, width, args.context, args.repeats) if name == "draft_model"
+                  else timed(build(), device, args.repeats))
+            rows.append({**row, "ms": ms})
         except Exception as exc:  # noqa: BLE001 -- a drafter that fails on this device costs its own row only
-            rows.append({"drafter": name, "what": what, "batch": batch, "error": f"{type(exc).__name__}: {exc}"})
+            rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
         print(f"{name} {what}, batch {batch}: " + (f"{rows[-1]['ms']:.3f} ms" if "ms" in rows[-1]
                                                    else rows[-1]["error"]), flush=True)
 
@@ -179,12 +195,16 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
         if "eagle" in args.drafters:
             for width in EAGLE_WIDTHS:
                 run("eagle", f"a tree level of {width} node{'s' if width > 1 else ''}", batch,
-                    lambda width=width, batch=batch: eagle(batch, width))
+                    lambda width=width, batch=batch: eagle(batch, width), width)
         if "medusa" in args.drafters:
             run("medusa", "4 heads over the target's LM head rows", batch, lambda batch=batch: medusa(batch))
         if "dflash" in args.drafters:
             run("dflash", f"a block of {args.block_size} ({args.block_layers} layers)", batch,
                 lambda batch=batch: dflash(batch))
+        if "draft_model" in args.drafters:
+            for width in EAGLE_WIDTHS:
+                run("draft_model", f"{args.draft_shape} over {width} token{'s' if width > 1 else ''}", batch, None,
+                    width)
     return rows
 
 
@@ -202,13 +222,29 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft-vocab", type=int, default=8192, help="the drafters' draft vocabulary (the shipped ones')")
     ap.add_argument("--block-layers", type=int, default=2, help="the block drafter's layers (the shipped one's)")
     ap.add_argument("--block-size", type=int, default=8, help="the block drafter's block (the shipped one's)")
+    ap.add_argument("--draft-shape", default=None, help="--drafters draft_model: the draft model's shape (a preset or "
+                                                          "a config.json), e.g. llama-3.2-1b for llama-3.1-8b")
     ap.add_argument("--weight-bits", type=int, choices=(4, 8), default=None,
                     help="a CPU's float32 weights as codes of this many bits (the embedding's 8), streamed as such")
+    ap.add_argument("--into", default=None, help="a curve this script wrote for the same shape, dtype and machine: "
+                                                 "written out again with this run's drafters' rows, so replay reads "
+                                                 "one file (the curve measured in one step, the drafters in another)")
     ap.add_argument("--out", default="outputs/step_costs")
     args = ap.parse_args(argv)
+    into = None
+    if args.into is not None:
+        try:
+            into = json.loads(Path(args.into).read_text())
+            into["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--into {args.into!r} is not a curve this script wrote ({exc}): give its step_costs_<shape>.json")
+        if not args.drafters:
+            ap.error("--into adds the drafters' rows to a curve: name them (--drafters eagle medusa dflash ...)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     overrides = {} if args.layers is None else {"num_hidden_layers": args.layers}
+    if "draft_model" in args.drafters and args.draft_shape is None:
+        ap.error("--drafters draft_model times a draft model of another shape: name it, e.g. --draft-shape llama-3.2-1b")
     if args.weight_bits is not None and device.type != "cpu":
         ap.error(f"--weight-bits {args.weight_bits}: codes are what the CPU kernels stream; leave it out on a GPU")
     model = synthetic_target(args.shape, dtype=dtype, device=device, weight_bits=args.weight_bits, **overrides)
@@ -240,6 +276,14 @@ def main(argv: list[str] | None = None) -> dict:
               "kernels": "triton" if device.type == "cuda" and args.gpu_kernels else "torch ops or the CPU's",
               "weights": "float" if args.weight_bits is None else f"{args.weight_bits}-bit codes (embedding 8-bit)",
               "rows": rows, "drafter_rows": drafter_rows}
+    if into is not None:
+        fields = ("shape", "layers", "dtype", "device", "context", "weights")
+        differ = {f: (into.get(f), result[f]) for f in fields if into.get(f) != result[f]}
+        if differ:
+            raise SystemExit(f"--into {args.into!r} was measured otherwise than this run (field: curve's, this run's): "
+                             f"{differ}; measure the drafters with the curve's settings")
+        result = {**into, "drafter_rows": drafter_rows, "drafters_torch": torch.__version__}
+        rows = result["rows"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"step_costs_{name}.json").write_text(json.dumps(result, indent=2) + "\n")

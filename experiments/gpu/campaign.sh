@@ -13,7 +13,9 @@
 # machine and the tables are printed too). PROMPTS and NEW shrink the benchmark (a CPU check:
 # PROMPTS=1 BF16_PROMPTS=1 NEW=8 STEP_COSTS="--shape llama-3.2-1b --layers 1 --widths 1 2 --batch 1 --repeats 2"
 # QWEN_COSTS="--shape qwen3-8b --layers 1 --widths 1 --batch 1 --repeats 2" DRAFT_COSTS="--shape llama-3.2-1b
-# --layers 1 --widths 1 --batch 1 --repeats 2 --drafters eagle medusa dflash" OUT=/tmp/c \
+# --layers 1 --widths 1 --batch 1 --repeats 2 --drafters eagle medusa dflash draft_model --draft-shape
+# specdec/assets/draft_model/smollm2-135m/config.json"
+# OUT=/tmp/c \
 # bash experiments/gpu/campaign.sh). STEPS, when set, names the steps to run (e.g.
 # STEPS="bench_bf16 bench_exact tests"), in the order below.
 set -u
@@ -61,8 +63,13 @@ read -r -a costs <<<"${STEP_COSTS:---shape llama-3.1-8b}"  # step_costs.py's arg
 step step_costs 120 python3 experiments/benchmarks/step_costs.py "${costs[@]}" --out "$OUT/step_costs"
 read -r -a qwen <<<"${QWEN_COSTS:---shape qwen3-8b --widths 1 4 16 64 --repeats 20}"
 step step_costs_qwen3 90 python3 experiments/benchmarks/step_costs.py "${qwen[@]}" --out "$OUT/step_costs_qwen3"
-read -r -a drafts <<<"${DRAFT_COSTS:---shape llama-3.1-8b --widths 1 --repeats 20 --drafters eagle medusa dflash}"
-step step_costs_drafters 90 python3 experiments/benchmarks/step_costs.py "${drafts[@]}" --out "$OUT/step_costs_drafters"
+read -r -a drafts <<<"${DRAFT_COSTS:---shape llama-3.1-8b --widths 1 --repeats 20 --drafters eagle medusa dflash \
+draft_model --draft-shape llama-3.2-1b}"
+# into the target's curve where step_costs wrote it (the same shape and settings): one file for replay's costs=
+into=()
+for curve in "$OUT"/step_costs/step_costs_*.json; do [[ -f $curve ]] && into=(--into "$curve"); done
+step step_costs_drafters 90 python3 experiments/benchmarks/step_costs.py "${drafts[@]}" "${into[@]}" \
+    --out "$OUT/step_costs_drafters"
 step profile_medusa 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter medusa --fixed-tree --out "$OUT/profile_medusa"
 step profile_eagle 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \

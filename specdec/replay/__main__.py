@@ -21,7 +21,9 @@ its rows stepping together in batches of B as a live run's do (:func:`~specdec.r
 step as wide as its widest row's block, each batch as long as its slowest row; no interval, since a batch's time does
 not split into prompts); the per-category figures time each row alone at B rows' costs. ``costs=<a step-cost
 curve>`` (``experiments/benchmarks/step_costs.py``'s JSON) times the replay by another machine's or model size's
-verify steps instead, the drafter's steps counted free: an upper bound (results: ``costs_from``).
+verify steps instead (results: ``costs_from``), and the drafter's steps by the curve's rows for it where it has them
+(``--drafters``: a PREDICTED speedup, the loop's host work left out; results: ``drafting_from_curve`` says how),
+else counted free (n-gram lookup, whose step is host work; a curve without them): an upper bound.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class ReplayConfig(JobConfig):
     log_dir: Optional[str] = None  # where logs are kept; null = replay/ under specdec's cache ($SPECDEC_CACHE)
     # true: measure the cost model here (verify time per width, live steps per K) for the speedups; false: none; or a
     # step-cost curve (experiments/benchmarks/step_costs.py's JSON: another machine's, another model size's) to time
-    # the replay by, the drafter's steps counted free (an upper bound for a drafter with a model)
+    # the replay by, the drafter's steps from its rows for the drafter (--drafters), else counted free (an upper bound)
     costs: Any = True
     results_file: str = "results.json"
 
@@ -102,7 +104,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                       max_new_tokens=job.max_new_tokens, tokenizer=job.tokenizer, eos_token_id=job.eos,
                                       tree=tree, directory=cfg.log_dir, costs=cfg.costs is True, cost_batch=job.batch_size,
                                       pad_id=job.pad_id, seeds=[job.seed + s for s in range(cfg.seeds)], **sampling)
-    log = log.timed_by(curve) if curve else log
+    if curve:
+        curve = curve.drafting_from_curve(cfg.drafter, curve_taus(log, k, tree))
+        log = log.timed_by(curve)
     start = time.perf_counter()
     spec = replay(log, k, batch_size=job.batch_size)
     replay_time = time.perf_counter() - start
@@ -132,8 +136,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "replay_time_s": replay_time,
         "k_max": log.k_max,
         "device": (costs.machine if costs else None) or machine_description(job.device),
-        "costs_from": str(cfg.costs) if curve else None,  # a step-cost curve: the speedups are its, upper bounds
+        "costs_from": str(cfg.costs) if curve else None,  # a step-cost curve: the speedups are its
+        # how the curve's drafter rows timed the drafting steps; None: drafting free (with a curve: upper bounds)
+        "drafting_from_curve": (curve.drafting or None) if curve else None,
     }
+
+
+def curve_taus(log: ReplayLog, k: int, tree: bool) -> dict[int, float]:
+    """τ at each lookahead a curve's drafting steps are built for (a tree: its k; a chain: every K the log
+    covers), replayed from ``log``: the tokens a step commits on average, which the drafter's next step catches up
+    on (:meth:`~specdec.replay.cost_model.CostModel.drafting_from_curve`)."""
+    return {size: total(replay(log, size)).mean_accepted_length for size in ([k] if tree else range(1, log.k_max + 1))}
 
 
 def cost_curve(cfg: DictConfig) -> CostModel | None:

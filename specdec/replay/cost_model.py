@@ -1,13 +1,15 @@
 """What a replay predicts time with: a :class:`CostModel` of seconds per target forward by block width, per
 drafting step and per step's host work by lookahead, and plain decoding's host work, at one batch size (measured by
-:func:`specdec.replay.costs.measure`, kept in a :class:`~specdec.replay.log.ReplayLog`)."""
+:func:`specdec.replay.costs.measure`, kept in a :class:`~specdec.replay.log.ReplayLog`), or read from a step-cost
+curve (:meth:`CostModel.from_curve`), its drafting steps from the curve's drafter rows where it has the drafter's
+(:meth:`CostModel.drafting_from_curve`, :func:`drafting_ms`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass
@@ -22,6 +24,8 @@ class CostModel:
     batch_size: int = 1
     machine: str = ""
     setup_s: float = 0.0  # the drafter's one-off work a generation (its start, its first proposal's catch-up)
+    drafter_rows: list[dict[str, Any]] = field(default_factory=list)  # a curve's drafters' steps at batch_size
+    drafting: str = ""  # a curve's: how draft_s was built from drafter_rows ("": drafting counted free)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CostModel":
@@ -35,9 +39,9 @@ class CostModel:
     def from_curve(cls, path: str | Path, batch_size: int) -> "CostModel":
         """The verify times a step-cost curve gives at ``batch_size`` rows: the JSON
         ``experiments/benchmarks/step_costs.py`` writes (a target's forward by the tokens a row carries, measured on
-        another machine or at another model's shape, random weights). The drafter's steps and the loop's host work
-        are not in it and count as free, so a speedup predicted from it is an upper bound for a drafter with a
-        model of its own (n-gram lookup's step is host work only)."""
+        another machine or at another model's shape, random weights), and its drafters' steps at that batch size
+        (``drafter_rows``, for :meth:`drafting_from_curve`). Until a drafter's steps are read from those, drafting
+        counts free; the loop's host work is never in a curve and counts free too."""
         file = Path(path).expanduser()
         try:
             data = json.loads(file.read_text())
@@ -50,22 +54,27 @@ class CostModel:
         if not rows:
             raise ValueError(f"costs={str(path)!r} holds batch sizes {batches}, not data.batch_size={batch_size}; "
                              f"replay at one of those, or measure the curve at {batch_size} (step_costs.py --batch)")
+        drafters = [row for row in data.get("drafter_rows", []) if row.get("batch") == batch_size and "ms" in row]
         return cls(verify_s={row["width"]: row["ms"] / 1e3 for row in rows}, batch_size=batch_size,
-                   machine=described)
+                   machine=described, drafter_rows=drafters)
+
+    def drafting_from_curve(self, drafter: Mapping[str, Any], taus: Mapping[int, float]) -> "CostModel":
+        """A copy of this curve's cost model whose drafting step at each lookahead k in ``taus`` is built from the
+        curve's rows for ``drafter`` (its config: ``name`` and the settings :func:`drafting_ms` reads), the
+        drafter's catch-up over ``taus[k]`` tokens (τ at k: what a step commits, on average); ``drafting`` says
+        how. Where the curve has no rows for the drafter (n-gram lookup, whose step is host work; a curve measured
+        without ``--drafters``), drafting stays free and ``drafting`` empty."""
+        built = {k: drafting_ms(self.drafter_rows, drafter, k, tau) for k, tau in taus.items()}
+        if not built or any(b is None for b in built.values()):
+            return self
+        how = next(iter(built.values()))[1]
+        return replace(self, draft_s={k: ms / 1e3 for k, (ms, _) in built.items()}, drafting=how)
 
     def verify(self, width: float) -> float:
         """A verify forward over ``width`` tokens (linear between the widths measured, the widest beyond)."""
         if not self.verify_s:
             raise ValueError("this cost model holds no verify times: measure them (specdec.replay.costs.measure)")
-        if width in self.verify_s:
-            return self.verify_s[width]
-        widths = sorted(self.verify_s)
-        if width >= widths[-1]:
-            return self.verify_s[widths[-1]] * width / widths[-1]
-        below = max(w for w in widths if w < width) if width > widths[0] else widths[0]
-        above = min(w for w in widths if w > width)
-        share = (width - below) / (above - below) if above != below else 0.0
-        return self.verify_s[below] + share * (self.verify_s[above] - self.verify_s[below])
+        return _by_width(self.verify_s, width)
 
     def draft(self, k: int) -> float:
         """A drafting step at lookahead ``k`` (the nearest K measured)."""
@@ -82,6 +91,53 @@ class CostModel:
     def plain_step(self) -> float:
         """A plain decoding step."""
         return self.verify(1) + self.plain_host_s
+
+
+def drafting_ms(rows: list[dict[str, Any]], drafter: Mapping[str, Any], k: int,
+                tau: float) -> tuple[float, str] | None:
+    """ms of ``drafter``'s drafting step at lookahead ``k`` built from a step-cost curve's ``rows`` (its drafters'
+    steps at one batch size: ``drafter``, ``unit``, ``width``, ``ms``), the catch-up over ``tau`` tokens; with how
+    it was built. None where the rows lack the drafter. Each drafter's step as its ``propose`` runs it:
+
+    - EAGLE, a tree: the catch-up (its layer over the ``tau`` committed positions, the root's candidates), then
+      ``depth - 1`` levels of ``expand`` nodes (a level: ``fc``, the layer and the draft LM head over its nodes). A
+      tree that stops early (every open node below ``min_confidence``) runs fewer levels, so this is its most.
+    - EAGLE, a chain: the catch-up, then ``k - 1`` levels of one node.
+    - Medusa: its heads once (over the target's last hidden state: no catch-up).
+    - the block drafter: its block once (its context written, its layers over the block, its draft LM head).
+    - a draft model (``draft_model``, the curve's rows at the draft's own shape): a forward over the ``tau``
+      committed tokens, then ``k - 1`` one-token steps.
+    Costs between the widths measured are linear (the widest's per node beyond), as the verify steps' are."""
+    name = drafter.get("name")
+    mine = {row.get("width"): row["ms"] for row in rows if row.get("drafter") == name and "ms" in row}
+    if not mine:
+        return None
+    once = next(iter(mine.values()))
+    if name == "eagle" and drafter.get("tree", True):
+        levels, nodes = drafter.get("depth", 6) - 1, min(drafter.get("expand", 4), drafter.get("top_k", 4))
+        return (_by_width(mine, tau) + levels * _by_width(mine, nodes),
+                f"EAGLE's tree: its catch-up over τ tokens and {levels} levels of {nodes} nodes (at most)")
+    if name in ("eagle", "draft_model"):
+        what = "EAGLE's chain: its catch-up over τ tokens" if name == "eagle" else "the draft model: τ tokens read"
+        return _by_width(mine, tau) + (k - 1) * _by_width(mine, 1), f"{what}, then k - 1 one-token steps"
+    if name == "medusa":
+        return once, "Medusa: its heads once a step"
+    if name == "dflash":
+        return once, "the block drafter: its block once a step"
+    return None
+
+
+def _by_width(times: dict[int, float], width: float) -> float:
+    """``times`` by width at ``width``: linear between the widths measured, the widest's per token beyond."""
+    if width in times:
+        return times[width]
+    widths = sorted(times)
+    if width >= widths[-1]:
+        return times[widths[-1]] * width / widths[-1]
+    below = max(w for w in widths if w < width) if width > widths[0] else widths[0]
+    above = min(w for w in widths if w > width)
+    share = (width - below) / (above - below) if above != below else 0.0
+    return times[below] + share * (times[above] - times[below])
 
 
 def _nearest(times: dict[int, float], k: int) -> float:

@@ -301,8 +301,9 @@ def markdown_summary(df: pd.DataFrame) -> str:
                   "measured no wall clock: its α and τ are a live run's (greedy; at T > 0 their expectation), its "
                   "predicted speedup and decode tok/s come from a cost model measured on this machine (decode only, "
                   "the loop's host work included; or, where its results name costs_from, from that step-cost curve, "
-                  "the drafter's steps counted free), and its speedup columns are empty. (best K): the highest "
-                  "predicted speedup among replayed runs that differ in k alone."]
+                  "the drafter's steps from its rows where drafting_from_curve says how, else counted free), and its "
+                  "speedup columns are empty. (best K): the highest predicted speedup among replayed runs that differ "
+                  "in k alone."]
     if runs["k_auto"].fillna(False).any():
         lines += ["", "k=auto: a run marked so chose its k before decoding (drafter.k=auto, a replay of held-out "
                   "prompts); k is its choice, 0 = plain decoding."]

@@ -78,8 +78,11 @@ def format_replay_table(results: dict[str, Any]) -> str:
     covers, the best marked. A replay times no prefill and measures no wall clock: there is nothing end to end."""
     head = (f"{'category':<19}{'prompts':>8}{'α':>7}{'τ':>7}{'tok/s':>9}{'base tok/s':>11}"
             f"{'predicted (replay)':>20}{'95% CI':>12}")
-    source = (f"the step-cost curve {results['costs_from']} ({results.get('device')}; the drafter's steps counted free: "
-              f"an upper bound)" if results.get("costs_from") else "this machine's measured costs")
+    drafting = results.get("drafting_from_curve")
+    source = (f"the step-cost curve {results['costs_from']} ({results.get('device')}; "
+              + (f"PREDICTED: the drafter's steps from its rows, {drafting}; the loop's host work left out)" if drafting
+                 else "the drafter's steps counted free: an upper bound)")
+              if results.get("costs_from") else "this machine's measured costs")
     lines = [f"{_setting(results)}, REPLAYED against plain decoding: speedup predicted from {source}, decode only "
              f"(no prefill); no wall clock measured", head, "-" * len(head)]
     rows = list(results["per_category"].items()) + [("ALL", results)]
@@ -91,7 +94,8 @@ def format_replay_table(results: dict[str, Any]) -> str:
     if "verify_step_time_s" in results:
         lines.append(f"cost model: verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms, "
-                     + ("neither drafting nor host work in the curve" if results.get("costs_from")
+                     + (f"{'host work' if drafting else 'neither drafting nor host work'} not in the curve"
+                        if results.get("costs_from")
                         else "the loop's host work included in the prediction"))
     by_k = results.get("predicted_speedup_by_k")
     if by_k and len(by_k) > 1:

@@ -98,8 +98,10 @@ def test_a_synthetic_target_over_codes_streams_them_and_says_so(tmp_path):
 
 
 def test_step_costs_times_the_drafters_steps_at_the_targets_width(tmp_path, monkeypatch):
-    """``--drafters``: EAGLE's tree levels, Medusa's heads and the block drafter's block, built at the shape's width
-    with random weights, each a row of its own (JSON and table); a drafter that raises costs its own row, named."""
+    """``--drafters``: EAGLE's tree levels, Medusa's heads, the block drafter's block, built at the shape's width
+    with random weights, and a draft model's forwards at ``--draft-shape``, each a row of its own (JSON and table,
+    the widths replay reads); a drafter that raises costs its own row, named; a draft model without a shape is
+    refused naming the option."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from experiments.benchmarks import step_costs
     from specdec.drafters.dflash.model import DFlashModel
@@ -109,16 +111,31 @@ def test_step_costs_times_the_drafters_steps_at_the_targets_width(tmp_path, monk
     step = DFlashModel.draft_block
     monkeypatch.setattr(DFlashModel, "draft_block", lambda self, *a, **k: widths.append(self.cfg.hidden_size) or
                         step(self, *a, **k))
-    config = tmp_path / "tiny.json"
+    config, small = tmp_path / "tiny.json", tmp_path / "draft.json"
     config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_hidden_layers": 4}))
+    small.write_text(json.dumps({"model_type": "llama", **SMALL, "num_hidden_layers": 1}))
     args = ["--shape", str(config), "--widths", "1", "--batch", "1", "--context", "16", "--repeats", "1",
             "--draft-vocab", "64", "--drafters", *step_costs.DRAFTERS]
+    with pytest.raises(SystemExit):
+        step_costs.main([*args, "--out", str(tmp_path / "out")])
+    args += ["--draft-shape", str(small)]
     result = step_costs.main([*args, "--out", str(tmp_path / "out")])
     rows = result["drafter_rows"]
-    assert [r["drafter"] for r in rows] == ["eagle"] * len(step_costs.EAGLE_WIDTHS) + ["medusa", "dflash"]
+    nodes = list(step_costs.EAGLE_WIDTHS)
+    assert [(r["drafter"], r["width"]) for r in rows] == ([("eagle", w) for w in nodes] + [("medusa", None),
+                                                          ("dflash", None)] + [("draft_model", w) for w in nodes])
     assert all(r["ms"] > 0 for r in rows) and set(widths) == {SMALL["hidden_size"]}
     table = (tmp_path / "out" / "step_costs_tiny.md").read_text()
     assert "| medusa | 4 heads over the target's LM head rows | 1 |" in table and "failed" not in table
+    assert f"| draft_model | {small} over 4 tokens | 1 |" in table
+    curve = tmp_path / "curve"  # --into: a curve measured in one step, the drafters in another, one file for replay
+    target = ["--shape", str(config), "--batch", "1", "--repeats", "1"]
+    measured = step_costs.main([*target, "--widths", "1", "2", "--context", "16", "--out", str(curve)])
+    medusa = [*target, "--widths", "1", "--drafters", "medusa", "--into", str(curve / "step_costs_tiny.json")]
+    joined = step_costs.main([*medusa, "--context", "16", "--out", str(tmp_path / "joined")])
+    assert joined["rows"] == measured["rows"] and [r["drafter"] for r in joined["drafter_rows"]] == ["medusa"]
+    with pytest.raises(SystemExit, match="context"):
+        step_costs.main([*medusa, "--context", "32", "--out", str(tmp_path / "other")])
 
     def broken(self, *a, **k):
         raise RuntimeError("planted")
@@ -141,5 +158,5 @@ def test_step_costs_replays_the_drafters_steps_as_cuda_graphs(tmp_path):
     config.write_text(json.dumps({"model_type": "llama", **SMALL, "num_hidden_layers": 4}))
     result = step_costs.main(["--shape", str(config), "--widths", "1", "4", "--batch", "1", "8", "--context", "16",
                               "--repeats", "3", "--draft-vocab", "64", "--drafters", *step_costs.DRAFTERS,
-                              "--out", str(tmp_path / "out")])
+                              "--draft-shape", str(config), "--out", str(tmp_path / "out")])
     assert result["drafter_rows"] and all(r.get("ms", 0) > 0 for r in result["drafter_rows"]), result["drafter_rows"]

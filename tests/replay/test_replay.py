@@ -327,6 +327,56 @@ def test_a_step_cost_curve_times_the_verify_steps_at_its_batch_size(tmp_path):
         CostModel.from_curve(tmp_path / "other.json", 1)
 
 
+def test_a_curves_drafter_rows_time_each_drafters_step(models, tmp_path):
+    """A curve with its drafters' steps (step_costs.py --drafters) times each drafting step as the drafter runs it
+    (EAGLE's tree: catch-up over τ tokens and depth - 1 levels of ``expand`` nodes; a chain or a draft model:
+    catch-up and k - 1 one-token steps; Medusa's heads and the block drafter's block once), at the replay's batch
+    size; a drafter the curve lacks (n-gram) or a curve without rows counts drafting free. A replay timed by it pays
+    those steps: its prediction is the verify and drafting times summed (planted: the rows read but not timed_by)."""
+    import json
+
+    from specdec.decode.metrics import total
+    from specdec.replay.__main__ import curve_taus
+    from specdec.replay.costs import CostModel
+    from specdec.replay.simulate import batched_speedup
+
+    def rows(batch, scale):
+        return [{"drafter": d, "batch": batch, "width": w, "ms": ms * scale} for d, w, ms in
+                [("eagle", 1, 1.0), ("eagle", 4, 2.0), ("eagle", 8, 3.0), ("medusa", None, 0.5),
+                 ("dflash", None, 2.5), ("draft_model", 1, 0.4), ("draft_model", 4, 0.7), ("draft_model", 8, 1.0)]]
+    curve = {"mark": "SYNTHETIC", "shape": "llama-3.1-8b", "layers": 32, "dtype": "torch.bfloat16", "device": "H200",
+             "rows": [{"batch": b, "width": w, "ms": ms} for b, w, ms in [(1, 1, 4.0), (1, 3, 4.1), (1, 16, 5.0),
+                                                                          (8, 1, 4.5)]],
+             "drafter_rows": rows(1, 1.0) + rows(8, 2.0) + [{"drafter": "medusa", "batch": 1, "error": "planted"}]}
+    path = tmp_path / "step_costs_llama-3.1-8b.json"
+    path.write_text(json.dumps(curve))
+    costs = CostModel.from_curve(path, 1)
+    tree = {"name": "eagle", "tree": True, "depth": 6, "top_k": 4, "expand": 4}
+    eagle_tree = costs.drafting_from_curve(tree, {24: 2.0})
+    assert eagle_tree.draft(24) == pytest.approx((1.0 + 1 / 3 + 5 * 2.0) / 1e3) and "5 levels of 4" in eagle_tree.drafting
+    chain = costs.drafting_from_curve({**tree, "tree": False}, {1: 1.5, 3: 2.0})
+    assert (chain.draft(1), chain.draft(3)) == pytest.approx(((1.0 + 0.5 / 3) / 1e3, (1.0 + 1 / 3 + 2.0) / 1e3))
+    assert costs.drafting_from_curve({"name": "medusa"}, {23: 1.8}).draft(23) == pytest.approx(0.5e-3)
+    assert costs.drafting_from_curve({"name": "dflash"}, {16: 2.0}).draft(16) == pytest.approx(2.5e-3)
+    assert CostModel.from_curve(path, 8).drafting_from_curve({"name": "dflash"}, {16: 2.0}).draft(16) == \
+        pytest.approx(5e-3)
+    assert costs.drafting_from_curve({"name": "draft_model"}, {4: 2.5}).draft(4) == pytest.approx((0.55 + 1.2) / 1e3)
+    for free in (costs.drafting_from_curve({"name": "ngram"}, {4: 1.4}),
+                 CostModel(verify_s=costs.verify_s).drafting_from_curve(tree, {24: 2.0})):
+        assert free.draft(4) == 0.0 and free.drafting == ""
+
+    log, _, _ = cached_log(models["tiny"], CASES["draft_model"][1](models), PROMPTS, k_max=3, max_new_tokens=NEW,
+                           eos_token_id=[], directory=tmp_path)
+    taus = curve_taus(log, 2, tree=False)
+    assert sorted(taus) == [1, 2, 3] and taus[2] == pytest.approx(total(replay(log, 2)).mean_accepted_length)
+    timed = costs.drafting_from_curve({"name": "draft_model"}, taus)
+    spec = total(replay(log, 2))  # the draft model always drafts k: every block is 3 wide
+    expected = (spec.new_tokens - spec.prefill_tokens) * costs.verify(1) / (spec.verify_steps * (costs.verify(3)
+                                                                                                + timed.draft(2)))
+    assert batched_speedup(log.timed_by(timed), 2, 1) == pytest.approx(expected)
+    assert batched_speedup(log.timed_by(costs), 2, 1) > expected  # drafting free: the upper bound
+
+
 def test_the_replay_job_reads_its_costs_setting_before_any_model_loads(tmp_path):
     """costs=true or false measures here or not; a curve's path is read (and a bad one refused) before the target
     loads; anything else is refused naming the three forms."""

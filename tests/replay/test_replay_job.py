@@ -90,6 +90,27 @@ def test_a_replayed_sweep_shares_one_log_and_matches_the_main_job(tmp_path):
         assert runs[1][key] == measured[key], key
 
 
+def test_a_curve_with_the_drafters_rows_predicts_where_one_without_bounds(tmp_path):
+    """costs=<a curve>: with a row for the drafter (step_costs.py --drafters) the replay pays its steps and says how
+    (``drafting_from_curve``, the table's PREDICTED); without, drafting is free and the figure an upper bound, higher.
+    In process, one log for both (the real default target, one prompt per source, 16 tokens)."""
+    from specdec.replay.__main__ import run
+    from specdec.report.table import format_replay_table
+
+    bare = ROOT / "experiments/gpu/results/h200-2026-11-27/step_costs_llama-3.1-8b.json"
+    curve = json.loads(bare.read_text())
+    curve["drafter_rows"] = [{"drafter": "medusa", "what": "4 heads", "batch": 1, "width": None, "ms": 2.0}]
+    rows = tmp_path / "step_costs_llama-3.1-8b.json"
+    rows.write_text(json.dumps(curve))
+    predicted, bound = (run(composed("drafter=medusa", *TINY, f"log_dir={tmp_path}/logs", f"costs={path}"))
+                        for path in (rows, bare))
+    assert predicted["drafting_from_curve"] == "Medusa: its heads once a step" and bound["drafting_from_curve"] is None
+    assert predicted["mean_accepted_length"] == bound["mean_accepted_length"] and bound["replay_log_reused"]
+    assert predicted["predicted_speedup"] < bound["predicted_speedup"]
+    assert "PREDICTED: the drafter's steps from its rows" in format_replay_table(predicted)
+    assert "counted free: an upper bound" in format_replay_table(bound)
+
+
 def replayed_figures() -> dict:
     """A group's summarize_prompts figures over a replay, its two predictions disagreeing as in issue 65 (n-gram K=3
     on MT-Bench: τ · plain step / (verify + draft) 1.22x, the replay's cost model 1.04x)."""
