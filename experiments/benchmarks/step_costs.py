@@ -16,7 +16,8 @@ one level of EAGLE's tree (``fc``, its layer and draft LM head over ``w`` nodes 
 LM head, the block drafter's block (its context written, its layers, its draft LM head), each as the shipped drafter
 is built (``--draft-vocab``, ``--block-layers``, ``--block-size`` change that; with ``--weight-bits`` EAGLE's and the
 block drafter's weights are 4-bit codes, as the shipped ones' are on a CPU), timed as the target's steps are; and
-``draft_model``: a draft model's forward over ``w`` tokens at ``--draft-shape`` (a preset or a config.json). Replay's
+``draft_model``: a draft model's forward over ``w`` tokens at ``--draft-shape`` (a preset or a config.json; its LM head
+cut to ``--draft-model-vocab`` tokens as ``drafter.draft_vocab`` cuts the shipped draft's). Replay's
 ``costs=<this JSON>`` builds each drafting step from these rows (:func:`specdec.replay.cost_model.drafting_ms`): its
 figures are then predictions (the loop's host work left out), not bounds. ``--into <curve>`` writes a curve measured
 before (same shape, settings and machine) with this run's drafters' rows: one file for replay.
@@ -141,7 +142,8 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
                     built[name] = block = DFlashModel(cfg, backend=backend).to(dtype).eval().attach(embed)
                     round_weights(block, args.weight_bits, keep=(embed, block.fc.weight), what="block drafter")
                 elif name == "draft_model":  # its weights as trained (the shipped draft's drafter.weight_bits: null)
-                    small = synthetic_target(args.draft_shape, dtype=dtype, device=device)
+                    cut = {"vocab_size": args.draft_model_vocab} if args.draft_model_vocab else {}
+                    small = synthetic_target(args.draft_shape, dtype=dtype, device=device, **cut)
                     decoder = as_decoder(small, backend=Backend(gpu_kernels=backend.gpu_kernels))
                     built[name] = GraphedDecoder(decoder) if device.type == "cuda" else decoder
                 else:
@@ -226,6 +228,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                           "a config.json), e.g. llama-3.2-1b for llama-3.1-8b")
     ap.add_argument("--weight-bits", type=int, choices=(4, 8), default=None,
                     help="a CPU's float32 weights as codes of this many bits (the embedding's 8), streamed as such")
+    ap.add_argument("--draft-model-vocab", type=int, default=0, help="the draft model's LM head over this many "
+                                                                    "tokens (drafter.draft_vocab; the shipped 8192); "
+                                                                    "0: its shape's vocabulary")
     ap.add_argument("--into", default=None, help="a curve this script wrote for the same shape, dtype and machine: "
                                                  "written out again with this run's drafters' rows, so replay reads "
                                                  "one file (the curve measured in one step, the drafters in another)")

@@ -105,7 +105,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                       tree=tree, directory=cfg.log_dir, costs=cfg.costs is True, cost_batch=job.batch_size,
                                       pad_id=job.pad_id, seeds=[job.seed + s for s in range(cfg.seeds)], **sampling)
     if curve:
-        curve = curve.drafting_from_curve(cfg.drafter, curve_taus(log, k, tree))
+        curve = curve.drafting_from_curve(cfg.drafter, curve_steps(log, k, tree))
         log = log.timed_by(curve)
     start = time.perf_counter()
     spec = replay(log, k, batch_size=job.batch_size)
@@ -142,11 +142,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def curve_taus(log: ReplayLog, k: int, tree: bool) -> dict[int, float]:
-    """τ at each lookahead a curve's drafting steps are built for (a tree: its k; a chain: every K the log
-    covers), replayed from ``log``: the tokens a step commits on average, which the drafter's next step catches up
-    on (:meth:`~specdec.replay.cost_model.CostModel.drafting_from_curve`)."""
-    return {size: total(replay(log, size)).mean_accepted_length for size in ([k] if tree else range(1, log.k_max + 1))}
+def curve_steps(log: ReplayLog, k: int, tree: bool) -> dict[int, tuple[float, float | None]]:
+    """What a curve's drafting steps are built from at each lookahead (a tree: its k; a chain: every K the log
+    covers), from ``log``: τ replayed at that K (the tokens a step commits, which the drafter's next step catches
+    up on) and the drafter's own forwards a proposal takes (:meth:`~specdec.replay.log.ReplayLog.draft_forwards`;
+    :meth:`~specdec.replay.cost_model.CostModel.drafting_from_curve`)."""
+    return {size: (total(replay(log, size)).mean_accepted_length, log.draft_forwards(size))
+            for size in ([k] if tree else range(1, log.k_max + 1))}
 
 
 def cost_curve(cfg: DictConfig) -> CostModel | None:

@@ -58,13 +58,15 @@ class CostModel:
         return cls(verify_s={row["width"]: row["ms"] / 1e3 for row in rows}, batch_size=batch_size,
                    machine=described, drafter_rows=drafters)
 
-    def drafting_from_curve(self, drafter: Mapping[str, Any], taus: Mapping[int, float]) -> "CostModel":
-        """A copy of this curve's cost model whose drafting step at each lookahead k in ``taus`` is built from the
-        curve's rows for ``drafter`` (its config: ``name`` and the settings :func:`drafting_ms` reads), the
-        drafter's catch-up over ``taus[k]`` tokens (τ at k: what a step commits, on average); ``drafting`` says
-        how. Where the curve has no rows for the drafter (n-gram lookup, whose step is host work; a curve measured
-        without ``--drafters``), drafting stays free and ``drafting`` empty."""
-        built = {k: drafting_ms(self.drafter_rows, drafter, k, tau) for k, tau in taus.items()}
+    def drafting_from_curve(self, drafter: Mapping[str, Any],
+                            steps: Mapping[int, tuple[float, float | None]]) -> "CostModel":
+        """A copy of this curve's cost model whose drafting step at each lookahead k in ``steps`` is built from the
+        curve's rows for ``drafter`` (its config: ``name`` and the settings :func:`drafting_ms` reads), given
+        ``steps[k]``: τ at k (the tokens a step commits, on average, which EAGLE's next step catches up on) and the
+        drafter's own forwards a proposal takes at k, on average (None: not logged); ``drafting`` says how. Where the
+        curve has no rows for the drafter (n-gram lookup, whose step is host work; a curve measured without
+        ``--drafters``), drafting stays free and ``drafting`` empty."""
+        built = {k: drafting_ms(self.drafter_rows, drafter, k, tau, forwards) for k, (tau, forwards) in steps.items()}
         if not built or any(b is None for b in built.values()):
             return self
         how = next(iter(built.values()))[1]
@@ -93,37 +95,42 @@ class CostModel:
         return self.verify(1) + self.plain_host_s
 
 
-def drafting_ms(rows: list[dict[str, Any]], drafter: Mapping[str, Any], k: int,
-                tau: float) -> tuple[float, str] | None:
+def drafting_ms(rows: list[dict[str, Any]], drafter: Mapping[str, Any], k: int, tau: float,
+                forwards: float | None = None) -> tuple[float, str] | None:
     """ms of ``drafter``'s drafting step at lookahead ``k`` built from a step-cost curve's ``rows`` (its drafters'
-    steps at one batch size: ``drafter``, ``unit``, ``width``, ``ms``), the catch-up over ``tau`` tokens; with how
-    it was built. None where the rows lack the drafter. Each drafter's step as its ``propose`` runs it:
+    steps at one batch size: ``drafter``, ``width``, ``ms``), with how it was built; None where the rows lack the
+    drafter. ``tau``: the tokens a step commits; ``forwards``: the drafter's own forwards a proposal takes, on
+    average, as logged (None: the most its settings allow). Each drafter's step as its ``propose`` runs it:
 
-    - EAGLE, a tree: the catch-up (its layer over the ``tau`` committed positions, the root's candidates), then
-      ``depth - 1`` levels of ``expand`` nodes (a level: ``fc``, the layer and the draft LM head over its nodes). A
-      tree that stops early (every open node below ``min_confidence``) runs fewer levels, so this is its most.
-    - EAGLE, a chain: the catch-up, then ``k - 1`` levels of one node.
+    - EAGLE: its catch-up (its layer over the ``tau`` committed positions, and the root's candidates), then
+      ``forwards - 1`` levels, each a level of ``expand`` nodes for a tree (``fc``, its layer and draft LM head over
+      them; a tree that finds no confident node to open stops early), of one node for a chain. Unlogged: a tree's
+      ``depth - 1`` levels, a chain's ``k - 1``.
     - Medusa: its heads once (over the target's last hidden state: no catch-up).
     - the block drafter: its block once (its context written, its layers over the block, its draft LM head).
-    - a draft model (``draft_model``, the curve's rows at the draft's own shape): a forward over the ``tau``
-      committed tokens, then ``k - 1`` one-token steps.
+    - a draft model (``draft_model``, the curve's rows at the draft's own shape): a forward over the last two
+      tokens, then ``forwards - 1`` one-token steps (unlogged: ``k - 1``; a confidence cut stops it early).
     Costs between the widths measured are linear (the widest's per node beyond), as the verify steps' are."""
     name = drafter.get("name")
     mine = {row.get("width"): row["ms"] for row in rows if row.get("drafter") == name and "ms" in row}
     if not mine:
         return None
-    once = next(iter(mine.values()))
-    if name == "eagle" and drafter.get("tree", True):
-        levels, nodes = drafter.get("depth", 6) - 1, min(drafter.get("expand", 4), drafter.get("top_k", 4))
+    counted = "levels as logged" if forwards is not None else "levels unlogged: the most"
+    if name == "eagle":
+        tree = drafter.get("tree", True)
+        nodes = min(drafter.get("expand", 4), drafter.get("top_k", 4)) if tree else 1
+        levels = forwards - 1 if forwards is not None else (drafter.get("depth", 6) if tree else k) - 1
         return (_by_width(mine, tau) + levels * _by_width(mine, nodes),
-                f"EAGLE's tree: its catch-up over τ tokens and {levels} levels of {nodes} nodes (at most)")
-    if name in ("eagle", "draft_model"):
-        what = "EAGLE's chain: its catch-up over τ tokens" if name == "eagle" else "the draft model: τ tokens read"
-        return _by_width(mine, tau) + (k - 1) * _by_width(mine, 1), f"{what}, then k - 1 one-token steps"
+                f"EAGLE's {'tree' if tree else 'chain'}: its catch-up over τ tokens and {levels:.2f} levels of {nodes} "
+                f"node{'s' if nodes > 1 else ''} ({counted})")
+    if name == "draft_model":
+        steps = forwards - 1 if forwards is not None else k - 1
+        return (_by_width(mine, 2) + steps * _by_width(mine, 1),
+                f"the draft model: a forward over 2 tokens and {steps:.2f} one-token steps ({counted})")
     if name == "medusa":
-        return once, "Medusa: its heads once a step"
+        return next(iter(mine.values())), "Medusa: its heads once a step"
     if name == "dflash":
-        return once, "the block drafter: its block once a step"
+        return next(iter(mine.values())), "the block drafter: its block once a step"
     return None
 
 

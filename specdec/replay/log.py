@@ -81,11 +81,15 @@ class ReplayMismatchError(ValueError):
 
 @dataclass
 class Proposed:
-    """One logged proposal: draft tokens, the tree's parent list (None: a chain), how many are genuine drafts."""
+    """One logged proposal: draft tokens, the tree's parent list (None: a chain), how many are genuine drafts, and
+    the drafter's own forwards it took (its runtime's count: EAGLE's catch-up and tree levels, a draft model's steps;
+    None: a drafter without a model, or a log written before they were counted), which a step-cost curve's drafting
+    steps are built from (:meth:`ReplayLog.draft_forwards`)."""
 
     tokens: list[int]
     parents: list[int] | None
     num_proposed: int
+    forwards: int | None = None
 
 
 @dataclass
@@ -136,6 +140,15 @@ class ReplayLog:
         """The cost model measured at a batch of ``batch_size`` rows (None: not measured)."""
         data = self.costs.get(str(batch_size))
         return None if data is None else CostModel.from_dict(data)
+
+    def draft_forwards(self, k: int) -> float | None:
+        """The drafter's own forwards a proposal took, on average over the logged positions, at lookahead ``k``
+        (a chain logged at K_max drafts its first k: at most k forwards; a tree: as logged). None where a proposal
+        holds no count."""
+        counts = [p.forwards for log in self.prompts for p in log.proposals]
+        if not counts or any(c is None for c in counts):
+            return None
+        return sum(c if self.tree else min(c, k) for c in counts) / len(counts)
 
     def timed_by(self, costs: CostModel) -> ReplayLog:
         """This log timed by ``costs`` at its batch size (a step-cost curve's, say) in place of what was measured: a
@@ -316,10 +329,11 @@ class Recorder(DrafterWrapper):
         device = state.last_tokens.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start, before = time.perf_counter(), None if self.runtime is None else self.runtime.forwards
         proposal = self.inner.propose(state, self.k)
         tokens = proposal.tokens[0].tolist()
         self.times.append(time.perf_counter() - start)
+        forwards = None if before is None else self.runtime.forwards - before
         if proposal.probs is not None:
             if not self.sampled:
                 raise ValueError(f"{type(self.inner).__name__} drew its drafts from a distribution at temperature 0")
@@ -330,7 +344,7 @@ class Recorder(DrafterWrapper):
             self.one_hot = False
         num = proposal.num_proposed[0] if proposal.num_proposed else len(tokens)
         parents = None if proposal.tree is None else list(proposal.tree.parent_list)
-        self.proposals.append(Proposed(tokens, parents, num))
+        self.proposals.append(Proposed(tokens, parents, num, forwards))
         if not self.sampled:
             return empty
         if not tokens:

@@ -94,7 +94,7 @@ def format_replay_table(results: dict[str, Any]) -> str:
     if "verify_step_time_s" in results:
         lines.append(f"cost model: verify forward {1000 * results['verify_step_time_s']:.1f} ms vs plain step "
                      f"{1000 * results['target_step_time_s']:.1f} ms, "
-                     + (f"{'host work' if drafting else 'neither drafting nor host work'} not in the curve"
+                     + (("host work not in the curve" if drafting else "neither drafting nor host work in the curve")
                         if results.get("costs_from")
                         else "the loop's host work included in the prediction"))
     by_k = results.get("predicted_speedup_by_k")

@@ -118,7 +118,7 @@ def test_step_costs_times_the_drafters_steps_at_the_targets_width(tmp_path, monk
             "--draft-vocab", "64", "--drafters", *step_costs.DRAFTERS]
     with pytest.raises(SystemExit):
         step_costs.main([*args, "--out", str(tmp_path / "out")])
-    args += ["--draft-shape", str(small)]
+    args += ["--draft-shape", str(small), "--draft-model-vocab", "32"]
     result = step_costs.main([*args, "--out", str(tmp_path / "out")])
     rows = result["drafter_rows"]
     nodes = list(step_costs.EAGLE_WIDTHS)

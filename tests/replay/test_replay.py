@@ -329,14 +329,15 @@ def test_a_step_cost_curve_times_the_verify_steps_at_its_batch_size(tmp_path):
 
 def test_a_curves_drafter_rows_time_each_drafters_step(models, tmp_path):
     """A curve with its drafters' steps (step_costs.py --drafters) times each drafting step as the drafter runs it
-    (EAGLE's tree: catch-up over τ tokens and depth - 1 levels of ``expand`` nodes; a chain or a draft model:
-    catch-up and k - 1 one-token steps; Medusa's heads and the block drafter's block once), at the replay's batch
-    size; a drafter the curve lacks (n-gram) or a curve without rows counts drafting free. A replay timed by it pays
-    those steps: its prediction is the verify and drafting times summed (planted: the rows read but not timed_by)."""
+    (EAGLE: catch-up over τ tokens and a level of ``expand`` nodes per logged forward after it, ``depth - 1`` unlogged;
+    a draft model: a forward over 2 tokens and a one-token step per logged forward after it; Medusa's heads and the
+    block drafter's block once), at the replay's batch size; a drafter the curve lacks (n-gram) or a curve without
+    rows counts drafting free. The log counts each proposal's forwards; a replay timed by the curve pays the drafting
+    steps: its prediction is the verify and drafting times summed (planted: the rows read but not timed_by)."""
     import json
 
     from specdec.decode.metrics import total
-    from specdec.replay.__main__ import curve_taus
+    from specdec.replay.__main__ import curve_steps
     from specdec.replay.costs import CostModel
     from specdec.replay.simulate import batched_speedup
 
@@ -352,29 +353,39 @@ def test_a_curves_drafter_rows_time_each_drafters_step(models, tmp_path):
     path.write_text(json.dumps(curve))
     costs = CostModel.from_curve(path, 1)
     tree = {"name": "eagle", "tree": True, "depth": 6, "top_k": 4, "expand": 4}
-    eagle_tree = costs.drafting_from_curve(tree, {24: 2.0})
-    assert eagle_tree.draft(24) == pytest.approx((1.0 + 1 / 3 + 5 * 2.0) / 1e3) and "5 levels of 4" in eagle_tree.drafting
-    chain = costs.drafting_from_curve({**tree, "tree": False}, {1: 1.5, 3: 2.0})
+    unlogged = costs.drafting_from_curve(tree, {24: (2.0, None)})
+    assert unlogged.draft(24) == pytest.approx((1.0 + 1 / 3 + 5 * 2.0) / 1e3) and "5.00 levels" in unlogged.drafting
+    logged = costs.drafting_from_curve(tree, {24: (2.0, 2.5)})  # the catch-up and 1.5 levels a proposal
+    assert logged.draft(24) == pytest.approx((1.0 + 1 / 3 + 1.5 * 2.0) / 1e3) and "as logged" in logged.drafting
+    chain = costs.drafting_from_curve({**tree, "tree": False}, {1: (1.5, None), 3: (2.0, None)})
     assert (chain.draft(1), chain.draft(3)) == pytest.approx(((1.0 + 0.5 / 3) / 1e3, (1.0 + 1 / 3 + 2.0) / 1e3))
-    assert costs.drafting_from_curve({"name": "medusa"}, {23: 1.8}).draft(23) == pytest.approx(0.5e-3)
-    assert costs.drafting_from_curve({"name": "dflash"}, {16: 2.0}).draft(16) == pytest.approx(2.5e-3)
-    assert CostModel.from_curve(path, 8).drafting_from_curve({"name": "dflash"}, {16: 2.0}).draft(16) == \
+    assert costs.drafting_from_curve({"name": "medusa"}, {23: (1.8, 1.0)}).draft(23) == pytest.approx(0.5e-3)
+    assert costs.drafting_from_curve({"name": "dflash"}, {16: (2.0, 1.0)}).draft(16) == pytest.approx(2.5e-3)
+    assert CostModel.from_curve(path, 8).drafting_from_curve({"name": "dflash"}, {16: (2.0, 1.0)}).draft(16) == \
         pytest.approx(5e-3)
-    assert costs.drafting_from_curve({"name": "draft_model"}, {4: 2.5}).draft(4) == pytest.approx((0.55 + 1.2) / 1e3)
-    for free in (costs.drafting_from_curve({"name": "ngram"}, {4: 1.4}),
-                 CostModel(verify_s=costs.verify_s).drafting_from_curve(tree, {24: 2.0})):
+    draft = {"name": "draft_model"}
+    assert costs.drafting_from_curve(draft, {4: (2.5, None)}).draft(4) == pytest.approx((0.5 + 3 * 0.4) / 1e3)
+    assert costs.drafting_from_curve(draft, {4: (2.5, 2.0)}).draft(4) == pytest.approx((0.5 + 0.4) / 1e3)
+    for free in (costs.drafting_from_curve({"name": "ngram"}, {4: (1.4, None)}),
+                 CostModel(verify_s=costs.verify_s).drafting_from_curve(tree, {24: (2.0, None)})):
         assert free.draft(4) == 0.0 and free.drafting == ""
 
     log, _, _ = cached_log(models["tiny"], CASES["draft_model"][1](models), PROMPTS, k_max=3, max_new_tokens=NEW,
                            eos_token_id=[], directory=tmp_path)
-    taus = curve_taus(log, 2, tree=False)
-    assert sorted(taus) == [1, 2, 3] and taus[2] == pytest.approx(total(replay(log, 2)).mean_accepted_length)
-    timed = costs.drafting_from_curve({"name": "draft_model"}, taus)
+    assert {p.forwards for prompt in log.prompts for p in prompt.proposals} == {3}  # a forward a draft, K_max of them
+    steps = curve_steps(log, 2, tree=False)
+    assert sorted(steps) == [1, 2, 3] and steps[2] == pytest.approx((total(replay(log, 2)).mean_accepted_length, 2))
+    timed = costs.drafting_from_curve(draft, steps)
     spec = total(replay(log, 2))  # the draft model always drafts k: every block is 3 wide
     expected = (spec.new_tokens - spec.prefill_tokens) * costs.verify(1) / (spec.verify_steps * (costs.verify(3)
                                                                                                 + timed.draft(2)))
+    assert timed.draft(2) == pytest.approx((0.5 + 0.4) / 1e3)
     assert batched_speedup(log.timed_by(timed), 2, 1) == pytest.approx(expected)
     assert batched_speedup(log.timed_by(costs), 2, 1) > expected  # drafting free: the upper bound
+    eagle_log, _, _ = cached_log(models["tiny"], CASES["eagle_tree"][1](models), PROMPTS, k_max=8, max_new_tokens=NEW,
+                                 eos_token_id=[], directory=tmp_path)
+    counts = {p.forwards for prompt in eagle_log.prompts for p in prompt.proposals}
+    assert counts and counts <= {1, 2, 3}  # the catch-up and at most depth - 1 = 2 levels
 
 
 def test_the_replay_job_reads_its_costs_setting_before_any_model_loads(tmp_path):
