@@ -47,13 +47,15 @@ import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import torch
 
+if TYPE_CHECKING:  # datasets loads on first use: a job refused before its prompts never imports it
+    import datasets
+
 KINDS = ("chat", "completion")
-FEATURES = datasets.Features({name: datasets.Value("string") for name in ("id", "source", "category", "kind", "text")})
+COLUMNS = ("id", "source", "category", "kind", "text")  # every prompt row's, all strings
 WIKI_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 WIKI_CHARS = 1000
 SHAKESPEARE_CHARS = 800
@@ -100,7 +102,10 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
     rows = _spread_over_categories(rows, 0 if source == "heldout_code" else seed)
     if limit is not None:
         rows = rows[:limit]
-    return datasets.Dataset.from_dict({key: [row[key] for row in rows] for key in FEATURES}, features=FEATURES)
+    import datasets
+
+    features = datasets.Features({name: datasets.Value("string") for name in COLUMNS})
+    return datasets.Dataset.from_dict({key: [row[key] for row in rows] for key in COLUMNS}, features=features)
 
 
 def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, seed: int = 0) -> datasets.Dataset:
@@ -108,6 +113,8 @@ def load_prompt_mix(sources: list[str], limit_per_source: int | None = None, *, 
     if not sources:
         raise ValueError(f"data.sources is empty: give at least one prompt source (built in: {sorted(SOURCES)}; or a "
                          f".jsonl file, or hub:<dataset>[:split])")
+    import datasets
+
     return datasets.concatenate_datasets([load_prompts(s, limit=limit_per_source, seed=seed) for s in sources])
 
 
@@ -119,6 +126,8 @@ def held_out_mix(sources: list[str], limit_per_source: int | None, per_source: i
     if per_source < 1:
         raise ValueError(f"held-out prompts per source must be >= 1, got {per_source}")
     if limit_per_source is not None:
+        import datasets
+
         rows = [load_prompts(s, limit=limit_per_source + per_source, seed=seed) for s in sources]
         if all(len(r) > limit_per_source for r in rows):
             return datasets.concatenate_datasets([r.select(range(limit_per_source, len(r))) for r in rows]), True
@@ -524,6 +533,8 @@ def _read_hub(source: str) -> list[dict[str, str]]:
     flags = (os.environ.get(var, "").strip().lower() for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     if not any(flag in {"1", "true", "yes", "on"} for flag in flags):
         _probe_hub_dataset(name)  # otherwise load_dataset retries for ~25 s before failing offline
+    import datasets
+
     try:
         table = datasets.load_dataset(name, split=split)
     except (OSError, ConnectionError) as err:

@@ -28,11 +28,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # transformers' model classes load on first use: a job refused before loading never imports them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.errors import CheckpointError, ModelLoadError, VocabMismatchError
 
@@ -184,6 +186,8 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | 
 def _load_pretrained(
     source: str, dtype: torch.dtype, **kwargs: Any
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     return model, tokenizer
@@ -332,6 +336,8 @@ def _converted_once(name: str, what: str, convert) -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path, expected: dict = SMOLLM2_EXPECTED) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised fp32 now; save_pretrained refuses a config that still claims GGUF quantisation.
@@ -410,6 +416,8 @@ def check_same_vocab(target: Any, draft: Any) -> None:
 
 
 def _vocab_facts(obj: Any) -> dict[str, Any]:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     facts: dict[str, Any] = {}
     for item in obj if isinstance(obj, tuple) else (obj,):
         if isinstance(item, PreTrainedTokenizerBase):

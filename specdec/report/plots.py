@@ -4,11 +4,12 @@ category view. Built on Figure + the Agg canvas directly, so no pyplot state or 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib loads when a plot is drawn, not with every job that may report
+    from matplotlib.figure import Figure
 
 from specdec.report.summary import ALL, SERIES_KEYS, _drafter, _varying, other_overrides
 
@@ -28,6 +29,9 @@ def _series(df: pd.DataFrame) -> pd.Series:
 
 
 def _new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.0, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)

@@ -196,7 +196,7 @@ def test_hub_source_fails_fast_and_clearly_offline():
 def test_hub_source_reads_like_a_user_file(monkeypatch):
     table = datasets.Dataset.from_dict({"task_id": ["t/0", "t/1"], "prompt": ["def a():", "def b():"]})
     monkeypatch.setattr(data, "_probe_hub_dataset", lambda name: None)
-    monkeypatch.setattr(data.datasets, "load_dataset", lambda name, split: table if split == "test" else None)
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: table if split == "test" else None)
     prompts = load_prompts("hub:some-org/some-set")
     assert prompts["id"] == ["t/0", "t/1"] and prompts["text"] == ["def a():", "def b():"]
     assert set(prompts["category"]) == {"some-org/some-set"} and set(prompts["kind"]) == {"chat"}
