@@ -119,7 +119,12 @@ def test_step_costs_times_the_drafters_steps_at_the_targets_width(tmp_path, monk
     with pytest.raises(SystemExit):
         step_costs.main([*args, "--out", str(tmp_path / "out")])
     args += ["--draft-shape", str(small), "--draft-model-vocab", "32"]
+    built = []
+    make = step_costs.synthetic_target
+    monkeypatch.setattr(step_costs, "synthetic_target",
+                        lambda shape, **kw: built.append((shape, kw)) or make(shape, **kw))
     result = step_costs.main([*args, "--out", str(tmp_path / "out")])
+    assert [(shape, kw.get("vocab_size")) for shape, kw in built] == [(str(config), None), (str(small), 32)]
     rows = result["drafter_rows"]
     nodes = list(step_costs.EAGLE_WIDTHS)
     assert [(r["drafter"], r["width"]) for r in rows] == ([("eagle", w) for w in nodes] + [("medusa", None),
