@@ -225,7 +225,8 @@ def _main(cfg: DictConfig, results_path: Path) -> float:
            f"expected over the verifier's draws along {results['replay_seeds']} sampled continuation(s) per prompt")
     print(f"REPLAYED from {results['replay_log']} ({'reused' if results['replay_log_reused'] else 'logged now'}: "
           f"{results['log_time_s']:.1f} s; replay {1000 * results['replay_time_s']:.1f} ms): α and τ {how}; the "
-          f"speedup predicted from the measured cost model (no prefill)")
+          f"speedup predicted from {'the step-cost curve' if results['costs_from'] else 'the measured cost model'} "
+          f"(no prefill)")
     if results["mean_accepted_length_walk"] is not None:
         print(f"τ of the matching walk along the same continuations: {results['mean_accepted_length_walk']:.4f}")
     if results["live_check"]:
