@@ -1,4 +1,4 @@
-"""The target's step cost by the number of tokens it carries, at a real model's shape with random weights (not a test).
+r"""The target's step cost by the number of tokens it carries, at a real model's shape with random weights (not a test).
 
 A synthetic target (``specdec.models.synthetic``: a preset such as ``llama-3.1-8b``, or any config.json; weights
 drawn on the device, nothing transferred) runs through the same compact decoder and backend as a real one. For each
@@ -24,7 +24,8 @@ before (same shape, settings and machine) with this run's drafters' rows: one fi
 
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --dtype bfloat16        # one H100 / H200
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --drafters eagle medusa dflash draft_model \
-        --draft-shape llama-3.2-1b --widths 1 --into outputs/step_costs/step_costs_llama-3.1-8b.json --out outputs/drafts
+        --draft-shape llama-3.2-1b --widths 1 --into outputs/step_costs/step_costs_llama-3.1-8b.json \
+        --out outputs/drafts
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --dtype float32 --widths 1 2 4 8 16
     python experiments/benchmarks/step_costs.py --shape llama-3.1-8b --layers 2                # a short model, same width
     python experiments/benchmarks/step_costs.py --shape llama-3.2-1b --weight-bits 4 --batch 1 --repeats 10  # a CPU
@@ -130,7 +131,6 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
     def draft(name: str):
         """The drafter ``name`` at this width, random weights (built on first use)."""
         if name not in built:
-            ids = torch.randperm(vocab, generator=g)[:args.draft_vocab].sort().values.to(device)  # Medusa's vocabulary
             with torch.device(device):
                 if name == "eagle":
                     cfg = EagleConfig.for_target(config, draft_vocab_size=args.draft_vocab, aux_layers=aux)
@@ -147,6 +147,7 @@ def drafter_steps(model, backend: Backend, args) -> list[dict]:
                     decoder = as_decoder(small, backend=Backend(gpu_kernels=backend.gpu_kernels))
                     built[name] = GraphedDecoder(decoder) if device.type == "cuda" else decoder
                 else:
+                    ids = torch.randperm(vocab, generator=g)[:args.draft_vocab].sort().values.to(device)  # vocabulary
                     heads = MedusaHeads(hidden, vocab, 4, token_ids=ids).to(dtype).eval()
                     heads.backend = backend
                     built[name] = heads
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     overrides = {} if args.layers is None else {"num_hidden_layers": args.layers}
     if "draft_model" in args.drafters and args.draft_shape is None:
-        ap.error("--drafters draft_model times a draft model of another shape: name it, e.g. --draft-shape llama-3.2-1b")
+        ap.error("--drafters draft_model times a draft model of another shape: name it, e.g. "
+                 "--draft-shape llama-3.2-1b")
     if args.weight_bits is not None and device.type != "cpu":
         ap.error(f"--weight-bits {args.weight_bits}: codes are what the CPU kernels stream; leave it out on a GPU")
     model = synthetic_target(args.shape, dtype=dtype, device=device, weight_bits=args.weight_bits, **overrides)

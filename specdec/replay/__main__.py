@@ -105,7 +105,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                       tree=tree, directory=cfg.log_dir, costs=cfg.costs is True, cost_batch=job.batch_size,
                                       pad_id=job.pad_id, seeds=[job.seed + s for s in range(cfg.seeds)], **sampling)
     if curve:
-        curve = curve.drafting_from_curve(cfg.drafter, curve_steps(log, k, tree))
+        curve = curve.drafting_from_curve(cfg.drafter, curve_steps(log, k, tree), at=k)
         log = log.timed_by(curve)
     start = time.perf_counter()
     spec = replay(log, k, batch_size=job.batch_size)

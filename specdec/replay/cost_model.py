@@ -58,18 +58,19 @@ class CostModel:
         return cls(verify_s={row["width"]: row["ms"] / 1e3 for row in rows}, batch_size=batch_size,
                    machine=described, drafter_rows=drafters)
 
-    def drafting_from_curve(self, drafter: Mapping[str, Any],
-                            steps: Mapping[int, tuple[float, float | None]]) -> "CostModel":
+    def drafting_from_curve(self, drafter: Mapping[str, Any], steps: Mapping[int, tuple[float, float | None]],
+                            at: int | None = None) -> "CostModel":
         """A copy of this curve's cost model whose drafting step at each lookahead k in ``steps`` is built from the
         curve's rows for ``drafter`` (its config: ``name`` and the settings :func:`drafting_ms` reads), given
         ``steps[k]``: τ at k (the tokens a step commits, on average, which EAGLE's next step catches up on) and the
         drafter's own forwards a proposal takes at k, on average (None: not logged); ``drafting`` says how. Where the
         curve has no rows for the drafter (n-gram lookup, whose step is host work; a curve measured without
-        ``--drafters``), drafting stays free and ``drafting`` empty."""
+        ``--drafters``), drafting stays free and ``drafting`` empty. ``drafting`` describes the step at lookahead
+        ``at`` (the replay's; None: the largest in ``steps``)."""
         built = {k: drafting_ms(self.drafter_rows, drafter, k, tau, forwards) for k, (tau, forwards) in steps.items()}
         if not built or any(b is None for b in built.values()):
             return self
-        how = next(iter(built.values()))[1]
+        how = built[max(built) if at is None else at][1]
         return replace(self, draft_s={k: ms / 1e3 for k, (ms, _) in built.items()}, drafting=how)
 
     def verify(self, width: float) -> float:
@@ -121,8 +122,8 @@ def drafting_ms(rows: list[dict[str, Any]], drafter: Mapping[str, Any], k: int, 
         nodes = min(drafter.get("expand", 4), drafter.get("top_k", 4)) if tree else 1
         levels = forwards - 1 if forwards is not None else (drafter.get("depth", 6) if tree else k) - 1
         return (_by_width(mine, tau) + levels * _by_width(mine, nodes),
-                f"EAGLE's {'tree' if tree else 'chain'}: its catch-up over τ tokens and {levels:.2f} levels of {nodes} "
-                f"node{'s' if nodes > 1 else ''} ({counted})")
+                f"EAGLE's {'tree' if tree else 'chain'}: its catch-up over τ tokens and {levels:.2f} levels of "
+                f"{nodes} node{'s' if nodes > 1 else ''} ({counted})")
     if name == "draft_model":
         steps = forwards - 1 if forwards is not None else k - 1
         return (_by_width(mine, 2) + steps * _by_width(mine, 1),
