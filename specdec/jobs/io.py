@@ -15,13 +15,14 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 from specdec.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _unreadable(path: Path, what: str, hint: str, exc: Exception) -> CheckpointError:
@@ -45,6 +46,9 @@ def read_tensors(path: str | Path, *, what: str, hint: str, finite: bool = False
     """All tensors of the safetensors file at ``path``; errors as in :func:`read_metadata` (a file whose
     header reads but whose data is cut short fails here). ``finite``: weights, refused (naming the file and the
     tensor) where one holds NaN or infinite values, which would draft nothing and say nothing."""
+    import torch  # here, not at the top: the report's modules write files through this one without torch
+    from safetensors.torch import load_file
+
     path = Path(path)
     try:
         tensors = load_file(str(path))

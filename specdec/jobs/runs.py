@@ -24,15 +24,17 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from specdec.jobs.io import write_json
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -82,6 +84,8 @@ def failed_result(cfg: DictConfig, error: BaseException | str, overrides: Sequen
 
 def machine_description(device: torch.device | str = "cpu") -> str:
     """The line every figure is reported with: the GPU's name, or the CPU's model and thread count."""
+    import torch  # here: a sweep's summary and the report use this module without torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

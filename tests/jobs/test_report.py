@@ -337,6 +337,10 @@ def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
 def test_cli(sweep: Path, capsys) -> None:
     proc = _run(["-m", "specdec.report", str(sweep)], sweep)  # once for real; then in-process, faster
     assert proc.returncode == 0, proc.stderr
+    # the report and a sweep's summary never load torch or transformers (~3 s a process on a 2-core CPU)
+    loaded = _run(["-c", "import sys, specdec.report, specdec.report.sweep, specdec.jobs.runs; "
+                   "print(sorted({'torch', 'transformers'} & set(sys.modules)))"], sweep)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
     assert "| job |" in proc.stdout and (sweep / "summary.csv").is_file() and (sweep / "tau_vs_k.png").is_file()
     assert report.main([str(sweep)]) == 0
     assert report.main(["--strict", str(sweep)]) == 1  # two runs failed
