@@ -250,6 +250,8 @@ def pack_codes(weight: torch.Tensor) -> torch.Tensor | None:
         blocks = padded.view(-1, PANEL, k // CODE_BLOCK, CODE_BLOCK)  # [P, output, block, k]
         sample = blocks[:1, :, :4].reshape(-1, CODE_BLOCK)
         for bits in CODE_BITS:  # the fewest bits first; a sample first, the whole weight only where it fits
+            if not _may_be_codes(sample[:8], bits):  # a float weight, told in one pass (its fits try ~130 scales)
+                continue
             fit = _fit_codes(blocks.reshape(-1, CODE_BLOCK), bits) if _fit_codes(sample, bits) is not None else None
             if fit is not None:
                 return _coded_panels(blocks, *fit, bits=bits)
@@ -312,6 +314,34 @@ def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
         if not len(todo):
             return found
     return None
+
+
+def _may_be_codes(rows: torch.Tensor, bits: int) -> bool:
+    """Whether every row of ``rows`` [r, 32] may be ``bits``-bit codes, in one pass: a condition each of
+    :func:`_fit_codes`' ~130 (8 bits) or ~1,300 (4 bits) guesses needs, so a float weight is told apart at once.
+
+    8 bits, ``v = s·q`` rounded once with ``|q| <= c <= 127``, ``c`` the code of the largest magnitude ``m``: ``c·v/m``
+    lies within 2e-5 of ``q``. 4 bits, ``v = s·q + o`` rounded once with codes 0..15: over the row's span, ``c·(v -
+    min)/span`` lies within ``60·ulp(max |v|)/span`` of a whole code for ``c = q_max - q_min <= 15``. A row is not ruled
+    out where that bound is loose (a span near the values' rounding, values below 2^-100, not finite) or at most
+    two values (4 bits) or none but zeros (8 bits) make it up."""
+    values = rows.double()
+    if bits == 4:
+        if bool((_distinct(rows) > 16).any()):
+            return False
+        low = values.amin(-1, keepdim=True)
+        span = values.amax(-1, keepdim=True) - low
+        tol = 60 * (values.abs().amax(-1, keepdim=True) * 2.0 ** -24 + 2.0 ** -149) / span
+        judged = (span > 0) & (tol < 0.1)
+        ratios, codes = (values - low) / torch.where(judged, span, 1.0), torch.arange(1, 16, dtype=torch.float64)
+    else:
+        largest = values.abs().amax(-1, keepdim=True)
+        judged = torch.isfinite(largest) & (largest >= 2.0 ** -100)
+        tol = torch.full_like(largest, 1e-3)
+        ratios, codes = values / torch.where(judged, largest, 1.0), torch.arange(1, 128, dtype=torch.float64)
+    scaled = ratios[..., None] * codes  # [r, 32, c]
+    whole = ((scaled - scaled.round()).abs() <= tol[..., None]).all(1).any(-1)  # [r]: some c gives whole codes
+    return bool((whole | ~judged[:, 0]).all())
 
 
 def _reproduces(rows: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, codes: torch.Tensor,

@@ -65,6 +65,25 @@ def test_a_weight_one_value_off_keeps_float_panels():
         assert cpu_kernels.pack_codes(weight) is None, kind
 
 
+def test_the_quick_test_for_codes_rules_out_float_weights_and_never_a_coded_one():
+    """``_may_be_codes`` (which spares a float weight the ~130 scales its fits would try) holds on every block of
+    weights that pack as codes, whatever their largest code (Q5_0's 15, Q6_K's 31, Q8_0's 127, a scale too small
+    for float16), and rules out trained float32 values (a weight a step off is the exact fit's to refuse, below)."""
+    g = torch.Generator().manual_seed(5)
+    tiny = coded_weight((64, 64), 8) * 2.0 ** -30  # float32 scales below float16's smallest
+    # 4-bit codes 2..11 (neither end reached) with a float32 scale far below the offset: sums rounded near the span
+    far = (torch.randint(2, 12, (64, 2, 32), generator=g) * 1e-3 + 1000.0).view(64, 64)
+    for weight, bits in ((gguf_weight(SHAPE, "Q4_K", seed=1, one_scale_per_32=True), 4), (coded_weight(SHAPE, 8), 8),
+                         (gguf_weight(SHAPE, "Q5_0", seed=2, one_scale_per_32=True), 8), (tiny, 8), (far, 4),
+                         (gguf_weight(SHAPE, "Q6_K", seed=3, one_scale_per_32=True), 8), (coded_weight(SHAPE, 4), 4)):
+        assert cpu_kernels.pack_codes(weight) is not None
+        assert cpu_kernels._may_be_codes(weight.reshape(-1, 32), bits), bits
+    trained = torch.randn(SHAPE, generator=g)
+    assert not any(cpu_kernels._may_be_codes(trained.reshape(-1, 32)[:1], bits) for bits in (4, 8))
+    three = torch.tensor([[0.0, 1.0, 2 ** 0.5, 1.0] * 8])  # few values, but no whole codes for them
+    assert not any(cpu_kernels._may_be_codes(three, bits) for bits in (4, 8))
+
+
 def test_real_q6_k_keeps_float_panels():
     """A real Q6_K block of 32 holds two sub-blocks of 16 with scales of their own (d · sc, sc any int8): no one
     scale with 8-bit codes gives both back, so such a weight keeps float panels (a limit of the panel format)."""
