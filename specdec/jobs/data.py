@@ -34,6 +34,7 @@ Results are reported per :func:`result_category`: the category named by its sour
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import hashlib
 import html
@@ -88,7 +89,7 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     if source in SOURCES:
-        rows = SOURCES[source](seed)
+        rows = [dict(row) for row in _read_built_in(SOURCES[source], seed)]
     elif source.startswith("hub:"):
         rows = _read_hub(source)
     elif source.endswith((".jsonl", ".json")):
@@ -273,6 +274,13 @@ def _package_file(module: str, pip_name: str, relative: str) -> Path:
 
 
 # --- built-in sources -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _read_built_in(read: Callable[[int], list[dict[str, str]]], seed: int) -> tuple[dict[str, str], ...]:
+    """A built-in source's rows, read once a process: its files are installed data (parsing the Wikipedia dump alone
+    takes ~3 s on a 2-core CPU, and building training prompts reads it and the stdlib's several times)."""
+    return tuple(read(seed))
 
 
 def _read_mtbench(seed: int) -> list[dict[str, str]]:

@@ -115,6 +115,15 @@ def test_limit(source):
     assert len(empty) == 0 and empty.column_names == COLUMNS
 
 
+def test_a_built_in_source_is_parsed_once_a_process():
+    from specdec.jobs import data
+
+    first = load_prompts("wikipedia", seed=2).to_list()
+    reads = data._read_built_in.cache_info().misses
+    assert load_prompts("wikipedia", seed=2, limit=3).to_list() == first[:3]
+    assert data._read_built_in.cache_info().misses == reads
+
+
 def test_prompt_mix_concatenates_in_order():
     mix = load_prompt_mix(["mtbench", "humaneval"], 4)
     assert mix["source"] == ["mtbench"] * 4 + ["humaneval"] * 4

@@ -14,6 +14,7 @@ the prompt and the answer alike, and only the answer is training data.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import math
@@ -45,9 +46,10 @@ def _sentences(texts: list[str]) -> list[str]:
     return out
 
 
-def _docstrings(skip_files: set[str], limit: int = 5000) -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=4)
+def _docstrings(skip_files: frozenset[str], limit: int = 5000) -> tuple[tuple[str, str], ...]:
     """(signature, docstring's first sentence) of public functions in the standard library's top-level
-    modules, minus ``skip_files`` (paths relative to the library root)."""
+    modules, minus ``skip_files`` (paths relative to the library root). Parsed once a process (~3 s)."""
     root = Path(os.__file__).parent
     found = []
     for path in sorted(root.glob("*.py")):
@@ -63,7 +65,7 @@ def _docstrings(skip_files: set[str], limit: int = 5000) -> list[tuple[str, str]
                 args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
                 if 25 <= len(doc) <= 200:
                     found.append((f"{node.name}({', '.join(args)})", " ".join(doc.split())))
-    return found[:limit]
+    return tuple(found[:limit])
 
 
 def _news(skip_first: int) -> list[str]:
@@ -79,7 +81,8 @@ def _slot_filler(rng: random.Random, skip_first: int) -> Callable[[], dict[str, 
 
     wiki, code, verse = (list(load_prompts(s, seed=0))[skip_first:] for s in ("wikipedia", "stdlib", "shakespeare"))
     wiki_sentences = _sentences([row["text"] for row in wiki])
-    docstrings = _docstrings({row["id"].split("/", 1)[-1] for row in list(load_prompts("stdlib", seed=0))[:skip_first]})
+    docstrings = _docstrings(frozenset(row["id"].split("/", 1)[-1]
+                                       for row in list(load_prompts("stdlib", seed=0))[:skip_first]))
     news = _news(skip_first)
     topics = sorted({t for row in wiki for t in re.findall(r"\b[A-Z][a-z]+(?: [A-Z][a-z]+)+", row["text"])}
                     | {row["id"].split("/", 1)[-1].replace("_", " ") for row in wiki})
