@@ -145,6 +145,7 @@ def test_drafter_config_composes_with_hydra():
     from hydra import compose, initialize_config_dir
 
     import specdec.run  # noqa: F401  (registers the configs)
+    import specdec.verify_dist  # noqa: F401  (stores verify_dist_schema, which nothing else here imports)
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):  # verify_dist keeps the preset's k
         cfg = compose("verify_dist", overrides=["drafter=medusa"])
