@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -298,13 +299,14 @@ def _fit_codes(blocks: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
     still unfitted: a float16 scale near the span over the largest code with the block's minimum as offset (GGUF
     Q4_1 and Q8_0: every block of the embedded SmolLM2 and Gemma's Q8_0 embedding), then float32 scales recovered
     from the values themselves (:func:`_float32_fits`: Q4_K's d · sc, Q5_0's d with codes -16..15)."""
-    if bits == 4 and bool((_distinct(blocks) > 16).any()):
-        return None  # more values in a block than 4-bit codes have
     low, high = (0, 15) if bits == 4 else (-127, 127)
     found = (blocks.new_zeros(blocks.shape[0], 1), blocks.new_zeros(blocks.shape[0], 1), torch.zeros_like(blocks))
     todo = torch.arange(blocks.shape[0])
-    for guess in (*_float16_fits(bits), *_float32_fits(bits)):
+    float16 = _float16_fits(bits)
+    for n, guess in enumerate(itertools.chain(float16, _float32_fits(bits))):  # the float32 ones made as tried
         rows = blocks[todo]
+        if n == len(float16) and bits == 4 and bool((_distinct(rows) > 16).any()):
+            return None  # more values in a block than 4-bit codes have (a row that fit had at most 16)
         scale, offset, codes = guess(rows)
         codes = codes.clamp(low, high)
         fits = _reproduces(rows, scale, offset, codes, bits)
@@ -385,11 +387,10 @@ def _float32_fits(bits: int):
     nearest the middle of the range of offsets from which every value rounds back to itself: not the block's
     minimum where code 0 does not occur."""
     if bits == 8:
-        guesses = [functools.partial(_symmetric_guess, divisor=None)]
-        return guesses + [functools.partial(_symmetric_guess, divisor=code) for code in range(127, 0, -1)]
-    return [functools.partial(_affine_guess, steps=steps, sign=sign, nudge=nudge, shift=shift)
+        return (functools.partial(_symmetric_guess, divisor=divisor) for divisor in (None, *range(127, 0, -1)))
+    return (functools.partial(_affine_guess, steps=steps, sign=sign, nudge=nudge, shift=shift)
             for steps in (None, *range(15, 0, -1)) for nudge in (0, 1, -1, 2, -2)
-            for shift in range(16 if steps is None else 16 - steps) for sign in (1, -1)]
+            for shift in range(16 if steps is None else 16 - steps) for sign in (1, -1))
 
 
 def _symmetric_guess(rows: torch.Tensor, divisor: int | None):
