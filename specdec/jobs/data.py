@@ -279,7 +279,7 @@ def _package_file(module: str, pip_name: str, relative: str) -> Path:
 @functools.lru_cache(maxsize=32)
 def _read_built_in(read: Callable[[int], list[dict[str, str]]], seed: int) -> tuple[dict[str, str], ...]:
     """A built-in source's rows, read once a process: its files are installed data (parsing the Wikipedia dump alone
-    takes ~3 s on a 2-core CPU, and building training prompts reads it and the stdlib's several times)."""
+    takes ~2 s on a 2-core CPU, and building training prompts reads it and the stdlib's several times)."""
     return tuple(read(seed))
 
 

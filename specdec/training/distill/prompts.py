@@ -49,7 +49,7 @@ def _sentences(texts: list[str]) -> list[str]:
 @functools.lru_cache(maxsize=4)
 def _docstrings(skip_files: frozenset[str], limit: int = 5000) -> tuple[tuple[str, str], ...]:
     """(signature, docstring's first sentence) of public functions in the standard library's top-level
-    modules, minus ``skip_files`` (paths relative to the library root). Parsed once a process (~3 s)."""
+    modules, minus ``skip_files`` (paths relative to the library root). Parsed once a process (~4 s)."""
     root = Path(os.__file__).parent
     found = []
     for path in sorted(root.glob("*.py")):
