@@ -89,7 +89,7 @@ def load_prompts(source: str, *, limit: int | None = None, seed: int = 0) -> dat
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be None or >= 0, got {limit}")
     if source in SOURCES:
-        rows = [dict(row) for row in _read_built_in(SOURCES[source], seed)]
+        rows = list(_read_built_in(SOURCES[source], seed))  # rows are only read from here on: the cache's own
     elif source.startswith("hub:"):
         rows = _read_hub(source)
     elif source.endswith((".jsonl", ".json")):

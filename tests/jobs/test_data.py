@@ -115,13 +115,14 @@ def test_limit(source):
     assert len(empty) == 0 and empty.column_names == COLUMNS
 
 
-def test_a_built_in_source_is_parsed_once_a_process():
+def test_a_built_in_source_is_parsed_once_a_process(monkeypatch):
     from specdec.jobs import data
 
+    reads = []
+    read = data.SOURCES["wikipedia"]
+    monkeypatch.setitem(data.SOURCES, "wikipedia", lambda seed: reads.append(seed) or read(seed))
     first = load_prompts("wikipedia", seed=2).to_list()
-    reads = data._read_built_in.cache_info().misses
-    assert load_prompts("wikipedia", seed=2, limit=3).to_list() == first[:3]
-    assert data._read_built_in.cache_info().misses == reads
+    assert load_prompts("wikipedia", seed=2, limit=3).to_list() == first[:3] and reads == [2]
 
 
 def test_prompt_mix_concatenates_in_order():
