@@ -281,8 +281,15 @@ def main() -> None:
         "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
                                               EagleDrafter.Config().k),
         "eagle default graphs": (target("eagle graphs"), eagle(True), EagleDrafter.Config().k),
+        # EAGLE's fixed tree grown and chosen on the device (DeviceGrowth: one graph a step), its lookup branch found
+        # there: read a step late; the same read each step beside it, and without the lookup branch
         "eagle fixed tree graphs": (target("eagle fixed graphs"), eagle(True, min_confidence=0.0),
                                     EagleDrafter.Config().k),
+        "eagle fixed tree graphs, each step read": (target("eagle fixed graphs, each step read"),
+                                                    read_each_step(eagle(True, min_confidence=0.0)),
+                                                    EagleDrafter.Config().k),
+        "eagle fixed tree K=16 on the device, graphs": (target("eagle device graphs"),
+                                                        eagle(True, min_confidence=0.0, lookup=0), 16),
         "medusa default graphs, heads eager": (target("medusa graphs, heads eager"), medusa(False),
                                                MedusaDrafter.Config().k),
         "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),

@@ -5,8 +5,8 @@
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), a profile of plain
 # decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
 # step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights) and the drafters' steps at the
-# former's width, profiles of Medusa's fixed tree and EAGLE's draft step, and the benchmark in float32 with compiled
-# graphs, in that order. Each step has its own time
+# former's width, profiles of Medusa's and EAGLE's fixed trees (drafted on the device), and the benchmark in float32
+# with compiled graphs, in that order. Each step has its own time
 # limit, and all of them end within BUDGET seconds (a step that would start with under 30 s left is skipped);
 # logs and results go to $OUT as they are written, so what finished comes back even when a later step ran out of
 # time; at the end they are packed into $OUT/campaign.tar.gz (a device call brings back 8 files at most; the
@@ -73,7 +73,7 @@ step step_costs_drafters 90 python3 experiments/benchmarks/step_costs.py "${draf
 step profile_medusa 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new 64 --drafter medusa --fixed-tree --out "$OUT/profile_medusa"
 step profile_eagle 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
-    --new 64 --drafter eagle --out "$OUT/profile_eagle"
+    --new 64 --drafter eagle --fixed-tree --out "$OUT/profile_eagle"
 step tests_training 120 python3 -m pytest -v --tb=short -m gpu tests/training -p no:cacheprovider
 step bench_float32 200 "${bench[@]}" --batch 0 --dtype float32 --compile --skip "${skip[@]}" --out "$OUT/float32"
 echo "== campaign: $((SECONDS - start))s of a ${BUDGET}s budget"

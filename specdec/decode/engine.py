@@ -272,7 +272,7 @@ def _kept(drafts: torch.Tensor, num_accepted: torch.Tensor, next_tokens: torch.T
 
 def _verdict_key(tree: Tree | None) -> tuple:
     """What fixes :func:`_greedy_verdict` beside its tensors: a tree's shape (a graph bakes in the walk's depth)."""
-    return "greedy", None if tree is None else (tree.parent_list, tree.max_depth)
+    return "greedy", None if tree is None else tree.shape_key
 
 
 def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -378,18 +378,32 @@ def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Reque
         width = _checked_width(proposal, drafter, k)
         with timer("target_time_s"):
             step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            # the one sync per step: the accepted counts and the emitted tokens in one read
-            read = torch.cat([step.num_accepted[:, None], step.emitted], 1).tolist()
-            accepted, emitted = [row[0] for row in read], [row[1:] for row in read]
+            # the one sync per step: the accepted counts, the emitted tokens (and a device-chosen tree's levels)
+            read = torch.cat([step.num_accepted[None], step.emitted.T] + _levels_row(proposal.tree, len(out))).tolist()
+            accepted, emitted = read[0], [list(row) for row in zip(*read[1:1 + step.emitted.shape[1]])]
         stats.target_forwards += 1
         stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
-                          None if proposal.tree is None else proposal.tree.max_depth)
+                          _tree_depth(proposal.tree, read))
         counts = _emit(state, out, accepted, emitted, request.eos, request.max_new_tokens)
         stats.new_tokens += sum(counts)
         _commit(cache, state, step, sender.send(counts),
                 max(n + len(row) for n, row in zip(request.host_pad, state.tokens)))
         with timer("drafter_time_s"):
             drafter.observe(state)
+
+
+def _levels_row(tree: Tree | None, batch: int) -> list[torch.Tensor]:
+    """What a step's read carries of its tree beyond the verdict: a tree chosen on the device, its levels ([1, B], the
+    last row read; the acceptance by position counts only levels that exist); [] where the host knows the depth."""
+    return [] if tree is None or tree.known is not None else [tree.levels.expand(1, batch)]
+
+
+def _tree_depth(tree: Tree | None, read: list[list[int]]) -> int | None:
+    """The depth :meth:`DecodeStats.record_step` counts positions by: None for a chain, a tree's levels (from the
+    step's ``read`` for a tree chosen on the device, :func:`_levels_row`)."""
+    if tree is None:
+        return None
+    return tree.max_depth if tree.known is not None else read[-1][0]
 
 
 def _checked_width(proposal: Proposal, drafter: Drafter, k: int) -> int:
@@ -480,9 +494,9 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
             counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
             count = counted(step, live, left, eos)
             _commit(cache, state, step, count, min(state.capacity, state.max_seq_len + step.emitted.shape[1]))
-            read = readback.send(torch.cat([step.num_accepted[None], count[None], step.emitted.T]))
-            launched = (read, proposal.num_proposed or [width] * len(out),
-                        None if proposal.tree is None else proposal.tree.max_depth)
+            read = readback.send(torch.cat([step.num_accepted[None], count[None], step.emitted.T]
+                                           + _levels_row(proposal.tree, len(out))))
+            launched = (read, proposal.num_proposed or [width] * len(out), proposal.tree, step.emitted.shape[1])
         if pending is not None:
             _read_step(*pending, state, out, request, stats)
         if launched is None:
@@ -490,14 +504,16 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
         pending = launched
 
 
-def _read_step(read, num_proposed: list[int], depth: int | None, state: DecodeState, out: list[list[int]],
-               request: _Request, stats: DecodeStats) -> None:
+def _read_step(read, num_proposed: list[int], tree: Tree | None, width: int, state: DecodeState,
+               out: list[list[int]], request: _Request, stats: DecodeStats) -> None:
     """The host's bookkeeping of a step read back (``read`` gives its accepted drafts, the counts the device kept and
-    the emitted tokens, position by position; ``num_proposed`` and ``depth`` as the step was launched)."""
-    accepted, committed, *emitted = read()
+    the ``width`` emitted tokens, position by position, then :func:`_levels_row`'s; ``num_proposed`` and ``tree`` as
+    the step was launched)."""
+    rows = read()
+    accepted, committed, emitted = rows[0], rows[1], rows[2:2 + width]
     if any(state.active):
         stats.target_forwards += 1
-        stats.record_step(num_proposed, accepted, state.active, depth)
+        stats.record_step(num_proposed, accepted, state.active, _tree_depth(tree, rows))
         counts = _emit(state, out, accepted, [list(row) for row in zip(*emitted)], request.eos,
                        request.max_new_tokens)
         stats.new_tokens += sum(counts)

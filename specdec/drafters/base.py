@@ -85,9 +85,10 @@ class Traits:
     sizes: range | None = None
     """The lookaheads it drafts at (drafter.k=auto tries no other); None: any k >= 1."""
     device_only: bool = False
-    """Whether it proposes from the device's state alone (never the host's ``tokens`` or ``active``, no value read back)
-    and its :meth:`~Drafter.observe` does nothing: then the decode loop may launch a step before reading the last
-    (on a GPU: the host's bookkeeping runs while the device computes)."""
+    """Whether it proposes from the device's state alone (never the host's ``tokens`` or ``active``; what it reads
+    back, if anything, is its own work's: EAGLE's sampled tree) and its :meth:`~Drafter.observe` does nothing: then
+    the decode loop may launch a step before reading the last (on a GPU: the host's bookkeeping runs while the device
+    computes)."""
 
     @property
     def lossy(self) -> bool:

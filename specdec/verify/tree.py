@@ -37,15 +37,17 @@ from specdec.verify.sampling import sample
 
 @dataclass(frozen=True)
 class Tree:
-    """A static draft-tree shape, shared by every row. Block position 0 is the root (last emitted token);
-    node i sits at block position i + 1. Build with :meth:`from_parents`."""
+    """A draft-tree shape, shared by every row. Block position 0 is the root (last emitted token); node i sits at
+    block position i + 1. Built from host parents (:meth:`from_parents`: a static shape) or from parents a drafter
+    chose on the device (:meth:`on_device`: the node count and depth bound fixed, the shape read by nothing on the
+    host unless asked, :attr:`parent_list`)."""
 
     parents: torch.Tensor  # [N] long: parent node of each node, -1 = the root; parents[i] < i
     depths: torch.Tensor  # [N+1] long: position offset of each block position (root 0, its children 1, ...)
     mask: torch.Tensor  # [N+1, N+1] bool: block position i attends to j iff j is i or an ancestor of i
     children: torch.Tensor  # [N+1, W] long: block positions of each block position's children, -1 = none
-    parent_list: tuple[int, ...]  # ``parents`` on the host: reading the shape needs no device sync
-    max_depth: int  # levels below the root
+    known: tuple[int, ...] | None  # ``parents`` on the host (None: chosen on the device, see :attr:`parent_list`)
+    max_depth: int  # levels below the root (a tree chosen on the device: at most)
 
     @classmethod
     def from_parents(cls, parents: list[int], device: torch.device | str = "cpu") -> "Tree":
@@ -67,9 +69,51 @@ class Tree:
         return cls(torch.tensor(parents, device=device), torch.tensor(depths, device=device), mask.to(device),
                    children.to(device), tuple(parents), max(depths))
 
+    @classmethod
+    def on_device(cls, parents: torch.Tensor, max_depth: int, width: int) -> "Tree":
+        """The tree of ``parents`` [N] (long, on the device: -1 = the root, parents first), at most ``max_depth``
+        levels deep and ``width`` children a node, in ops of fixed shapes: nothing is read back, so a drafter that
+        chooses its tree's shape on the device (EAGLE's fixed-candidate tree) can replay it in a graph. Equal to
+        :meth:`from_parents` of the same parents but for ``children``' width (-1 columns past a node's children)
+        and ``max_depth`` (a bound)."""
+        n, device = parents.shape[0], parents.device
+        block = torch.arange(n + 1, device=device)
+        block_parent = torch.cat([block[:1], parents + 1])  # [N+1]: the root is its own parent here
+        mask = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
+        depths = torch.zeros(n + 1, dtype=torch.long, device=device)
+        seen = torch.ones(n + 1, dtype=torch.bool, device=device)  # a tensor, not a Python True: a graph replays it
+        ancestor = block
+        for _ in range(max_depth + 1):  # itself, then each ancestor up to the root
+            mask.index_put_((block, ancestor), seen)
+            depths += ancestor > 0  # a node at depth d counts itself and its d - 1 ancestors below the root
+            ancestor = block_parent[ancestor]
+        earlier = (block_parent[1:, None] == block_parent[None, 1:]) & (block[None, 1:] < block[1:, None])  # [N, N]
+        rank = earlier.sum(1)  # [N]: each node's place among its siblings
+        children = torch.full((n + 1, width), -1, dtype=torch.long, device=device)
+        children[block_parent[1:], rank.clamp(max=width - 1)] = block[1:]
+        return cls(parents, depths, mask, children, None, max_depth)
+
+    @property
+    def parent_list(self) -> tuple[int, ...]:
+        """``parents`` on the host; for a tree chosen on the device this reads the device (a synchronisation: the
+        decode loop never asks, replay's log and the exactness strata do)."""
+        return self.known if self.known is not None else tuple(self.parents.tolist())
+
+    @property
+    def shape_key(self) -> tuple:
+        """What fixes the tree's verification as a graph: its parents, or a device-chosen tree's sizes."""
+        if self.known is not None:
+            return self.known, self.max_depth
+        return "device", self.num_nodes, self.max_depth, self.children.shape[1]
+
+    @property
+    def levels(self) -> torch.Tensor:  # [] long, on the device
+        """Its levels below the root, as a tensor (a device-chosen tree's may be fewer than ``max_depth``)."""
+        return self.depths.max()
+
     @property
     def num_nodes(self) -> int:
-        return len(self.parent_list)
+        return self.parents.shape[0]
 
 
 def residual_after_rejection(

@@ -309,8 +309,9 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
 
 def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_target):
     """Medusa's dynamic trees (their kept nodes read on the host) and its lookup branch (the host's tokens) are read
-    each step; the fixed tree and chain without lookup a step late; EAGLE's chain, not its tree (the levels' choices
-    on the host); drafters say nothing by default."""
+    each step; the fixed tree and chain without lookup a step late; EAGLE's chain and fixed tree (grown on the
+    device), not its dynamic tree (the levels' choices on the host) nor a lookup branch found on the host; drafters
+    say nothing by default."""
     from helpers import PATHS, random_eagle, random_heads
 
     from specdec.drafters import EagleDrafter
@@ -322,7 +323,9 @@ def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_targ
     assert not MedusaDrafter(random_heads(), weight, PATHS, lookup=2).traits.device_only
     assert not NgramDrafter().traits.device_only
     layer = random_eagle(tiny_target)
-    assert EagleDrafter(layer, tree=False).traits.device_only and not EagleDrafter(layer).traits.device_only
+    assert EagleDrafter(layer, tree=False).traits.device_only and EagleDrafter(layer).traits.device_only
+    assert not EagleDrafter(layer, min_confidence=0.1).traits.device_only
+    assert not EagleDrafter(layer, lookup=2, lookup_on_device=False).traits.device_only
 
 
 class OracleTreeDrafter(Drafter):

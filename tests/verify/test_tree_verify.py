@@ -144,6 +144,27 @@ def test_tree_geometry():
         Tree.from_parents([-1, 2, 0])
 
 
+def test_a_tree_built_on_the_device_is_the_tree_of_its_parents():
+    """Tree.on_device (a drafter's shape chosen on the device, in ops of fixed shapes) gives from_parents' depths,
+    mask and children (padded to the width asked for) on random trees, and the greedy walk goes down it alike."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        n = int(torch.randint(1, 14, (1,), generator=g))
+        parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]
+        host = Tree.from_parents(parents)
+        width = host.children.shape[1] + trial % 3
+        device = Tree.on_device(torch.tensor(parents), host.max_depth + trial % 2, width)
+        assert device.parent_list == host.parent_list and device.known is None and int(device.levels) == host.max_depth
+        assert torch.equal(device.depths, host.depths) and torch.equal(device.mask, host.mask)
+        assert torch.equal(device.children[:, :host.children.shape[1]], host.children)
+        assert (device.children[:, host.children.shape[1]:] == -1).all()
+        tokens = torch.randint(0, 3, (4, n), generator=g)
+        target = torch.rand(4, n + 1, 3, generator=g).softmax(-1)
+        best = target.argmax(-1)
+        for one, other in zip(greedy_tree(host, tokens, best), greedy_tree(device, tokens, best)):
+            assert torch.equal(one, other[:, :one.shape[1]] if one.dim() == 2 else other)  # nodes: [B, a bound]
+
+
 def test_greedy_follows_the_target_argmax_path():
     tree = Tree.from_parents(PARENTS)
     tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])  # node tokens

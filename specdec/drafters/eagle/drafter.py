@@ -29,7 +29,10 @@ job calls with ``target.compile``),
 the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
 and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
 whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
-length. The tree's choices between levels (which nodes to expand) stay on the host.
+length. A dynamic tree's choices between levels (which nodes to expand) are read on the host; a fixed tree
+(``min_confidence: 0``) of fixed candidates (greedy, or ``sampled: false``) is grown and chosen on the device in ops
+of fixed shapes (:class:`~specdec.drafters.eagle.growth.DeviceGrowth`: every level expands ``expand`` nodes, the
+``k`` most confident form the tree), one graph a step, nothing read back, so the decode loop reads it a step late.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import (GRAPHED_CATCH_UP, DecodeState, Drafter, DraftRuntime, Proposal, Traits, register,
                                   round_weights)
-from specdec.drafters.eagle.growth import TreeGrowth
+from specdec.drafters.eagle.growth import DeviceGrowth, TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
 from specdec.drafters.features import check_state, on_target
 from specdec.drafters.trees.lookup_branch import add_branch, continuations
@@ -63,6 +66,7 @@ class EagleDrafter(Drafter):
     """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree, its
     forwards on ``backend``."""
 
+    grow_on_device = True  # fixed trees of fixed candidates grown by DeviceGrowth (off: TreeGrowth, read on the host)
 
     @dataclass
     class Config(DrafterConfig):
@@ -89,7 +93,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, model: EagleModel, *, tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0,
-                 backend: Backend = Backend()):
+                 backend: Backend = Backend(), lookup_on_device: bool | None = None):
         for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
@@ -108,9 +112,14 @@ class EagleDrafter(Drafter):
         # a tree's children are sampled at temperature > 0 where ``sampled`` says so (null: unless a lookup branch asks
         # for fixed candidates)
         wanted = (not lookup) if sampled is None else sampled
-        # a chain is drafted on the device alone; a tree's choices between levels are read on the host
+        if lookup_on_device is None:  # a GPU finds the lookup branch on the device (lookup_branch's docstring)
+            lookup_on_device = model.fc.weight.device.type == "cuda"
+        self.lookup_on_device = lookup_on_device
+        # a chain is drafted on the device alone, and so is a fixed tree of fixed candidates (DeviceGrowth) where its
+        # lookup branch is found there or it has none (a sampled one, at T > 0, reads its draws' places on the host)
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers),
-                             siblings=EXACT_SIBLINGS if tree and wanted else None, device_only=not tree)
+                             siblings=EXACT_SIBLINGS if tree and wanted else None,
+                             device_only=not tree or (min_confidence == 0 and (lookup == 0 or lookup_on_device)))
         # the draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
         # compiled or not, the same graphs
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
@@ -246,6 +255,9 @@ class EagleDrafter(Drafter):
                              "(or null) or drafter.lookup=0")
         sampled = self.traits.samples_siblings(state.sampling)
         lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
+        if self.grow_on_device and not sampled and self.min_confidence == 0 and (lookup == 0 or self.lookup_on_device):
+            tokens, shape = DeviceGrowth(self, k - lookup, lookup).propose(state, hidden)
+            return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * tokens.shape[0], tree=shape)
         tree = TreeGrowth(self, state, sampled, self.masks)
         tree.grow(hidden, k - lookup)
         tokens, parents, probs = tree.select(k - lookup)

@@ -16,7 +16,9 @@ import torch
 
 from specdec.drafters.base import DecodeState
 from specdec.drafters.trees.dynamic import mean_confidence
+from specdec.drafters.trees.lookup_branch import device_continuations
 from specdec.drafters.trees.plan import TreeCache
+from specdec.verify.tree import Tree
 
 if TYPE_CHECKING:
     from specdec.drafters.eagle.drafter import EagleDrafter
@@ -147,3 +149,103 @@ class TreeGrowth:
         tokens = self.d.token_ids[self.index[:, keep]]
         probs = torch.stack([self.q[i] for i in keep], 1) if self.sampled else None
         return tokens, parents, probs
+
+
+class DeviceGrowth:
+    """:class:`TreeGrowth`'s fixed-candidate tree grown in ops of fixed shapes, nothing read back, so that a step's
+    drafting is one function of the draft layer's output at the newest position, replayed as one graph where the
+    drafter's work replays graphs, and the decode loop may read each step a step late (``Traits.device_only``).
+
+    Each level expands its ``expand`` most confident candidates, pruning none (:class:`TreeGrowth` with ``prune``
+    off: the same candidates, drafted in the same batches); the ``n`` most confident candidates then form the tree,
+    ties to the shallower and then the earlier (a stable sort over the candidates in draw order, which is
+    :meth:`TreeGrowth.select`'s order). A candidate's confidence is capped at its parent's, so the kept ones always
+    include their parents (:meth:`TreeGrowth.select` drops a child in the float ties where they would not: the only
+    case where the two trees differ). With ``lookup`` > 0 each row's prompt-lookup continuation, found on the device
+    (:func:`~specdec.drafters.trees.lookup_branch.device_continuations`), is a chain of that many nodes below the
+    root before the tree, filled with the row's last token where shorter (its filler counted as proposed)."""
+
+    def __init__(self, drafter: EagleDrafter, n: int, lookup: int = 0):
+        d = drafter
+        self.d, self.lookup = d, lookup
+        self.sizes = [d.top_k] + [d.expand * d.top_k] * (d.depth - 1)  # candidates drafted at each level
+        self.n = min(n, sum(self.sizes))  # the tree's nodes (the lookup chain's come on top)
+        self.max_depth = max(min(d.depth, self.n), lookup)  # a bound: a path holds one node a level
+
+    def propose(self, state: DecodeState, hidden: torch.Tensor) -> tuple[torch.Tensor, Tree]:  # hidden [B, H]
+        """The tree's tokens [B, N] (target ids) and shape, chosen on the device."""
+        d = self.d
+        graphed = d.runtime.graphs is not None
+        kv_len = None if graphed else state.max_seq_len + 1  # graphs attend over the whole cache (see run)
+        inputs = (hidden, state.seq, state.seq_lens, state.pad) if self.lookup else (hidden,)
+        tokens, *shape = d.runtime.call(lambda *inputs: self.run(kv_len, *inputs), inputs,
+                                        key=("device_tree", self.n, self.lookup))
+        d.runtime.forwards += d.depth - 1
+        return tokens, Tree(*shape, None, self.max_depth)
+
+    def run(self, kv_len: int | None, hidden: torch.Tensor, *lookup_inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The growth, the selection and the tree's tensors (:meth:`Tree.on_device`): tokens [B, N], then the tree's
+        parents, depths, mask and children. The draft cache's entries it writes are committed while it grows and
+        rolled back at its end, so running it again (a graph's warm-up) rewrites the same. ``kv_len``: eager, the
+        slots the newest committed entry can reach (a level's forward attends over those and the step's entries)."""
+        d, cache = self.d, self.d.cache
+        top_k, expand = d.top_k, d.expand
+        committed = cache.lengths.clone()
+        values, index = d.backend.top_log_softmax(d.model.logits(hidden[:, None]), top_k)  # [B, 1, top_k]
+        logp = (hidden.new_zeros(hidden.shape[0], 1, dtype=torch.float32)[..., None] + values).flatten(1)
+        index = index.flatten(1)  # [B, C]: draft-vocabulary ids of the candidates so far, in draw order
+        parent = torch.full((top_k,), -1, dtype=torch.long, device=hidden.device)  # [C], -1 = the root
+        eye = torch.eye(expand, dtype=torch.bool, device=hidden.device)
+        start, outputs, seen = 0, hidden[:, None].expand(-1, expand, -1).contiguous(), eye  # seen: entries' ancestry
+        for level in range(1, d.depth):
+            size = self.sizes[level - 1]
+            chosen = start + mean_confidence(logp[:, start:start + size]).topk(expand).indices.sort().values  # [E]
+            drafted = expand * (level - 1)
+            if level == 1:
+                inputs, mask = outputs, eye  # the root's children: each sees itself among the step's entries
+            else:  # the parents' entries, written by the level before (each an ``expand`` of them, top_k apart)
+                entry = drafted - expand + (chosen - start) // top_k  # [E]
+                inputs = outputs[:, entry]
+                mask = torch.cat([seen[entry], eye], 1)  # [E, drafted + E]: its ancestors' entries, itself
+                seen = torch.cat([torch.cat([seen, seen.new_zeros(drafted, expand)], 1), mask], 0)
+            first = cache.lengths - drafted - cache.pad
+            positions = (first + level - 1)[:, None].expand(-1, expand)
+            out = d.model.step(inputs, d.token_ids[index[:, chosen]], cache, positions,
+                               None if kv_len is None else min(kv_len + drafted + expand, cache.capacity),
+                               mask, drafted)  # [B, E, H]
+            cache.lengths += expand
+            outputs = out if level == 1 else torch.cat([outputs, out], 1)
+            values, children = d.backend.top_log_softmax(d.model.logits(out), top_k)  # [B, E, top_k]
+            logp = torch.cat([logp, (logp[:, chosen][..., None] + values).flatten(1)], 1)
+            index = torch.cat([index, children.flatten(1)], 1)
+            parent = torch.cat([parent, chosen.repeat_interleave(top_k)])
+            start += size
+        cache.lengths.copy_(committed)
+        return self.select(logp, index, parent, *lookup_inputs)
+
+    def select(self, logp: torch.Tensor, index: torch.Tensor, parent: torch.Tensor, *lookup_inputs: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+        """The ``n`` most confident candidates (``logp`` [B, C] path log-confidences, ``index`` [B, C], ``parent``
+        [C]) as a tree, after the lookup chain where there is one: tokens [B, N'], then :meth:`Tree.on_device`'s."""
+        d = self.d
+        confidence = mean_confidence(logp)  # [C]
+        start = d.top_k
+        for size in self.sizes[1:]:  # capped at the parent's, level by level (a parent's is capped already)
+            level = slice(start, start + size)
+            confidence[level] = torch.minimum(confidence[level], confidence[parent[level]])
+            start += size
+        keep = confidence.sort(descending=True, stable=True).indices[:self.n].sort().values  # [N], in draw order
+        place = torch.full_like(parent, -1)
+        place[keep] = torch.arange(self.n, device=keep.device)
+        above = parent[keep]
+        parents = torch.where(above >= 0, place[above.clamp(min=0)], -1)  # [N] in the tree's nodes
+        tokens = d.token_ids[index[:, keep]]
+        width = d.top_k
+        if self.lookup:
+            branch, _ = device_continuations(*lookup_inputs, self.lookup)  # [B, L]
+            chain = torch.arange(-1, self.lookup - 1, device=keep.device)
+            tokens = torch.cat([branch, tokens], 1)
+            parents = torch.cat([chain, torch.where(parents >= 0, parents + self.lookup, -1)])
+            width += 1  # the root's first child is the chain's
+        tree = Tree.on_device(parents, self.max_depth, width)
+        return tokens, tree.parents, tree.depths, tree.mask, tree.children
