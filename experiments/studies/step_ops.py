@@ -1,12 +1,15 @@
-"""How many torch ops a decode step dispatches outside the target's forward: the loop's host work, which a GPU pays
-per op (Python, dispatch and, for most, a kernel launch) while the forward itself replays as one graph.
+"""How many torch ops a decode step dispatches outside the graphs it replays: the loop's host work, which a GPU pays
+per op (Python, dispatch and, for most, a kernel launch) while what a graph holds replays at once.
 
     python experiments/studies/step_ops.py             # plain decoding and n-gram K=3, 32 new tokens
     python experiments/studies/step_ops.py --new 64
+    python experiments/studies/step_ops.py --eagle     # also EAGLE's trees: dynamic, fixed grown on the host or device
 
-A tiny random 2-layer Llama (the tests' ``tiny_llama``) on a decoder with emulated CUDA graphs (the graphed code on
-CPU), counted with a ``TorchDispatchMode`` that skips whatever runs inside the decoder's call. Counts only: no
-timings, so it may run beside anything.
+A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
+on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
+counted with a ``TorchDispatchMode`` that skips whatever runs inside a call of the target (its prefill too) or of a
+graph (:class:`~specdec.models.graphs.Graphs`, the target's and the drafter's alike). Per step: those ops, the graph replays, and the host's reads of device
+values (``tolist``, ``item``: each a synchronisation on a GPU). Counts only: no timings, so it may run beside anything.
 """
 
 from __future__ import annotations
@@ -23,54 +26,91 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests")]  # the tiny models live with the tests
 
 
-class OutsideForward(TorchDispatchMode):
-    """Counts the ops dispatched while no decoder call is running (``inside`` > 0 within one)."""
+class OutsideGraphs(TorchDispatchMode):
+    """Counts the ops dispatched while no graph call is running (``inside`` > 0 within one), the graph calls
+    (``replays``) and the host's reads of tensors outside them (``reads``)."""
 
     def __init__(self):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
-        self.inside = 0
+        self.inside = self.replays = self.reads = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.inside:
             self.counts[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
+    def clear(self) -> None:
+        self.counts.clear()
+        self.replays = self.reads = 0
+
+
+def counting(mode: OutsideGraphs) -> None:
+    """Route every graph call, every call of the target (its prefill, eager, included) and every host read of a
+    tensor through ``mode``'s counts."""
+    from specdec.models.graphs import GraphedDecoder, Graphs
+
+    for owner, replays in ((Graphs, 1), (GraphedDecoder, 0)):
+        call = owner.__call__
+
+        def counted(self, *a, call=call, replays=replays, **kw):
+            mode.inside += 1
+            mode.replays += replays and mode.inside == 1
+            try:
+                return call(self, *a, **kw)
+            finally:
+                mode.inside -= 1
+
+        owner.__call__ = counted
+    for name in ("tolist", "item"):
+        read = getattr(torch.Tensor, name)
+
+        def reading(self, *a, read=read, **kw):
+            mode.reads += not mode.inside
+            return read(self, *a, **kw)
+
+        setattr(torch.Tensor, name, reading)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
+    parser.add_argument("--eagle", action="store_true", help="also EAGLE's trees (k=16, a random draft layer)")
     args = parser.parse_args()
-    from helpers import tiny_llama
+    from helpers import random_eagle, tiny_llama
 
     from specdec import autoregressive_generate, speculative_generate
-    from specdec.drafters import NgramDrafter
+    from specdec.drafters import EagleDrafter, NgramDrafter
     from specdec.models import Backend, as_decoder
     from specdec.models.graphs import GraphedDecoder
 
-    decoder = GraphedDecoder(as_decoder(tiny_llama(layers=2, seed=0), backend=Backend.emulated_gpu()))
-    mode = OutsideForward()
-    forward = type(decoder).__call__
-
-    def counted(self, *a, **kw):
-        mode.inside += 1
-        try:
-            return forward(self, *a, **kw)
-        finally:
-            mode.inside -= 1
-
-    type(decoder).__call__ = counted
+    model = tiny_llama(layers=4 if args.eagle else 2, seed=0)
+    decoder = GraphedDecoder(as_decoder(model, backend=Backend.emulated_gpu()))
+    mode = OutsideGraphs()
+    counting(mode)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
-    runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=args.new + 1, eos_token_id=[]),
-            "n-gram K=3": lambda: speculative_generate(decoder, NgramDrafter(), ids, k=3, max_new_tokens=args.new + 1,
+    new = args.new + 1
+    runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=new, eos_token_id=[]),
+            "n-gram K=3": lambda: speculative_generate(decoder, NgramDrafter(), ids, k=3, max_new_tokens=new,
                                                        eos_token_id=[])}
+    if args.eagle:
+        def eagle(on_device: bool, **settings):
+            drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=Backend.emulated_gpu(), **settings)
+            drafter.grow_on_device = on_device
+            drafter.runtime.replay_graphs("auto")
+            return lambda: speculative_generate(decoder, drafter, ids, k=16, max_new_tokens=new, eos_token_id=[])
+
+        runs["EAGLE dynamic tree (min_confidence 0.05)"] = eagle(True, min_confidence=0.05)
+        runs["EAGLE fixed tree grown on the host (TreeGrowth)"] = eagle(False)
+        runs["EAGLE fixed tree grown on the device (DeviceGrowth)"] = eagle(True)
     for name, generate in runs.items():
         generate()  # captures and first calls out of the count
-        mode.counts.clear()
+        mode.clear()
         with torch.no_grad(), mode:
             steps = generate().stats.target_forwards
-        print(f"{name}: {sum(mode.counts.values()) / steps:.1f} ops a step outside the forward ({steps} steps): "
-              + ", ".join(f"{op} {n / steps:.1f}" for op, n in mode.counts.most_common(12)))
+        print(f"{name}: {sum(mode.counts.values()) / steps:.1f} ops a step outside graphs, {mode.replays / steps:.1f} "
+              f"graph replays, {mode.reads / steps:.1f} host reads ({steps} steps): "
+              + ", ".join(f"{op} {n / steps:.1f}" for op, n in mode.counts.most_common(10)))
 
 
 if __name__ == "__main__":
