@@ -12,6 +12,7 @@ branches on which drafter it runs, and never probes one for a member.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -194,12 +195,17 @@ def registered_name(drafter: Drafter) -> str:
 class DrafterWrapper(Drafter):
     """A drafter around ``inner`` (to record or alter what it sees): it drafts through ``inner`` and shares its
     config, traits and runtime, so the decode loop verifies with ``inner``'s rule, gives it its feature layers and
-    counts its forwards and graph captures; a subclass overrides what it alters. Built around a drafter, never from
-    a config."""
+    counts its forwards and graph captures (one that reads the host each step, :attr:`reads_host`, is read each step);
+    a subclass overrides what it alters. Built around a drafter, never from a config."""
+
+    reads_host: ClassVar[bool] = False
+    """Whether it reads the host's ``tokens`` or ``active`` (a recorder): then its traits say it does not propose from
+    the device alone, whatever ``inner`` does, and the decode loop reads each step back before the next."""
 
     def __init__(self, inner: Drafter):
         self.inner = inner
-        self.config, self.traits, self.runtime = inner.config, inner.traits, inner.runtime
+        self.config, self.runtime = inner.config, inner.runtime
+        self.traits = dataclasses.replace(inner.traits, device_only=False) if self.reads_host else inner.traits
 
     @classmethod
     def from_config(cls, cfg: Any, target: torch.nn.Module, tokenizer: Any = None,

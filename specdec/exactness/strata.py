@@ -251,6 +251,8 @@ class DraftRecorder(DrafterWrapper):
     feature layers, forwards and graphs too); to record the match laws of sampled drafts (chains' β, trees'
     tried children), verify with :meth:`watch`'s rule."""
 
+    reads_host = True  # the host's tokens, each step
+
     def __init__(self, inner: Drafter):
         super().__init__(inner)
         self.rows: list[list[_Entry]] = []

@@ -302,6 +302,8 @@ class Recorder(DrafterWrapper):
     probabilities, rejects them all and emits the target's own draw. From position ``stop`` on (or once an EOS
     was emitted: no live run stands there) it no longer asks."""
 
+    reads_host = True  # the host's tokens, each step
+
     def __init__(self, inner: Drafter, k: int, stop: int, eos: set[int], *, sampled: bool = False):
         super().__init__(inner)
         self.k, self.stop, self.eos, self.sampled = k, stop, eos, sampled

@@ -411,6 +411,25 @@ def test_draft_record_follows_the_verify_steps(models, drafter):
         assert record.deterministic[drafted].all() and np.isnan(record.draft_beta).all()
 
 
+@pytest.mark.parametrize("drafter", ["medusa_tree", "eagle"])
+def test_a_record_of_a_drafter_read_a_step_late_is_the_record_read_each_step(models, drafter, monkeypatch):
+    """A drafter that proposes from the device alone is read a step late on a GPU; the recorder reads the host's tokens
+    every step, so it is read each step whatever it wraps: the same record where the loop would pipeline (on the CPU
+    here) as where it would not. (Wrapping ``traits.device_only`` as it is, the recorder read a step behind.)"""
+    from specdec.decode import engine
+    from specdec.replay.log import Recorder
+
+    assert FACTORIES[drafter](models).traits.device_only
+    assert not strata.DraftRecorder(FACTORIES[drafter](models)).traits.device_only
+    assert not Recorder(FACTORIES[drafter](models), 4, 10, set()).traits.device_only  # replay's logging pass, alike
+    records = []
+    for devices in ((), ("cpu",)):
+        monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
+        record, tokens = record_of(models, drafter, n=2)
+        records.append((tokens.tolist(), record.depth.tolist(), record.candidates.tolist()))
+    assert records[0] == records[1]
+
+
 def test_recorder_verifies_with_the_drafters_rule(models):
     """The decode loop reads the acceptance rule (a lossy one, if chosen) through the recorder."""
     drafter = FACTORIES["medusa"](models)
