@@ -268,6 +268,38 @@ def test_a_device_only_medusa_tree_read_a_step_late_on_graphs_equals_plain(graph
             assert runs[0][2] > 0
 
 
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu),
+                                    pytest.param("cpu", marks=pytest.mark.slow)])  # ~1 min here
+def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_plain(device, monkeypatch):
+    """EAGLE's fixed tree grown and chosen on the device (DeviceGrowth, one graph a step), its lookup branch found
+    there: through the graphed target and the drafter's graphs, read a step late, batch 1 and 3, with and without an
+    EOS, plain decoding's outputs and the counts of the loop that reads every step."""
+    from helpers import random_eagle
+
+    from specdec.decode import engine
+    from specdec.drafters.eagle import EagleDrafter
+
+    model = tiny_llama(layers=4, seed=0).to(device)
+    graphed = _graphed(model)
+    drafter = EagleDrafter(random_eagle(model).to(device), lookup=3, lookup_on_device=True, backend=_backend(model))
+    drafter.runtime.replay_graphs("auto")
+    assert drafter.traits.device_only
+    for batch in (PROMPTS[:1], PROMPTS):
+        ids, mask = (t.to(device) for t in left_pad(batch))
+        free = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
+        for eos in ([], [free.sequences[0][9]]):
+            ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24,
+                                          eos_token_id=eos)
+            runs = []
+            for devices in ((), ("cpu", "cuda")):
+                monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
+                out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=16, max_new_tokens=24,
+                                           eos_token_id=eos)
+                runs.append((out.sequences, out.stats.target_forwards, out.stats.accepted_tokens))
+            assert runs[0] == runs[1] and runs[0][0] == ref.sequences
+    assert drafter.runtime.graphs.captures > 0
+
+
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
                                         (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
                          ids=["chain", "tree", "dynamic-tree"])

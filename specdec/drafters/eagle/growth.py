@@ -218,7 +218,7 @@ class DeviceGrowth:
             values, children = d.backend.top_log_softmax(d.model.logits(out), top_k)  # [B, E, top_k]
             logp = torch.cat([logp, (logp[:, chosen][..., None] + values).flatten(1)], 1)
             index = torch.cat([index, children.flatten(1)], 1)
-            parent = torch.cat([parent, chosen.repeat_interleave(top_k)])
+            parent = torch.cat([parent, chosen[:, None].expand(-1, top_k).flatten()])  # no host read: a graph's
             start += size
         cache.lengths.copy_(committed)
         return self.select(logp, index, parent, *lookup_inputs)
