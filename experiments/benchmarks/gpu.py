@@ -317,7 +317,10 @@ def main() -> None:
         "dflash fixed tree K=15 on the device, graphs": (target("dflash device 15 graphs"),
                                                          dflash(True, min_confidence=0.0, lookup=0), 15),
         "draft_model K=3 graphs, draft eager": (target("draft_model graphs, draft eager"), draft_model(False), 3),
+        # a fixed draft length drafts from the device alone: read a step late; the same read each step beside it
         "draft_model K=3 graphs": (target("draft_model graphs"), draft_model(True), 3),
+        "draft_model K=3 graphs, each step read": (target("draft_model graphs, each step read"),
+                                                   read_each_step(draft_model(True)), 3),
         "dflash default graphs, draft eager": (target("dflash graphs, draft eager"), dflash(False),
                                                DFlashDrafter.Config().k),
         "dflash default graphs": (target("dflash graphs"), dflash(True), DFlashDrafter.Config().k),

@@ -614,3 +614,23 @@ def test_shipped_student_exists_lean_with_provenance():
 def test_shipped_student_greedy_equals_plain_decoding_on_real_target(real_target, real_prompts, cfg):
     tau = shipped_drafter_taus(real_target, real_prompts, cfg)
     assert min(tau) > 1.1, tau  # a trained draft is accepted (the untrained early exit gives ~1.0)
+
+
+def test_a_draft_model_at_a_fixed_length_read_a_step_late_equals_the_loop_that_reads_each_step(target, monkeypatch):
+    """A draft model drafting k tokens every step (no confidence floor, no schedule) proposes from the device alone
+    (``traits.device_only``), so on a GPU each step is read back after the next is launched: the outputs and counts of
+    the loop that reads every step, greedy (plain decoding's output), with an EOS, and sampled, batch 2 left-padded."""
+    from helpers import read_late_and_each_step
+
+    drafter = DraftModelDrafter(target, num_layers=1)
+    assert drafter.traits.device_only
+    assert not DraftModelDrafter(target, num_layers=1, confidence=0.3).traits.device_only
+    assert not DraftModelDrafter(target, num_layers=1, schedule="heuristic").traits.device_only
+    prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
+    mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
+    free = autoregressive_generate(target, prompts, max_new_tokens=12, attention_mask=mask, eos_token_id=[])
+    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, prompts, mask, 3, eos, **sampling)
+        assert read_late == each_step, (eos, sampling)
+        if not eos and not sampling:
+            assert each_step[0] == free.sequences

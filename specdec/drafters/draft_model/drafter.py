@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Proposal, register, round_weights
+from specdec.drafters.base import DecodeState, Proposal, Traits, register, round_weights
 from specdec.drafters.draft_model.core import ModelDrafter
 from specdec.drafters.draft_model.cross_vocab import RULES, CrossVocabDrafter
 from specdec.drafters.draft_model.student import DEFAULT_DRAFT
@@ -185,6 +185,12 @@ class DraftModelDrafter(ModelDrafter):
         # half a float32 Gemma-3-270M step, over SmolLM2's codes a fifth)
         return CrossVocabDrafter(model, draft_tokenizer, tokenizer, rule=cfg.cross_vocab, schedule=cfg.schedule,
                                  window=cfg.window, backend=replace(backend, weights="codes"))
+
+    def __init__(self, model: torch.nn.Module, num_layers: int | None = None, **settings):
+        super().__init__(model, num_layers, **settings)
+        # a fixed draft length (no confidence floor, no schedule) drafts from the device alone: read a step late on a
+        # GPU (the last two tokens and the lengths are the device's; nothing is read back)
+        self.traits = Traits(device_only=self.confidence == 0 and self.schedule == "constant")
 
     def rounded(self, bits: int | None, target: torch.nn.Module) -> "DraftModelDrafter":
         """This drafter with its decoder layers' weights rounded to ``bits``-bit codes (``drafter.weight_bits``;
