@@ -278,6 +278,9 @@ def main() -> None:
         "ngram K=4 eager": (eager, NgramDrafter(), 4),
         "ngram K=4 graphs": (target("ngram graphs"), NgramDrafter(), 4),
         "ngram K=4 graphs, torch ops": (target("ngram graphs, torch ops"), NgramDrafter(), 4),
+        # the lookup on the device (the main job's default on a GPU): 4 drafts every step, read a step late
+        "ngram K=4 on the device, graphs": (target("ngram device graphs"), NgramDrafter(on_device=True), 4),
+        "ngram K=8 on the device, graphs": (target("ngram device 8 graphs"), NgramDrafter(on_device=True), 8),
         "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
                                               EagleDrafter.Config().k),
         "eagle default graphs": (target("eagle graphs"), eagle(True), EagleDrafter.Config().k),

@@ -375,15 +375,15 @@ def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Reque
     while any(state.active):
         with timer("drafter_time_s"):
             proposal = drafter.propose(state, k)
-        width = _checked_width(proposal, drafter, k)
+        _checked_width(proposal, drafter, k)
         with timer("target_time_s"):
             step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            # the one sync per step: the accepted counts, the emitted tokens (and a device-chosen tree's levels)
-            read = torch.cat([step.num_accepted[None], step.emitted.T] + _levels_row(proposal.tree, len(out))).tolist()
+            # the one sync per step: the accepted counts, the emitted tokens (and what the device counted, _device_rows)
+            read = torch.cat([step.num_accepted[None], step.emitted.T] + _device_rows(proposal, len(out))).tolist()
             accepted, emitted = read[0], [list(row) for row in zip(*read[1:1 + step.emitted.shape[1]])]
         stats.target_forwards += 1
-        stats.record_step(proposal.num_proposed or [width] * len(out), accepted, state.active,
-                          _tree_depth(proposal.tree, read))
+        proposed, depth = _proposed_and_depth(proposal, len(out), read[1 + step.emitted.shape[1]:])
+        stats.record_step(proposed, accepted, state.active, depth)
         counts = _emit(state, out, accepted, emitted, request.eos, request.max_new_tokens)
         stats.new_tokens += sum(counts)
         _commit(cache, state, step, sender.send(counts),
@@ -392,18 +392,22 @@ def _steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Reque
             drafter.observe(state)
 
 
-def _levels_row(tree: Tree | None, batch: int) -> list[torch.Tensor]:
-    """What a step's read carries of its tree beyond the verdict: a tree chosen on the device, its levels ([1, B], the
-    last row read; the acceptance by position counts only levels that exist); [] where the host knows the depth."""
-    return [] if tree is None or tree.known is not None else [tree.levels.expand(1, batch)]
+def _device_rows(proposal: Proposal, batch: int) -> list[torch.Tensor]:
+    """What a step's read carries of its proposal beyond the verdict, as rows [1, B]: the genuine drafts counted on the
+    device (``proposal.counted``), then a device-chosen tree's levels (the acceptance by position counts only levels
+    that exist); [] where the host knows both."""
+    rows = [] if proposal.counted is None else [proposal.counted[None]]
+    tree = proposal.tree
+    return rows if tree is None or tree.known is not None else rows + [tree.levels.expand(1, batch)]
 
 
-def _tree_depth(tree: Tree | None, read: list[list[int]]) -> int | None:
-    """The depth :meth:`DecodeStats.record_step` counts positions by: None for a chain, a tree's levels (from the
-    step's ``read`` for a tree chosen on the device, :func:`_levels_row`)."""
-    if tree is None:
-        return None
-    return tree.max_depth if tree.known is not None else read[-1][0]
+def _proposed_and_depth(proposal: Proposal, batch: int, read: list[list[int]]) -> tuple[list[int], int | None]:
+    """:meth:`DecodeStats.record_step`'s genuine drafts per row and depth (None for a chain, a tree's levels), from the
+    proposal and, where the device counted them, the step's ``read`` of :func:`_device_rows`."""
+    rows = iter(read)
+    proposed = next(rows) if proposal.counted is not None else proposal.num_proposed or [proposal.tokens.shape[1]] * batch
+    tree = proposal.tree
+    return proposed, None if tree is None else tree.max_depth if tree.known is not None else next(rows)[0]
 
 
 def _checked_width(proposal: Proposal, drafter: Drafter, k: int) -> int:
@@ -488,15 +492,15 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
         if any(on and request.max_new_tokens - len(row) > (pending is not None) for on, row in zip(state.active, out)):
             with timer("drafter_time_s"):
                 proposal = drafter.propose(state, k)
-            width = _checked_width(proposal, drafter, k)
+            _checked_width(proposal, drafter, k)
             with timer("target_time_s"):
                 step = verify_step(decoder, cache, state, proposal, rule, request.capture)
             counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
             count = counted(step, live, left, eos)
             _commit(cache, state, step, count, min(state.capacity, state.max_seq_len + step.emitted.shape[1]))
             read = readback.send(torch.cat([step.num_accepted[None], count[None], step.emitted.T]
-                                           + _levels_row(proposal.tree, len(out))))
-            launched = (read, proposal.num_proposed or [width] * len(out), proposal.tree, step.emitted.shape[1])
+                                           + _device_rows(proposal, len(out))))
+            launched = (read, proposal, step.emitted.shape[1])
         if pending is not None:
             _read_step(*pending, state, out, request, stats)
         if launched is None:
@@ -504,16 +508,16 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
         pending = launched
 
 
-def _read_step(read, num_proposed: list[int], tree: Tree | None, width: int, state: DecodeState,
-               out: list[list[int]], request: _Request, stats: DecodeStats) -> None:
+def _read_step(read, proposal: Proposal, width: int, state: DecodeState, out: list[list[int]], request: _Request,
+               stats: DecodeStats) -> None:
     """The host's bookkeeping of a step read back (``read`` gives its accepted drafts, the counts the device kept and
-    the ``width`` emitted tokens, position by position, then :func:`_levels_row`'s; ``num_proposed`` and ``tree`` as
-    the step was launched)."""
+    the ``width`` emitted tokens, position by position, then :func:`_device_rows`'s; ``proposal`` as launched)."""
     rows = read()
     accepted, committed, emitted = rows[0], rows[1], rows[2:2 + width]
     if any(state.active):
         stats.target_forwards += 1
-        stats.record_step(num_proposed, accepted, state.active, _tree_depth(tree, rows))
+        proposed, depth = _proposed_and_depth(proposal, len(out), rows[2 + width:])
+        stats.record_step(proposed, accepted, state.active, depth)
         counts = _emit(state, out, accepted, [list(row) for row in zip(*emitted)], request.eos,
                        request.max_new_tokens)
         stats.new_tokens += sum(counts)

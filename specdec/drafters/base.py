@@ -37,6 +37,15 @@ class Proposal:
     probs: torch.Tensor | None = None  # [B, K', V] the draft distributions q; None = deterministic drafts
     num_proposed: list[int] | None = None  # per row, how many of the K' are genuine (the rest is filler)
     tree: Tree | None = None  # the K' tokens form this tree (node i = tokens[:, i]); None = a chain
+    # [B] long on the device: the genuine drafts counted there (a drafter that proposes from the device alone), read
+    # back with the step's results; replaces num_proposed where given
+    counted: torch.Tensor | None = None
+
+    def genuine(self) -> list[int]:
+        """Per row, how many drafts are genuine, on the host (reading ``counted`` back: a synchronisation)."""
+        if self.counted is not None:
+            return self.counted.tolist()
+        return self.num_proposed or [self.tokens.shape[1]] * self.tokens.shape[0]
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 Training-free and model-free (Saxena 2023; transformers' ``prompt_lookup_num_tokens``). Drafts are
 deterministic (one-hot q). When no row finds a match the proposal is empty and the step is a plain
-decode step, so a miss costs no verification work.
+decode step, so a miss costs no verification work. On a GPU (``on_device``) the lookup runs on the device
+(:func:`device_continuations`): k drafts every step, each row's filled with its last token past its match (a verify
+step costs about the same for k + 1 tokens as for one there), nothing read back, so the decode loop reads each step a
+step late; the genuine drafts are counted there and read back with the step.
 
 ``min_ngram`` defaults to 2: a single matching token predicts the continuation poorly, and verifying a
 draft is not free where the forward is compute-bound (this 2-core CPU: 5 tokens cost ~1.8x one). On 6
@@ -13,12 +16,13 @@ HumanEval prompts, K=4, greedy: min_ngram=1 gave α 0.41 and 1.13x over plain de
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, register
+from specdec.drafters.base import DecodeState, Drafter, Proposal, Traits, register
 from specdec.models.backend import Backend
 
 
@@ -38,6 +42,42 @@ def lookup(tokens: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> np.nda
     return tokens[:0]
 
 
+def device_continuations(
+    seq: torch.Tensor,  # [B, S] long: each row's tokens at slots pad .. seq_lens - 1 (DecodeState.seq)
+    seq_lens: torch.Tensor,  # [B] long
+    pad: torch.Tensor,  # [B] long
+    max_tokens: int,
+    max_ngram: int = 3,
+    min_ngram: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B] long (how many of them are the lookup's)
+    """:func:`lookup` for every row on the device, in ops of fixed shapes (no value read back): each row's n-gram
+    lookup continuation (the latest earlier occurrence of the longest suffix of ``max_ngram`` down to ``min_ngram``
+    tokens, and up to ``max_tokens`` tokens after it), the rest of the row's ``max_tokens`` filled with its last
+    token. A drafter's prompt-lookup branch on a GPU (:mod:`specdec.drafters.trees.lookup_branch`) and the n-gram
+    drafter's own lookup there."""
+    batch, capacity = seq.shape
+    rows = torch.arange(batch, device=seq.device)
+    last = seq[rows, seq_lens - 1]  # [B]
+    start = torch.full((batch,), -1, dtype=torch.long, device=seq.device)  # where the continuation starts (-1: none)
+    for n in range(min_ngram, max_ngram + 1):  # longer suffixes overwrite shorter ones' hits
+        if n > capacity - 1:
+            break
+        offsets = torch.arange(n, device=seq.device)
+        suffix = seq.gather(1, (seq_lens[:, None] - n + offsets).clamp(min=0))  # [B, n]
+        windows = seq.unfold(1, n, 1)  # [B, S - n + 1, n]: the n tokens from each slot
+        at = torch.arange(windows.shape[1], device=seq.device)
+        # windows inside the row that end before the suffix does
+        earlier = (at[None] >= pad[:, None]) & (at[None] + n <= seq_lens[:, None] - 1)
+        hits = (windows == suffix[:, None]).all(-1) & earlier & (seq_lens - pad > n)[:, None]  # [B, S - n + 1]
+        latest = torch.where(hits, at[None], -1).amax(1)  # [B]
+        start = torch.where(latest >= 0, latest + n, start)
+    slots = start[:, None] + torch.arange(max_tokens, device=seq.device)  # [B, L]
+    found = torch.where(start >= 0, (seq_lens - start).clamp(min=0, max=max_tokens), 0)  # [B]
+    inside = torch.arange(max_tokens, device=seq.device)[None] < found[:, None]
+    tokens = torch.where(inside, seq.gather(1, slots.clamp(min=0, max=capacity - 1)), last[:, None])
+    return tokens, found
+
+
 @register("ngram")
 class NgramDrafter(Drafter):
     @dataclass
@@ -45,21 +85,32 @@ class NgramDrafter(Drafter):
         name: str = "ngram"
         max_ngram: int = 3  # longest suffix looked up
         min_ngram: int = 2  # shortest suffix looked up before giving up (see the module docstring)
+        # look up on the device (k drafts every step, filled where shorter; read a step late): null = where the
+        # target is on a GPU, whose verify step costs about the same for k + 1 tokens as for one
+        on_device: Optional[bool] = None
 
         def check(self, job) -> None:
             NgramDrafter(self.max_ngram, self.min_ngram)  # its own check; the drafter needs no model to build
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, *, on_device: bool = False):
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.on_device = on_device
+        self.traits = Traits(device_only=on_device)
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "NgramDrafter":
-        return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram)
+        on_device = cfg.on_device
+        if on_device is None:
+            on_device = target is not None and next(target.parameters()).device.type == "cuda"
+        return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram, on_device=on_device)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        if self.on_device:  # k drafts a row, the genuine ones counted there
+            tokens, found = device_continuations(state.seq, state.seq_lens, state.pad, k, self.max_ngram, self.min_ngram)
+            return Proposal(tokens=tokens, num_proposed=[k] * tokens.shape[0], counted=found)
         found = [
             lookup(np.asarray(row, dtype=np.int64), k, self.max_ngram, self.min_ngram) if on else np.zeros(0, np.int64)
             for row, on in zip(state.tokens, state.active)

@@ -279,7 +279,7 @@ class DraftRecorder(DrafterWrapper):
         proposal = self._proposal
         tokens, sampled = proposal.tokens.tolist(), proposal.probs is not None
         beta = None if self.chain_beta is None else self.chain_beta.tolist()
-        proposed = proposal.num_proposed or [proposal.tokens.shape[1]] * len(tokens)
+        proposed = proposal.genuine()
         for b, row in enumerate(state.tokens):
             new, self._seen[b] = row[self._seen[b]:], len(row)
             if proposal.tree is None:

@@ -344,7 +344,7 @@ class Recorder(DrafterWrapper):
                                  f"replacement): replay at T > 0 takes trees of fixed candidates only; set "
                                  f"drafter.sampled=false, or drafter.tree=false for a chain")
             self.one_hot = False
-        num = proposal.num_proposed[0] if proposal.num_proposed else len(tokens)
+        num = proposal.genuine()[0]
         parents = None if proposal.tree is None else list(proposal.tree.parent_list)
         self.proposals.append(Proposed(tokens, parents, num, forwards))
         if not self.sampled:

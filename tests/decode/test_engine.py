@@ -18,6 +18,7 @@ PROMPTS = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13]]
 def drafters(tiny_target, tiny_draft):
     return {
         "ngram": NgramDrafter(),
+        "ngram_on_device": NgramDrafter(on_device=True),
         "draft_model": DraftModelDrafter(tiny_draft),
         "early_exit": DraftModelDrafter(tiny_target, num_layers=1),
     }
@@ -305,6 +306,41 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
     with pytest.raises(RuntimeError, match="device-side counts"):
         for eos in [[token] for token in free.sequences[0][1:8]]:  # some EOS lands among accepted drafts
             read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos)
+
+
+def test_an_ngram_lookup_on_the_device_counts_the_drafts_the_host_lookup_finds(tiny_target, monkeypatch):
+    """The n-gram lookup on the device (a GPU's by default): k drafts a row every step, filled past each row's match,
+    the genuine ones counted there and read back with the step: at every step the host lookup's drafts and counts, so
+    the stats count what the host's drafter proposes; read a step late, the outputs and counts of the loop that reads
+    each step (greedy, an EOS, sampled)."""
+    from helpers import read_late_and_each_step
+
+    class Checked(NgramDrafter):
+        def propose(self, state, k):
+            proposal, host = super().propose(state, k), NgramDrafter().propose(state, k)
+            assert proposal.tokens.shape[1] == k and proposal.counted is not None
+            for b, (found, on) in enumerate(zip(proposal.counted.tolist(), state.active)):
+                if on:
+                    assert found == host.num_proposed[b]
+                    assert proposal.tokens[b, :found].tolist() == host.tokens[b, :found].tolist()
+                    self.found += found
+            return proposal
+
+    ids, mask = left_pad(PROMPTS)
+    drafter = Checked(on_device=True)
+    drafter.found = 0
+    free = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=3, max_new_tokens=16, eos_token_id=[])
+    assert out.sequences == free.sequences and out.stats.proposed_tokens == drafter.found > 0
+    assert out.stats.accepted_tokens > 0
+    drafter = NgramDrafter(on_device=True)
+    assert drafter.traits.device_only
+    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+        each_step, read_late = read_late_and_each_step(monkeypatch, tiny_target, drafter, ids, mask, 3, eos,
+                                                       max_new_tokens=16, **sampling)
+        assert read_late == each_step, (eos, sampling)
+    assert not NgramDrafter.from_config(NgramDrafter.Config(), target=tiny_target).on_device  # on a CPU: the host's
+    assert NgramDrafter.from_config(NgramDrafter.Config(on_device=True), target=tiny_target).on_device
 
 
 def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_target):

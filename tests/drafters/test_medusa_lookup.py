@@ -203,11 +203,12 @@ def test_auto_dtype_drafts_in_bf16_only_where_it_is_fast(tiny_target, monkeypatc
 
 
 def test_the_device_lookup_finds_what_the_host_lookup_finds():
-    """lookup_branch.device_continuations, fixed shapes and nothing read back, against the n-gram rule row by row
+    """ngram.device_continuations, fixed shapes and nothing read back, against the n-gram rule row by row
     (left padding, rows too short for a suffix, no match, a continuation cut by the row's end), the rest filled with
     the row's last token; a planted lookup that reads the left padding as the row's tokens fails."""
+    from specdec.drafters.ngram import device_continuations
     from specdec.drafters.trees import lookup_branch
-    from specdec.drafters.trees.lookup_branch import continuations, device_continuations
+    from specdec.drafters.trees.lookup_branch import continuations
 
     g = torch.Generator().manual_seed(0)
 

@@ -16,7 +16,7 @@ import torch
 
 from specdec.drafters.base import DecodeState
 from specdec.drafters.trees.dynamic import mean_confidence
-from specdec.drafters.trees.lookup_branch import device_continuations
+from specdec.drafters.ngram import device_continuations
 from specdec.drafters.trees.plan import TreeCache
 from specdec.verify.tree import Tree
 
@@ -162,8 +162,8 @@ class DeviceGrowth:
     :meth:`TreeGrowth.select`'s order). A candidate's confidence is capped at its parent's, so the kept ones always
     include their parents (:meth:`TreeGrowth.select` drops a child in the float ties where they would not: the only
     case where the two trees differ). With ``lookup`` > 0 each row's prompt-lookup continuation, found on the device
-    (:func:`~specdec.drafters.trees.lookup_branch.device_continuations`), is a chain of that many nodes below the
-    root before the tree, filled with the row's last token where shorter (its filler counted as proposed)."""
+    (:func:`~specdec.drafters.ngram.device_continuations`), is a chain of that many nodes below the
+    root before the tree, filled with the row's last token where shorter (its genuine nodes counted there)."""
 
     def __init__(self, drafter: EagleDrafter, n: int, lookup: int = 0):
         d = drafter
@@ -172,20 +172,22 @@ class DeviceGrowth:
         self.n = min(n, sum(self.sizes))  # the tree's nodes (the lookup chain's come on top)
         self.max_depth = max(min(d.depth, self.n), lookup)  # a bound: a path holds one node a level
 
-    def propose(self, state: DecodeState, hidden: torch.Tensor) -> tuple[torch.Tensor, Tree]:  # hidden [B, H]
-        """The tree's tokens [B, N] (target ids) and shape, chosen on the device."""
+    def propose(self, state: DecodeState, hidden: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, Tree]:  # hidden [B, H]
+        """The tree's tokens [B, N] (target ids), each row's genuine nodes ([B]: the lookup chain's filler left out) and
+        its shape, chosen on the device."""
         d = self.d
         graphed = d.runtime.graphs is not None
         kv_len = None if graphed else state.max_seq_len + 1  # graphs attend over the whole cache (see run)
         inputs = (hidden, state.seq, state.seq_lens, state.pad) if self.lookup else (hidden,)
-        tokens, *shape = d.runtime.call(lambda *inputs: self.run(kv_len, *inputs), inputs,
-                                        key=("device_tree", self.n, self.lookup))
+        tokens, found, *shape = d.runtime.call(lambda *inputs: self.run(kv_len, *inputs), inputs,
+                                               key=("device_tree", self.n, self.lookup))
         d.runtime.forwards += d.depth - 1
-        return tokens, Tree(*shape, None, self.max_depth)
+        return tokens, found + self.n, Tree(*shape, None, self.max_depth)
 
     def run(self, kv_len: int | None, hidden: torch.Tensor, *lookup_inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The growth, the selection and the tree's tensors (:meth:`Tree.on_device`): tokens [B, N], then the tree's
-        parents, depths, mask and children. The draft cache's entries it writes are committed while it grows and
+        """The growth, the selection and the tree's tensors (:meth:`Tree.on_device`): tokens [B, N], each row's genuine
+        lookup nodes [B], then the tree's parents, depths, mask and children. The draft cache's entries it writes are committed while it grows and
         rolled back at its end, so running it again (a graph's warm-up) rewrites the same. ``kv_len``: eager, the
         slots the newest committed entry can reach (a level's forward attends over those and the step's entries)."""
         d, cache = self.d, self.d.cache
@@ -226,7 +228,8 @@ class DeviceGrowth:
     def select(self, logp: torch.Tensor, index: torch.Tensor, parent: torch.Tensor, *lookup_inputs: torch.Tensor
                ) -> tuple[torch.Tensor, ...]:
         """The ``n`` most confident candidates (``logp`` [B, C] path log-confidences, ``index`` [B, C], ``parent``
-        [C]) as a tree, after the lookup chain where there is one: tokens [B, N'], then :meth:`Tree.on_device`'s."""
+        [C]) as a tree, after the lookup chain where there is one: tokens [B, N'], the chain's genuine nodes [B] (0:
+        none), then :meth:`Tree.on_device`'s."""
         d = self.d
         confidence = mean_confidence(logp)  # [C]
         start = d.top_k
@@ -240,12 +243,12 @@ class DeviceGrowth:
         above = parent[keep]
         parents = torch.where(above >= 0, place[above.clamp(min=0)], -1)  # [N] in the tree's nodes
         tokens = d.token_ids[index[:, keep]]
-        width = d.top_k
+        width, found = d.top_k, torch.zeros_like(index[:, 0])
         if self.lookup:
-            branch, _ = device_continuations(*lookup_inputs, self.lookup)  # [B, L]
+            branch, found = device_continuations(*lookup_inputs, self.lookup)  # [B, L], [B]
             chain = torch.arange(-1, self.lookup - 1, device=keep.device)
             tokens = torch.cat([branch, tokens], 1)
             parents = torch.cat([chain, torch.where(parents >= 0, parents + self.lookup, -1)])
             width += 1  # the root's first child is the chain's
         tree = Tree.on_device(parents, self.max_depth, width)
-        return tokens, tree.parents, tree.depths, tree.mask, tree.children
+        return tokens, found, tree.parents, tree.depths, tree.mask, tree.children

@@ -23,7 +23,8 @@ import torch
 
 from specdec.drafters.base import DecodeState, Proposal
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes, path_logprobs
-from specdec.drafters.trees.lookup_branch import add_branch, below_branch, continuations, device_continuations
+from specdec.drafters.ngram import device_continuations
+from specdec.drafters.trees.lookup_branch import add_branch, below_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, TreePlan
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import logits_to_probs, sample
@@ -148,14 +149,16 @@ class TreeDrafting:
             raise ValueError(f"k={k} tree nodes requested ({self.lookup} for the prompt-lookup branch), but the tree "
                              f"lists only {len(self.paths)} paths; lower k or give a larger drafter.tree")
         tokens, tree = self.heads_tree(state, hidden, k - self.lookup)
-        filler = [0] * tokens.shape[0]
+        filler, counted = [0] * tokens.shape[0], None
         if self.lookup and self.lookup_on_device:
-            tokens, tree = self.add_device_lookup(state, tokens, tree)
+            heads = tokens.shape[1]
+            tokens, tree, found = self.add_device_lookup(state, tokens, tree)
+            counted = found + heads  # the branch's genuine nodes, counted on the device
         elif self.lookup:
             tokens, tree, filler = self.add_lookup(state, tokens, tree)
         if tree is None:  # no path is worth its verification, no continuation found: a plain step
             return Proposal(tokens=tokens[:, :0], num_proposed=[0] * tokens.shape[0])
-        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler], tree=tree)
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1] - f for f in filler], tree=tree, counted=counted)
 
     def heads_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, Tree | None]:
         """The heads' tree of the first k paths (dynamic: those confident enough): tokens [B, N], its shape
@@ -171,13 +174,13 @@ class TreeDrafting:
         return tokens[:, list(nodes)], self.plans.get(nodes, device).tree
 
     def add_device_lookup(self, state: DecodeState, tokens: torch.Tensor, tree: Tree | None
-                          ) -> tuple[torch.Tensor, Tree]:
+                          ) -> tuple[torch.Tensor, Tree, torch.Tensor]:
         """The lookup branch found on the device (:func:`device_continuations`), a chain of ``lookup`` nodes below
         the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
-        fixed whatever the rows hold, nothing read back (the filler counts as proposed)."""
-        branch, _ = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
+        fixed whatever the rows hold, nothing read back; with each row's genuine branch nodes ([B], on the device)."""
+        branch, found = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
         parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
-        return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device)
+        return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device), found
 
     def add_lookup(self, state: DecodeState, tokens: torch.Tensor,
                    tree: Tree | None) -> tuple[torch.Tensor, Tree | None, list[int]]:

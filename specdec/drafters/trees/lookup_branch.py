@@ -10,10 +10,11 @@ the tree a drafter built (Medusa's heads, an EAGLE layer):
   the root as its own chain, tried first (:func:`branch_first`); a row with a shorter or no continuation
   fills it with its last token, and that filler is not counted as proposed.
 
-On a GPU a fixed tree's lookup runs on the device (:func:`device_continuations`, the same rule in ops of fixed
-shapes) and its branch is always :func:`branch_first`'s chain of L nodes, filled where shorter, so that the tree's
-shape is fixed and no value is read back: the drafter then drafts from the device alone (``Traits.device_only``) and
-each step is read back a step late; its filler nodes count as proposed there (the host does not know them).
+On a GPU a fixed tree's lookup runs on the device (:func:`~specdec.drafters.ngram.device_continuations`, the same
+rule in ops of fixed shapes) and its branch is always :func:`branch_first`'s chain of L nodes, filled where shorter,
+so that the tree's shape is fixed and no value is read back: the drafter then drafts from the device alone
+(``Traits.device_only``) and each step is read back a step late; the genuine nodes are counted on the device
+(``Proposal.counted``) and read back with the step.
 
 Lookup nodes are deterministic (one-hot q), so verification stays exact. Text that repeats (code, quoted
 input) is where a learned drafter is weakest and the lookup strongest.
@@ -38,41 +39,6 @@ def continuations(
     ngram = NgramDrafter.Config
     return [lookup(np.asarray(row, dtype=np.int64), max_tokens, ngram.max_ngram, ngram.min_ngram).tolist()
             if on else [] for row, on in zip(rows, active)]
-
-
-def device_continuations(
-    seq: torch.Tensor,  # [B, S] long: each row's tokens at slots pad .. seq_lens - 1 (DecodeState.seq)
-    seq_lens: torch.Tensor,  # [B] long
-    pad: torch.Tensor,  # [B] long
-    max_tokens: int,
-    max_ngram: int = NgramDrafter.Config.max_ngram,
-    min_ngram: int = NgramDrafter.Config.min_ngram,
-) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B] long (how many of them are the lookup's)
-    """:func:`continuations` on the device, in ops of fixed shapes (no value read back): each row's n-gram lookup
-    continuation (:func:`specdec.drafters.ngram.lookup`'s rule: the latest earlier occurrence of the longest
-    suffix of ``max_ngram`` down to ``min_ngram`` tokens, and up to ``max_tokens`` tokens after it), the rest of the
-    row's ``max_tokens`` filled with its last token."""
-    batch, capacity = seq.shape
-    rows = torch.arange(batch, device=seq.device)
-    last = seq[rows, seq_lens - 1]  # [B]
-    start = torch.full((batch,), -1, dtype=torch.long, device=seq.device)  # where the continuation starts (-1: none)
-    for n in range(min_ngram, max_ngram + 1):  # longer suffixes overwrite shorter ones' hits
-        if n > capacity - 1:
-            break
-        offsets = torch.arange(n, device=seq.device)
-        suffix = seq.gather(1, (seq_lens[:, None] - n + offsets).clamp(min=0))  # [B, n]
-        windows = seq.unfold(1, n, 1)  # [B, S - n + 1, n]: the n tokens from each slot
-        at = torch.arange(windows.shape[1], device=seq.device)
-        # windows inside the row that end before the suffix does
-        earlier = (at[None] >= pad[:, None]) & (at[None] + n <= seq_lens[:, None] - 1)
-        hits = (windows == suffix[:, None]).all(-1) & earlier & (seq_lens - pad > n)[:, None]  # [B, S - n + 1]
-        latest = torch.where(hits, at[None], -1).amax(1)  # [B]
-        start = torch.where(latest >= 0, latest + n, start)
-    slots = start[:, None] + torch.arange(max_tokens, device=seq.device)  # [B, L]
-    found = torch.where(start >= 0, (seq_lens - start).clamp(min=0, max=max_tokens), 0)  # [B]
-    inside = torch.arange(max_tokens, device=seq.device)[None] < found[:, None]
-    tokens = torch.where(inside, seq.gather(1, slots.clamp(min=0, max=capacity - 1)), last[:, None])
-    return tokens, found
 
 
 def merge_trie(
