@@ -1,15 +1,16 @@
 """How many torch ops a decode step dispatches outside the graphs it replays: the loop's host work, which a GPU pays
 per op (Python, dispatch and, for most, a kernel launch) while what a graph holds replays at once.
 
-    python experiments/studies/step_ops.py             # plain decoding and n-gram K=3, 32 new tokens
+    python experiments/studies/step_ops.py             # plain decoding, n-gram K=3 (host, device), 32 new tokens
     python experiments/studies/step_ops.py --new 64
     python experiments/studies/step_ops.py --eagle     # also EAGLE's trees: dynamic, fixed grown on the host or device
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
 counted with a ``TorchDispatchMode`` that skips whatever runs inside a call of the target (its prefill too) or of a
-graph (:class:`~specdec.models.graphs.Graphs`, the target's and the drafter's alike). Per step: those ops, the graph replays, and the host's reads of device
-values (``tolist``, ``item``: each a synchronisation on a GPU). Counts only: no timings, so it may run beside anything.
+graph (:class:`~specdec.models.graphs.Graphs`, the target's and the drafter's alike). Per step: those ops, the graph
+replays, and the host's reads of device values (``tolist``, ``item``: each a synchronisation on a GPU). Counts only:
+no timings, so it may run beside anything.
 """
 
 from __future__ import annotations
@@ -89,14 +90,18 @@ def main() -> None:
     mode = OutsideGraphs()
     counting(mode)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
+    lookup = NgramDrafter(on_device=True, device="cpu", backend=Backend.emulated_gpu())  # a GPU's: in a graph
+    lookup.runtime.replay_graphs("auto")
     new = args.new + 1
     runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=new, eos_token_id=[]),
             "n-gram K=3": lambda: speculative_generate(decoder, NgramDrafter(), ids, k=3, max_new_tokens=new,
-                                                       eos_token_id=[])}
+                                                       eos_token_id=[]),
+            "n-gram K=3 on the device": lambda: speculative_generate(decoder, lookup, ids, k=3, max_new_tokens=new,
+                                                                     eos_token_id=[])}
     if args.eagle:
         def eagle(on_device: bool, **settings):
-            drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=Backend.emulated_gpu(), **settings)
-            drafter.grow_on_device = on_device
+            drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=Backend.emulated_gpu(),
+                                   grow_on_device=on_device, **settings)
             drafter.runtime.replay_graphs("auto")
             return lambda: speculative_generate(decoder, drafter, ids, k=16, max_new_tokens=new, eos_token_id=[])
 

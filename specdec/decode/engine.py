@@ -405,7 +405,8 @@ def _proposed_and_depth(proposal: Proposal, batch: int, read: list[list[int]]) -
     """:meth:`DecodeStats.record_step`'s genuine drafts per row and depth (None for a chain, a tree's levels), from the
     proposal and, where the device counted them, the step's ``read`` of :func:`_device_rows`."""
     rows = iter(read)
-    proposed = next(rows) if proposal.counted is not None else proposal.num_proposed or [proposal.tokens.shape[1]] * batch
+    width = proposal.tokens.shape[1]
+    proposed = next(rows) if proposal.counted is not None else proposal.num_proposed or [width] * batch
     tree = proposal.tree
     return proposed, None if tree is None else tree.max_depth if tree.known is not None else next(rows)[0]
 

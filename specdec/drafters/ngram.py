@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import DecodeState, Drafter, Proposal, Traits, register
+from specdec.drafters.base import DecodeState, Drafter, DraftRuntime, Proposal, Traits, register
 from specdec.models.backend import Backend
 
 
@@ -92,24 +92,32 @@ class NgramDrafter(Drafter):
         def check(self, job) -> None:
             NgramDrafter(self.max_ngram, self.min_ngram)  # its own check; the drafter needs no model to build
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, *, on_device: bool = False):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, *, on_device: bool = False,
+                 device: torch.device | str | None = None, backend: Backend = Backend()):
         if not (1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.on_device = on_device
         self.traits = Traits(device_only=on_device)
+        # the lookup on the device is a few dozen small ops: one graph replay where the target's forwards replay
+        # graphs (``device``: the target's; None, or the host's lookup: nothing to replay)
+        self.runtime = DraftRuntime(backend, device=lambda: None if device is None else torch.device(device)) \
+            if on_device else None
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "NgramDrafter":
-        on_device = cfg.on_device
-        if on_device is None:
-            on_device = target is not None and next(target.parameters()).device.type == "cuda"
-        return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram, on_device=on_device)
+        device = None if target is None else next(target.parameters()).device
+        on_device = cfg.on_device if cfg.on_device is not None else device is not None and device.type == "cuda"
+        return cls(max_ngram=cfg.max_ngram, min_ngram=cfg.min_ngram, on_device=on_device, device=device,
+                   backend=backend)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         if self.on_device:  # k drafts a row, the genuine ones counted there
-            tokens, found = device_continuations(state.seq, state.seq_lens, state.pad, k, self.max_ngram, self.min_ngram)
+            def find(seq, seq_lens, pad):
+                return device_continuations(seq, seq_lens, pad, k, self.max_ngram, self.min_ngram)
+
+            tokens, found = self.runtime.call(find, (state.seq, state.seq_lens, state.pad), key=("lookup", k))
             return Proposal(tokens=tokens, num_proposed=[k] * tokens.shape[0], counted=found)
         found = [
             lookup(np.asarray(row, dtype=np.int64), k, self.max_ngram, self.min_ngram) if on else np.zeros(0, np.int64)

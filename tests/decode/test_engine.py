@@ -311,8 +311,8 @@ def test_a_device_only_drafter_read_a_step_late_equals_the_loop_that_reads_each_
 def test_an_ngram_lookup_on_the_device_counts_the_drafts_the_host_lookup_finds(tiny_target, monkeypatch):
     """The n-gram lookup on the device (a GPU's by default): k drafts a row every step, filled past each row's match,
     the genuine ones counted there and read back with the step: at every step the host lookup's drafts and counts, so
-    the stats count what the host's drafter proposes; read a step late, the outputs and counts of the loop that reads
-    each step (greedy, an EOS, sampled)."""
+    the stats count what the host's drafter proposes; read a step late, eager and replaying a graph (emulated here),
+    the outputs and counts of the loop that reads each step (greedy, an EOS, sampled)."""
     from helpers import read_late_and_each_step
 
     class Checked(NgramDrafter):
@@ -333,12 +333,21 @@ def test_an_ngram_lookup_on_the_device_counts_the_drafts_the_host_lookup_finds(t
     out = speculative_generate(tiny_target, drafter, ids, attention_mask=mask, k=3, max_new_tokens=16, eos_token_id=[])
     assert out.sequences == free.sequences and out.stats.proposed_tokens == drafter.found > 0
     assert out.stats.accepted_tokens > 0
-    drafter = NgramDrafter(on_device=True)
-    assert drafter.traits.device_only
-    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
-        each_step, read_late = read_late_and_each_step(monkeypatch, tiny_target, drafter, ids, mask, 3, eos,
-                                                       max_new_tokens=16, **sampling)
-        assert read_late == each_step, (eos, sampling)
+    from specdec.models import Backend, as_decoder
+    from specdec.models.graphs import GraphedDecoder
+
+    graphed = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
+    for target, drafter in ((tiny_target, NgramDrafter(on_device=True)),  # eager, then the lookup in a graph
+                            (graphed, NgramDrafter(on_device=True, device="cpu", backend=Backend.emulated_gpu()))):
+        assert drafter.traits.device_only
+        drafter.runtime.replay_graphs("auto")
+        for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+            each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, ids, mask, 3, eos,
+                                                           max_new_tokens=16, **sampling)
+            assert read_late == each_step, (eos, sampling)
+            if not eos and not sampling:
+                assert each_step[0] == free.sequences
+    assert drafter.runtime.graphs.captures > 0 and drafter.runtime.graphs.replays > 10
     assert not NgramDrafter.from_config(NgramDrafter.Config(), target=tiny_target).on_device  # on a CPU: the host's
     assert NgramDrafter.from_config(NgramDrafter.Config(on_device=True), target=tiny_target).on_device
 
@@ -359,9 +368,11 @@ def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_targ
     assert not MedusaDrafter(random_heads(), weight, PATHS, lookup=2).traits.device_only
     assert not NgramDrafter().traits.device_only
     layer = random_eagle(tiny_target)
-    assert EagleDrafter(layer, tree=False).traits.device_only and EagleDrafter(layer).traits.device_only
-    assert not EagleDrafter(layer, min_confidence=0.1).traits.device_only
-    assert not EagleDrafter(layer, lookup=2, lookup_on_device=False).traits.device_only
+    assert EagleDrafter(layer, tree=False).traits.device_only
+    assert EagleDrafter(layer, grow_on_device=True).traits.device_only
+    assert not EagleDrafter(layer).traits.device_only  # a CPU grows a fixed tree on the host (a GPU, on the device)
+    assert not EagleDrafter(layer, min_confidence=0.1, grow_on_device=True).traits.device_only
+    assert not EagleDrafter(layer, lookup=2, lookup_on_device=False, grow_on_device=True).traits.device_only
 
 
 class OracleTreeDrafter(Drafter):

@@ -98,7 +98,6 @@ def test_pruned_growth_selects_the_same_trees(target, options, monkeypatch):
     """Leaving unexpanded the nodes no selected node can descend from (and stopping early) drafts the very
     trees full growth selects, in fewer draft-layer forwards."""
     runs = []
-    monkeypatch.setattr(EagleDrafter, "grow_on_device", False)  # a fixed tree grows on the device otherwise
     for prune in (False, True):
         monkeypatch.setattr(TreeGrowth, "prune", prune)
         drafter = _Recording(random_eagle(target, draft_vocab=40, seed=5), **options)
@@ -130,22 +129,24 @@ class _BothGrowths(EagleDrafter):
 def test_a_fixed_tree_grown_on_the_device_is_the_tree_grown_on_the_host(target, markov_target, options, sampling,
                                                                         monkeypatch):
     """A fixed tree of fixed candidates (``min_confidence: 0``, greedy or ``sampled: false``) is grown and chosen on
-    the device (DeviceGrowth, nothing read back): at every step of a generation (batch 2, left-padded) the tokens and
-    shape TreeGrowth grows from the same state without pruning. Greedy, a run growing on the device and one growing
-    on the host give the same output, acceptance by position (the tree's levels read with the step) and draft-layer
-    forwards. On the bigram target (its drafts often accepted) and on a random one (the draft layer's outputs depend on
-    what each entry is fed and sees)."""
+    the device on a GPU (DeviceGrowth, nothing read back; ``grow_on_device`` here): at every step of a generation
+    (batch 2, left-padded) the tokens and shape TreeGrowth grows from the same state without pruning. Greedy, a run
+    growing on the device and one growing on the host give the same output, acceptance by position (the tree's levels
+    read with the step) and draft-layer forwards. On the bigram target (its drafts often accepted) and on a random one
+    (the draft layer's outputs depend on what each entry is fed and sees)."""
     monkeypatch.setattr(TreeGrowth, "prune", False)  # DeviceGrowth expands every level's most confident nodes
     prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
     seeded = {"generator": torch.Generator().manual_seed(3)} if sampling else {}
-    drafter = _BothGrowths(markov_eagle(markov_target, torch.arange(48)), sampled=False, **options)
+    drafter = _BothGrowths(markov_eagle(markov_target, torch.arange(48)), sampled=False, grow_on_device=True,
+                           **options)
     drafter.pairs = []
     out = speculative_generate(markov_target, drafter, prompts, k=9, max_new_tokens=24, attention_mask=MASK,
                                eos_token_id=[], **sampling, **seeded)
     assert len(drafter.pairs) > 5 and all(device == host for device, host in drafter.pairs)
     assert out.stats.mean_accepted_length > 1.5  # the trees are really walked
     # a random draft layer on a random target, whose outputs depend on what each entry is fed and sees
-    drafter = _BothGrowths(random_eagle(target, draft_vocab=40, seed=5), sampled=False, **options)
+    drafter = _BothGrowths(random_eagle(target, draft_vocab=40, seed=5), sampled=False, grow_on_device=True,
+                           **options)
     drafter.pairs = []
     speculative_generate(target, drafter, prompts, k=30, max_new_tokens=12, attention_mask=MASK, eos_token_id=[],
                          **sampling, **dict(seeded, generator=torch.Generator().manual_seed(3)) if sampling else {})
@@ -155,8 +156,8 @@ def test_a_fixed_tree_grown_on_the_device_is_the_tree_grown_on_the_host(target, 
         return
     runs = []
     for on_device in (True, False):
-        monkeypatch.setattr(EagleDrafter, "grow_on_device", on_device)
-        drafter = EagleDrafter(markov_eagle(markov_target, torch.arange(48)), sampled=False, **options)
+        drafter = EagleDrafter(markov_eagle(markov_target, torch.arange(48)), sampled=False, grow_on_device=on_device,
+                               **options)
         out = speculative_generate(markov_target, drafter, prompts, k=9, max_new_tokens=24, attention_mask=MASK,
                                    eos_token_id=[])
         runs.append((out.sequences, out.stats.acceptance_per_position, out.stats.proposed_tokens,
@@ -169,10 +170,13 @@ def test_an_eagle_fixed_tree_read_a_step_late_equals_the_loop_that_reads_each_st
     """A fixed tree grown on the device, its lookup branch found there too (a GPU's), is ``traits.device_only``: read
     a step late, the outputs and counts of the loop that reads every step, greedy (plain decoding's output), with an
     EOS, and at T=1 (fixed candidates)."""
-    drafter = EagleDrafter(random_eagle(target, draft_vocab=40), sampled=False, lookup=lookup, lookup_on_device=True)
+    drafter = EagleDrafter(random_eagle(target, draft_vocab=40), sampled=False, lookup=lookup, lookup_on_device=True,
+                           grow_on_device=True)
     assert drafter.traits.device_only
-    assert not EagleDrafter(random_eagle(target), lookup=3, lookup_on_device=False).traits.device_only
-    assert not EagleDrafter(random_eagle(target), min_confidence=0.1).traits.device_only
+    host_lookup = EagleDrafter(random_eagle(target), lookup=3, lookup_on_device=False, grow_on_device=True)
+    assert not host_lookup.traits.device_only
+    assert not EagleDrafter(random_eagle(target), min_confidence=0.1, grow_on_device=True).traits.device_only
+    assert not EagleDrafter(random_eagle(target)).traits.device_only  # a CPU grows a fixed tree on the host
     prompts = torch.tensor([[1, 5, 7, 1, 5, 7, 1, 5, 7, 1, 5], [0, 0, 0, 0, 4, 8, 6, 4, 8, 6, 4]])
     mask = (prompts != 0).long()
     free = autoregressive_generate(target, prompts, max_new_tokens=12, attention_mask=mask, eos_token_id=[])
@@ -293,7 +297,6 @@ def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypa
     monkeypatch.setattr(TreeGrowth, "grow", keep_root)
     monkeypatch.setattr(TreeGrowth, "select", replay)
     monkeypatch.setattr(TreeGrowth, "prune", False)  # every level grown: paths of 3 expanded nodes
-    monkeypatch.setattr(EagleDrafter, "grow_on_device", False)  # DeviceGrowth's trees: the test below
     drafter = EagleDrafter(random_eagle(target, draft_vocab=40, seed=7), depth=4, top_k=3, expand=3, backend=backend)
     with torch.no_grad():
         speculative_generate(as_decoder(target, backend=backend), drafter, PROMPTS, k=8, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
@@ -565,7 +568,8 @@ def markov_eagle(target, draft_vocab=None) -> MarkovEagle:
 
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, depth=3, top_k=2, expand=2), 12),
                                         (dict(tree=True, depth=3, top_k=3, expand=2, sampled=False), 8),
-                                        (dict(depth=3, top_k=3, expand=2, lookup=2, lookup_on_device=True), 8)],
+                                        (dict(depth=3, top_k=3, expand=2, lookup=2, lookup_on_device=True,
+                                              grow_on_device=True), 8)],
                          ids=["chain", "sampled-tree", "fixed-tree", "fixed-tree-lookup-on-device"])
 @pytest.mark.parametrize("draft_vocab", [None, torch.arange(48)], ids=["full-vocab", "draft-vocab"])
 def test_sampling_with_eagle_is_exact(markov_target, options, k, draft_vocab):

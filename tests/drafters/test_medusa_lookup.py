@@ -237,18 +237,23 @@ def test_the_device_lookup_finds_what_the_host_lookup_finds():
     assert lookup_branch.below_branch((-1, 0), 2) == (-1, 0, -1, 2)
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "emulated_graphs"])
 @pytest.mark.parametrize("batch", [[REPEATING[0]], REPEATING], ids=["batch1", "batch2"])
-def test_greedy_medusa_with_the_device_lookup_equals_plain_decoding(tiny_target, batch, monkeypatch):
+def test_greedy_medusa_with_the_device_lookup_equals_plain_decoding(tiny_target, batch, graphs, monkeypatch):
     """A fixed tree with the lookup branch found on the device (lookup_on_device, a GPU's default) drafts from the
     device alone: greedy output equals plain decoding, read a step late as each step read, and the branch is there
-    (a fixed chain of L nodes before the heads' tree)."""
+    (a fixed chain of L nodes before the heads' tree); with graphs (emulated here) the heads' tree and the lookup
+    each replay one."""
     from helpers import read_late_and_each_step
+
+    from specdec.models import Backend
 
     ids, mask = left_pad(batch)
     reference = autoregressive_generate(tiny_target, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[])
     drafter = MedusaDrafter(random_heads(scale=1.0), tiny_target.lm_head.weight, PATHS, lookup=4,
-                            lookup_on_device=True)
-    assert drafter.traits.device_only
+                            lookup_on_device=True, backend=Backend.emulated_gpu() if graphs else Backend())
+    drafter.runtime.replay_graphs("auto")
+    assert drafter.traits.device_only and (drafter.runtime.graphs is not None) == graphs
     assert not MedusaDrafter(random_heads(), tiny_target.lm_head.weight, PATHS, 0.05, lookup=4,
                              lookup_on_device=True).traits.device_only  # a dynamic tree reads its nodes on the host
     widths = []
@@ -264,6 +269,8 @@ def test_greedy_medusa_with_the_device_lookup_equals_plain_decoding(tiny_target,
                                                    max_new_tokens=30)
     assert each_step == read_late and each_step[0] == reference.sequences
     assert widths and set(widths) == {4} and each_step[1][4] > 0  # the branch, and drafts accepted
+    if graphs:  # the heads' tree and the lookup: a graph each, captured once, replayed every step
+        assert drafter.runtime.graphs.captures == 2 and drafter.runtime.graphs.replays >= 2 * len(widths)
 
 
 def test_sampling_with_the_device_lookup_is_exact(markov_target):

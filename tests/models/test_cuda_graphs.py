@@ -281,7 +281,8 @@ def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_pla
 
     model = tiny_llama(layers=4, seed=0).to(device)
     graphed = _graphed(model)
-    drafter = EagleDrafter(random_eagle(model).to(device), lookup=3, lookup_on_device=True, backend=_backend(model))
+    drafter = EagleDrafter(random_eagle(model).to(device), lookup=3, lookup_on_device=True, grow_on_device=True,
+                           backend=_backend(model))
     drafter.runtime.replay_graphs("auto")
     assert drafter.traits.device_only
     for batch in (PROMPTS[:1], PROMPTS):
@@ -301,8 +302,9 @@ def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_pla
 
 
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
+                                        (dict(tree=True, min_confidence=0.0, grow_on_device=True), 12),
                                         (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
-                         ids=["chain", "tree", "dynamic-tree"])
+                         ids=["chain", "tree", "tree-grown-on-the-device", "dynamic-tree"])
 def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     """EagleDrafter's runtime.replay_graphs: the draft layer's forwards and logits replay graphs over a draft cache kept across
     generations. Step by step the graphed drafter proposes what the eager one does (a random draft layer, whose

@@ -109,8 +109,14 @@ class DFlashDrafter(Drafter):
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes,
                              device_only=min_confidence == 0 and (self.lookup == 0 or on_device))
         # the catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU; both
-        # are fixed shapes but the catch-up's count of positions); the candidates' logits run eagerly
-        self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
+        # are fixed shapes but the catch-up's count of positions), and so does a lookup branch found on the device;
+        # the candidates' logits run eagerly
+        self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device, route=self._use_graphs)
+
+    def _use_graphs(self, graphs, compile: bool) -> None:
+        if isinstance(self.drafting, TreeDrafting):
+            self.drafting.graphs = graphs  # the device's lookup branch
+        # the catch-up and the block forward replay through runtime.call
 
     @classmethod
     def from_config(cls, cfg, target=None, tokenizer=None, backend=Backend()) -> "DFlashDrafter":

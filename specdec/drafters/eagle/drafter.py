@@ -29,7 +29,7 @@ job calls with ``target.compile``),
 the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
 and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
 whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
-length. A dynamic tree's choices between levels (which nodes to expand) are read on the host; a fixed tree
+length. A dynamic tree's choices between levels (which nodes to expand) are read on the host; on a GPU a fixed tree
 (``min_confidence: 0``) of fixed candidates (greedy, or ``sampled: false``) is grown and chosen on the device in ops
 of fixed shapes (:class:`~specdec.drafters.eagle.growth.DeviceGrowth`: every level expands ``expand`` nodes, the
 ``k`` most confident form the tree), one graph a step, nothing read back, so the decode loop reads it a step late.
@@ -66,7 +66,6 @@ class EagleDrafter(Drafter):
     """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree, its
     forwards on ``backend``."""
 
-    grow_on_device = True  # fixed trees of fixed candidates grown by DeviceGrowth (off: TreeGrowth, read on the host)
 
     @dataclass
     class Config(DrafterConfig):
@@ -93,7 +92,8 @@ class EagleDrafter(Drafter):
 
     def __init__(self, model: EagleModel, *, tree: bool = True, depth: int = 6, top_k: int = 4, expand: int = 4,
                  sampled: bool | None = None, lookup: int = 0, min_confidence: float = 0.0,
-                 backend: Backend = Backend(), lookup_on_device: bool | None = None):
+                 backend: Backend = Backend(), lookup_on_device: bool | None = None,
+                 grow_on_device: bool | None = None):
         for name, value, low in (("depth", depth, 1), ("top_k", top_k, 1), ("expand", expand, 1), ("lookup", lookup, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
@@ -112,14 +112,18 @@ class EagleDrafter(Drafter):
         # a tree's children are sampled at temperature > 0 where ``sampled`` says so (null: unless a lookup branch asks
         # for fixed candidates)
         wanted = (not lookup) if sampled is None else sampled
-        if lookup_on_device is None:  # a GPU finds the lookup branch on the device (lookup_branch's docstring)
-            lookup_on_device = model.fc.weight.device.type == "cuda"
-        self.lookup_on_device = lookup_on_device
-        # a chain is drafted on the device alone, and so is a fixed tree of fixed candidates (DeviceGrowth) where its
-        # lookup branch is found there or it has none (a sampled one, at T > 0, reads its draws' places on the host)
+        # a GPU grows a fixed tree of fixed candidates on the device (DeviceGrowth: nothing read back) and finds its
+        # lookup branch there (lookup_branch's docstring); a CPU grows it on the host (TreeGrowth), which prunes
+        # what cannot be selected: fewer draft forwards, and a host read costs nothing there
+        on_gpu = model.fc.weight.device.type == "cuda"
+        self.lookup_on_device = on_gpu if lookup_on_device is None else lookup_on_device
+        self.grow_on_device = on_gpu if grow_on_device is None else grow_on_device
+        # a chain is drafted on the device alone, and so is a fixed tree grown there where its lookup branch is found
+        # there or it has none (a sampled one, at T > 0, reads its draws' places on the host)
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers),
                              siblings=EXACT_SIBLINGS if tree and wanted else None,
-                             device_only=not tree or (min_confidence == 0 and (lookup == 0 or lookup_on_device)))
+                             device_only=not tree or (self.grow_on_device and min_confidence == 0
+                                                      and (lookup == 0 or self.lookup_on_device)))
         # the draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
         # compiled or not, the same graphs
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)

@@ -187,9 +187,10 @@ class DeviceGrowth:
 
     def run(self, kv_len: int | None, hidden: torch.Tensor, *lookup_inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The growth, the selection and the tree's tensors (:meth:`Tree.on_device`): tokens [B, N], each row's genuine
-        lookup nodes [B], then the tree's parents, depths, mask and children. The draft cache's entries it writes are committed while it grows and
-        rolled back at its end, so running it again (a graph's warm-up) rewrites the same. ``kv_len``: eager, the
-        slots the newest committed entry can reach (a level's forward attends over those and the step's entries)."""
+        lookup nodes [B], then the tree's parents, depths, mask and children. The draft cache's entries it writes are
+        committed while it grows and rolled back at its end, so running it again (a graph's warm-up) rewrites the
+        same. ``kv_len``: eager, the slots the newest committed entry can reach (a level's forward attends over those
+        and the step's entries)."""
         d, cache = self.d, self.d.cache
         top_k, expand = d.top_k, d.expand
         committed = cache.lengths.clone()
@@ -205,7 +206,7 @@ class DeviceGrowth:
             drafted = expand * (level - 1)
             if level == 1:
                 inputs, mask = outputs, eye  # the root's children: each sees itself among the step's entries
-            else:  # the parents' entries, written by the level before (each an ``expand`` of them, top_k apart)
+            else:  # the parents' entries: the level before wrote ``expand``, each the parent of top_k candidates
                 entry = drafted - expand + (chosen - start) // top_k  # [E]
                 inputs = outputs[:, entry]
                 mask = torch.cat([seen[entry], eye], 1)  # [E, drafted + E]: its ancestors' entries, itself

@@ -209,7 +209,7 @@ class MedusaDrafter(Drafter):
         return self.lm_head_weight.device if isinstance(self.drafting, TreeDrafting) else None
 
     def _use_graphs(self, graphs: Graphs, compile: bool) -> None:
-        self.drafting.candidates.graphs = graphs
+        self.drafting.candidates.graphs = self.drafting.graphs = graphs  # the heads' tree, the device's lookup
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:

@@ -140,6 +140,7 @@ class TreeDrafting:
         self.lookup_on_device = lookup_on_device and self.min_confidence is None
         self.plans = PlanCache(paths)
         self.trees = TreeCache(MAX_TREES)
+        self.graphs: Graphs | None = None  # where set (its drafter's), the device's lookup replays a graph
 
     def propose(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:  # hidden [B, H]
         if k <= self.lookup:
@@ -178,7 +179,11 @@ class TreeDrafting:
         """The lookup branch found on the device (:func:`device_continuations`), a chain of ``lookup`` nodes below
         the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
         fixed whatever the rows hold, nothing read back; with each row's genuine branch nodes ([B], on the device)."""
-        branch, found = device_continuations(state.seq, state.seq_lens, state.pad, self.lookup)
+        def find(seq, seq_lens, pad):
+            return device_continuations(seq, seq_lens, pad, self.lookup)
+
+        inputs = (state.seq, state.seq_lens, state.pad)
+        branch, found = find(*inputs) if self.graphs is None else self.graphs(find, inputs, key=("lookup", self.lookup))
         parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
         return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device), found
 
