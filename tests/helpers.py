@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdec import speculative_generate
+from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.eagle import EagleConfig, EagleModel
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec.exactness.stats import exactness_test
@@ -473,3 +473,15 @@ def read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos, max
         runs.append((out.sequences, (stats.target_forwards, stats.new_tokens, stats.verify_steps,
                                      stats.verified_tokens, stats.accepted_tokens, stats.proposed_tokens)))
     return runs
+
+
+def check_read_late_as_each_step(monkeypatch, target, drafter, ids, mask, k, max_new_tokens=12) -> None:
+    """Read a step late (engine._pipelined_steps, as on a GPU), ``drafter`` gives the outputs and counts of the loop
+    that reads each step: greedy (plain decoding's output), with an EOS from the output, and sampled."""
+    free = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, attention_mask=mask, eos_token_id=[])
+    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
+        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, ids, mask, k, eos, max_new_tokens,
+                                                       **sampling)
+        assert read_late == each_step, (eos, sampling)
+        if not eos and not sampling:
+            assert each_step[0] == free.sequences

@@ -313,7 +313,7 @@ def test_an_ngram_lookup_on_the_device_counts_the_drafts_the_host_lookup_finds(t
     the genuine ones counted there and read back with the step: at every step the host lookup's drafts and counts, so
     the stats count what the host's drafter proposes; read a step late, eager and replaying a graph (emulated here),
     the outputs and counts of the loop that reads each step (greedy, an EOS, sampled)."""
-    from helpers import read_late_and_each_step
+    from helpers import check_read_late_as_each_step
 
     class Checked(NgramDrafter):
         def propose(self, state, k):
@@ -341,12 +341,7 @@ def test_an_ngram_lookup_on_the_device_counts_the_drafts_the_host_lookup_finds(t
                             (graphed, NgramDrafter(on_device=True, device="cpu", backend=Backend.emulated_gpu()))):
         assert drafter.traits.device_only
         drafter.runtime.replay_graphs("auto")
-        for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
-            each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, ids, mask, 3, eos,
-                                                           max_new_tokens=16, **sampling)
-            assert read_late == each_step, (eos, sampling)
-            if not eos and not sampling:
-                assert each_step[0] == free.sequences
+        check_read_late_as_each_step(monkeypatch, target, drafter, ids, mask, 3, max_new_tokens=16)
     assert drafter.runtime.graphs.captures > 0 and drafter.runtime.graphs.replays > 10
     assert not NgramDrafter.from_config(NgramDrafter.Config(), target=tiny_target).on_device  # on a CPU: the host's
     assert NgramDrafter.from_config(NgramDrafter.Config(on_device=True), target=tiny_target).on_device

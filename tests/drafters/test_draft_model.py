@@ -620,7 +620,7 @@ def test_a_draft_model_at_a_fixed_length_read_a_step_late_equals_the_loop_that_r
     """A draft model drafting k tokens every step (no confidence floor, no schedule) proposes from the device alone
     (``traits.device_only``), so on a GPU each step is read back after the next is launched: the outputs and counts of
     the loop that reads every step, greedy (plain decoding's output), with an EOS, and sampled, batch 2 left-padded."""
-    from helpers import read_late_and_each_step
+    from helpers import check_read_late_as_each_step
 
     drafter = DraftModelDrafter(target, num_layers=1)
     assert drafter.traits.device_only
@@ -628,9 +628,4 @@ def test_a_draft_model_at_a_fixed_length_read_a_step_late_equals_the_loop_that_r
     assert not DraftModelDrafter(target, num_layers=1, schedule="heuristic").traits.device_only
     prompts = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
     mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
-    free = autoregressive_generate(target, prompts, max_new_tokens=12, attention_mask=mask, eos_token_id=[])
-    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
-        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, prompts, mask, 3, eos, **sampling)
-        assert read_late == each_step, (eos, sampling)
-        if not eos and not sampling:
-            assert each_step[0] == free.sequences
+    check_read_late_as_each_step(monkeypatch, target, drafter, prompts, mask, 3)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-from helpers import (check_export_force, exact_verdict, feature_batch, fused_backend, random_eagle,
-                     read_late_and_each_step, shipped_drafter_taus, tiny_llama)
+from helpers import (check_export_force, check_read_late_as_each_step, exact_verdict, feature_batch, fused_backend,
+                     random_eagle, shipped_drafter_taus, tiny_llama)
 from safetensors.torch import load_file, save_file
 
 from specdec import autoregressive_generate, speculative_generate
@@ -178,13 +178,7 @@ def test_an_eagle_fixed_tree_read_a_step_late_equals_the_loop_that_reads_each_st
     assert not EagleDrafter(random_eagle(target), min_confidence=0.1, grow_on_device=True).traits.device_only
     assert not EagleDrafter(random_eagle(target)).traits.device_only  # a CPU grows a fixed tree on the host
     prompts = torch.tensor([[1, 5, 7, 1, 5, 7, 1, 5, 7, 1, 5], [0, 0, 0, 0, 4, 8, 6, 4, 8, 6, 4]])
-    mask = (prompts != 0).long()
-    free = autoregressive_generate(target, prompts, max_new_tokens=12, attention_mask=mask, eos_token_id=[])
-    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
-        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, prompts, mask, 7, eos, **sampling)
-        assert read_late == each_step, (eos, sampling)
-        if not eos and not sampling:
-            assert each_step[0] == free.sequences
+    check_read_late_as_each_step(monkeypatch, target, drafter, prompts, (prompts != 0).long(), 7)
 
 
 def test_decode_drafts_are_the_training_time_test(target):
@@ -648,9 +642,4 @@ def test_an_eagle_chain_read_a_step_late_equals_the_loop_that_reads_each_step(ta
     that reads every step, greedy (plain decoding's output), with an EOS, and sampled."""
     drafter = EagleDrafter(random_eagle(target, draft_vocab=40), tree=False)
     assert drafter.traits.device_only
-    free = autoregressive_generate(target, PROMPTS, max_new_tokens=12, attention_mask=MASK, eos_token_id=[])
-    for eos, sampling in (([], {}), ([free.sequences[0][5]], {}), ([], {"temperature": 1.0})):
-        each_step, read_late = read_late_and_each_step(monkeypatch, target, drafter, PROMPTS, MASK, 4, eos, **sampling)
-        assert read_late == each_step, (eos, sampling)
-        if not eos and not sampling:
-            assert each_step[0] == free.sequences
+    check_read_late_as_each_step(monkeypatch, target, drafter, PROMPTS, MASK, 4)

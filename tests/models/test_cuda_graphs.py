@@ -243,17 +243,24 @@ def test_a_device_only_medusa_tree_read_a_step_late_on_graphs_equals_plain(graph
     every step."""
     from helpers import PATHS, random_heads
 
-    from specdec.decode import engine
     from specdec.drafters.medusa import MedusaDrafter
 
     model = tiny_llama(layers=3, seed=0).to(graph_device)
-    graphed = _graphed(model)
     drafter = MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS,
                             backend=_backend(model))
     drafter.runtime.replay_graphs("auto")
     assert drafter.traits.device_only
+    assert min(_read_late_on_graphs(monkeypatch, model, drafter, len(PATHS))) > 0  # drafts accepted
+
+
+def _read_late_on_graphs(monkeypatch, model, drafter, k: int) -> list[int]:
+    """``drafter`` through the graphed ``model``, read a step late and read each step, batch 1 and 3, with and without
+    an EOS: the outputs are plain decoding's and the counts the same; each run's accepted drafts."""
+    from specdec.decode import engine
+
+    graphed, accepted = _graphed(model), []
     for batch in (PROMPTS[:1], PROMPTS):
-        ids, mask = (t.to(graph_device) for t in left_pad(batch))
+        ids, mask = (t.to(model.device) for t in left_pad(batch))
         free = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
         for eos in ([], [free.sequences[0][9]]):
             ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24,
@@ -261,11 +268,12 @@ def test_a_device_only_medusa_tree_read_a_step_late_on_graphs_equals_plain(graph
             runs = []
             for devices in ((), ("cpu", "cuda")):
                 monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
-                out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=len(PATHS), max_new_tokens=24,
+                out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=k, max_new_tokens=24,
                                            eos_token_id=eos)
                 runs.append((out.sequences, out.stats.target_forwards, out.stats.accepted_tokens))
             assert runs[0] == runs[1] and runs[0][0] == ref.sequences
-            assert runs[0][2] > 0
+            accepted.append(runs[0][2])
+    return accepted
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu),
@@ -276,28 +284,14 @@ def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_pla
     EOS, plain decoding's outputs and the counts of the loop that reads every step."""
     from helpers import random_eagle
 
-    from specdec.decode import engine
     from specdec.drafters.eagle import EagleDrafter
 
     model = tiny_llama(layers=4, seed=0).to(device)
-    graphed = _graphed(model)
     drafter = EagleDrafter(random_eagle(model).to(device), lookup=3, lookup_on_device=True, grow_on_device=True,
                            backend=_backend(model))
     drafter.runtime.replay_graphs("auto")
     assert drafter.traits.device_only
-    for batch in (PROMPTS[:1], PROMPTS):
-        ids, mask = (t.to(device) for t in left_pad(batch))
-        free = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24, eos_token_id=[])
-        for eos in ([], [free.sequences[0][9]]):
-            ref = autoregressive_generate(_eager(model), ids, attention_mask=mask, max_new_tokens=24,
-                                          eos_token_id=eos)
-            runs = []
-            for devices in ((), ("cpu", "cuda")):
-                monkeypatch.setattr(engine, "PIPELINED_DEVICES", devices)
-                out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=16, max_new_tokens=24,
-                                           eos_token_id=eos)
-                runs.append((out.sequences, out.stats.target_forwards, out.stats.accepted_tokens))
-            assert runs[0] == runs[1] and runs[0][0] == ref.sequences
+    _read_late_on_graphs(monkeypatch, model, drafter, 16)
     assert drafter.runtime.graphs.captures > 0
 
 
