@@ -187,8 +187,9 @@ def test_greedy_speculative_decoding_on_the_kernels_equals_plain(device):
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu),
                                     pytest.param("cpu", marks=pytest.mark.slow)])  # ~1 min under the interpreter
 def test_eagle_drafts_through_replayed_graphs_on_the_kernels(device):
-    """EAGLE's draft layer on the Triton kernels, its tree drafted by replayed graphs (emulated on CPU) over the
-    target's graphed forwards on the same kernels: plain decoding's greedy output, two left-padded rows."""
+    """EAGLE's draft layer on the Triton kernels, its fixed tree grown on the device (a GPU's default) by replayed graphs
+    (emulated on CPU) over the target's graphed forwards on the same kernels: plain decoding's greedy output, two
+    left-padded rows."""
     from helpers import random_eagle
 
     from specdec.drafters.eagle import EagleDrafter
@@ -197,7 +198,7 @@ def test_eagle_drafts_through_replayed_graphs_on_the_kernels(device):
     model = tiny_llama(layers=4, seed=0).to(device)
     target = GraphedDecoder(as_decoder(model, backend=_backend(device)))
     drafter = EagleDrafter(random_eagle(model).to(device), tree=True, min_confidence=0.0, depth=2, top_k=2, expand=2,
-                           backend=_backend(device))
+                           grow_on_device=True, backend=_backend(device))
     drafter.runtime.replay_graphs("auto")
     ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]))
     ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[])
