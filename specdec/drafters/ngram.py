@@ -24,6 +24,7 @@ import torch
 from specdec.config import DrafterConfig
 from specdec.drafters.base import DecodeState, Drafter, DraftRuntime, Proposal, Traits, register
 from specdec.models.backend import Backend
+from specdec.models.graphs import Graphs
 
 
 def lookup(tokens: np.ndarray, k: int, max_ngram: int, min_ngram: int) -> np.ndarray:
@@ -78,6 +79,17 @@ def device_continuations(
     return tokens, found
 
 
+def state_continuations(state: DecodeState, max_tokens: int, graphs: Graphs | None = None, max_ngram: int = 3,
+                        min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B]
+    """:func:`device_continuations` of a decode state's rows, replayed as one graph where ``graphs`` is given (its few
+    dozen small ops would each cost a launch), eagerly otherwise."""
+    def find(seq, seq_lens, pad):
+        return device_continuations(seq, seq_lens, pad, max_tokens, max_ngram, min_ngram)
+
+    inputs = (state.seq, state.seq_lens, state.pad)
+    return find(*inputs) if graphs is None else graphs(find, inputs, key=("lookup", max_tokens, max_ngram, min_ngram))
+
+
 @register("ngram")
 class NgramDrafter(Drafter):
     @dataclass
@@ -114,10 +126,7 @@ class NgramDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         if self.on_device:  # k drafts a row, the genuine ones counted there
-            def find(seq, seq_lens, pad):
-                return device_continuations(seq, seq_lens, pad, k, self.max_ngram, self.min_ngram)
-
-            tokens, found = self.runtime.call(find, (state.seq, state.seq_lens, state.pad), key=("lookup", k))
+            tokens, found = state_continuations(state, k, self.runtime.graphs, self.max_ngram, self.min_ngram)
             return Proposal(tokens=tokens, num_proposed=[k] * tokens.shape[0], counted=found)
         found = [
             lookup(np.asarray(row, dtype=np.int64), k, self.max_ngram, self.min_ngram) if on else np.zeros(0, np.int64)

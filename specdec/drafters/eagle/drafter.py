@@ -262,7 +262,7 @@ class EagleDrafter(Drafter):
         if self.grow_on_device and not sampled and self.min_confidence == 0 and (lookup == 0 or self.lookup_on_device):
             tokens, counted, shape = DeviceGrowth(self, k - lookup, lookup).propose(state, hidden)
             return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * tokens.shape[0], tree=shape,
-                            counted=counted if lookup else None)
+                            counted=counted)
         tree = TreeGrowth(self, state, sampled, self.masks)
         tree.grow(hidden, k - lookup)
         tokens, parents, probs = tree.select(k - lookup)

@@ -173,9 +173,9 @@ class DeviceGrowth:
         self.max_depth = max(min(d.depth, self.n), lookup)  # a bound: a path holds one node a level
 
     def propose(self, state: DecodeState, hidden: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, Tree]:  # hidden [B, H]
-        """The tree's tokens [B, N] (target ids), each row's genuine nodes ([B]: the lookup chain's filler left out) and
-        its shape, chosen on the device."""
+                ) -> tuple[torch.Tensor, torch.Tensor | None, Tree]:  # hidden [B, H]
+        """The tree's tokens [B, N] (target ids), each row's genuine nodes ([B]: the lookup chain's filler left out;
+        None without one: every node is) and its shape, chosen on the device."""
         d = self.d
         graphed = d.runtime.graphs is not None
         kv_len = None if graphed else state.max_seq_len + 1  # graphs attend over the whole cache (see run)
@@ -183,7 +183,7 @@ class DeviceGrowth:
         tokens, found, *shape = d.runtime.call(lambda *inputs: self.run(kv_len, *inputs), inputs,
                                                key=("device_tree", self.n, self.lookup))
         d.runtime.forwards += d.depth - 1
-        return tokens, found + self.n, Tree(*shape, None, self.max_depth)
+        return tokens, found + self.n if self.lookup else None, Tree(*shape, None, self.max_depth)
 
     def run(self, kv_len: int | None, hidden: torch.Tensor, *lookup_inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The growth, the selection and the tree's tensors (:meth:`Tree.on_device`): tokens [B, N], each row's genuine

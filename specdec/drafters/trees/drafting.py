@@ -23,7 +23,7 @@ import torch
 
 from specdec.drafters.base import DecodeState, Proposal
 from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes, path_logprobs
-from specdec.drafters.ngram import device_continuations
+from specdec.drafters.ngram import state_continuations
 from specdec.drafters.trees.lookup_branch import add_branch, below_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, TreePlan
 from specdec.models.graphs import Graphs
@@ -176,14 +176,10 @@ class TreeDrafting:
 
     def add_device_lookup(self, state: DecodeState, tokens: torch.Tensor, tree: Tree | None
                           ) -> tuple[torch.Tensor, Tree, torch.Tensor]:
-        """The lookup branch found on the device (:func:`device_continuations`), a chain of ``lookup`` nodes below
+        """The lookup branch found on the device (:func:`state_continuations`), a chain of ``lookup`` nodes below
         the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
         fixed whatever the rows hold, nothing read back; with each row's genuine branch nodes ([B], on the device)."""
-        def find(seq, seq_lens, pad):
-            return device_continuations(seq, seq_lens, pad, self.lookup)
-
-        inputs = (state.seq, state.seq_lens, state.pad)
-        branch, found = find(*inputs) if self.graphs is None else self.graphs(find, inputs, key=("lookup", self.lookup))
+        branch, found = state_continuations(state, self.lookup, self.graphs)
         parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
         return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device), found
 
