@@ -267,22 +267,41 @@ def random_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:  # [r
     return torch.randint(0, VOCAB, (rows, 4), generator=generator)
 
 
+def markov_draft(markov_target):
+    """The bigram target with a flatter LM head: q differs from p, so sampled drafts are really verified."""
+    import copy
+
+    draft = copy.deepcopy(markov_target)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.6)
+    return draft
+
+
+def markov_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:
+    """[rows, 6]: a σ-run a σa σ²a σ³a, then a σa again, so the lookup proposes σ²a σ³a a σa — good drafts
+    for the bigram target (it puts ~0.7 on σ), often accepted, sometimes not."""
+    a = torch.randint(0, VOCAB, (rows,), generator=generator)
+    run = [a, successor(a, 1), successor(a, 2), successor(a, 3)]
+    return torch.stack(run + run[:2], 1)
+
+
 def drafter_k(drafter: MedusaDrafter) -> int:
     return len(drafter.paths) + drafter.lookup if drafter.paths is not None else drafter.heads.num_heads
 
 
 def sample_and_score(target, drafter, rows=400, new=8, seed=0, prompts=random_prompts, batch=None, rule=None,
-                     k=None):
+                     k=None, decoder=None):
     """Emitted tokens [N], the target's exact conditionals of their prefixes [N, V], positions [N], stats.
     ``prompts(rows, generator)`` makes the prompts; ``batch`` rows are generated at a time (None = all);
     ``rule``: the acceptance rule (None = the drafter's own); ``k``: the lookahead (None = a Medusa drafter's
-    whole proposal)."""
+    whole proposal); ``decoder``: what generates (None = ``target``, which scores)."""
     g = torch.Generator().manual_seed(seed)
     ids = prompts(rows, g)  # [R, P]
     sequences, stats = [], None
     for start in range(0, rows, batch or rows):
         part = ids[start: start + (batch or rows)]
-        out = speculative_generate(target, drafter, part, attention_mask=torch.ones_like(part), k=k or drafter_k(drafter),
+        out = speculative_generate(decoder or target, drafter, part, attention_mask=torch.ones_like(part),
+                                   k=k or drafter_k(drafter),
                                    max_new_tokens=new, temperature=1.0, generator=g, eos_token_id=[], rule=rule)
         sequences += out.sequences
         stats = out.stats if stats is None else stats.merge(out.stats)

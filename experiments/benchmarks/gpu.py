@@ -21,6 +21,10 @@ floor is those bytes over the GPU's read bandwidth, measured here by a short pro
     python experiments/benchmarks/gpu.py --prompts 4 --new 32 --skip eagle medusa draft_model   # --skip: by word
     python experiments/benchmarks/gpu.py --dump-prompts prompts.json --prompts 24   # token ids, on a CPU machine
     python experiments/benchmarks/gpu.py --prompt-file prompts.json                  # on a GPU machine without datasets
+    python experiments/benchmarks/gpu.py --temperature 1 --skip eager torch   # sampled: specdec's rows only
+
+``--temperature T`` > 0 samples every specdec row at T (the exact rule's verdict replays inside the target's graph
+there; transformers' rows, greedy loops, are left out; outputs ≠ plain then differ by chance, not by numerics).
 """
 
 from __future__ import annotations
@@ -161,11 +165,13 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
     with their tracebacks); the table as text."""
     summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": num_prompts,
                "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
-               "torch": torch.__version__, "exact_numerics": args.exact_numerics, "methods": by_name, "failed": failed}
+               "torch": torch.__version__, "exact_numerics": args.exact_numerics, "temperature": args.temperature,
+               "methods": by_name, "failed": failed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, greedy"
+    mode = "greedy" if not args.temperature else f"sampled at T={args.temperature:g} (outputs ≠ plain: by chance)"
+    lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, {mode}"
              + (", target.exact_numerics (specdec's rows but torch ops')" if args.exact_numerics else ""),
              f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
              "| method | batch | τ | tok/s | x plain eager | x plain graphs | step ms (verify + draft) | bandwidth fraction "
@@ -201,6 +207,8 @@ def main() -> None:
     ap.add_argument("--exact-numerics", action="store_true",
                     help="specdec's rows with target.exact_numerics (Backend(exact_numerics=True)): outputs ≠ "
                          "plain then counts where a drafter's output differs from plain decoding's in that mode")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample specdec's rows at this temperature (0: greedy); > 0 leaves transformers' rows out")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -339,14 +347,14 @@ def main() -> None:
     if device.type != "cuda":  # the peer's reduce-overhead mode captures CUDA graphs
         del methods["transformers compiled static cache"]
     methods = {name: spec for name, spec in methods.items()
-               if not (name.startswith("transformers") and "transformers" in args.skip)}
+               if not (name.startswith("transformers") and ("transformers" in args.skip or args.temperature))}
     methods = {name: spec for name, spec in methods.items()
                if name.startswith("plain") or not any(word in name for word in args.skip)}
     by_name = {}
 
     def run(spec, k, ids, mask=None):
         tgt, drafter = spec
-        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask)
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask, temperature=args.temperature)
         start = time.perf_counter()
         if drafter == "peer":
             out = tgt(ids, args.new, eos)

@@ -4,6 +4,8 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py             # plain decoding, n-gram K=3 (host, device), 32 new tokens
     python experiments/studies/step_ops.py --new 64
     python experiments/studies/step_ops.py --eagle     # also EAGLE's trees: dynamic, fixed grown on the host or device
+    python experiments/studies/step_ops.py --medusa    # also Medusa's trees: dynamic, fixed, fixed with a lookup branch
+    python experiments/studies/step_ops.py --medusa --temperature 1   # sampled steps (the exact rule's verdict)
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -77,6 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
     parser.add_argument("--eagle", action="store_true", help="also EAGLE's trees (k=16, a random draft layer)")
+    parser.add_argument("--medusa", action="store_true", help="also Medusa's trees (3 random heads, 8 paths)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
     args = parser.parse_args()
     from helpers import random_eagle, tiny_llama
 
@@ -93,21 +97,42 @@ def main() -> None:
     lookup = NgramDrafter(on_device=True, device="cpu", backend=Backend.emulated_gpu())  # a GPU's: in a graph
     lookup.runtime.replay_graphs("auto")
     new = args.new + 1
-    runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=new, eos_token_id=[]),
+    generator = torch.Generator().manual_seed(0)
+    sampling = dict(temperature=args.temperature, generator=generator)
+    runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=new, eos_token_id=[], **sampling),
             "n-gram K=3": lambda: speculative_generate(decoder, NgramDrafter(), ids, k=3, max_new_tokens=new,
-                                                       eos_token_id=[]),
+                                                       eos_token_id=[], **sampling),
             "n-gram K=3 on the device": lambda: speculative_generate(decoder, lookup, ids, k=3, max_new_tokens=new,
-                                                                     eos_token_id=[])}
+                                                                     eos_token_id=[], **sampling)}
     if args.eagle:
         def eagle(on_device: bool, **settings):
             drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=Backend.emulated_gpu(),
                                    grow_on_device=on_device, **settings)
             drafter.runtime.replay_graphs("auto")
-            return lambda: speculative_generate(decoder, drafter, ids, k=16, max_new_tokens=new, eos_token_id=[])
+            return lambda: speculative_generate(decoder, drafter, ids, k=16, max_new_tokens=new, eos_token_id=[],
+                                                **sampling)
 
         runs["EAGLE dynamic tree (min_confidence 0.05)"] = eagle(True, min_confidence=0.05)
         runs["EAGLE fixed tree grown on the host (TreeGrowth)"] = eagle(False)
         runs["EAGLE fixed tree grown on the device (DeviceGrowth)"] = eagle(True)
+    if args.medusa:
+        from helpers import random_heads
+
+        from specdec.drafters import MedusaDrafter
+
+        paths = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
+
+        def medusa(min_confidence: float, lookup: int):
+            drafter = MedusaDrafter(random_heads(), model.lm_head.weight, paths, min_confidence, lookup=lookup,
+                                    backend=Backend.emulated_gpu(), lookup_on_device=True)
+            drafter.runtime.replay_graphs("auto")
+            k = lookup + len(paths)
+            return lambda: speculative_generate(decoder, drafter, ids, k=k, max_new_tokens=new, eos_token_id=[],
+                                                **sampling)
+
+        runs["Medusa dynamic tree (min_confidence 0.05)"] = medusa(0.05, 0)
+        runs["Medusa fixed tree"] = medusa(0.0, 0)
+        runs["Medusa fixed tree, a lookup branch of 3 on the device"] = medusa(0.0, 3)
     for name, generate in runs.items():
         generate()  # captures and first calls out of the count
         mode.clear()

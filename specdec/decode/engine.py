@@ -13,6 +13,10 @@ counts are worked out on the device, and the host reads a step's tokens after it
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
 gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVCache.compact`).
+
+Where the target replays graphs (a GPU), a step's verdict is captured with its forward (:func:`verify_step`):
+greedy from the argmax, sampled under the exact rule from uniforms drawn in one op before the replay, so a step
+launches one graph and its sampled verdict no op of its own. Elsewhere the rule draws as it walks, as before.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import torch
 from specdec.decode.metrics import DecodeStats
 from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal, graph_runners
 from specdec.models import as_decoder
-from specdec.models.graphs import forward_then
+from specdec.models.graphs import forward_then, replays_graphs
 from specdec.models.loading import stop_token_ids
 from specdec.verify import (EXACT, AcceptanceRule, ExactRule, Tree, accepted_path, emitted_tokens, greedy_chain,
-                            greedy_tree)
+                            greedy_tree, rejection_sample)
+from specdec.verify.tree import tree_draws, verify_tree_drawn
 from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -223,8 +228,10 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
                 capture: tuple[int, ...] = ()) -> StepResult:
     """The target scores [last token, drafts] in one forward (under the tree's mask for a tree) and the rule
     keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
-    drafter's feature layers, returned along the kept positions. Greedy, the forward and the verdict are one
-    graph replay where the target replays graphs (:func:`_greedy_verdict`)."""
+    drafter's feature layers, returned along the kept positions. Where the target replays graphs the forward and the
+    verdict are one graph replay: greedy (:func:`_greedy_verdict`), and sampled under the exact rule
+    (:func:`_sampled_verdict`, over uniforms drawn before it); greedy needs no graphs to skip the [B, K'+1, V]
+    distributions. Elsewhere a sampled step's rule draws as it walks."""
     params, tree = state.sampling, proposal.tree
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
     greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
@@ -233,10 +240,19 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
                                capture=capture)
         return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
     block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
-    if greedy:
-        outputs = forward_then(decoder, functools.partial(_greedy_verdict, tree), _verdict_key(tree), block, cache,
-                               kv_len=kv_len, extra=() if tree is None else (tree.children,),
-                               tree_mask=None if tree is None else tree.mask,
+    children = () if tree is None else (tree.children,)
+    if greedy or (type(rule) is ExactRule and replays_graphs(decoder, cache)):
+        if greedy:
+            then, extra = functools.partial(_greedy_verdict, tree), children
+        else:  # sampled: the uniforms drawn first, in one op; the verdict replays with the forward
+            draws = proposal.tokens.shape[1] + 1 if tree is None else tree_draws(tree)
+            uniforms = torch.rand(block.shape[0], draws, generator=state.generator, device=block.device,
+                                  dtype=torch.float64)
+            drafted = () if proposal.probs is None else (proposal.probs,)
+            then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
+            extra = (uniforms,) + children + drafted
+        outputs = forward_then(decoder, then, _verdict_key(tree, None if greedy else params), block, cache,
+                               kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
                                depths=None if tree is None else tree.depths, capture=capture)
         num_accepted, next_tokens, emitted, path, hidden, *kept = outputs
         return StepResult(num_accepted, next_tokens, emitted, None if tree is None else path, hidden,
@@ -270,16 +286,23 @@ def _kept(drafts: torch.Tensor, num_accepted: torch.Tensor, next_tokens: torch.T
     return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at], kept)
 
 
-def _verdict_key(tree: Tree | None) -> tuple:
-    """What fixes :func:`_greedy_verdict` beside its tensors: a tree's shape (a graph bakes in the walk's depth)."""
-    return "greedy", None if tree is None else tree.shape_key
+def _verdict_key(tree: Tree | None, params: SamplingParams | None = None) -> tuple:
+    """What fixes a verdict in a graph beside its tensors: greedy or the sampling settings (``params``), and a tree's
+    shape (a graph bakes in the walk's depth)."""
+    return "greedy" if params is None else ("sampled", params), None if tree is None else tree.shape_key
+
+
+def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
+    """A verdict as a graph's outputs: num_accepted, next_tokens, emitted, the accepted path (a chain: num_accepted
+    again, unread), the hidden state where the next token was predicted, the kept feature layers where captured."""
+    path = step.num_accepted if step.path is None else step.path
+    return (step.num_accepted, step.next_tokens, step.emitted, path, step.hidden) + (
+        () if step.features is None else (step.features,))
 
 
 def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The greedy verdict of a forward over ``block`` [B, K'+1] (``rest``: a tree's children [N+1, W], then the
-    forward's logits, hidden states and feature layers), as tensors (one graph's outputs): num_accepted, next_tokens,
-    emitted, the accepted path (a chain: num_accepted again, unread), the hidden state where the next token was
-    predicted, the kept feature layers where captured."""
+    forward's logits, hidden states and feature layers), as tensors (one graph's outputs, :func:`_step_outputs`)."""
     if tree is not None:
         tree = dataclasses.replace(tree, children=rest[0])  # the children copied into the graph's input
         rest = rest[1:]
@@ -290,9 +313,26 @@ def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor)
     else:
         nodes, num_accepted, next_tokens = greedy_tree(tree, block[:, 1:], best)
         step = _kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features)
-    path = step.num_accepted if step.path is None else step.path
-    return (step.num_accepted, step.next_tokens, step.emitted, path, step.hidden) + (
-        () if step.features is None else (step.features,))
+    return _step_outputs(step)
+
+
+def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, block: torch.Tensor,
+                     uniforms: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The exact rule's sampled verdict of a forward over ``block`` [B, K'+1], in ops a graph captures with the
+    forward: ``uniforms`` drawn before it (:func:`~specdec.verify.rejection_sample`'s, :func:`tree_draws`'), then in
+    ``rest`` a tree's children [N+1, W], the drafts' q [B, K', V] where ``drafted`` (else one-hot), the forward's
+    logits, hidden states and feature layers. Outputs as :func:`_greedy_verdict`'s."""
+    if tree is not None:
+        tree = dataclasses.replace(tree, children=rest[0])
+        rest = rest[1:]
+    draft_probs = rest[0] if drafted else None
+    logits, hidden, *features = rest[int(drafted):]
+    target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
+    if tree is None:
+        num_accepted, next_tokens = rejection_sample(block[:, 1:], draft_probs, target_probs, uniforms=uniforms)
+        return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, None, hidden, features))
+    nodes, num_accepted, next_tokens = verify_tree_drawn(tree, block[:, 1:], draft_probs, target_probs, uniforms)
+    return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features))
 
 
 def _plain_verdict(ids: torch.Tensor, logits: torch.Tensor, hidden: torch.Tensor, *features: torch.Tensor

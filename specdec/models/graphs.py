@@ -297,13 +297,17 @@ class GraphedDecoder:
         return self.forward_then(_outputs, "forward", input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
                                  depths=depths, capture=capture)
 
+    def replaying(self, cache: KVCache) -> bool:
+        """Whether forwards on ``cache`` replay graphs: graphs replay here, and it is the kept cache."""
+        return self.enabled and cache is self.graphs.kept
+
     def forward_then(self, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
                      cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
                      tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
                      capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
         """:func:`forward_then` on this decoder: the forward and ``then`` captured together, one graph replay a step
         (the kept cache, graphs replaying); else the forward, then ``then``, eagerly."""
-        if not self.enabled or cache is not self.graphs.kept:
+        if not self.replaying(cache):
             return then(input_ids, *extra, *self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
                                                            depths=depths, capture=capture))
         capture = tuple(capture)
@@ -338,6 +342,11 @@ def forward_then(decoder, then: Callable[..., tuple[torch.Tensor, ...]], key: An
                                     depths=depths, capture=capture)
     return then(input_ids, *extra, *decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
                                             capture=capture))
+
+
+def replays_graphs(decoder, cache: KVCache) -> bool:
+    """Whether ``decoder``'s forwards on ``cache`` (and :func:`forward_then`'s work after them) replay graphs."""
+    return isinstance(decoder, GraphedDecoder) and decoder.replaying(cache)
 
 
 COMPILE_MODES = ("auto", "none", "cuda_graphs", "compiled_graphs")

@@ -22,6 +22,7 @@ def accept_drafts(
     draft_probs: torch.Tensor | None,  # [B, K, V] or None (one-hot q)
     target_probs: torch.Tensor,  # [B, K+1, V]
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,  # [B, K] in [0, 1): drawn already (None: drawn here)
 ) -> torch.Tensor:  # num_accepted [B] in [0, K]
     """Accept draft i with probability min(1, p_i(x_i) / q_i(x_i)); keep the prefix before the first rejection."""
     batch, k = draft_tokens.shape
@@ -34,7 +35,8 @@ def accept_drafts(
         q_draft = torch.ones_like(p_draft)
     else:
         q_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
-    u = torch.rand(p_draft.shape, generator=generator, device=p_draft.device, dtype=p_draft.dtype)
+    u = (torch.rand(p_draft.shape, generator=generator, device=p_draft.device, dtype=p_draft.dtype)
+         if uniforms is None else uniforms)
     # u < p/q written without the division: accepts with probability min(1, p/q), never when p = 0.
     accepted = u * q_draft < p_draft  # [B, K]
     return accepted.long().cumprod(-1).sum(-1)
@@ -71,15 +73,20 @@ def rejection_sample(
     draft_probs: torch.Tensor | None,  # [B, K, V], or None for deterministic drafts (one-hot q)
     target_probs: torch.Tensor,  # [B, K+1, V]: K draft positions, then the bonus position
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,  # [B, K+1] float64 in [0, 1): drawn already (None: drawn here)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # num_accepted [B] in [0, K], next_tokens [B]
     """Verify a chain of K draft tokens per row.
 
     Row b emits ``draft_tokens[b, :num_accepted[b]]`` then ``next_tokens[b]``: the recovered token
-    if a draft was rejected, else the bonus token.
+    if a draft was rejected, else the bonus token. ``uniforms`` (a graph's, drawn before it replays): column i < K
+    decides draft i, column K draws the next token; None draws them from ``generator`` here.
     """
-    num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator)
+    k = draft_tokens.shape[1]
+    num_accepted = accept_drafts(draft_tokens, draft_probs, target_probs, generator,
+                                 None if uniforms is None else uniforms[:, :k])
     next_probs = next_token_probs(num_accepted, draft_tokens, draft_probs, target_probs)
-    return num_accepted, sample(next_probs, generator)  # sample() normalises by the row total
+    # sample() normalises by the row total
+    return num_accepted, sample(next_probs, generator, None if uniforms is None else uniforms[:, k])
 
 
 def greedy_chain(

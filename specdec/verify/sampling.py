@@ -74,10 +74,13 @@ def logits_to_probs(
 def sample(
     probs: torch.Tensor,  # [..., V]
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,  # [...] float64 in [0, 1): drawn already (None: drawn here)
 ) -> torch.Tensor:  # [...] long
-    """Draw one token per row of ``probs`` with ``generator`` (inverse-CDF, one uniform per row)."""
+    """Draw one token per row of ``probs`` with ``generator`` (inverse-CDF, one uniform per row), or with the
+    ``uniforms`` given (a graph's: drawn before it replays)."""
     flat = probs.reshape(-1, probs.shape[-1])
-    u = torch.rand(flat.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    u = (torch.rand(flat.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+         if uniforms is None else uniforms.reshape(-1, 1))
     cdf = flat.double().cumsum(-1)
     # First index whose CDF exceeds u·total: a zero-probability token never is (its CDF step is 0).
     # Scaling by the row total keeps rows that do not sum exactly to 1 in range.

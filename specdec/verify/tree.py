@@ -134,12 +134,14 @@ def walk_tree(
     target_probs: torch.Tensor,  # [B, N+1, V]: p at the root, then at each node
     generator: torch.Generator | None = None,
     residual: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_after_rejection,
+    uniforms: torch.Tensor | None = None,  # [B, >= D·W] in [0, 1): drawn already (None: drawn here)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     # accepted_nodes [B, D], num_accepted [B], end [B], next_probs [B, V]
     """The accept/reject walk of :func:`verify_tree`, without the final draw. ``end`` is the block position
     where each row's walk stopped (0 = the root); ``next_probs`` is the distribution the next token is drawn
     from there: the final residual (recovered token), or p at ``end`` when it is a leaf (bonus token).
-    ``residual`` is replaceable only to plant bugs in tests."""
+    ``uniforms`` (a graph's): column d·W + j decides the j-th child tried at depth d (:func:`tree_draws`); None
+    draws each from ``generator`` as it is tried. ``residual`` is replaceable only to plant bugs in tests."""
     batch, n = draft_tokens.shape
     if target_probs.shape[:2] != (batch, n + 1) or tree.num_nodes != n:
         raise ValueError(f"a tree of {tree.num_nodes} nodes needs draft_tokens [B, {tree.num_nodes}] and target_probs "
@@ -163,7 +165,8 @@ def walk_tree(
                 q = torch.zeros_like(p).scatter_(-1, x[:, None], 1.0)  # [B, V] one-hot
             else:
                 q = draft_probs[rows, idx]  # [B, V]
-            u = torch.rand(batch, generator=generator, device=device, dtype=p.dtype)
+            u = (torch.rand(batch, generator=generator, device=device, dtype=p.dtype) if uniforms is None
+                 else uniforms[:, d * kids.shape[1] + j])
             # u < p/q without the division: accepts with probability min(1, p/q), never when p = 0.
             ok = trying & (u * q[rows, x] < p[rows, x])
             chosen = torch.where(ok, kid, chosen)
@@ -175,6 +178,98 @@ def walk_tree(
         alive &= moved
     num_accepted = (accepted_nodes >= 0).sum(-1)
     return accepted_nodes, num_accepted, node, p
+
+
+def tree_draws(tree: Tree) -> int:
+    """The uniforms a tree's sampled verdict reads when drawn before it (:func:`verify_tree`'s ``uniforms``): one per
+    child tried, depth by depth (D levels × W children a node at most), then one for the next token."""
+    return tree.max_depth * tree.children.shape[1] + 1
+
+
+def untried_mass(p_tried: torch.Tensor) -> torch.Tensor:  # [B, W] -> [B, W]
+    """What is left of p when a node's j-th child is tried: 1 less the mass of the (distinct) siblings rejected
+    before it, which the residual's renormalisation divides by (:func:`onehot_walk`). A function of its own so that
+    a test can plant the missing renormalisation here too."""
+    return 1 - (p_tried.cumsum(-1) - p_tried)
+
+
+def onehot_walk(
+    tree: Tree,
+    draft_tokens: torch.Tensor,  # [B, N] long, deterministic nodes (one-hot q)
+    target_probs: torch.Tensor,  # [B, N+1, V]
+    uniforms: torch.Tensor,  # [B, D·W + 1] float64 in [0, 1) (:func:`tree_draws`)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+    """:func:`verify_tree` for deterministic nodes (one-hot q: Medusa's and EAGLE's fixed candidates, a lookup branch)
+    in ops over the children alone, the siblings of a level at once: where :func:`walk_tree` builds and renormalises a
+    [B, V] residual per sibling tried, this reads p at the children's tokens. With one-hot q the residual after
+    rejecting x is p less x's mass, renormalised, so the j-th child x_j is accepted with probability
+    p(x_j) / (1 − Σ p(x_i)) over the distinct siblings i < j before it (0 for a token a sibling before it held), and
+    a level's first accepted child is the one the walk would stop at, its later uniforms unread. Where every child
+    of the last node is rejected, the next token is drawn from p there less all of theirs. The same law as
+    :func:`verify_tree` (tested by the same statistics); not the same draws, as its uniforms are laid out apart."""
+    batch, n = draft_tokens.shape
+    if target_probs.shape[:2] != (batch, n + 1) or tree.num_nodes != n:
+        raise ValueError(f"a tree of {tree.num_nodes} nodes needs draft_tokens [B, {tree.num_nodes}] and target_probs "
+                         f"[B, {tree.num_nodes + 1}, V]; got {list(draft_tokens.shape)} and {list(target_probs.shape)}")
+    device, width = draft_tokens.device, tree.children.shape[1]
+    rows = torch.arange(batch, device=device)
+    block_tokens = torch.cat([torch.zeros_like(draft_tokens[:, :1]), draft_tokens], 1)  # [B, N+1], the root's unread
+    node = torch.zeros(batch, dtype=torch.long, device=device)  # [B] block position
+    alive = torch.ones(batch, dtype=torch.bool, device=device)  # [B] still descending
+    refused = torch.zeros(batch, dtype=torch.bool, device=device)  # [B] stopped where every child was rejected
+    accepted_nodes = torch.full((batch, tree.max_depth), -1, dtype=torch.long, device=device)
+
+    def level(at: torch.Tensor):  # the children of each row's node [B]: block positions, tokens, which exist
+        kids = tree.children[at]  # [B, W], -1 = none
+        return kids, block_tokens.gather(1, kids.clamp(min=0)), kids >= 0
+
+    for d in range(tree.max_depth):
+        kids, tokens, real = level(node)
+        p_kid = target_probs[rows[:, None], node[:, None], tokens]  # [B, W]: p at the node, at each child's token
+        p_kid = torch.where(real & ~repeated_tokens(tokens, real), p_kid, 0)
+        # u < p(x_j) / untried mass, without the division; never where p(x_j) = 0 (round-off may leave the mass <= 0)
+        hit = (uniforms[:, d * width:(d + 1) * width] * untried_mass(p_kid) < p_kid) & (p_kid > 0)
+        found = hit.any(-1)
+        refused |= alive & real.any(-1) & ~found
+        alive &= found
+        chosen = kids[rows, hit.int().argmax(-1)]  # the first accepted child
+        accepted_nodes[:, d] = torch.where(alive, chosen - 1, -1)
+        node = torch.where(alive, chosen, node)
+    _, tokens, real = level(node)
+    residual = without_rejected(target_probs[rows, node], tokens, real & refused[:, None])
+    return accepted_nodes, (accepted_nodes >= 0).sum(-1), sample(residual, uniforms=uniforms[:, -1])
+
+
+def repeated_tokens(tokens: torch.Tensor, real: torch.Tensor) -> torch.Tensor:  # [B, W], [B, W] -> [B, W] bool
+    """Which children hold a token an earlier sibling (of those that exist, ``real``) holds: after that sibling's
+    rejection the residual gives it nothing, so it is never accepted and its mass is not taken away again."""
+    width = tokens.shape[1]
+    before = torch.ones(width, width, dtype=torch.bool, device=tokens.device).tril(-1)  # [W, W]: i is tried before j
+    return ((tokens[:, :, None] == tokens[:, None, :]) & real[:, None, :] & before).any(-1)
+
+
+def without_rejected(p: torch.Tensor, tokens: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """p [B, V] less the mass of the ``rejected`` [B, W] children's ``tokens`` [B, W]: what the next token is drawn
+    from (unnormalised) where every child of the walk's last node was rejected; p itself where none was (a leaf), or
+    where nothing is left (round-off). :func:`onehot_walk`'s last step, apart so that a test can plant it."""
+    tried = torch.zeros_like(p).scatter_add_(1, tokens, rejected.to(p.dtype))
+    residual = torch.where(tried > 0, 0, p)
+    return torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+
+
+def verify_tree_drawn(
+    tree: Tree,
+    draft_tokens: torch.Tensor,  # [B, N] long
+    draft_probs: torch.Tensor | None,  # [B, N, V], or None for deterministic nodes (one-hot q)
+    target_probs: torch.Tensor,  # [B, N+1, V]
+    uniforms: torch.Tensor,  # [B, D·W + 1] float64 in [0, 1) (:func:`tree_draws`)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # accepted_nodes [B, D], num_accepted [B], next_tokens [B]
+    """:func:`verify_tree` over uniforms drawn before it, as a captured graph runs it (nothing drawn inside):
+    deterministic nodes by :func:`onehot_walk`, drawn ones by the general walk."""
+    if draft_probs is None:
+        return onehot_walk(tree, draft_tokens, target_probs, uniforms)
+    nodes, num_accepted, _, next_probs = walk_tree(tree, draft_tokens, draft_probs, target_probs, uniforms=uniforms)
+    return nodes, num_accepted, sample(next_probs, uniforms=uniforms[:, -1])
 
 
 def accepted_path(accepted_nodes: torch.Tensor) -> torch.Tensor:  # [B, D] -> [B, D+1] long

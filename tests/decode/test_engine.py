@@ -1,6 +1,7 @@
 """Decode loop on tiny random models: greedy identity, EOS, max_new_tokens, determinism, stats, and the one
 acceptance rule it verifies chains and trees with."""
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_llama
@@ -420,7 +421,7 @@ def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(ti
     assert graphed.replays > graphed.captures
     from specdec.decode import engine
 
-    monkeypatch.setattr(engine, "_verdict_key", lambda tree: ("greedy",))  # planted: every tree under one key
+    monkeypatch.setattr(engine, "_verdict_key", lambda tree, params=None: ("greedy",))  # planted: one key for all
     fresh = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
     assert run(fresh, trees[::-1]) != run(tiny_target, trees[::-1])  # the chain walked only as deep as the siblings
 
@@ -443,3 +444,64 @@ def test_the_sampling_settings_as_one_object(tiny_target):
         sampled(sampling=SamplingParams(0.8), temperature=0.8)
     with pytest.raises(TypeError, match="SamplingParams"):
         sampled(sampling={"temperature": 0.8})
+
+
+# --- the sampled verdict inside the target's graph -----------------------------------------------------------
+
+
+def _graphed_drafting(markov_target, kind: str):
+    """A graphed bigram target (emulated on CPU, as a GPU replays it) and a drafter whose work replays graphs too."""
+    from helpers import PATHS, markov_draft, markov_heads
+
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.models import Backend, as_decoder
+    from specdec.models.graphs import GraphedDecoder
+
+    backend = Backend.emulated_gpu()
+    decoder = GraphedDecoder(as_decoder(markov_target, backend=backend))
+    if kind == "chain-q":  # a sampled chain: the draft model reports the q it drew from
+        drafter, k = DraftModelDrafter(markov_draft(markov_target), backend=backend), 3
+    else:  # fixed candidates (one-hot q); a lookup branch's tokens may repeat a head's at the root
+        lookup = 4 if kind == "tree-lookup" else 0
+        drafter = MedusaDrafter(markov_heads(), markov_target.lm_head.weight, PATHS, lookup=lookup, backend=backend,
+                                lookup_on_device=True)
+        k = len(PATHS) + lookup
+    drafter.runtime.replay_graphs("auto")
+    return decoder, drafter, k
+
+
+@pytest.mark.parametrize("kind", ["chain-q", "tree", "tree-lookup"])
+def test_the_sampled_verdict_in_the_targets_graph_is_exact(markov_target, kind):
+    """At T=1 where the target replays graphs, the exact rule runs inside the step's graph over uniforms drawn before
+    it (a chain with its drafts' q; a tree of fixed candidates by the siblings-at-once walk, repeated tokens
+    included): the emitted tokens pass the exactness test against the target's conditionals, with drafts accepted."""
+    from helpers import markov_prompts, sample_and_score
+
+    from specdec.exactness.stats import exactness_test
+
+    decoder, drafter, k = _graphed_drafting(markov_target, kind)
+    tokens, probs, positions, stats = sample_and_score(markov_target, drafter, k=k, prompts=markov_prompts,
+                                                       decoder=decoder, seed=4)
+    assert stats.mean_accepted_length > 1.3 and decoder.replays >= stats.target_forwards
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert not verdict.reject, verdict
+
+
+@pytest.mark.parametrize("bug", ["no renormalisation", "recovered from p"])
+def test_a_planted_bug_in_the_graphs_tree_walk_is_caught(markov_target, monkeypatch, bug):
+    """The same test rejects the graph's tree walk with a planted bug: a later sibling tested against p not
+    renormalised after the earlier ones' rejection, or the next token drawn from p where every child was rejected."""
+    from helpers import markov_prompts, sample_and_score
+
+    from specdec.exactness.stats import exactness_test
+    from specdec.verify import tree
+
+    if bug == "no renormalisation":
+        monkeypatch.setattr(tree, "untried_mass", torch.ones_like)
+    else:
+        monkeypatch.setattr(tree, "without_rejected", lambda p, tokens, rejected: p)
+    decoder, drafter, k = _graphed_drafting(markov_target, "tree")
+    tokens, probs, positions, _ = sample_and_score(markov_target, drafter, k=k, prompts=markov_prompts,
+                                                   decoder=decoder, seed=4)
+    verdict = exactness_test(probs, tokens, rng=np.random.default_rng(0), alpha=0.01, positions=positions)
+    assert verdict.reject, verdict

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from helpers import check_export_force, shipped_drafter_taus, tiny_llama
+from helpers import check_export_force, markov_draft, shipped_drafter_taus, tiny_llama
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import DraftModelDrafter
@@ -448,16 +448,6 @@ def test_on_policy_examples_are_the_students_samples_scored_by_the_target(target
 
 
 # --- draft length (confidence stop, heuristic schedule) and the restricted draft vocabulary -------------------
-
-
-def markov_draft(markov_target):
-    """The bigram target with a flatter LM head: q differs from p, so sampled drafts are really verified."""
-    import copy
-
-    draft = copy.deepcopy(markov_target)
-    with torch.no_grad():
-        draft.lm_head.weight.mul_(0.6)
-    return draft
 
 
 @pytest.mark.parametrize("options", [dict(confidence=0.9), dict(schedule="heuristic"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import PATHS, VOCAB, NoRenormalisation, markov_heads, random_heads, sample_and_score, successor
+from helpers import PATHS, NoRenormalisation, markov_heads, markov_prompts, random_heads, sample_and_score
 
 import specdec.drafters.trees.drafting
 from specdec import autoregressive_generate, speculative_generate
@@ -123,14 +123,6 @@ def test_batch_rows_hang_their_continuations_below_the_root_first(tiny_target):
 
 
 # --- exact sampling through the engine ---------------------------------------------------------------------
-
-
-def markov_prompts(rows: int, generator: torch.Generator) -> torch.Tensor:
-    """[rows, 6]: a σ-run a σa σ²a σ³a, then a σa again, so the lookup proposes σ²a σ³a a σa — good drafts
-    for the bigram target (it puts ~0.7 on σ), often accepted, sometimes not."""
-    a = torch.randint(0, VOCAB, (rows,), generator=generator)
-    run = [a, successor(a, 1), successor(a, 2), successor(a, 3)]
-    return torch.stack(run + run[:2], 1)
 
 
 @pytest.mark.parametrize("batch", [1, 400], ids=["batch1-merged", "batch400-branch"])

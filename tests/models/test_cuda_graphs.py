@@ -333,17 +333,34 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
     assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
 
 
-def test_cuda_graphs_sample_as_eager_does(graph_device):
-    """At T=1 the graphed target draws the same tokens as the eager one from the same seed (sampling is
-    outside the graph; the forward's numbers are the same)."""
+@pytest.mark.parametrize("tree", [False, True], ids=["chain-q", "tree-one-hot"])
+def test_cuda_graphs_sample_as_eager_does(graph_device, monkeypatch, tree):
+    """At T=1 the graphed target's sampled verdict replays with its forward, over uniforms drawn before the replay:
+    the same tokens from the same seed as that verdict computed eagerly after an eager forward (a sampled draft
+    model's chain with its q; a Medusa tree of fixed candidates), and one graph a step."""
+    from helpers import PATHS, random_heads
+
+    from specdec.decode import engine
+    from specdec.drafters.medusa import MedusaDrafter
+
     model = tiny_llama(layers=2).to(graph_device)
     graphed = _graphed(model)
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
-    runs = [speculative_generate(target, DraftModelDrafter(model, num_layers=1, backend=_backend(model)), ids, k=3,
-                                 max_new_tokens=20, temperature=1.0,
-                                 generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]).sequences
-            for target in (_eager(model), graphed)]
-    assert runs[0] == runs[1]
+
+    def run(target):
+        drafter = (MedusaDrafter(random_heads(scale=1.0).to(graph_device), model.lm_head.weight, PATHS, 0.0,
+                                 backend=_backend(model)) if tree
+                   else DraftModelDrafter(model, num_layers=1, backend=_backend(model)))
+        out = speculative_generate(target, drafter, ids, k=len(PATHS) if tree else 3, max_new_tokens=20,
+                                   temperature=1.0, generator=torch.Generator(graph_device).manual_seed(1),
+                                   eos_token_id=[])
+        return out.sequences, out.stats.target_forwards
+
+    tokens, steps = run(graphed)
+    assert graphed.replays >= steps  # every step's forward and verdict: one replay
+    assert any(key[0][1][0][0] == "sampled" for key in graphed.graphs._graphs)
+    monkeypatch.setattr(engine, "replays_graphs", lambda decoder, cache: True)  # the same verdict, eagerly
+    assert run(_eager(model)) == (tokens, steps)
 
 
 def test_graph_captures_are_left_out_of_the_decode_times(graph_device):

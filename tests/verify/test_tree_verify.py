@@ -22,6 +22,7 @@ from specdec.exactness.stats import chi2_goodness_of_fit, holm
 from specdec.jobs.data import left_pad
 from specdec.models.cache import KVCache
 from specdec.verify import Tree, greedy_tree, residual_after_rejection, verify_tree
+from specdec.verify.tree import tree_draws, verify_tree_drawn
 from specdec.verify.sampling import logits_to_probs, sample
 
 V, M, LENGTH = 8, 3, 6
@@ -49,14 +50,15 @@ def draft_tree(tree: Tree, q: torch.Tensor, mode: str, g: torch.Generator):
     probs = q.clone()
     for kids in _siblings(tree):
         for j, node in enumerate(kids):
-            if mode == "topk":
-                tokens[:, node] = q[:, node].topk(j + 1, dim=-1).indices[:, j]
+            if mode in ("topk", "repeated"):  # "repeated": a second sibling repeats the first's token (a lookup's)
+                rank = 0 if mode == "repeated" and j == 1 else j
+                tokens[:, node] = q[:, node].topk(rank + 1, dim=-1).indices[:, rank]
                 continue
             for elder in kids[:j]:  # renormalised q without the elder siblings' tokens
                 probs[:, node].scatter_(1, tokens[:, elder, None], 0.0)
             probs[:, node] /= probs[:, node].sum(-1, keepdim=True)
             tokens[:, node] = sample(probs[:, node], g)
-    return tokens, None if mode == "topk" else probs
+    return tokens, None if mode in ("topk", "repeated") else probs
 
 
 def simulate(mode, temperature, verify=verify_tree, rows=20000, seed=0, parents=PARENTS):
@@ -123,6 +125,34 @@ def test_planted_bug_no_renormalisation_is_caught(mode):
 def test_planted_verifier_bugs_are_caught_in_trees(bug, mode):
     tokens, target = simulate(mode, 1.0, verify=planted.VERIFIER_BUGS[bug].tree, seed=6)
     assert rejects(tokens, target), f"planted bug {bug} went undetected in a tree ({mode})"
+
+
+def drawn_first(tree, tokens, probs, target_probs, g):
+    """:func:`verify_tree_drawn` (a graph's verdict) over uniforms drawn from ``g`` before it."""
+    return verify_tree_drawn(tree, tokens, probs, target_probs,
+                             torch.rand(tokens.shape[0], tree_draws(tree), generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", MODES + ["repeated"])
+def test_the_rule_over_uniforms_drawn_first_reproduces_target(mode):
+    """The tree rule a graph runs (uniforms drawn before it; fixed candidates walked a level's siblings at once,
+    drawn ones by the general walk) is exact too, a sibling repeating a token before it included."""
+    tokens, target = simulate(mode, 1.0, verify=drawn_first, seed=20 + (MODES + ["repeated"]).index(mode))
+    assert not rejects(tokens, target)
+
+
+@pytest.mark.parametrize("bug", ["no renormalisation", "recovered from p", "a repeated token tried again"])
+def test_planted_bugs_in_the_siblings_at_once_walk_are_caught(bug, monkeypatch):
+    from specdec.verify import tree as module
+
+    if bug == "no renormalisation":
+        monkeypatch.setattr(module, "untried_mass", torch.ones_like)
+    elif bug == "recovered from p":
+        monkeypatch.setattr(module, "without_rejected", lambda p, tokens, rejected: p)
+    else:  # its mass taken away twice, and the repeat accepted as if it were new
+        monkeypatch.setattr(module, "repeated_tokens", lambda tokens, real: torch.zeros_like(real))
+    tokens, target = simulate("repeated" if bug.startswith("a repeated") else "topk", 1.0, verify=drawn_first, seed=7)
+    assert rejects(tokens, target), f"{bug} went undetected"
 
 
 def test_false_positive_rate_is_nominal():
