@@ -196,7 +196,7 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
 
 
 def main() -> None:
-    ap = benchmark_parser(__doc__, prompts=24, prompt_file=True)  # --source mix: half MT-Bench, half HumanEval
+    ap = benchmark_parser(__doc__, prompts=24, prompt_file=True, temperature=True)  # --source mix: MT-Bench, HumanEval
     ap.add_argument("--dump-prompts", default=None, help="write the prompts' token ids to this file and stop")
     ap.add_argument("--batch", type=int, default=8, help="the batched comparison's batch size (0: skip it)")
     ap.add_argument("--compile", action="store_true", help="also run plain decoding with torch.compile + graphs")
@@ -207,8 +207,6 @@ def main() -> None:
     ap.add_argument("--exact-numerics", action="store_true",
                     help="specdec's rows with target.exact_numerics (Backend(exact_numerics=True)): outputs ≠ "
                          "plain then counts where a drafter's output differs from plain decoding's in that mode")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="sample specdec's rows at this temperature (0: greedy); > 0 leaves transformers' rows out")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -355,6 +353,8 @@ def main() -> None:
     def run(spec, k, ids, mask=None):
         tgt, drafter = spec
         kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask, temperature=args.temperature)
+        if args.temperature:  # each method its own generator, seeded by the prompt
+            kwargs["generator"] = torch.Generator(ids.device).manual_seed(int(ids.sum()))
         start = time.perf_counter()
         if drafter == "peer":
             out = tgt(ids, args.new, eos)

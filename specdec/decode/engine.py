@@ -15,8 +15,8 @@ A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the t
 gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVCache.compact`).
 
 Where the target replays graphs (a GPU), a step's verdict is captured with its forward (:func:`verify_step`):
-greedy from the argmax, sampled under the exact rule from uniforms drawn in one op before the replay, so a step
-launches one graph and its sampled verdict no op of its own. Elsewhere the rule draws as it walks, as before.
+greedy from the argmax, sampled under the exact rule from uniforms drawn in one op before the replay (as the eager
+rule draws them), so a step launches one graph and its sampled verdict no op of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from specdec.models.loading import stop_token_ids
 from specdec.verify import (EXACT, AcceptanceRule, ExactRule, Tree, accepted_path, emitted_tokens, greedy_chain,
                             greedy_tree, rejection_sample)
 from specdec.verify.tree import tree_draws, verify_tree_drawn
-from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample, uniforms
 
 
 @dataclass
@@ -230,8 +230,8 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
     drafter's feature layers, returned along the kept positions. Where the target replays graphs the forward and the
     verdict are one graph replay: greedy (:func:`_greedy_verdict`), and sampled under the exact rule
-    (:func:`_sampled_verdict`, over uniforms drawn before it); greedy needs no graphs to skip the [B, K'+1, V]
-    distributions. Elsewhere a sampled step's rule draws as it walks."""
+    (:func:`_sampled_verdict`, over uniforms drawn before it, the tokens the eager rule draws); greedy needs no graphs
+    to skip the [B, K'+1, V] distributions."""
     params, tree = state.sampling, proposal.tree
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
     greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
@@ -246,11 +246,9 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
             then, extra = functools.partial(_greedy_verdict, tree), children
         else:  # sampled: the uniforms drawn first, in one op; the verdict replays with the forward
             draws = proposal.tokens.shape[1] + 1 if tree is None else tree_draws(tree)
-            uniforms = torch.rand(block.shape[0], draws, generator=state.generator, device=block.device,
-                                  dtype=torch.float64)
             drafted = () if proposal.probs is None else (proposal.probs,)
             then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
-            extra = (uniforms,) + children + drafted
+            extra = (uniforms(block.shape[0], draws, state.generator, block.device),) + children + drafted
         outputs = forward_then(decoder, then, _verdict_key(tree, None if greedy else params), block, cache,
                                kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
                                depths=None if tree is None else tree.depths, capture=capture)
@@ -317,11 +315,12 @@ def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor)
 
 
 def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, block: torch.Tensor,
-                     uniforms: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                     drawn: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The exact rule's sampled verdict of a forward over ``block`` [B, K'+1], in ops a graph captures with the
-    forward: ``uniforms`` drawn before it (:func:`~specdec.verify.rejection_sample`'s, :func:`tree_draws`'), then in
-    ``rest`` a tree's children [N+1, W], the drafts' q [B, K', V] where ``drafted`` (else one-hot), the forward's
-    logits, hidden states and feature layers. Outputs as :func:`_greedy_verdict`'s."""
+    forward: the uniforms ``drawn`` before it (:class:`~specdec.verify.ExactRule`'s, so the same tokens as the eager
+    rule from the same generator), then in ``rest`` a tree's children [N+1, W], the drafts' q [B, K', V] where
+    ``drafted`` (else one-hot), the forward's logits, hidden states and feature layers. Outputs as
+    :func:`_greedy_verdict`'s."""
     if tree is not None:
         tree = dataclasses.replace(tree, children=rest[0])
         rest = rest[1:]
@@ -329,9 +328,9 @@ def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, b
     logits, hidden, *features = rest[int(drafted):]
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     if tree is None:
-        num_accepted, next_tokens = rejection_sample(block[:, 1:], draft_probs, target_probs, uniforms=uniforms)
+        num_accepted, next_tokens = rejection_sample(block[:, 1:], draft_probs, target_probs, uniforms=drawn)
         return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, None, hidden, features))
-    nodes, num_accepted, next_tokens = verify_tree_drawn(tree, block[:, 1:], draft_probs, target_probs, uniforms)
+    nodes, num_accepted, next_tokens = verify_tree_drawn(tree, block[:, 1:], draft_probs, target_probs, drawn)
     return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features))
 
 

@@ -15,7 +15,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from specdec.verify.chain import rejection_sample
-from specdec.verify.tree import Tree, verify_tree
+from specdec.verify.sampling import uniforms
+from specdec.verify.tree import Tree, tree_draws, verify_tree_drawn
 
 
 @runtime_checkable
@@ -46,15 +47,20 @@ class AcceptanceRule(Protocol):
 @dataclass(frozen=True)
 class ExactRule:
     """Rejection sampling: :func:`~specdec.verify.chain.rejection_sample` for chains,
-    :func:`~specdec.verify.tree.verify_tree` for trees. Emits tokens distributed as the target's."""
+    :func:`~specdec.verify.tree.verify_tree_drawn` for trees (:func:`~specdec.verify.tree.verify_tree`'s law; fixed
+    candidates walked a level's siblings at once). Emits tokens distributed as the target's. Its uniforms are drawn
+    in one op before the rule runs (:func:`~specdec.verify.sampling.uniforms`), as the decode loop draws them for the
+    same rule captured in a graph: eager and graphed steps draw the same tokens from the same generator."""
 
     lossy: ClassVar[bool] = False
 
     def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
-        return rejection_sample(draft_tokens, draft_probs, target_probs, generator)
+        drawn = uniforms(draft_tokens.shape[0], draft_tokens.shape[1] + 1, generator, draft_tokens.device)
+        return rejection_sample(draft_tokens, draft_probs, target_probs, uniforms=drawn)
 
     def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
-        return verify_tree(tree, draft_tokens, draft_probs, target_probs, generator)
+        drawn = uniforms(draft_tokens.shape[0], tree_draws(tree), generator, draft_tokens.device)
+        return verify_tree_drawn(tree, draft_tokens, draft_probs, target_probs, drawn)
 
 
 EXACT = ExactRule()

@@ -71,6 +71,12 @@ def logits_to_probs(
     return logits.softmax(-1)
 
 
+def uniforms(rows: int, count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """[rows, count] float64 uniforms in [0, 1) from ``generator``, in one draw: what the exact rule reads, drawn
+    before it runs (so that a captured graph replays it with nothing drawn inside)."""
+    return torch.rand(rows, count, generator=generator, device=device, dtype=torch.float64)
+
+
 def sample(
     probs: torch.Tensor,  # [..., V]
     generator: torch.Generator | None = None,

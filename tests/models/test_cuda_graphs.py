@@ -334,13 +334,12 @@ def test_eagle_drafts_by_replayed_graphs_as_eagerly(options, k, graph_device):
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain-q", "tree-one-hot"])
-def test_cuda_graphs_sample_as_eager_does(graph_device, monkeypatch, tree):
-    """At T=1 the graphed target's sampled verdict replays with its forward, over uniforms drawn before the replay:
-    the same tokens from the same seed as that verdict computed eagerly after an eager forward (a sampled draft
-    model's chain with its q; a Medusa tree of fixed candidates), and one graph a step."""
+def test_cuda_graphs_sample_as_eager_does(graph_device, tree):
+    """At T=1 the graphed target's sampled verdict replays with its forward, over uniforms drawn before the replay as
+    the eager rule draws them: the same tokens from the same seed as the eager target (a sampled draft model's chain
+    with its q; a Medusa tree of fixed candidates), and one graph a step."""
     from helpers import PATHS, random_heads
 
-    from specdec.decode import engine
     from specdec.drafters.medusa import MedusaDrafter
 
     model = tiny_llama(layers=2).to(graph_device)
@@ -359,7 +358,6 @@ def test_cuda_graphs_sample_as_eager_does(graph_device, monkeypatch, tree):
     tokens, steps = run(graphed)
     assert graphed.replays >= steps  # every step's forward and verdict: one replay
     assert any(key[0][1][0][0] == "sampled" for key in graphed.graphs._graphs)
-    monkeypatch.setattr(engine, "replays_graphs", lambda decoder, cache: True)  # the same verdict, eagerly
     assert run(_eager(model)) == (tokens, steps)
 
 
