@@ -57,7 +57,7 @@ def run(cfg: DictConfig, backend: Backend | None = None) -> dict[str, Any]:
     decoder = job.decoder(graphs=True)  # what the target's forwards run through
     if job.drafter.runtime is not None:  # and the drafter's own model, where it runs one
         job.drafter.runtime.replay_graphs(job.compile)
-    choice = choose_auto(job) if job.auto else None
+    choice = choose_auto(job, decoder) if job.auto else None
     sides = Sides(job, decoder, choice.k if choice else job.k)
     if cfg.warmup:  # one-off costs (allocator, kernels' first calls) stay out of the timings
         sides.warm_up()
@@ -171,13 +171,14 @@ def results(decoded: Decoded, sides: Sides, choice: AutoChoice | None) -> dict[s
     return figures
 
 
-def choose_auto(job: Job) -> AutoChoice:
+def choose_auto(job: Job, decoder: Any = None) -> AutoChoice:
     """drafter.k=auto's choice for ``job`` (:func:`~specdec.replay.auto.choose_lookahead`, with its checked settings)
-    on its held-out prompts, timed through the target's eager forwards (a GPU's graphs are not replayed there), on the
-    job's backend."""
+    on its held-out prompts, on the job's backend: logged through the target's eager forwards, timed through
+    ``decoder``, what the run decodes through (None: the job's, ``job.decoder(graphs=True)``: the graphs a GPU
+    replays, as ``target.compile`` says)."""
     choice = choose_lookahead(job.decoder(), job.drafter, job.calibration, job.auto, batch_size=job.batch_size,
                               eos=job.eos, tokenizer=job.tokenizer, sampling=job.sampling,
-                              run_tokens=job.max_new_tokens)
+                              run_tokens=job.max_new_tokens, timing=decoder or job.decoder(graphs=True))
     predicted = ", ".join(f"{k}: {x:.2f}x" for k, x in choice.predicted.items())
     log.info("drafter.k=auto chose k=%d%s in %.1f s (predicted decode speedups %s)", choice.k,
              " (plain decoding)" if choice.k == 0 else "", choice.seconds, predicted)

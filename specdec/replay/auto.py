@@ -66,20 +66,23 @@ def auto_candidates(drafter: Drafter, tree: bool, given: Sequence[int] | None = 
 
 def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]], settings: AutoSettings, *,
                      batch_size: int, eos: Sequence[int], tokenizer: Any = None,
-                     sampling: SamplingParams = SamplingParams(), run_tokens: int | None = None) -> AutoChoice:
+                     sampling: SamplingParams = SamplingParams(), run_tokens: int | None = None,
+                     timing: Any = None) -> AutoChoice:
     """The lookahead among the sizes ``settings`` names (chain K's, or tree sizes where ``settings.tree``; those the
     drafter drafts at, :func:`auto_candidates`) with the best decode speedup predicted on ``prompts`` at a batch of
     ``batch_size`` rows, or 0 (plain decoding) where none reaches ``1 + settings.margin`` (see the module docstring).
     At temperature > 0 the replay is in expectation along ``settings.seeds`` sampled continuations per prompt.
     ``run_tokens``: the run's new tokens per row (None: the calibration's ``settings.max_new_tokens``), over which
-    it pays the drafter's once-a-generation work (:func:`~specdec.replay.simulate.batched_speedup`)."""
+    it pays the drafter's once-a-generation work (:func:`~specdec.replay.simulate.batched_speedup`). ``timing``: what
+    the costs are measured through (None: ``target``; on a GPU, the graphed decoder the run replays, while the logs
+    come from ``target``'s eager forwards)."""
     tree, margin, candidates = settings.tree, settings.margin, auto_candidates(drafter, settings.tree, settings.ks)
     if not prompts:
         raise ValueError("k=auto needs at least one calibration prompt")
     start = time.perf_counter()
     common = dict(max_new_tokens=settings.max_new_tokens, tokenizer=tokenizer, eos_token_id=list(eos),
                   **asdict(sampling), seeds=settings.seeds, tree=tree, directory=settings.log_dir, costs=True,
-                  cost_batch=batch_size, pad_id=getattr(tokenizer, "pad_token_id", None) or 0)
+                  cost_batch=batch_size, pad_id=getattr(tokenizer, "pad_token_id", None) or 0, timing=timing)
     choice = AutoChoice(0, margin=margin, prompts=len(prompts), batch_size=batch_size)
     logs = {}
     shared = tree and len(candidates) > 1  # tree sizes: one log each, timed by one cost model (shared_costs)
@@ -89,7 +92,7 @@ def choose_lookahead(target, drafter: Drafter, prompts: Sequence[Sequence[int]],
         choice.logs.append(str(path))
     if shared:
         costs = shared_costs(target, drafter, prompts, logs, batch_size=batch_size, directory=settings.log_dir,
-                             pad_id=common["pad_id"], **asdict(sampling))
+                             pad_id=common["pad_id"], timing=timing, **asdict(sampling))
         logs = {size: (log.timed_by(costs), path) for size, (log, path) in logs.items()}
     for k in candidates:
         log = logs[k if tree else max(candidates)][0]

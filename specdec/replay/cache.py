@@ -16,10 +16,9 @@ from typing import Any, Sequence
 
 from specdec.drafters.base import Drafter
 from specdec.jobs.io import write_text
-from specdec.jobs.runs import machine_description
 from specdec.models.loading import cache_root, stop_token_ids
 from specdec.replay.cost_model import CostModel
-from specdec.replay.costs import logged_trees, measure
+from specdec.replay.costs import logged_trees, measure, timed_on
 from specdec.replay.log import (ReplayLog, check_replayable, drafter_identity, drafts_trees, log_key, log_proposals,
                                 target_identity, tokenizer_identity)
 
@@ -52,7 +51,7 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
                tokenizer: Any = None, eos_token_id: int | Sequence[int] | None = None, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seeds: int = 1, tree: bool | None = None,
                directory: str | Path | None = None, costs: bool = False, cost_batch: int = 1,
-               pad_id: int = 0) -> tuple[ReplayLog, Path, bool]:
+               pad_id: int = 0, timing: Any = None) -> tuple[ReplayLog, Path, bool]:
     """The log of ``drafter`` on ``prompts`` (:func:`~specdec.replay.log.log_proposals`), from ``directory`` (None:
     :func:`default_directory`) when an earlier pass wrote it, else logged now and saved there. ``tree``: a tree
     drafter (None: :func:`~specdec.replay.log.drafts_trees`). The key holds K_max: log chains at the largest K a
@@ -61,7 +60,8 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
     tree's; ``pad_id`` left-pads those rows) where the log has none at that batch measured on this machine (as
     :func:`~specdec.jobs.runs.machine_description` names it), and keep it in the file.
     ``temperature``, ``top_k``, ``top_p``, ``seeds``: as :func:`~specdec.replay.log.log_proposals` takes them.
-    Returns the log, its file and whether it was read from disk."""
+    ``timing``: what the costs are measured through (None: ``target``; a GPU's run: its graphed decoder, while the
+    log is taken from ``target``'s eager forwards). Returns the log, its file and whether it was read from disk."""
     check_replayable(drafter, temperature, top_k, top_p)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     tree = drafts_trees(drafter) if tree is None else tree
@@ -79,8 +79,9 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
                             tokenizer=tokenizer, eos_token_id=eos, tree=tree, seeds=seeds, **sampling)
     measured = log.cost_model(cost_batch)
     stale = measured is None or not _current(log.costs[str(cost_batch)])
-    if costs and (stale or measured.machine != machine_description(next(target.parameters()).device)):
-        model = measure(target, drafter, prompts, ks=[k_max] if log.tree else range(1, k_max + 1),
+    timing = target if timing is None else timing
+    if costs and (stale or measured.machine != timed_on(timing)):
+        model = measure(timing, drafter, prompts, ks=[k_max] if log.tree else range(1, k_max + 1),
                         widths=range(1, k_max + 2), trees=logged_trees(log), batch_size=cost_batch, pad_id=pad_id,
                         **sampling)
         log.costs[str(cost_batch)] = asdict(model)
@@ -92,14 +93,15 @@ def cached_log(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, k_
 
 def shared_costs(target, drafter: Drafter, prompts: Sequence[Sequence[int]], logs: dict[int, tuple[ReplayLog, Path]],
                  *, batch_size: int = 1, directory: str | Path | None = None, pad_id: int = 0,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> CostModel:
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, timing: Any = None) -> CostModel:
     """One cost model for every tree size of ``logs`` (size -> its log and file): verify widths 1 .. the largest size
     + 1 (under the first tree logged at each width), live steps at every size, plain decoding's step, all measured in
     one session at ``batch_size`` rows, so that the sizes are compared by the same clock (each log measured on its own
     read plain decoding's step 7.9-10.7 ms apart on one machine, and the largest prediction won on that noise). Kept
-    beside the logs, keyed by their files, the batch size, the sampling settings and this machine."""
-    device = next(target.parameters()).device
-    machine = machine_description(device)
+    beside the logs, keyed by their files, the batch size, the sampling settings and this machine. ``timing``: what
+    the costs are measured through, as :func:`cached_log`'s."""
+    timing = target if timing is None else timing
+    machine = timed_on(timing)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     what = {"logs": sorted(path.name for _, path in logs.values()), "batch_size": batch_size, "machine": machine,
             "sampling": sampling}
@@ -111,7 +113,7 @@ def shared_costs(target, drafter: Drafter, prompts: Sequence[Sequence[int]], log
     for size in sizes:
         for width, tree in logged_trees(logs[size][0]).items():
             trees.setdefault(width, tree)
-    model = measure(target, drafter, prompts, ks=sizes, widths=range(1, max(sizes) + 2), trees=trees,
+    model = measure(timing, drafter, prompts, ks=sizes, widths=range(1, max(sizes) + 2), trees=trees,
                     batch_size=batch_size, pad_id=pad_id, **sampling)
     write_text(path, json.dumps(asdict(model)))  # a crash mid-write leaves no half file under the real name
     return model

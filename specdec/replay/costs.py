@@ -159,6 +159,17 @@ def loop_times(target, drafter: Drafter, batches: Sequence[Sequence[Sequence[int
     return draft, {k: max(t, plain_host) for k, t in host.items()}, plain_host, sum(setups) / len(setups)
 
 
+def timed_on(target) -> str:
+    """The machine a cost model measured through ``target`` holds (a cost model from elsewhere is measured again):
+    :func:`~specdec.jobs.runs.machine_description`'s line, and whether the target's forwards replayed graphs (a GPU
+    step's cost differs by several times between eager forwards and replayed graphs)."""
+    from specdec.jobs.runs import machine_description
+    from specdec.models.graphs import GraphedDecoder
+
+    described = machine_description(next(target.parameters()).device)
+    return described + (", graphs replayed" if isinstance(target, GraphedDecoder) and target.enabled else "")
+
+
 def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: Sequence[int],
             widths: Sequence[int], trees: dict[int, Tree] | None = None, batch_size: int = 1, pad_id: int = 0,
             new_tokens: int = LIVE_TOKENS, spread: int = SPREAD, **sampling: Any) -> CostModel:
@@ -166,16 +177,14 @@ def measure(target, drafter: Drafter, prompts: Sequence[Sequence[int]], *, ks: S
     its live steps over ``spread`` of ``prompts`` (at least a batch; evenly spaced through them, repeated when
     fewer) in batches of ``batch_size``, its verify forwards after the first prompt; ``trees``: the tree verified
     at each block width, where the drafter proposes trees; ``sampling``: the live generations' temperature, top_k,
-    top_p."""
-    from specdec.jobs.runs import machine_description
-
-    device = next(target.parameters()).device
+    top_p. ``target`` may be a :class:`~specdec.models.GraphedDecoder` (what a GPU's run replays): its forwards and
+    live steps are then timed as graphs replay them."""
     count = batch_size * max(1, -(-spread // batch_size))
     rows = [list(prompts[(i * len(prompts) // count) % len(prompts)]) for i in range(count)]
     batches = [rows[i: i + batch_size] for i in range(0, count, batch_size)]
     model = CostModel(verify_times(target, rows[0], sorted(set(widths) | {1}), trees=trees,
                                    capture=tuple(drafter.traits.feature_layers), batch_size=batch_size),
-                      batch_size=batch_size, machine=machine_description(device))
+                      batch_size=batch_size, machine=timed_on(target))
     with constant_length(drafter):  # a draft length schedule's steps timed at each K (the replay re-enacts it)
         model.draft_s, model.host_s, model.plain_host_s, model.setup_s = loop_times(
             target, drafter, batches, ks, model, pad_id=pad_id, new_tokens=new_tokens, **sampling)

@@ -28,9 +28,10 @@ def models():
     return target, DraftModelDrafter(noisy_copy(target))  # a draft that is often right
 
 
-def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MACHINE, margin: float = 0.05):
+def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MACHINE, margin: float = 0.05,
+           timing=None):
     """choose_lookahead over a log whose cost model is ``costs`` (planted in the cached file before choosing, as
-    measured on ``machine``)."""
+    measured on ``machine``), timed through ``timing`` (None: ``target``)."""
     common = dict(max_new_tokens=NEW, eos_token_id=[], directory=directory, tree=False)
     _, path, _ = cached_log(target, drafter, PROMPTS, k_max=4, costs=False, **common)
     log = ReplayLog.load(path)
@@ -39,7 +40,7 @@ def choose(target, drafter, directory, costs: CostModel, machine: str = THIS_MAC
     log.save(path)
     settings = AutoSettings(tree=False, ks=(1, 2, 3, 4), max_new_tokens=NEW, seeds=1, margin=margin,
                             log_dir=directory)
-    return choose_lookahead(target, drafter, PROMPTS, settings, batch_size=1, eos=[])
+    return choose_lookahead(target, drafter, PROMPTS, settings, batch_size=1, eos=[], timing=timing)
 
 
 def test_it_drafts_at_the_best_predicted_lookahead_where_verifying_is_nearly_free(models, tmp_path):
@@ -68,6 +69,21 @@ def test_costs_measured_on_another_machine_are_measured_again(models, tmp_path):
     choice = choose(*models, tmp_path, planted, machine="another machine")
     remeasured = ReplayLog.load(choice.logs[0]).cost_model(1)
     assert remeasured.machine == THIS_MACHINE and remeasured.verify_s != planted.verify_s
+
+
+def test_a_run_that_replays_graphs_is_timed_through_them(models, tmp_path):
+    """On a GPU the run replays graphs: the logs come from the target's eager forwards, the costs are measured through
+    the graphed decoder the run decodes with (emulated here), and say so, so that costs timed eagerly on this machine
+    are measured again (an H200's eager step is ~10x its graphed one)."""
+    from specdec.models import Backend, GraphedDecoder, as_decoder
+
+    target, drafter = models
+    eager = CostModel({1: 1.0, 5: 5.0}, {k: 0.5 for k in range(1, 5)}, {k: 0.1 for k in range(1, 5)})
+    graphed = GraphedDecoder(as_decoder(target, backend=Backend.emulated_gpu()))
+    choice = choose(target, drafter, tmp_path, eager, timing=graphed)
+    remeasured = ReplayLog.load(choice.logs[0]).cost_model(1)
+    assert remeasured.machine == THIS_MACHINE + ", graphs replayed" and remeasured.verify_s != eager.verify_s
+    assert graphed.replays > 0
 
 
 def test_candidates():
