@@ -23,6 +23,11 @@ Greedy is again the one-hot special case: the path that follows the target's arg
 
 The renormalisation after each rejected sibling matters: without it the next sibling is tested against a
 sub-stochastic p and accepted too rarely (``tests/verify/test_tree_verify.py`` plants exactly that bug).
+
+:func:`verify_tree` is the rule as written above, drawing each uniform as a sibling is tried. What the decode loop runs
+(:class:`~specdec.verify.ExactRule`) is :func:`verify_tree_drawn`: the same law over uniforms drawn first in one op
+(:func:`tree_draws` of them), so that a captured graph can replay it, with fixed candidates walked a level's siblings
+at once from p at their tokens (:func:`onehot_walk`) instead of a [B, V] residual per sibling.
 """
 
 from __future__ import annotations
