@@ -36,9 +36,8 @@ from specdec.models import as_decoder
 from specdec.models.graphs import forward_then, replays_graphs
 from specdec.models.loading import stop_token_ids
 from specdec.verify import (EXACT, AcceptanceRule, ExactRule, Tree, accepted_path, emitted_tokens, greedy_chain,
-                            greedy_tree, rejection_sample)
-from specdec.verify.tree import tree_draws, verify_tree_drawn
-from specdec.verify.sampling import SamplingParams, logits_to_probs, sample, uniforms
+                            greedy_tree)
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
 
 
 @dataclass
@@ -241,14 +240,14 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
         return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
     block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
     children = () if tree is None else (tree.children,)
+    # sampled, the exact rule replays with the forward; another rule (lossy, a planted bug) runs eagerly after it
     if greedy or (type(rule) is ExactRule and replays_graphs(decoder, cache)):
         if greedy:
             then, extra = functools.partial(_greedy_verdict, tree), children
-        else:  # sampled: the uniforms drawn first, in one op; the verdict replays with the forward
-            draws = proposal.tokens.shape[1] + 1 if tree is None else tree_draws(tree)
+        else:  # sampled: the uniforms drawn first, in one op, as the eager rule draws them
             drafted = () if proposal.probs is None else (proposal.probs,)
             then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
-            extra = (uniforms(block.shape[0], draws, state.generator, block.device),) + children + drafted
+            extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
         outputs = forward_then(decoder, then, _verdict_key(tree, None if greedy else params), block, cache,
                                kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
                                depths=None if tree is None else tree.depths, capture=capture)
@@ -327,10 +326,7 @@ def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, b
     draft_probs = rest[0] if drafted else None
     logits, hidden, *features = rest[int(drafted):]
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
-    if tree is None:
-        num_accepted, next_tokens = rejection_sample(block[:, 1:], draft_probs, target_probs, uniforms=drawn)
-        return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, None, hidden, features))
-    nodes, num_accepted, next_tokens = verify_tree_drawn(tree, block[:, 1:], draft_probs, target_probs, drawn)
+    nodes, num_accepted, next_tokens = ExactRule.verdict(tree, block[:, 1:], draft_probs, target_probs, drawn)
     return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features))
 
 

@@ -55,11 +55,27 @@ class ExactRule:
     lossy: ClassVar[bool] = False
 
     def chain(self, draft_tokens, draft_probs, target_probs, generator=None):
-        drawn = uniforms(draft_tokens.shape[0], draft_tokens.shape[1] + 1, generator, draft_tokens.device)
-        return rejection_sample(draft_tokens, draft_probs, target_probs, uniforms=drawn)
+        drawn = self.draw(draft_tokens, None, generator)
+        return self.verdict(None, draft_tokens, draft_probs, target_probs, drawn)[1:]
 
     def tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
-        drawn = uniforms(draft_tokens.shape[0], tree_draws(tree), generator, draft_tokens.device)
+        return self.verdict(tree, draft_tokens, draft_probs, target_probs, self.draw(draft_tokens, tree, generator))
+
+    @staticmethod
+    def draw(draft_tokens: torch.Tensor, tree: Tree | None, generator: torch.Generator | None) -> torch.Tensor:
+        """The uniforms the rule reads for ``draft_tokens`` [B, K] (a chain where ``tree`` is None), in one draw:
+        [B, K + 1] for a chain, [B, D·W + 1] for a tree (:func:`~specdec.verify.tree.tree_draws`)."""
+        count = draft_tokens.shape[1] + 1 if tree is None else tree_draws(tree)
+        return uniforms(draft_tokens.shape[0], count, generator, draft_tokens.device)
+
+    @staticmethod
+    def verdict(tree: Tree | None, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                target_probs: torch.Tensor, drawn: torch.Tensor
+                ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The verdict over uniforms :meth:`draw` drew (nothing drawn here, so a graph can capture it): a tree's
+        accepted nodes [B, D] (None for a chain), num_accepted [B], next_tokens [B]."""
+        if tree is None:
+            return None, *rejection_sample(draft_tokens, draft_probs, target_probs, uniforms=drawn)
         return verify_tree_drawn(tree, draft_tokens, draft_probs, target_probs, drawn)
 
 

@@ -66,7 +66,6 @@ class EagleDrafter(Drafter):
     """``model`` (an :class:`EagleModel` attached to the target's embeddings) drafting a chain or a tree, its
     forwards on ``backend``."""
 
-
     @dataclass
     class Config(DrafterConfig):
         name: str = "eagle"
