@@ -6,6 +6,7 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --eagle     # also EAGLE's trees: dynamic, fixed grown on the host or device
     python experiments/studies/step_ops.py --medusa    # also Medusa's trees: dynamic, fixed, fixed with a lookup branch
     python experiments/studies/step_ops.py --medusa --temperature 1   # sampled steps (the exact rule's verdict)
+    python experiments/studies/step_ops.py --draft-model  # also a draft model's chain: fixed length, confidence floor
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -37,6 +38,7 @@ class OutsideGraphs(TorchDispatchMode):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
         self.inside = self.replays = self.reads = 0
+        self.replaying = 0  # graph calls running (one within another replays once)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.inside:
@@ -58,11 +60,13 @@ def counting(mode: OutsideGraphs) -> None:
 
         def counted(self, *a, call=call, replays=replays, **kw):
             mode.inside += 1
-            mode.replays += replays and mode.inside == 1
+            mode.replays += replays and not mode.replaying and self.enabled  # the outermost graph call: one replay
+            mode.replaying += replays
             try:
                 return call(self, *a, **kw)
             finally:
                 mode.inside -= 1
+                mode.replaying -= replays
 
         owner.__call__ = counted
     for name in ("tolist", "item"):
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
     parser.add_argument("--eagle", action="store_true", help="also EAGLE's trees (k=16, a random draft layer)")
     parser.add_argument("--medusa", action="store_true", help="also Medusa's trees (3 random heads, 8 paths)")
+    parser.add_argument("--draft-model", action="store_true",
+                        help="also a draft model's chain (K=3, the target's first layer drafting)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
     args = parser.parse_args()
     from helpers import random_eagle, tiny_llama
@@ -133,6 +139,17 @@ def main() -> None:
         runs["Medusa dynamic tree (min_confidence 0.05)"] = medusa(0.05, 0)
         runs["Medusa fixed tree"] = medusa(0.0, 0)
         runs["Medusa fixed tree, a lookup branch of 3 on the device"] = medusa(0.0, 3)
+    if args.draft_model:
+        from specdec.drafters import DraftModelDrafter
+
+        def draft_model(confidence: float):
+            drafter = DraftModelDrafter(model, num_layers=1, confidence=confidence, backend=Backend.emulated_gpu())
+            drafter.runtime.replay_graphs("auto")
+            return lambda: speculative_generate(decoder, drafter, ids, k=3, max_new_tokens=new, eos_token_id=[],
+                                                **sampling)
+
+        runs["draft model K=3 (a step's chain: one graph)"] = draft_model(0.0)
+        runs["draft model K=3, confidence 0.02 (a graph a forward)"] = draft_model(0.02)
     for name, generate in runs.items():
         generate()  # captures and first calls out of the count
         mode.clear()

@@ -162,10 +162,10 @@ class TemperatureIgnoredDraftModel(DraftModelDrafter):
     """Bug: draft tokens are drawn from the draft model's logits at temperature 1 (top-k / top-p still
     applied), but the q reported to the verifier is the one processed with the requested temperature."""
 
-    def draw(self, logits, params, generator):  # logits [B, V] -> token [B], q [B, V]
+    def draw(self, logits, params, u):  # logits [B, V], uniforms [B] -> token [B], q [B, V]
         reported = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
         drawn_from = logits_to_probs(logits, 1.0, params.top_k, params.top_p)
-        return self.widen(sample(drawn_from, generator), reported, params)
+        return self.widen(sample(drawn_from, uniforms=u), reported, params)
 
 
 class CrossVocabWrongSet(CrossVocabDrafter):

@@ -297,6 +297,13 @@ class GraphedDecoder:
         return self.forward_then(_outputs, "forward", input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
                                  depths=depths, capture=capture)
 
+    @property
+    def captured_forward(self) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The forward this wrapper captures (compiled where it compiles), for a function of one's own captured whole
+        around several forwards (a draft model's chain of drafts): call it inside that graph, on the kept cache, with
+        no ``kv_len`` (a graphed forward attends over the cache's whole capacity)."""
+        return self._forward
+
     def replaying(self, cache: KVCache) -> bool:
         """Whether forwards on ``cache`` replay graphs: graphs replay here, and it is the kept cache."""
         return self.enabled and cache is self.graphs.kept

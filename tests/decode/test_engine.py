@@ -487,6 +487,38 @@ def test_the_sampled_verdict_in_the_targets_graph_is_exact(markov_target, kind):
     assert not verdict.reject, verdict
 
 
+def test_a_graphed_draft_chain_draws_each_draft_with_fresh_uniforms(markov_target):
+    """A draft model's chain replayed as one graph a step draws its i-th draft with the i-th of uniforms drawn before
+    the replay. Each draft is drawn from the q it reports, given the drafts before it: the randomised PIT of every
+    draft under its q is uniform, and uncorrelated with the PIT of the draft before it in the step and of the same
+    row's first draft a step before (the end-to-end test has little power here: a bias of one row's correlated draws
+    averages out over the prompts)."""
+    from helpers import markov_prompts
+
+    decoder, drafter, k = _graphed_drafting(markov_target, "chain-q")
+    pits, propose, rng = [], drafter.propose, np.random.default_rng(0)
+
+    def recorded(state, k):
+        out = propose(state, k)
+        q = out.probs.double()
+        below = q.cumsum(-1).gather(-1, out.tokens[..., None])[..., 0] - q.gather(-1, out.tokens[..., None])[..., 0]
+        mass = q.gather(-1, out.tokens[..., None])[..., 0]
+        pits.append(((below + torch.from_numpy(rng.random(mass.shape)) * mass) / q.sum(-1)).numpy())  # [B, K]
+        return out
+
+    drafter.propose = recorded
+    ids = markov_prompts(300, torch.Generator().manual_seed(0))
+    speculative_generate(decoder, drafter, ids, attention_mask=torch.ones_like(ids), k=k, max_new_tokens=8,
+                         temperature=1.0, eos_token_id=[], generator=torch.Generator().manual_seed(1))
+    assert drafter.runtime.graphs.replays == len(pits) > 3
+    pit = np.stack(pits)  # [steps, B, K]
+    from scipy import stats
+
+    assert stats.kstest(pit.ravel(), "uniform").pvalue > 1e-3
+    for a, b in ((pit[..., :-1], pit[..., 1:]), (pit[:-1, :, 0], pit[1:, :, 0])):  # in a step; a step apart
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.1
+
+
 @pytest.mark.parametrize("bug", ["no renormalisation", "recovered from p"])
 def test_a_planted_bug_in_the_graphs_tree_walk_is_caught(markov_target, monkeypatch, bug):
     """The same test rejects the graph's tree walk with a planted bug: a later sibling tested against p not

@@ -485,10 +485,10 @@ def test_a_restricted_draft_that_misreports_q_is_caught(markov_target):
     from specdec.verify.sampling import logits_to_probs, sample
 
     class Misreported(DraftModelDrafter):
-        def draw(self, logits, params, generator):
+        def draw(self, logits, params, u):
             q = logits_to_probs(logits, params.temperature)
             full = logits_to_probs(self.full_head(self.last_hidden), params.temperature)
-            return self.vocab_ids[sample(q, generator)], full
+            return self.vocab_ids[sample(q, uniforms=u)], full
 
     draft = markov_draft(markov_target)
     drafter = Misreported(draft, vocab_ids=torch.arange(32))

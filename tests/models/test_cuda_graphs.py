@@ -133,15 +133,18 @@ def test_cuda_graphs_give_the_eager_outputs_and_capture_each_width_once(dtype, g
     assert graphed.captures == captures  # nothing new to capture for widths already seen
 
 
-def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_device):
-    """drafter.runtime.replay_graphs where graphs replay: the draft's [B, 2] and [B, 1] forwards are captured once (then only
-    replayed, across generations of one batch size), the greedy outputs stay plain decoding's, with a full or
-    a restricted draft head, at batch 1 and 3; at T=1 the graphed draft draws what the eager one draws."""
+@pytest.mark.parametrize("confidence", [0.0, 0.02], ids=["one-graph-a-step", "a-graph-a-forward"])
+def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(confidence, graph_device):
+    """drafter.runtime.replay_graphs where graphs replay: a step's whole chain (a fixed draft length), or with a
+    confidence floor the draft's [B, 2] and [B, 1] forwards, are captured once (then only replayed, across generations
+    of one batch size); the greedy outputs stay plain decoding's, with a full or a restricted draft head, at batch 1
+    and 3; at T=1 the graphed draft draws what the eager one draws, a step's chain in one replay."""
     model = tiny_llama(layers=3, seed=0).to(graph_device)
     graphed = _graphed(model)
     half = torch.arange(0, model.config.vocab_size, 2, device=graph_device)
     for vocab_ids in (None, half):
-        drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids, backend=_backend(model))
+        drafter = DraftModelDrafter(model, num_layers=1, vocab_ids=vocab_ids, confidence=confidence,
+                                    backend=_backend(model))
         drafter.runtime.replay_graphs("auto")
         assert isinstance(drafter.decoder, GraphedDecoder)
         for n, batch in enumerate((PROMPTS[:1], PROMPTS[1:2], PROMPTS)):
@@ -150,17 +153,20 @@ def test_a_draft_models_forwards_replay_graphs_and_draft_as_eager_ones(graph_dev
             out = speculative_generate(graphed, drafter, ids, attention_mask=mask, k=3, max_new_tokens=24,
                                        eos_token_id=[])
             assert out.sequences == ref.sequences
-            if n == 1:  # two generations at batch 1: two shapes captured, then replayed
-                assert drafter.decoder.captures == 2 and drafter.decoder.replays > 2
+            if n == 1:  # two generations at batch 1: the chain's one graph (or two forwards') captured, then replayed
+                steps = out.stats.target_forwards
+                assert drafter.decoder.captures == (2 if confidence else 1) and drafter.decoder.replays > steps
     ids = torch.tensor([PROMPTS[0]], device=graph_device)
     runs = []
     for mode in ("none", "auto"):
-        drafter = DraftModelDrafter(model, num_layers=1, backend=_backend(model))
+        drafter = DraftModelDrafter(model, num_layers=1, confidence=confidence, backend=_backend(model))
         drafter.runtime.replay_graphs(mode)
         runs.append(speculative_generate(graphed, drafter, ids, k=3, max_new_tokens=20, temperature=1.0,
                                          generator=torch.Generator(graph_device).manual_seed(1), eos_token_id=[]))
     assert runs[0].sequences == runs[1].sequences
     assert runs[0].stats.acceptance_rate == runs[1].stats.acceptance_rate
+    graphs = drafter.runtime.graphs
+    assert confidence or graphs.replays == runs[1].stats.verify_steps  # every step's chain: one replay
 
 
 @pytest.mark.parametrize("token_aware", [False, True], ids=["independent", "token-aware"])

@@ -53,9 +53,10 @@ class ModelDrafter(Drafter):
         self.vocab_ids = ids
 
     def _graph_device(self) -> torch.device | None:
-        """The draft's decode forwards replay graphs as the target's do, on the compact path only: a [B, 2]
-        and a [B, 1] forward, captured once per batch size (a few-layer draft's eager step is all kernel
-        launches: a K-token draft would cost more than the graphed verify)."""
+        """The draft's decode forwards replay graphs as the target's do, on the compact path only: a step's whole
+        chain as one graph (a same-tokenizer draft of a fixed length), else a [B, 2] and a [B, 1] forward, each
+        captured once per batch size (a few-layer draft's eager step is all kernel launches: a K-token draft would
+        cost more than the graphed verify)."""
         return self.decoder.device if isinstance(self.decoder, CompactDecoder) else None
 
     def _use_graphs(self, graphs: Graphs, compile: bool) -> None:

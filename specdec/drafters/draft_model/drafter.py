@@ -5,6 +5,10 @@ forward of 2 tokens), then one token per further draft. After verification the d
 back to ``seq_lens - 2`` — a pointer move — which is correct whether the verifier kept 0 or all K drafts:
 every slot below that bound holds a committed token (the drafts it kept were the ones fed).
 
+Where its forwards replay graphs (a GPU) and a step's draft length is fixed (no confidence floor), the step's whole
+chain (the rollback, the K forwards and the K draws, over uniforms drawn before it) replays as one graph; a
+confidence floor reads each draft back, so there each forward replays its own.
+
 A distilled student (``python -m specdec.train method=draft_model``) is a lean directory holding its own
 layers only; ``path=<that directory>`` loads it with the target's embeddings and LM head stitched in
 (:mod:`specdec.drafters.draft_model.student`).
@@ -24,8 +28,9 @@ zero outside those N tokens, which exact verification allows: such tokens are ne
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -37,8 +42,9 @@ from specdec.drafters.draft_model.student import DEFAULT_DRAFT
 from specdec.drafters.loading import PATH_ALIAS, weights_path
 from specdec.errors import VocabMismatchError
 from specdec.models.backend import Backend
+from specdec.models.graphs import replays_graphs
 from specdec.models.loading import same_model
-from specdec.verify.sampling import SamplingParams, logits_to_probs, sample
+from specdec.verify.sampling import SamplingParams, logits_to_probs, sample, uniforms
 
 CROSS_VOCAB_RULES = (*RULES, "off")  # drafter.cross_vocab: off refuses a draft with another tokenizer
 EARLY_EXIT_LAYERS = 8  # drafter.path=target: the target's first 8 layers draft (all, for a smaller target)
@@ -224,34 +230,55 @@ class DraftModelDrafter(ModelDrafter):
 
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        self.cache.rollback_to(state.seq_lens - 2)
-        last_two = state.seq.gather(1, state.seq_lens[:, None] - 2 + torch.arange(2, device=state.seq.device))
         params = state.sampling
         if self.schedule == "heuristic":
             self.length = k if self.length is None else min(self.length, k)
             k = self.length
+        last_two = state.seq.gather(1, state.seq_lens[:, None] - 2 + torch.arange(2, device=state.seq.device))
+        batch = state.seq.shape[0]
+        drawn = () if params.greedy else (uniforms(batch, k, state.generator, state.seq.device),)
+        inputs = (state.seq_lens, last_two, *drawn)
+        if self.confidence:  # a host read per draft: drafted eagerly, each forward replaying its own graph if any
+            def stop(logits, token, q):
+                return self._unsure(logits, token, q, params, state.active)
+
+            tokens, *probs = self.chain(self.decoder, state.max_seq_len, k, params, stop, *inputs)
+        elif replays_graphs(self.decoder, self.cache):  # the whole chain, K forwards and draws: one graph
+            run = partial(self.chain, self.decoder.captured_forward, None, k, params, None)
+            tokens, *probs = self.runtime.call(run, inputs, key=("chain", k, params))
+        else:
+            tokens, *probs = self.chain(self.decoder, state.max_seq_len, k, params, None, *inputs)
+        self.runtime.forwards += tokens.shape[1]
+        self.proposed = tokens.shape[1]
+        return Proposal(tokens=tokens, probs=probs[0] if probs else None, num_proposed=[tokens.shape[1]] * batch)
+
+    def chain(self, forward: Callable, kv_len: int | None, k: int, params: SamplingParams, stop: Callable | None,
+              seq_lens: torch.Tensor, last_two: torch.Tensor, *drawn: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Up to ``k`` drafts per row (fewer where ``stop(logits, token, q)`` says so, a host read): the draft cache
+        rolled back to ``seq_lens - 2`` [B], then fed the rows' last two tokens ``last_two`` [B, 2] and each draft
+        but the last through ``forward`` (the draft's decoder, eager with ``kv_len`` the slots its first forward
+        reaches, or graphed with None). The i-th draft is drawn with ``drawn[0][:, i]`` (uniforms [B, k], drawn before:
+        none under greedy decoding). Returns the drafts [B, K'] and, when sampling, their q [B, K', V].
+
+        The cache's pointer is set, not moved, before anything is written, so running it again (a graph's warm-up)
+        rewrites the same slots and ends at the same lengths: the whole chain replays as one graph."""
+        cache = self.cache
+        cache.rollback_to(seq_lens - 2)
+        logits, _ = forward(last_two, cache, kv_len=kv_len)
+        cache.commit(torch.full_like(seq_lens, 2))
         tokens, probs = [], []
-        logits, _ = self.decoder(last_two, self.cache, kv_len=state.max_seq_len)
-        self.cache.commit(torch.full_like(state.seq_lens, 2))
-        self.runtime.forwards += 1
         for i in range(k):
-            token, q = self.draw(logits[:, -1], params, state.generator)  # [B], [B, V]
+            token, q = self.draw(logits[:, -1], params, drawn[0][:, i] if drawn else None)  # [B], [B, V]
             tokens.append(token)
             probs.append(q)
-            if self.confidence and i + 1 < k and self._unsure(logits[:, -1], token, q, params, state.active):
-                break  # one host read per draft: the price of stopping early
-            if i + 1 < k:
-                logits, _ = self.decoder(token[:, None], self.cache, kv_len=state.max_seq_len + i + 1)
-                self.cache.commit(torch.ones_like(state.seq_lens))
-                self.runtime.forwards += 1
-        self.proposed = len(tokens)
-        return Proposal(
-            tokens=torch.stack(tokens, 1),
-            probs=None if params.greedy else torch.stack(probs, 1),
-            num_proposed=[len(tokens)] * state.seq.shape[0],
-        )
+            if i + 1 == k or (stop is not None and stop(logits[:, -1], token, q)):
+                break
+            logits, _ = forward(token[:, None], cache, kv_len=None if kv_len is None else kv_len + i + 1)
+            cache.commit(torch.ones_like(seq_lens))
+        tokens = torch.stack(tokens, 1)
+        return (tokens,) if params.greedy else (tokens, torch.stack(probs, 1))
 
-    def _unsure(self, logits: torch.Tensor, token: torch.Tensor, q: torch.Tensor, params: SamplingParams,
+    def _unsure(self, logits: torch.Tensor, token: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
                 active: list[bool]) -> bool:
         """Whether every active row's last draft has probability below ``confidence``: q's when sampling, the
         draft's softmax at T=1 under greedy decoding (q is one-hot there), as transformers does."""
@@ -263,14 +290,17 @@ class DraftModelDrafter(ModelDrafter):
         return not any(s and a for s, a in zip(sure, active))
 
     def draw(self, logits: torch.Tensor, params: SamplingParams,  # logits [B, V] (or [B, N]: draft_vocab)
-             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:  # token [B], q [B, V]
-        """One draft token per row and the distribution q it was drawn from, which the verifier is told. With a
-        restricted head q is spread back over the whole vocabulary (zero off the head's tokens)."""
+             u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # token [B], q [B, V]
+        """One draft token per row and the distribution q it was drawn from, which the verifier is told: the argmax
+        under greedy decoding (no q), else drawn with the uniforms ``u`` [B]. With a restricted head q is spread back
+        over the whole vocabulary (zero off the head's tokens)."""
+        if params.greedy:
+            return self.widen(logits.argmax(-1), None, params)
         q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
-        return self.widen(sample(q, generator), q, params)
+        return self.widen(sample(q, uniforms=u), q, params)
 
-    def widen(self, token: torch.Tensor, q: torch.Tensor,  # [B], [B, N] -> [B], [B, V]
-              params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def widen(self, token: torch.Tensor, q: torch.Tensor | None,  # [B], [B, N] -> [B], [B, V]
+              params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draw over the restricted head's N tokens as one over the whole vocabulary (as is without one)."""
         if self.vocab_ids is None:
             return token, q
