@@ -68,6 +68,8 @@ class DrafterConfig:
             raise ValueError(f"drafter.weight_bits must be 4, 8 or null (the weights as trained), got {bits!r}")
         for name in ("min_confidence", "confidence"):
             value = getattr(self, name, 0.0)
+            if value is None and getattr(type(self), name, 0.0) is None:  # its default: chosen where it runs
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"drafter.{name} must be a number in [0, 1) (0 = off), got {value!r}")
         lookup = getattr(self, "lookup", 0)

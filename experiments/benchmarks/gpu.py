@@ -43,6 +43,7 @@ from specdec import NgramDrafter, autoregressive_generate, load_target, speculat
 from specdec.decode.speed_of_light import probe_read_bandwidth, step_bytes
 from specdec.drafters import DFlashDrafter, DraftModelDrafter, EagleDrafter, MedusaDrafter
 from specdec.drafters.base import NoDrafter, graph_runners
+from specdec.drafters.medusa.drafter import CPU_MIN_CONFIDENCE
 from specdec.jobs.data import left_pad
 from specdec.jobs.runs import machine_description
 from specdec.models import Backend, GraphedDecoder, as_decoder
@@ -306,7 +307,10 @@ def main() -> None:
                                                         eagle(True, min_confidence=0.0, lookup=0), 16),
         "medusa default graphs, heads eager": (target("medusa graphs, heads eager"), medusa(False),
                                                MedusaDrafter.Config().k),
+        # the default on a GPU is the fixed tree (min_confidence null: 0 there); the CPU's dynamic tree beside it
         "medusa default graphs": (target("medusa graphs"), medusa(True), MedusaDrafter.Config().k),
+        "medusa dynamic tree graphs": (target("medusa dynamic graphs"), medusa(True, min_confidence=CPU_MIN_CONFIDENCE),
+                                       MedusaDrafter.Config().k),
         "medusa fixed tree graphs": (target("medusa fixed graphs"), medusa(True, min_confidence=0.0),
                                      MedusaDrafter.Config().k),
         "medusa fixed tree graphs, torch ops": (target("medusa fixed graphs, torch ops"),

@@ -158,6 +158,29 @@ def test_drafter_config_composes_with_hydra():
     assert cfg.drafter.tree is None and cfg.drafter.k == 2 and cfg.drafter.lookup == 0
 
 
+def test_the_default_tree_is_dynamic_on_a_cpu_and_fixed_on_a_gpu(tiny_target, tmp_path):
+    """drafter.min_confidence=null: 0.4 where the heads run on a CPU (a dynamic tree, read each step), 0 on a GPU (the
+    fixed tree, its lookup branch found on the device: drafted from the device alone); a number given is kept."""
+    from specdec.drafters.medusa.drafter import default_min_confidence
+
+    assert MedusaDrafter.Config().min_confidence is None
+    assert default_min_confidence(torch.device("cpu")) == 0.4 and default_min_confidence(torch.device("cuda")) == 0.0
+    save_heads(tmp_path / "heads.safetensors", random_heads(), tree=PATHS)
+    for given, expected in ((None, 0.4), (0.1, 0.1), (0.0, 0.0)):
+        cfg = MedusaDrafter.Config(path=str(tmp_path), min_confidence=given, k=8, lookup=2)
+        drafter = MedusaDrafter.from_config(cfg, target=tiny_target)
+        assert drafter.min_confidence == expected
+        assert not drafter.traits.device_only  # a CPU finds the lookup branch on the host
+
+
+@pytest.mark.gpu
+def test_the_default_medusa_tree_on_a_gpu_is_fixed_and_drafted_on_the_device(tmp_path):
+    save_heads(tmp_path / "heads.safetensors", random_heads(), tree=PATHS)
+    drafter = MedusaDrafter.from_config(MedusaDrafter.Config(path=str(tmp_path), k=8, lookup=2),
+                                        target=tiny_llama(layers=1).cuda())
+    assert drafter.min_confidence == 0.0 and drafter.traits.device_only
+
+
 # --- greedy equality on a tiny random model ----------------------------------------------------------------
 
 

@@ -281,7 +281,7 @@ class DraftModelDrafter(ModelDrafter):
     def _unsure(self, logits: torch.Tensor, token: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
                 active: list[bool]) -> bool:
         """Whether every active row's last draft has probability below ``confidence``: q's when sampling, the
-        draft's softmax at T=1 under greedy decoding (q is one-hot there), as transformers does."""
+        draft's softmax at T=1 under greedy decoding (no q there), as transformers does."""
         if params.greedy:
             p = logits.float().softmax(-1).max(-1).values  # the argmax's probability (restricted head: of its N)
         else:

@@ -13,7 +13,8 @@ Two shapes of proposal, each a small strategy class, both verified exactly:
 - **dynamic** (``min_confidence > 0``): of those k paths, each step keeps the ones whose confidence (the
   product of the heads' probabilities along the path), averaged over the batch's rows, reaches
   ``min_confidence``; a chain is cut before the first position not confident enough. None kept = a plain
-  decode step. EAGLE-2's rule; :mod:`specdec.drafters.trees.dynamic` says why it stays exact.
+  decode step. EAGLE-2's rule; :mod:`specdec.drafters.trees.dynamic` says why it stays exact. The config's
+  default (``null``) is dynamic on a CPU and fixed on a GPU (:data:`GPU_MIN_CONFIDENCE`).
 
 Token-aware heads draft a chain head by head and a tree level by level
 (:mod:`specdec.drafters.medusa.candidates`); the target's input embeddings come with the drafter
@@ -59,6 +60,15 @@ from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
 
 log = logging.getLogger(__name__)
+# drafter.min_confidence=null: a dynamic tree on a CPU, where each verified token costs time (0.4 kept the paths
+# worth it over the held-out grid); the fixed tree on a GPU, where one H200 ran it at 881-928 tok/s against the
+# dynamic tree's 493 and plain decoding's 787 (experiments/README.md#h200-device-drafters-2026-11-27)
+CPU_MIN_CONFIDENCE, GPU_MIN_CONFIDENCE = 0.4, 0.0
+
+
+def default_min_confidence(device: torch.device) -> float:
+    """``drafter.min_confidence=null`` where the heads run on ``device``: the fixed tree on a GPU, else dynamic."""
+    return GPU_MIN_CONFIDENCE if device.type == "cuda" else CPU_MIN_CONFIDENCE
 
 
 
@@ -99,9 +109,9 @@ class MedusaDrafter(Drafter):
         # Dynamic tree (EAGLE-2's rule): of the first k paths, keep those whose confidence — the product of
         # the heads' probabilities along the path, an estimate of how often it is accepted — reaches this
         # value (on average over the rows of a batch); none reaching it = a plain decode step. 0 = the fixed
-        # tree of k paths. 0.4 keeps the paths worth a verified token's cost on a CPU (configs/drafter/medusa.yaml);
-        # on a GPU use 0 and a larger k.
-        min_confidence: float = 0.4
+        # tree of k paths. null = where the heads run: 0.4 on a CPU (the paths worth a verified token's cost there),
+        # 0 on a GPU (verifying the whole tree costs about a step; fixed, it is drafted on the device alone)
+        min_confidence: Optional[float] = None
         # Prompt-lookup branch (trees only): up to this many of the k nodes hold the n-gram lookup's
         # continuation of the text (see the module docstring); the Medusa tree gets the first k - lookup
         # paths. 0 = none (needed for a chain, tree: null).
@@ -190,7 +200,9 @@ class MedusaDrafter(Drafter):
             embed = (decoder.embed_tokens if hasattr(decoder, "embed_tokens") else model.get_input_embeddings()).weight
         acceptance = (TypicalAcceptance(cfg.typical_epsilon, cfg.typical_alpha) if cfg.acceptance == "typical"
                       else cfg.acceptance)  # "exact", or a wrong name the drafter reports
-        drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), cfg.min_confidence, embed,
+        min_confidence = (default_min_confidence(lm_head.weight.device) if cfg.min_confidence is None
+                          else cfg.min_confidence)
+        drafter = cls(heads, lm_head.weight, None if paths is None else list(paths), min_confidence, embed,
                       lookup=cfg.lookup, dtype=cfg.dtype, acceptance=acceptance, backend=backend)
         if drafter.traits.lossy:
             log.warning("drafter.acceptance=typical: Medusa's typical acceptance is LOSSY at temperature > 0 "
