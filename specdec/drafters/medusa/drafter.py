@@ -60,16 +60,15 @@ from specdec.models.loading import resolve_dtype
 from specdec.verify.lossy.typical import TypicalAcceptance
 
 log = logging.getLogger(__name__)
-# drafter.min_confidence=null: a dynamic tree on a CPU, where each verified token costs time (0.4 kept the paths
-# worth it over the held-out grid); the fixed tree on a GPU, where one H200 ran it at 881-928 tok/s against the
-# dynamic tree's 493 and plain decoding's 787 (experiments/README.md#h200-device-drafters-2026-11-27)
+# drafter.min_confidence=null: a dynamic tree on a CPU, where each verified token costs time (0.4 keeps the paths
+# worth it there: configs/drafter/medusa.yaml); the fixed tree on a GPU, where one H200 ran it at 881-928 tok/s
+# against the dynamic tree's 493 and plain decoding's 787 (experiments/README.md#h200-device-drafters-2026-11-27)
 CPU_MIN_CONFIDENCE, GPU_MIN_CONFIDENCE = 0.4, 0.0
 
 
 def default_min_confidence(device: torch.device) -> float:
     """``drafter.min_confidence=null`` where the heads run on ``device``: the fixed tree on a GPU, else dynamic."""
     return GPU_MIN_CONFIDENCE if device.type == "cuda" else CPU_MIN_CONFIDENCE
-
 
 
 def fast_bf16(device: torch.device) -> bool:
