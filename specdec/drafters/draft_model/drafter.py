@@ -238,16 +238,13 @@ class DraftModelDrafter(ModelDrafter):
         batch = state.seq.shape[0]
         drawn = () if params.greedy else (uniforms(batch, k, state.generator, state.seq.device),)
         inputs = (state.seq_lens, last_two, *drawn)
-        if self.confidence:  # a host read per draft: drafted eagerly, each forward replaying its own graph if any
-            def stop(logits, token, q):
-                return self._unsure(logits, token, q, params, state.active)
-
-            tokens, *probs = self.chain(self.decoder, state.max_seq_len, k, params, stop, *inputs)
-        elif replays_graphs(self.decoder, self.cache):  # the whole chain, K forwards and draws: one graph
+        # a confidence floor reads each draft back: drafted eagerly, each forward replaying its own graph if any
+        stop = partial(self._unsure, params=params, active=state.active) if self.confidence else None
+        if stop is None and replays_graphs(self.decoder, self.cache):  # the whole chain, K forwards and draws: a graph
             run = partial(self.chain, self.decoder.captured_forward, None, k, params, None)
             tokens, *probs = self.runtime.call(run, inputs, key=("chain", k, params))
         else:
-            tokens, *probs = self.chain(self.decoder, state.max_seq_len, k, params, None, *inputs)
+            tokens, *probs = self.chain(self.decoder, state.max_seq_len, k, params, stop, *inputs)
         self.runtime.forwards += tokens.shape[1]
         self.proposed = tokens.shape[1]
         return Proposal(tokens=tokens, probs=probs[0] if probs else None, num_proposed=[tokens.shape[1]] * batch)
