@@ -2,8 +2,9 @@
 
 For each backend (specdec's Triton kernels, torch's ops) and each width T (1: a plain step; more: a verification
 step), one forward of T tokens after a prompt of --context tokens: the kernels one eager forward launches (torch's
-profiler, CUDA activity), the sum of their times, and the median time of a replayed CUDA graph of that forward
-(CUDA events around 200 replays, no host work between them: the step's floor under the engine). Prints a table,
+profiler, CUDA activity), the sum of their times, and the mean time of a replayed CUDA graph of that forward
+(CUDA events around 200 replays, no host work between them: the step's floor under the engine). Then a drafter's
+top-k over its vocabulary alone, torch's ops against specdec's Triton kernel (:func:`top_k_rows`). Prints a table,
 writes profile_step.json to --out.
 
     python experiments/gpu/profile_step.py --out /tmp/step             # after experiments/gpu/setup.sh
@@ -71,10 +72,59 @@ def main() -> None:
                       f"kernels, graph replay {replay_ms:6.3f} ms", flush=True)
             decoder.graphs.clear()
             decoder.graphs.kept = None
+    top_k = top_k_rows(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_step.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "dtype": args.dtype,
-                                                       "context": args.context, "rows": rows}, indent=2) + "\n")
+                                                       "context": args.context, "rows": rows, "top_k": top_k},
+                                                      indent=2) + "\n")
+
+
+# a drafter's candidates (rows, vocabulary, dtype, k, log-probabilities): Medusa's four heads over the shipped draft
+# vocabulary and over a full one (heads trained without one), at batch 1 and 8; an EAGLE tree level (4 expanded nodes)
+TOP_K_CASES = [("medusa heads, draft vocabulary", 4, 8192, torch.bfloat16, 10, False),
+               ("medusa heads, draft vocabulary, log-probs", 4, 8192, torch.bfloat16, 10, True),
+               ("medusa heads, full vocabulary", 4, 49152, torch.bfloat16, 10, False),
+               ("medusa heads, full vocabulary, batch 8", 32, 49152, torch.bfloat16, 10, False),
+               ("eagle level", 4, 8192, torch.float32, 4, True),
+               ("eagle level, batch 8", 32, 8192, torch.float32, 4, True)]
+
+
+def top_k_rows(device: torch.device) -> list[dict]:
+    """A drafter's top-k over its vocabulary alone (``Backend.top_k``): torch's ops (``float()``, ``topk`` and, for
+    log-probabilities, ``logsumexp``) against specdec's Triton kernel, each as one eager call under the profiler (its
+    kernels) and as a replayed CUDA graph (the mean of 200 replays)."""
+    rows = []
+    for label, count, width, dtype, k, log_probs in TOP_K_CASES:
+        logits = torch.randn(count, width, device=device).to(dtype)
+        for name, backend in (("triton kernels", Backend()), ("torch ops", Backend(gpu_kernels=False))):
+            def call():
+                return backend.top_k(logits, k, log_probs=log_probs)
+
+            with torch.no_grad():
+                for _ in range(3):  # Triton's compilation, the allocator's blocks
+                    call()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    call()
+                    torch.cuda.synchronize()
+                kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call()
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(200):
+                    graph.replay()
+                end.record()
+                end.synchronize()
+            replay_us = start.elapsed_time(end) / 200 * 1000
+            rows.append({"case": label, "backend": name, "rows": count, "width": width, "k": k,
+                         "kernels": len(kernels), "graph_replay_us": replay_us})
+            print(f"top-k {label:45s} {name:15s}: {len(kernels):3d} kernels, graph replay {replay_us:7.1f} us",
+                  flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -201,11 +201,36 @@ class Backend:
 
     def top_log_softmax(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``logits.log_softmax(-1).topk(k, dim=-1)`` as (values, indices) [..., k]: through the kernel where
-        it applies (``cpu_kernels.top_log_softmax``), else torch's ops. A drafter's top-k over its vocabulary."""
+        it applies (``cpu_kernels.top_log_softmax``; the Triton kernels' ``top_k`` where :meth:`gpu_top_k`), else
+        torch's ops. A drafter's top-k over its vocabulary."""
+        gpu = self.gpu_top_k(logits)
+        if gpu is not None:
+            return gpu.top_k(logits, k, log_softmax=True)
         if self.kernels:
             return cpu_kernels.top_log_softmax(logits, k)
         top = logits.log_softmax(-1).topk(k, dim=-1)
         return top.values, top.indices
+
+    def top_k(self, logits: torch.Tensor, k: int, *, log_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k largest of ``logits`` over the last dimension as (values float32, indices) [..., k], largest first:
+        ``logits.float().topk(k)``, its values minus the row's ``logsumexp`` where ``log_probs`` (log-probabilities);
+        through the Triton kernels' ``top_k`` where :meth:`gpu_top_k`. Tree candidates over a drafter's vocabulary."""
+        gpu = self.gpu_top_k(logits)
+        if gpu is not None:
+            return gpu.top_k(logits, k, log_softmax=log_probs)
+        logits = logits.float()
+        top = logits.topk(k, dim=-1)
+        if not log_probs:
+            return top.values, top.indices
+        return top.values - logits.logsumexp(-1, keepdim=True), top.indices
+
+    def gpu_top_k(self, logits: torch.Tensor):
+        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) whose ``top_k`` takes ``logits`` where a fused
+        forward over them would run on those kernels (:meth:`fused_kernels`: a GPU's, or the interpreter's on CPU with
+        :attr:`triton_on_cpu`), else None. On a GPU, torch's ``topk`` over a vocabulary of ~50k at a small batch runs
+        its multi-block path, a few kernels a radix pass: the kernel is one or two (and needs no ``float()`` first)."""
+        kernels = self.fused_kernels(logits)
+        return kernels if kernels is not None and kernels is not cpu_kernels.module() else None
 
     # ---- the weights as the kernels stream them ---------------------------------------------------------
 

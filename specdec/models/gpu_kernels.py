@@ -10,7 +10,8 @@ each row's committed slots and the step's new tokens (:func:`rotary_attention`: 
 mask, read on the device, so a captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are
 the same in two kernels), the o product, the residual add and RMSNorm, the gate|up product, SiLU·up
 (:func:`silu_mul`), the down product. ``target.exact_numerics`` runs the products through :func:`invariant_linear`
-and the attention ``ordered``: a row's arithmetic the same whatever the forward carries.
+and the attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
+candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``).
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on the bits, which no compiler folds away):
@@ -195,3 +196,46 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1)
     return out.view(*x.shape[:-1], n)
+
+
+TOP_K_ROW = 8192  # a row of at most this many logits takes one program (one kernel); longer rows, chunks of
+TOP_K_CHUNK = 4096  # this many, then one program a row merging them (two kernels)
+PLANTED_TOP_K = ("last_chunk_dropped", "ties_to_the_larger_index")  # top_k's planted bugs (tests)
+
+
+def top_k(logits: torch.Tensor, k: int, *, log_softmax: bool = False, _planted: str | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.float().topk(k)`` over the last dimension as (values float32, indices int64) [..., k], largest first
+    and equal values the smaller index first; ``log_softmax``: the values as log-probabilities (minus the row's
+    log-sum-exp). A drafter's candidates over its vocabulary in one or two kernels, where torch's ``topk`` over a long
+    row at a small batch takes its multi-block path (a radix select of a few kernels a pass, then a sort) and
+    ``log_softmax`` one more. ``_planted`` (tests only): one of :data:`PLANTED_TOP_K`."""
+    if _planted is not None and _planted not in PLANTED_TOP_K:
+        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_TOP_K}")
+    width = logits.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= width:
+        raise ValueError(f"top_k: k={k!r} must be an integer in [1, {width}] (the logits' last dimension)")
+    flat = logits.reshape(-1, width)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows = flat.shape[0]
+    values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
+    indices = torch.empty(rows, k, dtype=torch.long, device=logits.device)
+    plant = 0 if _planted is None else PLANTED_TOP_K.index(_planted) + 1
+    if width <= TOP_K_ROW:
+        block = _pow2(width, 16)
+        _kernels().top_k_kernel[(rows, 1)](flat, values, indices, values, values, width, flat.stride(0), k,
+                                           FINAL=True, LOG_SOFTMAX=log_softmax, CHUNK=block, PLANT=plant,
+                                           num_warps=8 if block >= 4096 else 4)
+    else:
+        chunks = width // TOP_K_CHUNK if plant == 1 else _cdiv(width, TOP_K_CHUNK)
+        part_values = torch.empty(rows, chunks, k, dtype=torch.float32, device=logits.device)
+        part_indices = torch.empty(rows, chunks, k, dtype=torch.long, device=logits.device)
+        maxima, sums = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device) for _ in range(2))
+        _kernels().top_k_kernel[(rows, chunks)](flat, part_values, part_indices, maxima, sums, width, flat.stride(0),
+                                                k, FINAL=False, LOG_SOFTMAX=log_softmax, CHUNK=TOP_K_CHUNK,
+                                                PLANT=plant, num_warps=8)
+        _kernels().top_k_merge_kernel[(rows,)](part_values, part_indices, maxima, sums, values, indices, width, chunks,
+                                               k, LOG_SOFTMAX=log_softmax, BLOCK=_pow2(chunks * k, 16),
+                                               CHUNKS=_pow2(chunks, 16))
+    return values.view(*logits.shape[:-1], k), indices.view(*logits.shape[:-1], k)

@@ -309,3 +309,68 @@ def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: 
         acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rows[:, None] < m) & (cols[None, :] < n))
+
+
+@triton.jit
+def top_k_kernel(x_ptr, values_ptr, indices_ptr, max_ptr, sum_ptr, width, stride, k, FINAL: tl.constexpr,
+                 LOG_SOFTMAX: tl.constexpr, CHUNK: tl.constexpr, PLANT: tl.constexpr):
+    """The k largest of a row's chunk of CHUNK logits (program (row, chunk)), largest first, equal values the smaller
+    index first: their values (float32) and indices, where a chunk holds fewer, -inf and ``width``. FINAL (the row in
+    one chunk): the row's answer, as log-probabilities where LOG_SOFTMAX; else also the chunk's max and sum of
+    exp(x - max), for :func:`top_k_merge_kernel`."""
+    row, part = tl.program_id(0), tl.program_id(1)
+    chunks = tl.num_programs(1)
+    offs = part * CHUNK + tl.arange(0, CHUNK)
+    inside = offs < width
+    x = tl.load(x_ptr + row * stride + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    top = tl.max(x, axis=0)
+    safe = tl.where(top == float("-inf"), 0.0, top)  # a chunk of -inf: no inf - inf
+    total = tl.sum(tl.where(inside, tl.exp(x - safe), 0.0), axis=0)
+    shift = 0.0
+    if FINAL and LOG_SOFTMAX:
+        shift = safe + tl.log(total)
+    taken = offs >= width
+    out = (row * chunks + part) * k
+    for j in range(k):
+        left = tl.where(taken, float("-inf"), x)
+        best = tl.max(left, axis=0)
+        tied = (left == best) & (offs < width) & (taken == 0)
+        if PLANT == 2:  # planted (tests): equal values the larger index first
+            pick = tl.max(tl.where(tied, offs, -1), axis=0)
+            pick = tl.where(pick < 0, width, pick)
+        else:
+            pick = tl.min(tl.where(tied, offs, width), axis=0)
+        taken = taken | (offs == pick)
+        tl.store(values_ptr + out + j, best - shift)
+        tl.store(indices_ptr + out + j, pick.to(tl.int64))
+    if not FINAL:
+        tl.store(max_ptr + row * chunks + part, top)
+        tl.store(sum_ptr + row * chunks + part, total)
+
+
+@triton.jit
+def top_k_merge_kernel(values_ptr, indices_ptr, max_ptr, sum_ptr, out_values_ptr, out_indices_ptr, width, chunks, k,
+                       LOG_SOFTMAX: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+    """A row's k largest from its chunks' (:func:`top_k_kernel`), in the same order, and its log-sum-exp from the
+    chunks' maxima and sums where LOG_SOFTMAX (the values then log-probabilities)."""
+    row = tl.program_id(0)
+    c = tl.arange(0, CHUNKS)
+    maxima = tl.load(max_ptr + row * chunks + c, mask=c < chunks, other=float("-inf"))
+    sums = tl.load(sum_ptr + row * chunks + c, mask=c < chunks, other=0.0)
+    shift = 0.0
+    if LOG_SOFTMAX:
+        top = tl.max(maxima, axis=0)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        shift = safe + tl.log(tl.sum(sums * tl.exp(maxima - safe), axis=0))  # a chunk of -inf adds 0
+    offs = tl.arange(0, BLOCK)
+    inside = offs < chunks * k
+    x = tl.load(values_ptr + row * chunks * k + offs, mask=inside, other=float("-inf"))
+    index = tl.load(indices_ptr + row * chunks * k + offs, mask=inside, other=width)
+    taken = index >= width  # past the candidates, or a chunk's empty place
+    for j in range(k):
+        left = tl.where(taken, float("-inf"), x)
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where((left == best) & (taken == 0), index, width), axis=0)
+        taken = taken | (index == pick)
+        tl.store(out_values_ptr + row * k + j, best - shift)
+        tl.store(out_indices_ptr + row * k + j, pick)

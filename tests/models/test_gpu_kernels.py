@@ -348,3 +348,77 @@ def test_exact_numerics_verifies_a_tree_with_the_plain_steps_logits(device):
     if device == "cpu":  # the default kernels (products by shape, the step's tokens attended apart) differ here
         default = decoded(block, exact=False, tree_mask=tree.mask, depths=tree.depths)
         assert not torch.equal(default[[0, 1, 3, 5]], decoded(block[:, [0, 1, 3, 5]], exact=False))
+
+
+def _top_k_agrees(device, planted=None) -> bool:
+    """Whether ``top_k`` (``planted``: with that bug) gives torch's ``topk`` over rows of one chunk (a draft
+    vocabulary) and of several merged (a width that no chunk divides, its largest value in the last, partial chunk):
+    float32 rows torch's indices and values, as log-probabilities to float32's rounding; bfloat16 rows (with ties)
+    torch's values at distinct indices holding them; rows of many equal values the stable order, the smaller index
+    first."""
+    g = torch.Generator().manual_seed(0)
+    agrees = True
+    for width, rows, k in ((50, 3, 1), (2000, 2, 5), (10000, 2, 6)):
+        x = torch.randn(rows, width, generator=g)
+        x[:, -3] = 5.0  # the last chunk's
+        x = x.to(device)
+        values, indices = gpu_kernels.top_k(x, k, _planted=planted)
+        top = x.topk(k)
+        agrees &= torch.equal(indices, top.indices) and torch.equal(values, top.values)
+        log_values, log_indices = gpu_kernels.top_k(x, k, log_softmax=True, _planted=planted)
+        top = x.log_softmax(-1).topk(k)
+        agrees &= torch.equal(log_indices, top.indices) and torch.allclose(log_values, top.values, atol=1e-5)
+        half = x[:, : width // 2].to(torch.bfloat16)  # an odd width, ties among the largest
+        values, indices = gpu_kernels.top_k(half, k, _planted=planted)
+        agrees &= (torch.equal(values, half.float().topk(k).values) and torch.equal(half.float().gather(1, indices), values)
+                   and all(row.unique().numel() == k for row in indices))
+        tied = torch.randint(0, 3, (rows, width), generator=g).float().to(device)
+        values, indices = gpu_kernels.top_k(tied, k, _planted=planted)
+        order = torch.sort(-tied, stable=True).indices[:, :k]
+        agrees &= torch.equal(indices, order) and torch.equal(values, tied.gather(1, order))
+    return agrees
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_is_torchs_topk_in_the_stable_order(device):
+    assert _top_k_agrees(device)
+
+
+@pytest.mark.parametrize("planted", gpu_kernels.PLANTED_TOP_K)
+def test_a_planted_top_k_bug_fails_the_check(planted):
+    assert not _top_k_agrees("cpu", planted)
+
+
+def test_top_k_refuses_a_k_its_row_cannot_give():
+    for k in (0, 51, 2.0, True):
+        with pytest.raises(ValueError, match=f"k={k!r}"):
+            gpu_kernels.top_k(torch.zeros(2, 50), k)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("min_confidence", [0.0, 0.05])
+def test_medusa_drafts_its_tree_on_the_top_k_kernel_as_on_torchs_topk(device, min_confidence, monkeypatch):
+    """Medusa's fixed and dynamic trees (the candidates' log-probabilities then read) drafted through the Triton top-k
+    (the heads and the target on the kernels, graphs replayed) give the tokens and acceptances torch's ``topk`` gives
+    (the target and heads on torch's ops): plain decoding's greedy output, every step alike."""
+    from helpers import random_heads
+
+    from specdec.drafters import MedusaDrafter
+
+    calls = []
+    real = gpu_kernels.top_k
+    monkeypatch.setattr(gpu_kernels, "top_k", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_llama(layers=2, seed=0).to(device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]], device=device)
+    paths = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0]]
+    runs = []
+    for backend in (_backend(device), Backend.emulated_gpu() if device == "cpu" else Backend(gpu_kernels=False)):
+        target = GraphedDecoder(as_decoder(model, backend=backend))
+        drafter = MedusaDrafter(random_heads().to(device), model.lm_head.weight, paths, min_confidence,
+                                backend=backend)
+        drafter.runtime.replay_graphs("auto")
+        runs.append(speculative_generate(target, drafter, ids, k=len(paths), max_new_tokens=12, eos_token_id=[]))
+    ref = autoregressive_generate(model, ids, max_new_tokens=12, eos_token_id=[])
+    assert runs[0].sequences == runs[1].sequences == ref.sequences and calls
+    assert [(r.stats.proposed_tokens, r.stats.accepted_per_position, r.stats.verify_steps) for r in runs[:1]] == \
+        [(r.stats.proposed_tokens, r.stats.accepted_per_position, r.stats.verify_steps) for r in runs[1:]]

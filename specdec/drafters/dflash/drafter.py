@@ -96,7 +96,7 @@ class DFlashDrafter(Drafter):
         self.positions = BlockPositions(model)
         self.paths = None if paths is None else check_paths(paths, self.positions.num_heads)
         self.lookup = lookup if self.paths is not None else 0  # the lookup branch joins a tree; a chain has none
-        candidates = IndependentHeads(self.positions, model.lm_head.weight)
+        candidates = IndependentHeads(self.positions, model.lm_head.weight, backend)
         on_device = model.lm_head.weight.device.type == "cuda"  # a GPU finds the lookup branch on the device
         self.drafting = (ChainDrafting(candidates, self.positions, min_confidence) if self.paths is None
                          else TreeDrafting(candidates, self.paths, min_confidence, lookup, on_device))

@@ -121,9 +121,9 @@ class TokenAwareHeads:
         parents = known[:, part.above]  # [B, P, depth+1, H]: the paths of the parents drafted from
         expanded = hidden[:, None].expand(-1, parents.shape[1], -1)  # [B, P, H]
         logits = self.heads(expanded, self.lm_head_weight, num_heads=depth + 1, known=parents,
-                            first=depth)[:, :, 0].float()  # [B, P, V']
-        top = logits.topk(part.top, dim=-1)  # [B, P, r]
-        drafted = self.heads.to_token_ids(top.indices[:, part.slot, part.rank])  # [B, n']
-        own = (top.values - logits.logsumexp(-1, keepdim=True))[:, part.slot, part.rank].clamp(max=0)
+                            first=depth)[:, :, 0]  # [B, P, V']
+        values, indices = self.heads.backend.top_k(logits, part.top, log_probs=True)  # [B, P, r] log-probabilities
+        drafted = self.heads.to_token_ids(indices[:, part.slot, part.rank])  # [B, n']
+        own = values[:, part.slot, part.rank].clamp(max=0)
         path = above_logp[:, part.above][:, part.slot] + own  # [B, n']
         return drafted, path, torch.cat([parents[:, part.slot], self.embed(drafted)[:, :, None]], 2)

@@ -157,7 +157,7 @@ class MedusaDrafter(Drafter):
         self.min_confidence = min_confidence
         self.lookup = lookup
         candidates = (TokenAwareHeads(heads, self.lm_head_weight, embed_weight) if heads.token_aware
-                      else IndependentHeads(heads, self.lm_head_weight))
+                      else IndependentHeads(heads, self.lm_head_weight, backend))
         if lookup_on_device is None:  # a GPU finds the lookup branch on the device (lookup_branch's docstring)
             lookup_on_device = lm_head_weight.device.type == "cuda"
         self.drafting = (ChainDrafting(candidates, heads, min_confidence) if self.paths is None

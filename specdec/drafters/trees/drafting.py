@@ -26,6 +26,7 @@ from specdec.drafters.trees.dynamic import confident_prefix, kept_nodes, path_lo
 from specdec.drafters.ngram import state_continuations
 from specdec.drafters.trees.lookup_branch import add_branch, below_branch, continuations
 from specdec.drafters.trees.plan import PlanCache, TreeCache, TreePlan
+from specdec.models.backend import Backend
 from specdec.models.graphs import Graphs
 from specdec.verify.sampling import logits_to_probs, sample
 from specdec.verify.tree import Tree
@@ -59,9 +60,10 @@ class Candidates(Protocol):
 class IndependentHeads:
     """Heads on the hidden state alone; ``lm_head_weight`` [V', H] are the draft vocabulary's LM-head rows."""
 
-    def __init__(self, heads: Heads, lm_head_weight: torch.Tensor):
+    def __init__(self, heads: Heads, lm_head_weight: torch.Tensor, backend: Backend = Backend()):
         self.heads = heads
         self.lm_head_weight = lm_head_weight
+        self.backend = backend  # the candidates' top-k (:meth:`Backend.top_k`: one or two kernels on a GPU)
         self.graphs: Graphs | None = None  # where set, trees are drafted by replayed graphs
 
     def chain(
@@ -94,13 +96,13 @@ class IndependentHeads:
         return out[0], out[1] if wanted else None
 
     def _tree(self, hidden: torch.Tensor, plan: TreePlan, wanted: bool) -> tuple[torch.Tensor, ...]:
-        logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth).float()  # [B, D, V']
-        top = logits.topk(plan.top, dim=-1)  # [B, D, r]: each head's candidates, best first
-        tokens = self.heads.to_token_ids(top.indices)[:, plan.level, plan.rank]  # [B, N]
+        logits = self.heads(hidden, self.lm_head_weight, num_heads=plan.tree.max_depth)  # [B, D, V']
+        # [B, D, r]: each head's candidates, best first, as log-probabilities where wanted
+        values, indices = self.backend.top_k(logits, plan.top, log_probs=wanted)
+        tokens = self.heads.to_token_ids(indices)[:, plan.level, plan.rank]  # [B, N]
         if not wanted:
             return (tokens,)
-        node_logp = (top.values - logits.logsumexp(-1, keepdim=True))[:, plan.level, plan.rank]  # [B, N]
-        return tokens, path_logprobs(node_logp, plan.tree)
+        return tokens, path_logprobs(values[:, plan.level, plan.rank], plan.tree)
 
 
 
