@@ -424,6 +424,20 @@ def gguf_weight(shape: tuple[int, int], kind: str, seed: int = 0, *, one_scale_p
 from specdec.drafters.dflash import DFlashConfig, DFlashModel  # noqa: E402
 
 
+def random_dflash(target, draft_vocab=None, seed=0, block_size=5, layers=2, aux=(1, 2, 3)) -> DFlashModel:
+    """A block drafter of random weights for ``target`` (``draft_vocab``: that many of its tokens, drawn)."""
+    cfg = DFlashConfig.for_target(target.config, num_layers=layers, block_size=block_size, mask_token_id=63,
+                                  aux_layers=aux, draft_vocab_size=draft_vocab)
+    model = DFlashModel(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    if draft_vocab:
+        model.set_token_ids(torch.randperm(target.config.vocab_size, generator=gen)[:draft_vocab].sort().values)
+    return model.attach(target.get_input_embeddings().weight)
+
+
 class MarkovBlocks(DFlashModel):
     """A block drafter whose masked position i outputs e_{σ^(i-1)(anchor)} (the cache written as usual), over an LM
     head that is the target's made flatter: position i's candidates are the target's likely tokens i steps ahead,

@@ -7,6 +7,7 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --medusa    # also Medusa's trees: dynamic, fixed, fixed with a lookup branch
     python experiments/studies/step_ops.py --medusa --temperature 1   # sampled steps (the exact rule's verdict)
     python experiments/studies/step_ops.py --draft-model  # also a draft model's chain: fixed length, confidence floor
+    python experiments/studies/step_ops.py --dflash    # also the block drafter's fixed trees, with and without lookup
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -84,6 +85,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
     parser.add_argument("--eagle", action="store_true", help="also EAGLE's trees (k=16, a random draft layer)")
     parser.add_argument("--medusa", action="store_true", help="also Medusa's trees (3 random heads, 8 paths)")
+    parser.add_argument("--dflash", action="store_true",
+                        help="also the block drafter's trees (block of 5, 8 paths): fixed, fixed with a lookup branch")
     parser.add_argument("--draft-model", action="store_true",
                         help="also a draft model's chain (K=3, the target's first layer drafting)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
@@ -139,6 +142,23 @@ def main() -> None:
         runs["Medusa dynamic tree (min_confidence 0.05)"] = medusa(0.05, 0)
         runs["Medusa fixed tree"] = medusa(0.0, 0)
         runs["Medusa fixed tree, a lookup branch of 3 on the device"] = medusa(0.0, 3)
+    if args.dflash:
+        from helpers import random_dflash
+
+        from specdec.drafters import DFlashDrafter
+
+        paths = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
+
+        def dflash(lookup: int):
+            drafter = DFlashDrafter(random_dflash(model, aux=(0, 1)), paths, lookup=lookup,
+                                    backend=Backend.emulated_gpu())
+            drafter.drafting.lookup_on_device = True  # a GPU's
+            drafter.runtime.replay_graphs("auto")
+            return lambda: speculative_generate(decoder, drafter, ids, k=lookup + len(paths), max_new_tokens=new,
+                                                eos_token_id=[], **sampling)
+
+        runs["block drafter fixed tree"] = dflash(0)
+        runs["block drafter fixed tree, a lookup branch of 3 on the device"] = dflash(3)
     if args.draft_model:
         from specdec.drafters import DraftModelDrafter
 

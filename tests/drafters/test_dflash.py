@@ -8,7 +8,8 @@ import json
 
 import pytest
 import torch
-from helpers import exact_verdict, feature_batch, fused_backend, markov_blocks, read_late_and_each_step, tiny_llama
+from helpers import (exact_verdict, feature_batch, fused_backend, markov_blocks, random_dflash, read_late_and_each_step,
+                     tiny_llama)
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters.base import graph_runners
@@ -25,19 +26,6 @@ def target():
 
 PROMPTS = torch.tensor([[1, 5, 7, 9, 3, 2, 8], [0, 0, 0, 4, 8, 6, 11]])
 MASK = (torch.arange(7) >= torch.tensor([[0], [3]])).long()
-
-
-def random_dflash(target, draft_vocab=None, seed=0, block_size=5, layers=2, aux=(1, 2, 3)) -> DFlashModel:
-    cfg = DFlashConfig.for_target(target.config, num_layers=layers, block_size=block_size, mask_token_id=63,
-                                  aux_layers=aux, draft_vocab_size=draft_vocab)
-    model = DFlashModel(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    if draft_vocab:
-        model.set_token_ids(torch.randperm(target.config.vocab_size, generator=gen)[:draft_vocab].sort().values)
-    return model.attach(target.get_input_embeddings().weight)
 
 
 TREE = [[0], [1], [0, 0], [2], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
@@ -77,8 +65,8 @@ def test_a_fixed_block_draft_read_a_step_late_equals_the_loop_that_reads_each_st
                                             pytest.param(None, "triton", marks=pytest.mark.slow)],  # ~2.5 min here
                          ids=["chain", "tree", "chain-triton"])
 def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
-    """With graphs (emulated on CPU: they fail where a CUDA graph would), the catch-ups and block forwards replay
-    captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2 left-padded, with the drafts
+    """With graphs (emulated on CPU: they fail where a CUDA graph would), the catch-ups and block forwards (and a
+    tree's candidates) replay captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2 left-padded, with the drafts
     the eager drafter drafts (the same τ); on torch's ops, and on the Triton kernels (under the interpreter here)."""
     backend = Backend.emulated_gpu() if kernels == "torch" else fused_backend("triton")
     graphed, eager = (DFlashDrafter(random_dflash(target, draft_vocab=40), paths, backend=backend) for _ in range(2))
@@ -100,6 +88,7 @@ def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
     assert len(mine) == len(theirs) > 10 and all(torch.equal(a, b) for a, b in zip(mine, theirs))
     runners = graph_runners(graphed)
     assert len(runners) == 1 and runners[0].captures >= 2 and runners[0].replays > runners[0].captures
+    assert paths is None or graphed.drafting.candidates.graphs is runners[0]  # a tree's candidates replay too
     assert not graph_runners(eager)
 
 

@@ -18,7 +18,8 @@ depends on the context and the anchor, not on the drafts before it), so the same
 One draft forward whatever k: the cost of a step does not grow with the drafts, only the verification's does.
 On CPU the forward goes through specdec's kernels (the weights as 4-bit codes by default, ``weight_bits``); where
 the target's forwards replay graphs (a GPU) the catch-up and the block forward replay graphs too (over the cache the
-graphs keep), the candidates' logits run eagerly.
+graphs keep), and so do a tree's candidates (the LM head over the block, its top-k and the nodes' tokens); a chain's
+draws run eagerly.
 """
 
 from __future__ import annotations
@@ -109,13 +110,13 @@ class DFlashDrafter(Drafter):
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers), sizes=sizes,
                              device_only=min_confidence == 0 and (self.lookup == 0 or on_device))
         # the catch-up's context write and the block forward replay graphs where the target's forwards do (a GPU; both
-        # are fixed shapes but the catch-up's count of positions), and so does a lookup branch found on the device;
-        # the candidates' logits run eagerly
+        # are fixed shapes but the catch-up's count of positions), and so do a tree's candidates and a lookup branch
+        # found on the device; a chain's draws run eagerly
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device, route=self._use_graphs)
 
     def _use_graphs(self, graphs, compile: bool) -> None:
-        if isinstance(self.drafting, TreeDrafting):
-            self.drafting.graphs = graphs  # the device's lookup branch
+        if isinstance(self.drafting, TreeDrafting):  # the tree's candidates, the device's lookup branch
+            self.drafting.candidates.graphs = self.drafting.graphs = graphs
         # the catch-up and the block forward replay through runtime.call
 
     @classmethod
