@@ -12,7 +12,8 @@ counts are worked out on the device, and the host reads a step's tokens after it
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
-gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVCache.compact`).
+gathers the accepted path into contiguous slots (:meth:`specdec.models.cache.KVCache.compact`; where the verdict
+replays with the forward, the path is moved there too, after it: :func:`_path_moved`).
 
 Where the target replays graphs (a GPU), a step's verdict is captured with its forward (:func:`verify_step`):
 greedy from the argmax, sampled under the exact rule from uniforms drawn in one op before the replay (as the eager
@@ -26,13 +27,14 @@ import functools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from specdec.decode.metrics import DecodeStats
 from specdec.drafters.base import DecodeState, Drafter, NoDrafter, Proposal, graph_runners
 from specdec.models import as_decoder
+from specdec.models.cache import KVCache
 from specdec.models.graphs import forward_then, replays_graphs
 from specdec.models.loading import stop_token_ids
 from specdec.verify import (EXACT, AcceptanceRule, ExactRule, Tree, accepted_path, emitted_tokens, greedy_chain,
@@ -160,6 +162,7 @@ class StepResult:
     path: torch.Tensor | None  # [B, D+1] long: block positions of the accepted path (trees); None: a chain
     hidden: torch.Tensor  # [B, H]: the target's hidden state where next_tokens was predicted
     features: torch.Tensor | None = None  # [B, E, F]: the drafter's feature layers along the kept positions
+    moved: bool = False  # a tree's accepted path already moved into place in the target's cache (KVCache.move_path)
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
@@ -248,12 +251,14 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
             drafted = () if proposal.probs is None else (proposal.probs,)
             then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
+        if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
+            then = functools.partial(_path_moved, cache, then)
         outputs = forward_then(decoder, then, _verdict_key(tree, None if greedy else params), block, cache,
                                kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
                                depths=None if tree is None else tree.depths, capture=capture)
         num_accepted, next_tokens, emitted, path, hidden, *kept = outputs
         return StepResult(num_accepted, next_tokens, emitted, None if tree is None else path, hidden,
-                          kept[0] if kept else None)
+                          kept[0] if kept else None, moved=tree is not None)
     logits, hidden, *features = decoder(block, cache, kv_len=kv_len, tree_mask=None if tree is None else tree.mask,
                                         depths=None if tree is None else tree.depths, capture=capture)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
@@ -311,6 +316,16 @@ def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor)
         nodes, num_accepted, next_tokens = greedy_tree(tree, block[:, 1:], best)
         step = _kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features)
     return _step_outputs(step)
+
+
+def _path_moved(cache: KVCache, then: Callable[..., tuple[torch.Tensor, ...]], *args: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+    """``then``'s verdict of a tree (:func:`_step_outputs`), its accepted path then moved into the slots after the
+    committed ones in ``cache`` (:meth:`KVCache.move_path`): in the graph that replays the forward and the verdict, so
+    that committing the step is a pointer move (``StepResult.moved``)."""
+    outputs = then(*args)
+    cache.move_path(outputs[3])
+    return outputs
 
 
 def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, block: torch.Tensor,
@@ -380,8 +395,8 @@ def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, ma
     slots = (state.seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)
              ).clamp_(max=state.capacity - 1)
     state.seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
-    if step.path is None:
-        cache.commit(count)  # keeps last token + accepted drafts; finished rows stop moving
+    if step.path is None or step.moved:
+        cache.commit(count)  # keeps last token + accepted drafts (a tree's moved in place); finished rows stop moving
     else:
         cache.compact(step.path, count)
     state.seq_lens += count

@@ -142,11 +142,18 @@ class KVCache:
 
     def compact(self, path: torch.Tensor, num_tokens: torch.Tensor) -> None:
         """Commit a tree's accepted path: move the uncommitted slots ``lengths + path[b, j]`` to
-        ``lengths + j`` for j < P, then commit ``num_tokens[b]`` of them.
+        ``lengths + j`` for j < P (:meth:`move_path`), then commit ``num_tokens[b]`` of them.
 
         path: [B, P] long, offsets into the last forward's new tokens, in the accepted order;
         num_tokens: [B] long, how many entries of each row's path are kept.
         """
+        self.move_path(path)
+        self.commit(num_tokens)
+
+    def move_path(self, path: torch.Tensor) -> None:
+        """Move the uncommitted slots ``lengths + path[b, j]`` to ``lengths + j`` for j < P (path [B, P] long), nothing
+        committed: device ops of fixed shapes, no host read, which a verification's graph captures after its verdict
+        (run again, after the forward rewrote the step's slots, it moves the same)."""
         b, p = path.shape
         src = self.lengths[:, None] + path  # [B, P]
         dst = self.lengths[:, None] + torch.arange(p, device=path.device)  # [B, P]
@@ -155,11 +162,9 @@ class KVCache:
             shape = (two, layers, b, h, p, d)
             moved = self.stacked.gather(4, src[None, None, :, None, :, None].expand(shape))
             self.stacked.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
-            self.commit(num_tokens)
             return
         for layer in range(len(self.keys)):
             for store in (self.keys[layer], self.values[layer]):
                 h, d = store.shape[1], store.shape[3]
                 moved = store.gather(2, src[:, None, :, None].expand(b, h, p, d))
                 store.scatter_(2, dst[:, None, :, None].expand(b, h, p, d), moved)
-        self.commit(num_tokens)
