@@ -8,6 +8,7 @@ top-k over its vocabulary alone, torch's ops against specdec's Triton kernel (:f
 writes profile_step.json to --out.
 
     python experiments/gpu/profile_step.py --out /tmp/step             # after experiments/gpu/setup.sh
+    python experiments/gpu/profile_step.py --widths --out /tmp/top_k   # the top-k table alone (seconds)
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from specdec.models import Backend, GraphedDecoder, as_decoder
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=200, help="committed tokens before the step")
-    ap.add_argument("--widths", type=int, nargs="*", default=[1, 5, 16, 32])
+    ap.add_argument("--widths", type=int, nargs="*", default=[1, 5, 16, 32],
+                    help="the step's widths T (none: the drafters' top-k table alone)")
     ap.add_argument("--batch", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="profile_step")
@@ -38,7 +40,7 @@ def main() -> None:
     rows = []
     for name, backend in (("triton kernels", Backend()), ("torch ops", Backend(gpu_kernels=False))):
         decoder = GraphedDecoder(as_decoder(model, backend=backend))
-        for batch in args.batch:
+        for batch in args.batch if args.widths else ():
             cache = decoder.new_cache(batch, args.context + max(args.widths) + 8, torch.zeros(batch, dtype=torch.long,
                                                                                               device=device))
             prompt = torch.randint(0, decoder.vocab_size, (batch, args.context), device=device)
@@ -91,15 +93,17 @@ TOP_K_CASES = [("medusa heads, draft vocabulary", 4, 8192, torch.bfloat16, 10, F
 
 
 def top_k_rows(device: torch.device) -> list[dict]:
-    """A drafter's top-k over its vocabulary alone (``Backend.top_k``): torch's ops (``float()``, ``topk`` and, for
-    log-probabilities, ``logsumexp``) against specdec's Triton kernel, each as one eager call under the profiler (its
-    kernels) and as a replayed CUDA graph (the mean of 200 replays)."""
+    """A drafter's top-k over its vocabulary alone (``Backend.top_k``, EAGLE's ``Backend.top_log_softmax``): torch's ops
+    (``float()``, ``topk`` and, for log-probabilities, ``logsumexp``; EAGLE's ``log_softmax`` then ``topk``) against
+    specdec's Triton kernel, each as one eager call under the profiler (its kernels) and as a replayed CUDA graph (the
+    mean of 200 replays)."""
     rows = []
     for label, count, width, dtype, k, log_probs in TOP_K_CASES:
         logits = torch.randn(count, width, device=device).to(dtype)
         for name, backend in (("triton kernels", Backend()), ("torch ops", Backend(gpu_kernels=False))):
-            def call():
-                return backend.top_k(logits, k, log_probs=log_probs)
+            def call():  # EAGLE's call for its log-probabilities (log_softmax then topk in torch), Medusa's else
+                return backend.top_log_softmax(logits, k) if log_probs and label.startswith("eagle") else \
+                    backend.top_k(logits, k, log_probs=log_probs)
 
             with torch.no_grad():
                 for _ in range(3):  # Triton's compilation, the allocator's blocks
