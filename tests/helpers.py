@@ -326,7 +326,12 @@ class NoRenormalisation(ExactRule):
 
 
 def random_eagle(target, draft_vocab=None, seed=0, aux=(1, 2, 3)) -> EagleModel:
-    model = EagleModel(EagleConfig.for_target(target.config, draft_vocab, aux))
+    return randomised(EagleModel(EagleConfig.for_target(target.config, draft_vocab, aux)), target, draft_vocab, seed)
+
+
+def randomised(model, target, draft_vocab, seed):
+    """A feature drafter ``model`` (EAGLE's, the block drafter's) for ``target`` with random weights, ``draft_vocab`` of
+    the target's tokens drawn where given, attached to the target's embeddings."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -428,14 +433,7 @@ def random_dflash(target, draft_vocab=None, seed=0, block_size=5, layers=2, aux=
     """A block drafter of random weights for ``target`` (``draft_vocab``: that many of its tokens, drawn)."""
     cfg = DFlashConfig.for_target(target.config, num_layers=layers, block_size=block_size, mask_token_id=63,
                                   aux_layers=aux, draft_vocab_size=draft_vocab)
-    model = DFlashModel(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    if draft_vocab:
-        model.set_token_ids(torch.randperm(target.config.vocab_size, generator=gen)[:draft_vocab].sort().values)
-    return model.attach(target.get_input_embeddings().weight)
+    return randomised(DFlashModel(cfg), target, draft_vocab, seed)
 
 
 class MarkovBlocks(DFlashModel):

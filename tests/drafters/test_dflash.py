@@ -66,8 +66,9 @@ def test_a_fixed_block_draft_read_a_step_late_equals_the_loop_that_reads_each_st
                          ids=["chain", "tree", "chain-triton"])
 def test_graphs_replay_what_the_drafter_drafts_eagerly(target, paths, kernels):
     """With graphs (emulated on CPU: they fail where a CUDA graph would), the catch-ups and block forwards (and a
-    tree's candidates) replay captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2 left-padded, with the drafts
-    the eager drafter drafts (the same τ); on torch's ops, and on the Triton kernels (under the interpreter here)."""
+    tree's candidates) replay captured graphs over the kept cache: plain decoding's greedy output, batch 1 then 2
+    left-padded, with the drafts the eager drafter drafts (the same τ); on torch's ops, and on the Triton kernels
+    (under the interpreter here)."""
     backend = Backend.emulated_gpu() if kernels == "torch" else fused_backend("triton")
     graphed, eager = (DFlashDrafter(random_dflash(target, draft_vocab=40), paths, backend=backend) for _ in range(2))
     graphed.runtime.replay_graphs("auto")

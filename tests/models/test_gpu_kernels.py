@@ -370,7 +370,8 @@ def _top_k_agrees(device, planted=None) -> bool:
         agrees &= torch.equal(log_indices, top.indices) and torch.allclose(log_values, top.values, atol=1e-5)
         half = x[:, : width // 2].to(torch.bfloat16)  # an odd width, ties among the largest
         values, indices = gpu_kernels.top_k(half, k, _planted=planted)
-        agrees &= (torch.equal(values, half.float().topk(k).values) and torch.equal(half.float().gather(1, indices), values)
+        agrees &= (torch.equal(values, half.float().topk(k).values)
+                   and torch.equal(half.float().gather(1, indices), values)
                    and all(row.unique().numel() == k for row in indices))
         tied = torch.randint(0, 3, (rows, width), generator=g).float().to(device)
         values, indices = gpu_kernels.top_k(tied, k, _planted=planted)
