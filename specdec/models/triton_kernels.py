@@ -312,6 +312,21 @@ def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: 
 
 
 @triton.jit
+def largest(x, index, taken, width, LARGER_FIRST: tl.constexpr):
+    """One round of a top-k: the largest of ``x`` not ``taken`` (equal values the smaller ``index``, the larger where
+    LARGER_FIRST: a planted bug) and its index (``width`` where none is left), then ``taken`` with it marked."""
+    left = tl.where(taken, float("-inf"), x)
+    best = tl.max(left, axis=0)
+    tied = (left == best) & (taken == 0)
+    if LARGER_FIRST:
+        pick = tl.max(tl.where(tied, index, -1), axis=0)
+        pick = tl.where(pick < 0, width, pick)
+    else:
+        pick = tl.min(tl.where(tied, index, width), axis=0)
+    return best, pick, taken | (index == pick)
+
+
+@triton.jit
 def top_k_kernel(x_ptr, values_ptr, indices_ptr, max_ptr, sum_ptr, width, stride, k, FINAL: tl.constexpr,
                  LOG_SOFTMAX: tl.constexpr, CHUNK: tl.constexpr, PLANT: tl.constexpr):
     """The k largest of a row's chunk of CHUNK logits (program (row, chunk)), largest first, equal values the smaller
@@ -332,15 +347,7 @@ def top_k_kernel(x_ptr, values_ptr, indices_ptr, max_ptr, sum_ptr, width, stride
     taken = offs >= width
     out = (row * chunks + part) * k
     for j in range(k):
-        left = tl.where(taken, float("-inf"), x)
-        best = tl.max(left, axis=0)
-        tied = (left == best) & (offs < width) & (taken == 0)
-        if PLANT == 2:  # planted (tests): equal values the larger index first
-            pick = tl.max(tl.where(tied, offs, -1), axis=0)
-            pick = tl.where(pick < 0, width, pick)
-        else:
-            pick = tl.min(tl.where(tied, offs, width), axis=0)
-        taken = taken | (offs == pick)
+        best, pick, taken = largest(x, offs, taken, width, PLANT == 2)  # 2, planted (tests): the larger index first
         tl.store(values_ptr + out + j, best - shift)
         tl.store(indices_ptr + out + j, pick.to(tl.int64))
     if not FINAL:
@@ -368,9 +375,6 @@ def top_k_merge_kernel(values_ptr, indices_ptr, max_ptr, sum_ptr, out_values_ptr
     index = tl.load(indices_ptr + row * chunks * k + offs, mask=inside, other=width)
     taken = index >= width  # past the candidates, or a chunk's empty place
     for j in range(k):
-        left = tl.where(taken, float("-inf"), x)
-        best = tl.max(left, axis=0)
-        pick = tl.min(tl.where((left == best) & (taken == 0), index, width), axis=0)
-        taken = taken | (index == pick)
+        best, pick, taken = largest(x, index, taken, width, False)
         tl.store(out_values_ptr + row * k + j, best - shift)
         tl.store(out_indices_ptr + row * k + j, pick)
