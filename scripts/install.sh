@@ -10,7 +10,7 @@ pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
     pip_install "torch==2.13.0"
 fi
-if ! "$PY" -c 'import specdec, hydra, transformers, nbclient, hydra_plugins.hydra_submitit_launcher' 2>/dev/null \
+if ! "$PY" -c 'import specdec, hydra, transformers, nbclient, xdist, hydra_plugins.hydra_submitit_launcher' 2>/dev/null \
    || [ "$("$PY" -c 'import specdec, os; print(os.path.realpath(os.path.dirname(specdec.__file__)))')" != "$(realpath specdec)" ]; then
     pip_install "torch==2.13.0" -e ".[dev]"
 fi

@@ -9,6 +9,10 @@ import shutil
 # and transformers may import it): set before them. nvidia-smi stands for a CUDA device (torch is not imported yet).
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# A pytest-xdist worker (scripts/test.sh runs one a core) keeps to one thread, and so do the jobs it starts: OpenMP's
+# threads of two workers sharing two cores spin against each other (three times slower than one process).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
@@ -16,7 +20,7 @@ import torch
 from helpers import make_markov_target, tiny_llama, tiny_train_pair
 from transformers import LlamaForCausalLM
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 def _dot_a_row_at_a_time() -> None:
