@@ -72,6 +72,14 @@ def test_bad_weight_bits_are_named(target):
         round_weights(random_eagle(target), 3)
 
 
+def test_a_lookup_branch_in_a_sampled_tree_is_refused_when_built(target):
+    """A lookup branch is fixed candidates, which a tree of sampled children cannot hold: refused by name when the
+    drafter is built, not at its first tree; a chain (``tree: false``) has no branch and is built."""
+    with pytest.raises(ValueError, match=r"drafter.lookup=3 adds fixed candidates.*drafter.sampled=false"):
+        EagleDrafter(random_eagle(target), sampled=True, lookup=3)
+    EagleDrafter(random_eagle(target), tree=False, sampled=True, lookup=3)
+
+
 @pytest.mark.parametrize("k", [1, 2, 5, 9])
 def test_a_lookup_branch_takes_at_most_half_of_k(target, k):
     """A lookup branch longer than k once made trees wider than k (the loop refused the proposal); it now
@@ -113,12 +121,10 @@ def test_pruned_growth_selects_the_same_trees(target, options, monkeypatch):
 class _BothGrowths(EagleDrafter):
     """Grows each step's fixed tree on the device (what it proposes) and on the host (TreeGrowth), keeping both."""
 
-    def propose_tree(self, state, hidden, k):
-        proposal = super().propose_tree(state, hidden, k)
+    def propose_device_tree(self, state, hidden, n, lookup):
+        proposal = super().propose_device_tree(state, hidden, n, lookup)
         committed = self.cache.lengths.clone()
-        self.grow_on_device = False
-        host = super().propose_tree(state, hidden, k)
-        self.grow_on_device = True
+        host = self.propose_tree(state, hidden, n, lookup)
         self.cache.rollback_to(committed)
         self.pairs.append([(p.tokens.tolist(), p.tree.parent_list) for p in (proposal, host)])
         return proposal

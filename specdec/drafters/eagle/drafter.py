@@ -98,6 +98,9 @@ class EagleDrafter(Drafter):
                 raise ValueError(f"drafter.{name} must be an integer >= {low}, got {value!r}")
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"drafter.min_confidence must be in [0, 1) (0 = always k nodes), got {min_confidence}")
+        if tree and sampled and lookup:
+            raise ValueError(f"drafter.lookup={lookup} adds fixed candidates to a tree of sampled ones; set "
+                             "drafter.sampled=false (or null) or drafter.lookup=0")
         if model.embed_weight is None:
             raise ValueError("the EAGLE model needs the target's input embeddings: call model.attach(embed_weight)")
         self.model = model.eval()
@@ -157,21 +160,21 @@ class EagleDrafter(Drafter):
         """Feed the positions committed since the last step (their features and the tokens that followed
         them) into the draft cache and commit them."""
         cache, feats = self.cache, state.features
-        t = feats.shape[1]
-        slots = (cache.lengths[:, None] + 1 + torch.arange(t, device=feats.device)).clamp_(max=state.capacity - 1)
-        tokens = state.seq.gather(1, slots)  # [B, T]: the token after each position
+        t, capacity = feats.shape[1], state.capacity
         graphed = self.runtime.graphs is not None
         kv_len = None if graphed else state.max_seq_len + t  # graphs attend over the whole cache
 
-        def run(feats, tokens, seq_lens):  # no commit inside: a graph's warm-up runs it more than once
+        def run(feats, seq, seq_lens):  # no commit inside: a graph's warm-up runs it more than once
             base = cache.lengths
-            positions = cache.positions(torch.arange(t, device=base.device)).clamp_(min=0)
+            steps = torch.arange(t, device=base.device)
+            tokens = seq.gather(1, (base[:, None] + 1 + steps).clamp_(max=capacity - 1))  # [B, T]: each one's next
+            positions = cache.positions(steps).clamp_(min=0)
             out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
             count = (seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
             rows = torch.arange(out.shape[0], device=out.device)
             return out[rows, (count - 1).clamp(min=0)], count
 
-        inputs = (feats, tokens, state.seq_lens)
+        inputs = (feats, state.seq, state.seq_lens)  # the tokens are gathered inside: no ops between the graphs
         out, count = self.runtime.call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
         cache.commit(count)
         self.runtime.forwards += 1
@@ -193,13 +196,22 @@ class EagleDrafter(Drafter):
     @torch.no_grad()
     def propose(self, state: DecodeState, k: int) -> Proposal:
         hidden = self.catch_up(state)  # [B, H]
+        lookup = min(self.lookup, k // 2)  # a tree's lookup branch takes at most half of the k nodes
+        if self.tree and self.grows_on_device(state, lookup):  # its graph rolls its entries back: no ops around it
+            return self.propose_device_tree(state, hidden, k - lookup, lookup)
         committed = self.cache.lengths.clone()
         try:
             if self.tree:
-                return self.propose_tree(state, hidden, k)
+                return self.propose_tree(state, hidden, k - lookup, lookup)
             return self.propose_chain(state, hidden, k)
         finally:
             self.cache.rollback_to(committed)  # the drafts' entries are forgotten; catch_up rewrites them
+
+    def grows_on_device(self, state: DecodeState, lookup: int) -> bool:
+        """Whether this step's tree is :class:`DeviceGrowth`'s: fixed candidates (no sampled children), no pruning,
+        and a lookup branch (``lookup`` nodes) found on the device where it has one."""
+        return (self.grow_on_device and not self.traits.samples_siblings(state.sampling) and self.min_confidence == 0
+                and (lookup == 0 or self.lookup_on_device))
 
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int, drafted: int,
                tree: torch.Tensor | None = None) -> torch.Tensor:
@@ -252,19 +264,17 @@ class EagleDrafter(Drafter):
         return Proposal(tokens=drafts, num_proposed=[k] * drafts.shape[0],
                         probs=None if greedy else self.full_vocab(torch.stack(probs, 1), state.vocab_size))
 
-    def propose_tree(self, state: DecodeState, hidden: torch.Tensor, k: int) -> Proposal:
-        if self.sampled and self.lookup:
-            raise ValueError("drafter.lookup adds fixed candidates to a tree of sampled ones; set drafter.sampled=false "
-                             "(or null) or drafter.lookup=0")
-        sampled = self.traits.samples_siblings(state.sampling)
-        lookup = min(self.lookup, k // 2)  # the lookup branch takes at most half of the k nodes
-        if self.grow_on_device and not sampled and self.min_confidence == 0 and (lookup == 0 or self.lookup_on_device):
-            tokens, counted, shape = DeviceGrowth(self, k - lookup, lookup).propose(state, hidden)
-            return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * tokens.shape[0], tree=shape,
-                            counted=counted)
-        tree = TreeGrowth(self, state, sampled, self.masks)
-        tree.grow(hidden, k - lookup)
-        tokens, parents, probs = tree.select(k - lookup)
+    def propose_device_tree(self, state: DecodeState, hidden: torch.Tensor, n: int, lookup: int) -> Proposal:
+        """:class:`DeviceGrowth`'s tree of ``n`` nodes after a lookup chain of ``lookup``, nothing read back."""
+        tokens, counted, shape = DeviceGrowth(self, n, lookup).propose(state, hidden)
+        return Proposal(tokens=tokens, num_proposed=[tokens.shape[1]] * tokens.shape[0], tree=shape, counted=counted)
+
+    def propose_tree(self, state: DecodeState, hidden: torch.Tensor, n: int, lookup: int) -> Proposal:
+        """A tree grown on the host (:class:`TreeGrowth`) of up to ``n`` nodes, then a lookup branch of up to
+        ``lookup`` nodes."""
+        tree = TreeGrowth(self, state, self.traits.samples_siblings(state.sampling), self.masks)
+        tree.grow(hidden, n)
+        tokens, parents, probs = tree.select(n)
         filler = [0] * tokens.shape[0]
         if lookup:
             found = continuations(state.tokens, state.active, lookup)
