@@ -207,13 +207,15 @@ def _prefill(decoder, request: _Request):  # -> cache, first [B], hidden [B, H],
     return cache, first, hidden[:, -1], features[0] if features else None
 
 
-def _initial_state(decoder, request: _Request, first: torch.Tensor, first_host: list[int], hidden: torch.Tensor,
-                   features: torch.Tensor | None) -> DecodeState:
+def _initial_state(decoder, request: _Request, width: int, first: torch.Tensor, first_host: list[int],
+                   hidden: torch.Tensor, features: torch.Tensor | None) -> DecodeState:
     """The state after the prefill: the prompt and its first new token, ``first`` ([B]; ``first_host`` on the host),
-    predicted from ``hidden`` ([B, H]); ``features``: the drafter's feature layers at the prompt's positions."""
+    predicted from ``hidden`` ([B, H]); ``features``: the drafter's feature layers at the prompt's positions.
+    ``width``: ``seq``'s slots, the target cache's (a graphed decoder's kept cache has the same width generation after
+    generation, so a drafter's graphs that read ``seq`` are not captured again for each prompt's length)."""
     input_ids = request.input_ids
     batch, prompt_len = input_ids.shape
-    seq = torch.zeros(batch, request.capacity, dtype=torch.long, device=input_ids.device)
+    seq = torch.zeros(batch, width, dtype=torch.long, device=input_ids.device)
     seq[:, :prompt_len] = input_ids
     seq[:, prompt_len] = first
     return DecodeState(
@@ -599,7 +601,7 @@ def _generate(target, drafter: Drafter, input_ids, attention_mask, *, k: int, ma
     with timer("prefill_time_s"):
         cache, first, hidden, features = _prefill(decoder, request)
     first_host = first.tolist()
-    state = _initial_state(decoder, request, first, first_host, hidden, features)
+    state = _initial_state(decoder, request, cache.capacity, first, first_host, hidden, features)
     out = [[t] for t in first_host]
     if drafter.runtime is not None:
         drafter.runtime.forwards = 0

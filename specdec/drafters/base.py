@@ -56,7 +56,8 @@ class DecodeState:
     seq_lens[b] - 1`` of ``seq``; the target cache holds all of them but the last (``last_tokens``).
     """
 
-    seq: torch.Tensor  # [B, capacity] long: left padding, prompt, emitted tokens
+    seq: torch.Tensor  # [B, W] long: left padding, prompt, emitted tokens; W >= capacity (the target cache's
+    # slots: a graphed decoder keeps one width over generations, which graphs reading seq are captured for)
     seq_lens: torch.Tensor  # [B] long: filled slots per row, padding included
     pad: torch.Tensor  # [B] long: left-padding slots per row
     last_tokens: torch.Tensor  # [B] long: newest token per row (not yet in the target's cache)

@@ -301,6 +301,45 @@ def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_pla
     assert drafter.runtime.graphs.captures > 0
 
 
+def test_a_drafters_graphs_that_read_the_tokens_are_captured_once_for_prompts_of_any_length(graph_device):
+    """``DecodeState.seq`` is as wide as the graphed target's kept cache, whatever the prompt's length: a drafter's
+    graph that reads it (n-gram lookup on the device; EAGLE's catch-up and its device tree's lookup branch) is captured
+    for the first prompt and replayed for prompts of other lengths (planted: ``seq`` as wide as each generation's
+    capacity, a capture per prompt length), with plain decoding's outputs."""
+    from helpers import random_eagle
+
+    from specdec.decode import engine
+    from specdec.drafters.eagle import EagleDrafter
+
+    model = tiny_llama(layers=4, seed=0).to(graph_device)
+    prompts = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13], [7, 8, 9, 7, 8]]
+
+    def captures(width=None):
+        graphed = _graphed(model)
+        lookup = NgramDrafter(on_device=True, device=graph_device, backend=_backend(model))
+        eagle = EagleDrafter(random_eagle(model).to(graph_device), lookup=3, lookup_on_device=True,
+                             grow_on_device=True, backend=_backend(model))
+        counts = []
+        for drafter in (lookup, eagle):
+            drafter.runtime.replay_graphs("auto")
+            for prompt in prompts:
+                ids = torch.tensor([prompt], device=graph_device)
+                ref = autoregressive_generate(_eager(model), ids, max_new_tokens=6, eos_token_id=[])
+                out = speculative_generate(graphed, drafter, ids, k=8, max_new_tokens=6, eos_token_id=[])
+                assert out.sequences == ref.sequences
+            keys = [full[0] for full in drafter.runtime.graphs._graphs]
+            counts.append((keys.count(("lookup", 8, 3, 2)), keys.count("catch_up") > 0,
+                           sum(isinstance(key, tuple) and key[0] == "device_tree" for key in keys)))
+        return counts
+
+    assert captures() == [(1, False, 0), (0, True, 1)]
+    planted = engine._initial_state
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "_initial_state", lambda decoder, request, width, *rest: planted(
+            decoder, request, request.capacity, *rest))
+        assert captures() == [(len(prompts), False, 0), (0, True, len(prompts))]
+
+
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),
                                         (dict(tree=True, min_confidence=0.0, grow_on_device=True), 12),
                                         (dict(tree=True, depth=3, top_k=2, expand=2, min_confidence=0.01), 8)],
