@@ -80,6 +80,14 @@ class DecodeState:
 GRAPHED_CATCH_UP = 16  # catch-ups of at most this many positions replay graphs (the first, the prompt's: eager)
 
 
+def replays_catch_up(runtime: "DraftRuntime", state: DecodeState) -> bool:
+    """Whether a drafter's catch-up on ``state.features`` replays a graph: where its work replays graphs, after a
+    verify step (the prompt's catch-up, as long as the prompt, is eager: a short prompt's would be captured again
+    for each prompt length) and over at most :data:`GRAPHED_CATCH_UP` positions."""
+    return (runtime.graphs is not None and state.num_accepted is not None
+            and state.features.shape[1] <= GRAPHED_CATCH_UP)
+
+
 @dataclass(frozen=True)
 class Traits:
     """What the decode loop reads of a drafter beyond its calls, as data (frozen: a drafter or a planted bug that

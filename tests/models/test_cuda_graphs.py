@@ -301,43 +301,54 @@ def test_an_eagle_tree_grown_on_the_device_read_a_step_late_on_graphs_equals_pla
     assert drafter.runtime.graphs.captures > 0
 
 
-def test_a_drafters_graphs_that_read_the_tokens_are_captured_once_for_prompts_of_any_length(graph_device):
-    """``DecodeState.seq`` is as wide as the graphed target's kept cache, whatever the prompt's length: a drafter's
-    graph that reads it (n-gram lookup on the device; EAGLE's catch-up and its device tree's lookup branch) is captured
-    for the first prompt and replayed for prompts of other lengths (planted: ``seq`` as wide as each generation's
-    capacity, a capture per prompt length), with plain decoding's outputs."""
+def test_a_drafters_graphs_are_captured_once_for_prompts_of_any_length(graph_device):
+    """A drafter's graphs do not depend on the prompt's length. ``DecodeState.seq`` is as wide as the graphed target's
+    kept cache, so a graph that reads it (n-gram lookup on the device; EAGLE's device tree with its lookup branch) is
+    captured for the first prompt and replayed for prompts of other lengths; the prompt's catch-up (EAGLE's, the
+    block drafter's) runs eagerly, so only a step's catch-ups (at most k + 1 positions) are captured. Plain decoding's
+    outputs throughout. Planted, each fails: ``seq`` as wide as each generation's capacity (a capture per prompt
+    length), the prompt's catch-up replayed (a capture per prompt length of at most 16 tokens)."""
     from helpers import random_eagle
 
     from specdec.decode import engine
-    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters import base
+    from specdec.drafters.eagle import EagleDrafter, drafter as eagle_module
 
     model = tiny_llama(layers=4, seed=0).to(graph_device)
-    prompts = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6], [12, 13, 14, 15, 12, 13], [7, 8, 9, 7, 8]]
+    graphed = _graphed(model)
+    prompts = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6] * 4, [12, 13, 14, 15, 12, 13] * 2 + [7], [7, 8, 9] * 5]
 
-    def captures(width=None):
-        graphed = _graphed(model)
-        lookup = NgramDrafter(on_device=True, device=graph_device, backend=_backend(model))
-        eagle = EagleDrafter(random_eagle(model).to(graph_device), lookup=3, lookup_on_device=True,
-                             grow_on_device=True, backend=_backend(model))
-        counts = []
-        for drafter in (lookup, eagle):
-            drafter.runtime.replay_graphs("auto")
-            for prompt in prompts:
-                ids = torch.tensor([prompt], device=graph_device)
-                ref = autoregressive_generate(_eager(model), ids, max_new_tokens=6, eos_token_id=[])
-                out = speculative_generate(graphed, drafter, ids, k=8, max_new_tokens=6, eos_token_id=[])
-                assert out.sequences == ref.sequences
-            keys = [full[0] for full in drafter.runtime.graphs._graphs]
-            counts.append((keys.count(("lookup", 8, 3, 2)), keys.count("catch_up") > 0,
-                           sum(isinstance(key, tuple) and key[0] == "device_tree" for key in keys)))
-        return counts
+    def captured(drafter):  # -> lookup graphs, device-tree graphs, the widest catch-up captured
+        drafter.runtime.replay_graphs("auto")
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=graph_device)
+            ref = autoregressive_generate(_eager(model), ids, max_new_tokens=4, eos_token_id=[])
+            out = speculative_generate(graphed, drafter, ids, k=8, max_new_tokens=4, eos_token_id=[])
+            assert out.sequences == ref.sequences
+        keys = list(drafter.runtime.graphs._graphs)
+        return (sum(key == ("lookup", 8, 3, 2) for key, _ in keys),
+                sum(isinstance(key, tuple) and key[0] == "device_tree" for key, _ in keys),
+                max((shapes[0][0][1] for key, shapes in keys if key == "catch_up"), default=0))
 
-    assert captures() == [(1, False, 0), (0, True, 1)]
-    planted = engine._initial_state
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "_initial_state", lambda decoder, request, width, *rest: planted(
+    def lookup():
+        return NgramDrafter(on_device=True, device=graph_device, backend=_backend(model))
+
+    def eagle():
+        return EagleDrafter(random_eagle(model).to(graph_device), depth=3, top_k=2, expand=2, lookup=3,
+                            lookup_on_device=True, grow_on_device=True, backend=_backend(model))
+
+    assert captured(lookup())[0] == 1
+    _, trees, widest = captured(eagle())
+    assert trees == 1 and 0 < widest <= 8 + 1 < min(map(len, prompts))
+    with pytest.MonkeyPatch.context() as patch:  # planted: seq as wide as each generation's capacity
+        initial_state = engine._initial_state
+        patch.setattr(engine, "_initial_state", lambda decoder, request, width, *rest: initial_state(
             decoder, request, request.capacity, *rest))
-        assert captures() == [(len(prompts), False, 0), (0, True, len(prompts))]
+        assert captured(lookup())[0] == len(prompts)
+    with pytest.MonkeyPatch.context() as patch:  # planted: the prompt's catch-up replayed too
+        patch.setattr(eagle_module, "replays_catch_up", lambda runtime, state: (
+            runtime.graphs is not None and state.features.shape[1] <= base.GRAPHED_CATCH_UP))
+        assert captured(eagle())[2] == max(map(len, prompts))
 
 
 @pytest.mark.parametrize("options, k", [(dict(tree=False), 4), (dict(tree=True, min_confidence=0.0), 12),

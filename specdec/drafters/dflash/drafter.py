@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import (GRAPHED_CATCH_UP, DecodeState, Drafter, DraftRuntime, Proposal, Traits, register,
+from specdec.drafters.base import (DecodeState, Drafter, DraftRuntime, Proposal, Traits, register, replays_catch_up,
                                   round_weights)
 from specdec.drafters.dflash.model import DEFAULT_DFLASH, DFlashModel, default_dflash_path, load_dflash
 from specdec.drafters.features import check_state, on_target
@@ -164,7 +164,8 @@ class DFlashDrafter(Drafter):
         """The positions committed since the last step enter the cache as context (and are committed there)."""
         cache, feats = self.cache, state.features
         t = feats.shape[1]
-        kv_len = None if self.runtime.graphs is not None else min(state.max_seq_len + t + 1, cache.capacity)
+        replayed = replays_catch_up(self.runtime, state)
+        kv_len = None if replayed else min(state.max_seq_len + t + 1, cache.capacity)  # graphs: the whole cache
 
         def run(feats, seq_lens, last):  # no commit inside: a graph's warm-up runs it more than once
             count = (seq_lens - 1 - cache.lengths).clamp(min=0, max=t)  # per row: its positions before the newest token
@@ -173,7 +174,7 @@ class DFlashDrafter(Drafter):
             return torch.where((count > 0)[:, None], newest, last), count
 
         inputs = (feats, state.seq_lens, self.last)
-        self.last, count = self.runtime.call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
+        self.last, count = self.runtime.call(run, inputs, key="catch_up") if replayed else run(*inputs)
         cache.commit(count)
 
     @torch.no_grad()

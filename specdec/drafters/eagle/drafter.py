@@ -26,7 +26,7 @@ shape below them). Verification is multi-candidate recursive rejection sampling
 
 Where graphs replay (a GPU; its runtime's :meth:`~specdec.drafters.base.DraftRuntime.replay_graphs`, which the main
 job calls with ``target.compile``),
-the draft layer's forwards (the catch-up of up to :data:`GRAPHED_CATCH_UP` positions, each chain or tree level)
+the draft layer's forwards (a step's catch-up, :func:`~specdec.drafters.base.replays_catch_up`; each chain or tree level)
 and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
 whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
 length. A dynamic tree's choices between levels (which nodes to expand) are read on the host; on a GPU a fixed tree
@@ -45,7 +45,7 @@ from typing import Optional, Union
 import torch
 
 from specdec.config import DrafterConfig
-from specdec.drafters.base import (GRAPHED_CATCH_UP, DecodeState, Drafter, DraftRuntime, Proposal, Traits, register,
+from specdec.drafters.base import (DecodeState, Drafter, DraftRuntime, Proposal, Traits, register, replays_catch_up,
                                   round_weights)
 from specdec.drafters.eagle.growth import DeviceGrowth, TreeGrowth
 from specdec.drafters.eagle.model import DEFAULT_EAGLE, EagleModel, default_eagle_path, load_eagle
@@ -161,8 +161,8 @@ class EagleDrafter(Drafter):
         them) into the draft cache and commit them."""
         cache, feats = self.cache, state.features
         t, capacity = feats.shape[1], state.capacity
-        graphed = self.runtime.graphs is not None
-        kv_len = None if graphed else state.max_seq_len + t  # graphs attend over the whole cache
+        replayed = replays_catch_up(self.runtime, state)
+        kv_len = None if replayed else state.max_seq_len + t  # graphs attend over the whole cache
 
         def run(feats, seq, seq_lens):  # no commit inside: a graph's warm-up runs it more than once
             base = cache.lengths
@@ -175,7 +175,7 @@ class EagleDrafter(Drafter):
             return out[rows, (count - 1).clamp(min=0)], count
 
         inputs = (feats, state.seq, state.seq_lens)  # the tokens are gathered inside: no ops between the graphs
-        out, count = self.runtime.call(run, inputs, key="catch_up") if t <= GRAPHED_CATCH_UP else run(*inputs)
+        out, count = self.runtime.call(run, inputs, key="catch_up") if replayed else run(*inputs)
         cache.commit(count)
         self.runtime.forwards += 1
         return out
