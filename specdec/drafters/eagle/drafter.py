@@ -24,14 +24,15 @@ that fit in k (whole depths; which nodes get children may depend on their values
 shape below them). Verification is multi-candidate recursive rejection sampling
 (:mod:`specdec.verify.tree`).
 
-Where graphs replay (a GPU; its runtime's :meth:`~specdec.drafters.base.DraftRuntime.replay_graphs`, which the main
-job calls with ``target.compile``), the draft layer's forwards (a step's catch-up,
-:func:`~specdec.drafters.base.replays_catch_up`; each chain or tree level) and its logits replay graphs (:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's
-whole capacity (a cache kept across generations, as the target's wrapper keeps its own) instead of a host-side
-length. A dynamic tree's choices between levels (which nodes to expand) are read on the host; on a GPU a fixed tree
-(``min_confidence: 0``) of fixed candidates (greedy, or ``sampled: false``) is grown and chosen on the device in ops
-of fixed shapes (:class:`~specdec.drafters.eagle.growth.DeviceGrowth`: every level expands ``expand`` nodes, the
-``k`` most confident form the tree), one graph a step, nothing read back, so the decode loop reads it a step late.
+Where graphs replay (a GPU; its runtime's :meth:`~specdec.drafters.base.DraftRuntime.replay_graphs`, which the main job
+calls with ``target.compile``), the draft layer's forwards (a step's catch-up,
+:func:`~specdec.drafters.base.replays_catch_up`; each chain or tree level) and its logits replay graphs
+(:class:`~specdec.models.graphs.Graphs`): they attend over the draft cache's whole capacity (a cache kept across
+generations, as the target's wrapper keeps its own) instead of a host-side length. A dynamic tree's choices between
+levels (which nodes to expand) are read on the host; on a GPU a fixed tree (``min_confidence: 0``) of fixed candidates
+(greedy, or ``sampled: false``) is grown and chosen on the device in ops of fixed shapes
+(:class:`~specdec.drafters.eagle.growth.DeviceGrowth`: every level expands ``expand`` nodes, the ``k`` most confident
+form the tree), one graph a step, nothing read back, so the decode loop reads it a step late.
 """
 
 from __future__ import annotations
