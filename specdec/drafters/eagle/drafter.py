@@ -124,8 +124,7 @@ class EagleDrafter(Drafter):
         # there or it has none (a sampled one, at T > 0, reads its draws' places on the host)
         self.traits = Traits(feature_layers=tuple(model.cfg.aux_layers),
                              siblings=EXACT_SIBLINGS if tree and wanted else None,
-                             device_only=not tree or (self.grow_on_device and min_confidence == 0
-                                                      and (lookup == 0 or self.lookup_on_device)))
+                             device_only=not tree or self.fixed_tree_on_device(lookup))
         # the draft layer's forwards and logits replay graphs where the target's do (see the module docstring);
         # compiled or not, the same graphs
         self.runtime = DraftRuntime(backend, device=lambda: self.model.fc.weight.device)
@@ -207,11 +206,14 @@ class EagleDrafter(Drafter):
         finally:
             self.cache.rollback_to(committed)  # the drafts' entries are forgotten; catch_up rewrites them
 
+    def fixed_tree_on_device(self, lookup: int) -> bool:
+        """Whether a tree of fixed candidates is :class:`DeviceGrowth`'s: grown on the device, no pruning, and a lookup
+        branch (``lookup`` nodes) found on the device where it has one."""
+        return self.grow_on_device and self.min_confidence == 0 and (lookup == 0 or self.lookup_on_device)
+
     def grows_on_device(self, state: DecodeState, lookup: int) -> bool:
-        """Whether this step's tree is :class:`DeviceGrowth`'s: fixed candidates (no sampled children), no pruning,
-        and a lookup branch (``lookup`` nodes) found on the device where it has one."""
-        return (self.grow_on_device and not self.traits.samples_siblings(state.sampling) and self.min_confidence == 0
-                and (lookup == 0 or self.lookup_on_device))
+        """Whether this step's tree is :class:`DeviceGrowth`'s: :meth:`fixed_tree_on_device`, no sampled children."""
+        return not self.traits.samples_siblings(state.sampling) and self.fixed_tree_on_device(lookup)
 
     def extend(self, hidden: torch.Tensor, tokens: torch.Tensor, state: DecodeState, level: int, drafted: int,
                tree: torch.Tensor | None = None) -> torch.Tensor:
