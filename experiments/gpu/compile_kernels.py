@@ -1,0 +1,294 @@
+"""specdec's Triton kernels compiled for a GPU on a machine without one: what Triton's interpreter does not check.
+
+The tests run the kernels under Triton's interpreter, which runs what a GPU's compiler refuses (a name rebound to
+another type in a loop) and knows no register or shared-memory limit. Here every launch that a few forwards and
+kernel calls make under the interpreter is recorded (the kernel, its arguments' types, its compile-time constants,
+its launch options), then each distinct one is compiled by Triton's own compiler for the GPU (``--arch``: 90 is an
+H100 or H200) to its machine code, whose registers, spills and shared memory ``cuobjdump`` reads. The launches:
+one layer of a random target at SmolLM2-135M's, Llama-3.1-8B's and Qwen3-8B's shapes (random weights: only the
+kernels' specialisations matter) on specdec's Triton kernels, with and without ``exact_numerics`` (a prefill, a
+one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32 too); then the drafters' kernels
+alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots). On 2026-11-29 all 58 launches
+compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'), none spilling.
+
+    python experiments/gpu/compile_kernels.py                  # sm_90: every launch compiled, the table
+    python experiments/gpu/compile_kernels.py --arch 80 90 --json /tmp/compiled.json
+    python experiments/gpu/compile_kernels.py --quick          # bf16 at SmolLM2-135M's shape alone (the tests')
+    python experiments/gpu/compile_kernels.py --triton /tmp/triton-3.6   # another Triton's compiler (the GPU's)
+    python experiments/gpu/compile_kernels.py --planted        # a kernel the interpreter runs and the compiler refuses
+
+Exit status 1 when a launch does not compile or needs more shared memory than the GPU has. Compiled code is cached
+by Triton (``~/.triton/cache``): a second run takes seconds. Needs Triton (the ``ptxas`` and ``cuobjdump`` its wheel
+carries), no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes of shared memory a block may use
+_SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "head_dim": 64, "rope_scaling": None}
+_EIGHT_B = {"intermediate_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 1}  # heads of 128, grouped by 4
+# (a synthetic preset, fields replaced, dtypes, exact numerics or not): one layer, a vocabulary of 512. The kernels'
+# constants depend on the heads' dimension and grouping and the hidden width (the norm's block), not on the number
+# of heads or the MLP's width (both cut at 8B), and exact numerics' products on nothing of the shape: they run at a
+# narrow width (the interpreter's products at SmolLM2's take minutes).
+SHAPES = [
+    ("llama-3.1-8b", _SMOLLM2, ("bfloat16", "float16", "float32"), False),  # SmolLM2-135M
+    ("llama-3.1-8b", {**_SMOLLM2, "hidden_size": 128, "intermediate_size": 64, "num_attention_heads": 2,
+                      "num_key_value_heads": 1}, ("bfloat16", "float16", "float32"), True),  # its heads, narrow
+    ("llama-3.1-8b", _EIGHT_B, ("bfloat16",), False),
+    ("qwen3-8b", _EIGHT_B, ("bfloat16",), False),
+]
+QUICK = [(preset, fields, ("bfloat16",), exact) for preset, fields, _, exact in SHAPES[:2]]  # --quick: the tests
+
+
+def _planted_kernel():
+    """A kernel the interpreter runs and Triton's compiler refuses (``--planted``): a loop-carried name rebound from
+    the input's 16-bit type to float32, the kind of bug a GPU run's first minutes found before (2026-11-27)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def planted_rebinding_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        for _ in range(2):
+            x = x.to(tl.float32) * 2.0
+        tl.store(out_ptr + offs, x.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+    return planted_rebinding_kernel
+
+
+# ---- recording (a child process, TRITON_INTERPRET=1) -----------------------------------------------------------------
+
+_POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "int64": "*i64", "int32": "*i32",
+             "int8": "*i8", "uint8": "*u8", "bool": "*i1"}
+
+
+def _argument_type(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _POINTERS[str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"a kernel argument of type {type(value).__name__}: not a tensor, int, float or bool")
+
+
+def _launch(function, args: tuple, kwargs: dict) -> dict:
+    """One launch of an interpreted kernel as the compiler takes it: its arguments' types, its constexprs (given, or
+    their defaults), its options. An int argument equal to 1 is a constant, as Triton's launcher specialises it."""
+    parameters = inspect.signature(function.fn).parameters
+    bound = dict(zip(function.arg_names, args))
+    bound.update({name: value for name, value in kwargs.items() if name in parameters})
+    signature, constants = {}, {}
+    for name, parameter in parameters.items():
+        constexpr = "constexpr" in str(parameter.annotation)
+        value = bound.get(name, parameter.default)
+        if constexpr or value is None or (type(value) is int and value == 1):
+            signature[name], constants[name] = "constexpr", value
+        else:
+            signature[name] = _argument_type(value)
+    options = {name: value for name, value in kwargs.items() if name not in parameters}
+    return {"kernel": function.fn.__name__, "module": function.fn.__module__, "signature": signature,
+            "constants": constants, "options": options}
+
+
+def _record(launches: list) -> None:
+    """Every interpreted kernel launch from here on appended to ``launches``."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    real = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        launches.append(_launch(self, args, kwargs))
+        return real(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+
+
+def _forwards(preset: str, fields: dict, dtype, exact: bool) -> None:
+    """A prefill, a one-token step, a chain of 4 and a tree of 3 through one layer of a random target (``preset``'s
+    shape, ``fields`` replaced) on the Triton kernels, eagerly (a graph replays the same launches), ``exact``: with
+    exact numerics."""
+    import torch
+
+    from specdec.models import Backend, as_decoder
+    from specdec.models.synthetic import synthetic_target
+
+    model = synthetic_target(preset, dtype=dtype, num_hidden_layers=1, vocab_size=512, **fields)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2], [0, 0, 6, 7, 8, 9]])
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    decoder = as_decoder(model, backend=Backend.interpreted_gpu(exact))
+    cache = decoder.new_cache(2, 32, torch.tensor([0, 2]))
+    with torch.no_grad():
+        decoder(ids, cache, last_only=True)
+        cache.commit(torch.tensor([6, 6]))
+        decoder(ids[:, :1], cache)
+        decoder(ids[:, :4], cache)
+        decoder(ids[:, :3], cache, tree_mask=tree, depths=torch.tensor([0, 1, 1]))
+
+
+def _drafter_kernels(dtype) -> None:
+    """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
+    chunks of a long row then their merge), EAGLE's attention over its recent slots."""
+    import torch
+
+    from specdec.models import gpu_kernels
+
+    g = torch.Generator().manual_seed(0)
+    for width in (8192, 49152):
+        for log_softmax in (False, True):
+            gpu_kernels.top_k(torch.randn(2, width, generator=g).to(dtype), 8, log_softmax=log_softmax)
+    heads, kv_heads, dim, new, recent = 9, 3, 64, 3, 2
+    keys = torch.randn(2, kv_heads, 32, dim, generator=g).to(dtype)
+    lengths, pad = torch.tensor([6, 6]), torch.tensor([0, 2])
+    mask = torch.ones(new, recent + new, dtype=torch.bool).tril(recent)
+    qkv = torch.randn(2 * new, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    cos, sin = (torch.randn(2 * new, dim, generator=g).to(dtype) for _ in range(2))
+    gpu_kernels.rotary_attention(qkv, cos, sin, heads, keys, keys.clone(), lengths, pad, mask, recent)
+    q, k, v = gpu_kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
+    gpu_kernels.cache_attention(q, k, v, keys, keys.clone(), lengths, pad, mask, recent)
+
+
+def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
+    """The distinct launches of the forwards and drafter kernels above (this process runs Triton's interpreter);
+    ``quick``: bf16 at SmolLM2-135M's shape alone."""
+    import torch
+
+    launches: list[dict] = []
+    _record(launches)
+    if planted:
+        x = torch.randn(16, dtype=torch.bfloat16)
+        _planted_kernel()[(1,)](x, torch.empty_like(x), 16, BLOCK=16)  # the interpreter runs it
+    else:
+        for preset, fields, dtypes, exact in QUICK if quick else SHAPES:
+            for name in dtypes:
+                _forwards(preset, fields, getattr(torch, name), exact)
+        for name in ("bfloat16",) if quick else ("bfloat16", "float32"):
+            _drafter_kernels(getattr(torch, name))
+    distinct = {json.dumps(launch, sort_keys=True): launch for launch in launches}
+    return list(distinct.values())
+
+
+# ---- compiling (this process, no interpreter) ------------------------------------------------------------------------
+
+def _kernel(launch: dict):
+    if launch["kernel"] == "planted_rebinding_kernel":
+        return _planted_kernel()
+    module = __import__(launch["module"], fromlist=["_"])
+    return getattr(module, launch["kernel"])
+
+
+def _resources(cubin: bytes, tool: Path) -> dict:
+    """Registers, stack and local (spilled) bytes of a compiled kernel, as ``cuobjdump -res-usage`` reads them."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        text = subprocess.run([str(tool), "-res-usage", file.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    return {} if found is None else {"registers": int(found[1]), "stack": int(found[2]), "local": int(found[4])}
+
+
+def compile_launch(launch: dict, arch: int) -> dict:
+    """``launch`` compiled for ``arch`` (e.g. 90): its shared memory, registers and spills, or the compiler's error."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(_kernel(launch), launch["signature"], launch["constants"])
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch["options"])
+    except Exception as exc:  # the compiler's refusal is what this reports
+        return {"error": f"{type(exc).__name__}: {str(exc).strip()[:2000]}"}
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    result = {"shared": compiled.metadata.shared, "warps": compiled.metadata.num_warps,
+              "seconds": round(time.perf_counter() - start, 2)}
+    if tool.exists():
+        result.update(_resources(compiled.asm["cubin"], tool))
+    if result["shared"] > SHARED_LIMIT.get(arch, min(SHARED_LIMIT.values())):
+        result["error"] = (f"needs {result['shared']} bytes of shared memory a block, over sm_{arch}'s "
+                           f"{SHARED_LIMIT.get(arch, min(SHARED_LIMIT.values()))}")
+    return result
+
+
+def _describe(launch: dict) -> str:
+    """A launch's pointer types and its constants that are not sizes, in a line."""
+    types = sorted({t[1:] for t in launch["signature"].values() if t in ("*fp32", "*fp16", "*bf16")})
+    flags = [f"{k}={v}" for k, v in launch["constants"].items() if isinstance(v, bool) and v or
+             (k.startswith("BLOCK") or k in ("GROUP", "CHUNK", "PLANT")) and v]
+    return "/".join(types) + (" " + " ".join(flags) if flags else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, nargs="+", default=[90], help="compute capabilities (90: H100, H200; 80: A100)")
+    ap.add_argument("--json", help="write every launch and its result here")
+    ap.add_argument("--quick", action="store_true", help="bf16 at SmolLM2-135M's shape alone (the default tests)")
+    ap.add_argument("--planted", action="store_true", help="compile a planted kernel the compiler refuses instead")
+    ap.add_argument("--triton", help="compile with the Triton in this directory instead (`pip install --target DIR "
+                    "triton==3.6.0`: the GPU machines' version); the launches are recorded with this environment's")
+    ap.add_argument("--record", help=argparse.SUPPRESS)  # the child: record under the interpreter, write here
+    args = ap.parse_args()
+    if args.record:
+        Path(args.record).write_text(json.dumps(record_launches(args.planted, args.quick)))
+        return
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("compile_kernels.py compiles for a GPU: run it without TRITON_INTERPRET (it sets it for the "
+                         "process that records the launches)")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        recorded = Path(scratch) / "launches.json"
+        child = [sys.executable, __file__, "--record", str(recorded)] + (["--planted"] if args.planted else []) + (
+            ["--quick"] if args.quick else [])
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(
+            [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        subprocess.run(child, check=True, env=env)
+        launches = json.loads(recorded.read_text())
+    recording = time.perf_counter() - start
+    if args.triton:
+        sys.path.insert(0, str(Path(args.triton).resolve()))
+    import triton
+
+    results, failed = [], 0
+    print(f"Triton {triton.__version__}: {len(launches)} distinct launches recorded in {recording:.0f} s; compiled for "
+          f"sm_{', sm_'.join(map(str, args.arch))}")
+    print(f"| kernel | arch | types and flags | warps | registers | spilled bytes | shared bytes | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for launch in sorted(launches, key=lambda item: item["kernel"]):
+        for arch in args.arch:
+            result = compile_launch(launch, arch)
+            results.append({**launch, "arch": arch, **result})
+            if "error" in result:
+                failed += 1
+                print(f"| {launch['kernel']} | {arch} | {_describe(launch)} | FAILED: {result['error'][:300]} |")
+                continue
+            print(f"| {launch['kernel']} | {arch} | {_describe(launch)} | {result['warps']} | "
+                  f"{result.get('registers', '?')} | {result.get('local', '?')} | {result['shared']} | "
+                  f"{result['seconds']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"{len(results) - failed} of {len(results)} compiled in {time.perf_counter() - start:.0f} s"
+          + (f"; {failed} FAILED" if failed else ""))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
