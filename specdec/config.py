@@ -40,9 +40,13 @@ class TargetConfig:
     # The backend the target and the drafter are built on (specdec.models.Backend(weights="codes" | "float")); a draft
     # model with another tokenizer, a model of its own, streams its codes either way.
     coded_weights: bool = True
-    # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (eight kernels a
+    # GPU: the fused forwards (the target's, EAGLE's, the block drafter's) on specdec's Triton kernels (five kernels a
     # layer, specdec.models.gpu_kernels); false = torch's ops (the reference; ~1,400 kernels a step for SmolLM2-135M)
     gpu_kernels: bool = True
+    # GPU, with gpu_kernels: each RMSNorm (with the residual add before it) and SiLU·up run inside the product that
+    # reads them, in steps of up to 64 rows (five kernels a layer; specdec.models.gpu_kernels.normed_product,
+    # silu_product); false = apart, the products cuBLAS's. On by the issue's design, its GPU gain not yet measured
+    fused_products: bool = True
     # GPU, with gpu_kernels: the products and the attention compute each row in one order whatever the number of
     # tokens or rows a forward carries (specdec.models.gpu_kernels.invariant_linear, the ordered attention), so that
     # a verification (a chain or a tree) gives the plain steps' logits bit for bit; off until its GPU cost is measured

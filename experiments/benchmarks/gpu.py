@@ -6,7 +6,9 @@ turn. The target runs in bf16 on the GPU; "graphs" replays CUDA graphs of its fo
 (:class:`specdec.models.GraphedDecoder`, one wrapper per setting, reused across prompts; capture time is
 reported apart), "compiled" also runs each captured forward through ``torch.compile`` first. The target's fused
 forward runs on specdec's Triton kernels (:mod:`specdec.models.gpu_kernels`); a method marked "torch ops" runs the
-same forward through torch's ops (``Backend(gpu_kernels=False)``). "transformers compiled static cache" is the peer
+same forward through torch's ops (``Backend(gpu_kernels=False)``), one marked "norms apart" its RMSNorms and SiLU·up as
+kernels of their own before cuBLAS's products (``Backend(fused_products=False)``; by default they run inside the
+products). "transformers compiled static cache" is the peer
 a reviewer runs (:class:`CompiledStaticLoop`: transformers' model, a StaticCache, torch.compile's reduce-overhead
 mode; batch 1, CUDA only); "transformers prompt lookup" and "transformers assisted" are its ``generate`` with prompt
 lookup and with an early-exit assistant (:class:`TransformersGenerate`, batch 1; ``--skip transformers`` leaves the
@@ -221,11 +223,14 @@ def main() -> None:
     eos = [tokenizer.eos_token_id, model.generation_config.eos_token_id]
     eager = as_decoder(model, backend=Backend(exact_numerics=args.exact_numerics))
     torch_ops = as_decoder(model, backend=Backend(gpu_kernels=False))  # the forward through torch's ops only
+    # the Triton kernels with each RMSNorm and SiLU·up a kernel of its own, the products cuBLAS's (eight a layer)
+    apart = as_decoder(model, backend=Backend(fused_products=False, exact_numerics=args.exact_numerics))
     graphed = {}  # one wrapper (one cache, its graphs) per method
 
     def target(name: str, compiled: bool = False):
         if name not in graphed:
-            graphed[name] = GraphedDecoder(torch_ops if "torch ops" in name else eager, compile=compiled)
+            decoder = torch_ops if "torch ops" in name else apart if "norms apart" in name else eager
+            graphed[name] = GraphedDecoder(decoder, compile=compiled)
         return graphed[name]
 
     def eagle(graphs: bool, **settings):  # the shipped EAGLE layer; its forwards and logits eager or replaying graphs
@@ -282,6 +287,7 @@ def main() -> None:
         "plain eager": (eager, None, 0),
         "plain graphs": (target("plain graphs"), None, 0),
         "plain graphs, torch ops": (target("plain graphs, torch ops"), None, 0),
+        "plain graphs, norms apart": (target("plain graphs, norms apart"), None, 0),
         "plain graphs, each step read before the next": (target("plain graphs"), EachStepRead(), 1),
         "transformers compiled static cache": (CompiledStaticLoop(model), "peer", 0),
         "transformers prompt lookup K=4": (TransformersGenerate(model, tokenizer.pad_token_id,

@@ -6,8 +6,8 @@ kernel calls make under the interpreter is recorded (the kernel, its arguments' 
 its launch options), then each distinct one is compiled by Triton's own compiler for the GPU (``--arch``: 90 is an
 H100 or H200) to its machine code, whose registers, spills and shared memory ``cuobjdump`` reads. The launches:
 one layer of a random target at SmolLM2-135M's, Llama-3.1-8B's and Qwen3-8B's shapes (random weights: only the
-kernels' specialisations matter) on specdec's Triton kernels, with and without ``exact_numerics`` (a prefill, a
-one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32 too); then the drafters' kernels
+kernels' specialisations matter) on specdec's Triton kernels, the norms inside the products or apart, with and without
+``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32 too); then the drafters' kernels
 alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots). On 2026-11-29 all 58 launches
 compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'), none spilling.
 
@@ -25,6 +25,7 @@ carries), no GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -40,18 +41,21 @@ SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes of shar
 _SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
             "head_dim": 64, "rope_scaling": None}
 _EIGHT_B = {"intermediate_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 1}  # heads of 128, grouped by 4
-# (a synthetic preset, fields replaced, dtypes, exact numerics or not): one layer, a vocabulary of 512. The kernels'
+# (a synthetic preset, fields replaced, dtypes, the kernels' settings): one layer, a vocabulary of 512. The kernels'
 # constants depend on the heads' dimension and grouping and the hidden width (the norm's block), not on the number
-# of heads or the MLP's width (both cut at 8B), and exact numerics' products on nothing of the shape: they run at a
-# narrow width (the interpreter's products at SmolLM2's take minutes).
+# of heads or the MLP's width (both cut at 8B), and those of specdec's product kernel (the norms and SiLU·up inside,
+# exact numerics) on nothing of the shape: they run at a narrow width (the interpreter's products at SmolLM2's take
+# minutes), the wide shapes with the norms apart and cuBLAS's products (torch's on CPU).
+SETTINGS = {"apart": {"fused_products": False}, "fused": {}, "exact": {"exact_numerics": True}}
 SHAPES = [
-    ("llama-3.1-8b", _SMOLLM2, ("bfloat16", "float16", "float32"), False),  # SmolLM2-135M
+    ("llama-3.1-8b", _SMOLLM2, ("bfloat16", "float16", "float32"), ("apart",)),  # SmolLM2-135M
     ("llama-3.1-8b", {**_SMOLLM2, "hidden_size": 128, "intermediate_size": 64, "num_attention_heads": 2,
-                      "num_key_value_heads": 1}, ("bfloat16", "float16", "float32"), True),  # its heads, narrow
-    ("llama-3.1-8b", _EIGHT_B, ("bfloat16",), False),
-    ("qwen3-8b", _EIGHT_B, ("bfloat16",), False),
+                      "num_key_value_heads": 1}, ("bfloat16", "float16", "float32"), ("fused", "exact")),  # narrow
+    ("llama-3.1-8b", _EIGHT_B, ("bfloat16",), ("apart",)),
+    ("qwen3-8b", _EIGHT_B, ("bfloat16",), ("apart",)),
 ]
-QUICK = [(preset, fields, ("bfloat16",), exact) for preset, fields, _, exact in SHAPES[:2]]  # --quick: the tests
+QUICK = [(preset, fields, ("bfloat16",), settings) for preset, fields, _, settings in SHAPES[:2]]  # the tests'
+
 
 
 def _planted_kernel():
@@ -123,10 +127,10 @@ def _record(launches: list) -> None:
     InterpretedFunction.run = run
 
 
-def _forwards(preset: str, fields: dict, dtype, exact: bool) -> None:
+def _forwards(preset: str, fields: dict, dtype, settings: str) -> None:
     """A prefill, a one-token step, a chain of 4 and a tree of 3 through one layer of a random target (``preset``'s
-    shape, ``fields`` replaced) on the Triton kernels, eagerly (a graph replays the same launches), ``exact``: with
-    exact numerics."""
+    shape, ``fields`` replaced) on the Triton kernels with ``settings`` (:data:`SETTINGS`), eagerly (a graph replays
+    the same launches)."""
     import torch
 
     from specdec.models import Backend, as_decoder
@@ -135,7 +139,7 @@ def _forwards(preset: str, fields: dict, dtype, exact: bool) -> None:
     model = synthetic_target(preset, dtype=dtype, num_hidden_layers=1, vocab_size=512, **fields)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2], [0, 0, 6, 7, 8, 9]])
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    decoder = as_decoder(model, backend=Backend.interpreted_gpu(exact))
+    decoder = as_decoder(model, backend=dataclasses.replace(Backend.interpreted_gpu(), **SETTINGS[settings]))
     cache = decoder.new_cache(2, 32, torch.tensor([0, 2]))
     with torch.no_grad():
         decoder(ids, cache, last_only=True)
@@ -178,9 +182,10 @@ def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
         x = torch.randn(16, dtype=torch.bfloat16)
         _planted_kernel()[(1,)](x, torch.empty_like(x), 16, BLOCK=16)  # the interpreter runs it
     else:
-        for preset, fields, dtypes, exact in QUICK if quick else SHAPES:
+        for preset, fields, dtypes, settings in QUICK if quick else SHAPES:
             for name in dtypes:
-                _forwards(preset, fields, getattr(torch, name), exact)
+                for setting in settings:
+                    _forwards(preset, fields, getattr(torch, name), setting)
         for name in ("bfloat16",) if quick else ("bfloat16", "float32"):
             _drafter_kernels(getattr(torch, name))
     distinct = {json.dumps(launch, sort_keys=True): launch for launch in launches}
@@ -233,7 +238,7 @@ def _describe(launch: dict) -> str:
     """A launch's pointer types and its constants that are not sizes, in a line."""
     types = sorted({t[1:] for t in launch["signature"].values() if t in ("*fp32", "*fp16", "*bf16")})
     flags = [f"{k}={v}" for k, v in launch["constants"].items() if isinstance(v, bool) and v or
-             (k.startswith("BLOCK") or k in ("GROUP", "CHUNK", "PLANT")) and v]
+             (k.startswith("BLOCK") or k in ("GROUP", "CHUNK", "PLANT", "PROLOGUE")) and v]
     return "/".join(types) + (" " + " ".join(flags) if flags else "")
 
 

@@ -65,6 +65,7 @@ class Backend:
     emulate_graphs: bool = False  # CPU forwards take the graphed paths (emulated graphs: tests; see emulated_gpu)
     gpu_kernels: bool = True  # specdec's Triton kernels in the fused forwards on a GPU (gpu_kernels.available())
     triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
+    fused_products: bool = True  # with those kernels: a step's RMSNorms and SiLU·up inside the products reading them
     exact_numerics: bool = False  # with those kernels: a row's arithmetic in one order whatever the forward carries
 
     def __post_init__(self):

@@ -267,8 +267,8 @@ class CompactDecoder(nn.Module):
         state [B, T, H] (and the captured streams into ``captured``). The cache writes and the attention run in the
         kernel set for a decode or verification step, through SDPA for a CPU prefill (``Backend.attends_in_kernel``).
         On a GPU the products are one ``F.linear`` each over q|k|v and gate|up stacked once
-        (:class:`~specdec.models.backend.Stacked`): eight kernels a layer, the rotary embedding inside the attention
-        kernel (two more for Qwen3's q/k norms)."""
+        (:class:`~specdec.models.backend.Stacked`), each RMSNorm and SiLU·up inside the product reading it: five
+        kernels a layer, the rotary embedding inside the attention kernel (two more for Qwen3's q/k norms)."""
         b, t, width = x.shape
         dense = None if self.backend.attends_in_kernel(kernels, b * t) else cache.attention_mask(t, kv_len, tree_mask)
         attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len,

@@ -10,8 +10,9 @@ kernels on a GPU, the same calls (``rms_norm`` with the residual add before it, 
 ``cache_attention``, ``silu_mul``; the Triton set also has ``rotary_attention``, the two middle ones in one kernel);
 the products are the backend's (``Backend.step_product``). A layer is then one call per RMSNorm, one for the rotary
 embedding of q and k and one for the cache writes and the attention (one for both on a GPU), one for SiLU·up, and
-its four products (q|k|v and gate|up stacked). Torch's ops (each model's own forward) are the
-reference the tests compare these with.
+its four products (q|k|v and gate|up stacked); on a GPU the RMSNorms and SiLU·up run inside the products that read
+them (``normed_product``, ``silu_product``: :func:`fuses_products`), five kernels a layer. Torch's ops (each model's
+own forward) are the reference the tests compare these with.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from specdec.models.backend import Backend
+from specdec.models.backend import Backend, Stacked
 from specdec.models.cache import KVCache
 
 Norm = tuple[torch.Tensor, float]  # an RMSNorm's (weight [H], eps)
@@ -66,31 +67,69 @@ class Attention(NamedTuple):
 
 
 def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
-                   stream: torch.Tensor,  # [M, H] the residual stream (M = B·T), updated in place
+                   stream: torch.Tensor,  # [M, H] the residual stream
                    cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each
                    attention: Attention, *, normed: torch.Tensor | None = None,  # [M, H'] the first layer's input
                    final_norm: Norm | None = None,
                    on_layer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:  # -> [M, H]
     """``layers`` over ``stream`` through ``kernels``: the final norm of the stream where ``final_norm`` is given
-    (each residual add fused into the norm after it), else the stream itself (the last add in place).
-    ``normed``: the first layer's normed input (None: its ``input_norm`` of the stream). ``on_layer(i, stream)``
-    after each layer i = 1..len(layers) (the captured streams). On CPU the same arithmetic as torch's ops (no fused
-    multiply-adds), sums in another order: logits equal to float32 rounding (tested)."""
+    (each residual add fused into the norm after it), else the stream itself (the last add in place). The stream
+    passed in may be updated in place or left as it was: read the result. ``normed``: the first layer's normed
+    input (None: its ``input_norm`` of the stream). ``on_layer(i, stream)`` after each layer i = 1..len(layers) (the
+    captured streams). On CPU the same arithmetic as torch's ops (no fused multiply-adds), sums in another order:
+    logits equal to float32 rounding (tested). Where :func:`fuses_products`, each RMSNorm before a product and
+    SiLU·up run inside that product's kernel (``normed_product``, ``silu_product``: five kernels a layer)."""
     product = backend.step_product
-    h = kernels.rms_norm(stream, None, *layers[0].input_norm) if normed is None else normed
+    fuse = fuses_products(backend, kernels, layers, stream.shape[0])
+    tile = {"tile": kernels.INVARIANT_TILE} if fuse and backend.exact_numerics else {}  # invariant_linear's sums
+    pending = None if normed is not None else (None, layers[0].input_norm)  # (delta, norm) before the next product
+    down = None
     for i, layer in enumerate(layers):
-        out = _attend(kernels, attention, i, head_norms(kernels, product(h, layer.qkv), layer, heads), cos, sin,
-                      heads)
-        h = kernels.rms_norm(stream, product(out, layer.o), *layer.post_norm)
-        down = product(kernels.silu_mul(product(h, layer.gate_up)), layer.down)
-        following = layers[i + 1].input_norm if i + 1 < len(layers) else final_norm
-        if following is None:
-            stream += down
+        if pending is None:
+            qkv = product(normed, layer.qkv)
         else:
-            h = kernels.rms_norm(stream, down, *following)
-        if on_layer is not None:
-            on_layer(i + 1, stream)
+            stream, qkv = _normed_product(kernels, fuse, product, stream, *pending, layer.qkv, tile)
+            if i and on_layer is not None:
+                on_layer(i, stream)
+        out = _attend(kernels, attention, i, head_norms(kernels, qkv, layer, heads), cos, sin, heads)
+        stream, gate_up = _normed_product(kernels, fuse, product, stream, product(out, layer.o), layer.post_norm,
+                                          layer.gate_up, tile)
+        down = (kernels.silu_product(gate_up, *layer.down[0], **tile) if fuse
+                else product(kernels.silu_mul(gate_up), layer.down))
+        following = layers[i + 1].input_norm if i + 1 < len(layers) else final_norm
+        if following is None and i + 1 < len(layers):
+            raise ValueError(f"layer {i + 1} of {len(layers)} has no input norm: only the first layer's input may "
+                             f"come normed (normed=)")
+        pending = (down, following)
+    h = None
+    if final_norm is None:
+        stream += down
+    else:
+        h = kernels.rms_norm(stream, down, *final_norm)
+    if on_layer is not None:
+        on_layer(len(layers), stream)
     return stream if final_norm is None else h
+
+
+def fuses_products(backend: Backend, kernels, layers: Sequence[Layer], rows: int) -> bool:
+    """Whether :func:`decoder_layers` runs each RMSNorm and SiLU·up inside the product that reads it: the kernel set
+    has those products (the Triton kernels), :attr:`Backend.fused_products` is on, the products' weights are stacked
+    (:class:`~specdec.models.backend.Stacked`, a GPU's), and the step has at most ``kernels.FUSED_ROWS`` rows (any
+    number with exact numerics, whose products are those kernels' anyway)."""
+    return (getattr(kernels, "normed_product", None) is not None and backend.fused_products
+            and all(isinstance(entry[0], Stacked)
+                    for layer in layers for entry in (layer.qkv, layer.gate_up, layer.down))
+            and (backend.exact_numerics or rows <= kernels.FUSED_ROWS))
+
+
+def _normed_product(kernels, fuse: bool, product, stream: torch.Tensor, delta: torch.Tensor | None, norm: Norm,
+                    entry: Any, tile: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the stream after ``delta``'s residual add, ``entry``'s product over its RMSNorm by ``norm``): in one kernel
+    where ``fuse`` (a new stream tensor; ``tile``: its keyword), else the norm (the stream updated in place) then the
+    product."""
+    if fuse:
+        return kernels.normed_product(stream, delta, *norm, *entry[0], **tile)
+    return stream, product(kernels.rms_norm(stream, delta, *norm), entry)
 
 
 def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -4,13 +4,16 @@ calls as the CPU kernels' (:mod:`specdec.models.cpu_kernels`), so that one fused
 
 A small model's step on a GPU is bound by kernel launches, not memory: SmolLM2-135M's forward through torch's ops
 is ~900 kernels (RMSNorm as five, the rotary embedding as eight, a scatter per cache write, a mask of
-[B, 1, T, S] built and read by SDPA over the whole cache). Here a layer is eight: an RMSNorm after the residual add
-(:func:`rms_norm`), the q|k|v product, the rotary embedding of q and k with the cache writes and the attention over
-each row's committed slots and the step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree
-mask, read on the device, so a captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are
-the same in two kernels), the o product, the residual add and RMSNorm, the gate|up product, SiLU·up
-(:func:`silu_mul`), the down product. ``target.exact_numerics`` runs the products through :func:`invariant_linear`
-and the attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
+[B, 1, T, S] built and read by SDPA over the whole cache). Here a step's layer is five kernels: the q|k|v product
+over the RMSNorm of the stream after the residual add, computed in the product's program (:func:`normed_product`),
+the rotary embedding of q and k with the cache writes and the attention over each row's committed slots and the
+step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree mask, read on the device, so a
+captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are the same in two kernels), the o
+product (cuBLAS's), the gate|up product over the residual add and RMSNorm (:func:`normed_product` again), the down
+product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=false``, and a prefill of more than
+:data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
+``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
+attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
 candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``).
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
@@ -177,7 +180,11 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
     return out
 
 
-INVARIANT_TILE = (16, 32, 64)  # invariant_linear's rows, columns and inner steps a program: fixed, whatever M is
+INVARIANT_TILE = (16, 32, 64)  # product_kernel's rows, columns and inner steps a program: fixed, whatever M is
+FUSED_TILE = (16, 16, 128)  # normed_product's and silu_product's by default: twice the programs for a step's few rows
+# (not yet timed on a GPU: experiments/gpu/profile_step.py's --tiles table); exact numerics pass INVARIANT_TILE
+FUSED_ROWS = 64  # the most rows a step's products take their norm or SiLU·up inside (Backend.fused_products); more
+# (a prefill): rms_norm or silu_mul, then cuBLAS's product (exact numerics: always inside, any rows)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -188,14 +195,57 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ``_planted`` (tests only): the order of the inner steps chosen by the number of rows, as a shape-tuned library
     chooses its reduction (a split of the inner steps alone can give the same bits on a GPU's tensor cores)."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()
-    m, k = flat.shape
-    n = weight.shape[0]
+    return _product(flat, weight, bias, 0, _planted=_planted).view(*x.shape[:-1], weight.shape[0])
+
+
+def normed_product(stream: torch.Tensor, delta: torch.Tensor | None, norm: torch.Tensor, eps: float,
+                   weight: torch.Tensor, bias: torch.Tensor | None = None, *, tile: tuple[int, int, int] = FUSED_TILE
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm` then :func:`invariant_linear` in one kernel: the RMSNorm of ``stream`` [M, K] (after the
+    residual add of ``delta`` [M, K] where given) by ``norm`` [K], through weight [N, K] (+ bias). Returns (the stream
+    after the add: a new tensor, ``stream`` left as it was; ``stream`` itself without a delta, the product [M, N]). The
+    same roundings as the two kernels; the mean of squares summed in the product's inner steps (the norm's last bit
+    may differ from :func:`rms_norm`'s), a row's arithmetic the same whatever M is. ``tile``: a program's rows,
+    columns and inner steps (each at least 16, powers of two; :data:`INVARIANT_TILE`: :func:`invariant_linear`'s
+    sums)."""
+    if stream.dim() != 2 or norm.shape != (stream.shape[1],) or (delta is not None and delta.shape != stream.shape):
+        raise ValueError(f"normed_product: stream {tuple(stream.shape)}, delta "
+                         f"{None if delta is None else tuple(delta.shape)} and norm {tuple(norm.shape)} do not fit")
+    stream = stream.contiguous()
+    after = torch.empty_like(stream) if delta is not None else stream
+    out = _product(stream, weight, bias, 1, delta=None if delta is None else delta.contiguous(), norm=norm,
+                   after=after, eps=eps, tile=tile)
+    return after, out
+
+
+def silu_product(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 tile: tuple[int, int, int] = FUSED_TILE) -> torch.Tensor:
+    """:func:`silu_mul` then :func:`invariant_linear` in one kernel: silu(gate)·up of a stacked gate|up [M, 2K] through
+    weight [N, K] (+ bias), [M, N]; the same roundings, a row's arithmetic the same whatever M is (``tile`` as
+    :func:`normed_product`'s)."""
+    if gate_up.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"silu_product: gate|up {tuple(gate_up.shape)} is not [M, 2·{weight.shape[1]}] (the "
+                         f"weight's inputs twice)")
+    return _product(gate_up.contiguous(), weight, bias, 2, tile=tile)
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: int, *,
+             delta: torch.Tensor | None = None, norm: torch.Tensor | None = None, after: torch.Tensor | None = None,
+             eps: float = 0.0, tile: tuple[int, int, int] = INVARIANT_TILE, _planted: bool = False) -> torch.Tensor:
+    """Launch :func:`~specdec.models.triton_kernels.product_kernel` over the rows of x (contiguous) with ``prologue``
+    (0: none, 1: RMSNorm, 2: SiLU·up), in ``tile``s."""
+    m, n = x.shape[0], weight.shape[0]
+    k = x.shape[1] // 2 if prologue == 2 else x.shape[1]
+    if weight.shape[1] != k:
+        raise ValueError(f"product: the weight {tuple(weight.shape)} does not take rows of {k}")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    rows, cols, inner = INVARIANT_TILE
-    _kernels().invariant_matmul_kernel[(_cdiv(m, rows), _cdiv(n, cols))](
-        flat, weight.contiguous(), bias if bias is not None else weight, out, m, n, k, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, BLOCK_M=rows, BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1)
-    return out.view(*x.shape[:-1], n)
+    rows, cols, inner = tile
+    _kernels().product_kernel[(_cdiv(m, rows), _cdiv(n, cols))](
+        x, x if delta is None else delta, weight if norm is None else norm, x if after is None else after,
+        weight.contiguous(), weight if bias is None else bias, out, m, n, k, float(eps), PROLOGUE=prologue,
+        HAS_DELTA=delta is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=rows,
+        BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1)
+    return out
 
 
 TOP_K_ROW = 8192  # a row of at most this many logits takes one program (one kernel); longer rows, chunks of

@@ -283,32 +283,73 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
 
 
 @triton.jit
-def invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            REVERSED: tl.constexpr = False):
-    # out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
+def product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE: tl.constexpr,
+                    HAS_DELTA: tl.constexpr, kind: tl.constexpr):
+    """The left operand's tile [BLOCK_M, BLOCK_K] of :func:`product_kernel` at ``rows`` and inner positions ``ks``,
+    in ``kind``: x as it is (PROLOGUE 0); the RMSNorm of x (+ delta) by the rows' ``rstd`` and the norm's weight (1);
+    silu(gate)·up of a stacked gate|up x [M, 2K] (2). Rounded where :func:`rms_norm_kernel` and
+    :func:`silu_mul_kernel` round."""
+    tile = (rows[:, None] < m) & (ks[None, :] < k)
+    if PROLOGUE == 2:
+        gate = tl.load(x_ptr + rows[:, None] * 2 * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + rows[:, None] * 2 * k + k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+        act = rounded(gate / (1.0 + tl.exp(-gate)), kind)
+        operand = rounded(act * up, kind)
+    else:
+        operand = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+        if PROLOGUE == 1:
+            if HAS_DELTA:
+                delta = tl.load(delta_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+                operand = rounded(operand + delta, kind)
+            weight = tl.load(norm_ptr + ks, mask=ks < k, other=0.0).to(tl.float32)
+            operand = rounded(weight[None, :] * rounded(operand * rstd[:, None], kind), kind)
+    return operand.to(kind)
+
+
+@triton.jit
+def product_kernel(x_ptr, delta_ptr, norm_ptr, stream_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, eps,
+                   PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REVERSED: tl.constexpr = False):
+    # out [M, N] = a [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
     # K in BLOCK_K steps in one order: a row's arithmetic is the same whatever M is, and whatever the other rows hold.
-    # REVERSED (a planted bug, tests only): the steps summed last to first.
+    # a is x (PROLOGUE 0), the RMSNorm of x + delta by the norm's weights (1: the rows' mean of squares first, in the
+    # same steps; the first column of programs writes x + delta into stream), or silu(gate)·up of x = gate|up [M, 2K]
+    # (2): the small op before a product in its program, one kernel fewer. REVERSED (a planted bug, tests only): the
+    # steps summed last to first.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inner = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    kind: tl.constexpr = out_ptr.dtype.element_ty
     steps = tl.cdiv(k, BLOCK_K)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    if PROLOGUE == 1:
+        squares = tl.zeros([BLOCK_M], tl.float32)
+        for step in range(0, steps):
+            ks = step * BLOCK_K + inner
+            tile = (rows[:, None] < m) & (ks[None, :] < k)
+            x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+            if HAS_DELTA:  # the residual add, rounded to the stream's dtype as torch's x + out
+                x = rounded(x + tl.load(delta_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(
+                    tl.float32), kind)
+                if tl.program_id(1) == 0:
+                    tl.store(stream_ptr + rows[:, None] * k + ks[None, :], x.to(kind), mask=tile)
+            squares += tl.sum(x * x, axis=1)
+        rstd = tl.rsqrt(squares / k + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for step in range(0, steps):
         if REVERSED:
             ks = (steps - 1 - step) * BLOCK_K + inner
         else:
             ks = step * BLOCK_K + inner
-        x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=(rows[:, None] < m) & (ks[None, :] < k), other=0.0)
+        a = product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE, HAS_DELTA, kind)
         w = tl.load(w_ptr + cols[:, None] * k + ks[None, :], mask=(cols[:, None] < n) & (ks[None, :] < k), other=0.0)
         if IEEE:  # float32: no TF32
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
-            acc += tl.dot(x, tl.trans(w))
+            acc += tl.dot(a, tl.trans(w))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < m) & (cols[None, :] < n))
+    tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(kind), mask=(rows[:, None] < m) & (cols[None, :] < n))
 
 
 @triton.jit

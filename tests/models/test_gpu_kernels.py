@@ -4,6 +4,9 @@ float16 and bfloat16 (the attention's matrix products not in bfloat16 there: the
 one, the ``gpu`` tier runs them compiled. Each planted bug of the attention kernel fails the check that the real
 kernel passes."""
 
+import collections
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,6 +288,77 @@ def test_invariant_linear_gives_a_row_the_same_bits_whatever_the_rows_beside_it(
     torch.testing.assert_close(gpu_kernels.invariant_linear(x, weight, bias), F.linear(x, weight, bias),
                                rtol=1e-5, atol=1e-4)
     assert not invariant(planted=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_norm_or_silu_inside_a_product_is_the_two_kernels(device):
+    """normed_product is rms_norm (the residual add first) then invariant_linear in one kernel: the same stream after
+    the add, bit for bit, into a new tensor (the stream given is left as it was), the product to the norm's last bit
+    (its mean of squares summed in other steps); silu_product is silu_mul then invariant_linear bit for bit in
+    invariant_linear's tiles. Each row of either gives the bits it gives alone (exact numerics)."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in _dtypes(device, products=True):
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(device, dtype)
+
+        stream, delta, norm, weight, bias = rand(40, 200), rand(40, 200), rand(200), rand(70, 200), rand(70)
+        given = stream.clone()
+        after, out = gpu_kernels.normed_product(stream, delta, norm, 1e-5, weight, bias)
+        apart = stream.clone()
+        expected = F.linear(gpu_kernels.rms_norm(apart, delta, norm, 1e-5), weight, bias)
+        assert torch.equal(stream, given) and torch.equal(after, apart), dtype
+        torch.testing.assert_close(out, expected, atol=_tolerance(dtype), rtol=_tolerance(dtype))
+        same, alone = gpu_kernels.normed_product(stream, None, norm, 1e-5, weight)
+        assert same is stream
+        gate_up, down = rand(40, 2 * 96), rand(50, 96)
+        fused = gpu_kernels.silu_product(gate_up, down)
+        invariant = gpu_kernels.silu_product(gate_up, down, tile=gpu_kernels.INVARIANT_TILE)
+        assert torch.equal(invariant, gpu_kernels.invariant_linear(gpu_kernels.silu_mul(gate_up), down)), dtype
+        torch.testing.assert_close(fused, invariant, atol=_tolerance(dtype), rtol=_tolerance(dtype))
+        for i in (0, 7, 16, 39):
+            assert torch.equal(gpu_kernels.normed_product(stream[i:i + 1], delta[i:i + 1], norm, 1e-5, weight,
+                                                          bias)[1][0], out[i]), (dtype, i)
+            assert torch.equal(gpu_kernels.normed_product(stream[i:i + 1], None, norm, 1e-5, weight)[1][0], alone[i])
+            assert torch.equal(gpu_kernels.silu_product(gate_up[i:i + 1], down)[0], fused[i]), (dtype, i)
+
+
+def test_the_fused_products_refuse_shapes_that_do_not_fit():
+    with pytest.raises(ValueError, match="do not fit"):
+        gpu_kernels.normed_product(torch.zeros(3, 8), None, torch.zeros(6), 1e-5, torch.zeros(4, 8))
+    with pytest.raises(ValueError, match=r"not \[M, 2·8\]"):
+        gpu_kernels.silu_product(torch.zeros(3, 12), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="does not take rows of 8"):
+        gpu_kernels.normed_product(torch.zeros(3, 8), None, torch.zeros(8), 1e-5, torch.zeros(4, 6))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_layer_is_five_kernels_with_its_norms_and_silu_inside_the_products(device, monkeypatch):
+    """A step's layer on the Triton kernels: the q|k|v and gate|up products with their RMSNorms inside, the attention,
+    the o product, the down product with SiLU·up inside (the final norm apart); ``fused_products=False`` runs the norms
+    and SiLU·up as kernels of their own, and so does a forward of more than FUSED_ROWS rows (a prefill). The logits
+    agree to float32 rounding."""
+    calls = collections.Counter()
+    for name in ("normed_product", "silu_product", "rms_norm", "silu_mul", "rotary_attention"):
+        real = getattr(gpu_kernels, name)
+        monkeypatch.setattr(gpu_kernels, name, lambda *a, _n=name, _r=real, **kw: calls.update([_n]) or _r(*a, **kw))
+    model = tiny_llama(layers=2, seed=0).to(device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2]], device=device)
+    logits = []
+    for fused in (True, False):
+        decoder = as_decoder(model, backend=dataclasses.replace(_backend(device), fused_products=fused))
+        cache = decoder.new_cache(1, 32, torch.zeros(1, dtype=torch.long, device=device))
+        with torch.no_grad():
+            monkeypatch.setattr(gpu_kernels, "FUSED_ROWS", 4)
+            calls.clear()
+            decoder(ids, cache, last_only=True)  # 6 rows: apart
+            assert calls == {"rms_norm": 5, "silu_mul": 2, "rotary_attention": 2}, calls
+            cache.commit(torch.full((1,), 6, device=device))
+            calls.clear()
+            logits.append(decoder(ids[:, :4], cache)[0])  # a chain of 4 rows
+        expected = ({"normed_product": 4, "silu_product": 2, "rms_norm": 1, "rotary_attention": 2} if fused
+                    else {"rms_norm": 5, "silu_mul": 2, "rotary_attention": 2})
+        assert calls == expected, (fused, calls)
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

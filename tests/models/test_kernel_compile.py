@@ -26,7 +26,7 @@ def test_every_kernel_launch_of_a_bf16_step_compiles_for_an_h100():
     run = _compile_check("--quick")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "FAILED" not in run.stdout
-    for kernel in ("attention_kernel", "rms_norm_kernel", "invariant_matmul_kernel", "top_k_kernel"):
+    for kernel in ("attention_kernel", "rms_norm_kernel", "product_kernel", "top_k_kernel"):
         assert f"| {kernel} | 90 |" in run.stdout, kernel
 
 
