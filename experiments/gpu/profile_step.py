@@ -63,16 +63,8 @@ def main() -> None:
                     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
                     kernel_ms = sum(e.device_time for e in kernels) / 1000
                     decoder(block, cache)  # capture
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     entry = [e for key, e in decoder.graphs._graphs.items() if key[1][0][0] == (batch, width)]
-                    graph = entry[0][0]
-                    graph.replay()
-                    start.record()
-                    for _ in range(200):
-                        graph.replay()
-                    end.record()
-                    end.synchronize()
-                    replay_ms = start.elapsed_time(end) / 200
+                    replay_ms = replay_time_ms(entry[0][0], 200)
                 row = {"backend": name, "batch": batch, "width": width, "kernels": len(kernels),
                        "kernel_ms": kernel_ms, "graph_replay_ms": replay_ms}
                 rows.append(row)
@@ -127,17 +119,22 @@ def product_rows(device: torch.device, dtype: torch.dtype) -> list[dict]:
                     with torch.cuda.graph(graph):
                         for _ in range(PRODUCT_REPEATS):
                             call()
-                    graph.replay()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(50):
-                        graph.replay()
-                    end.record()
-                    end.synchronize()
-                us = start.elapsed_time(end) / 50 / PRODUCT_REPEATS * 1000
+                us = replay_time_ms(graph, 50) / PRODUCT_REPEATS * 1000
                 rows.append({"case": label, "rows": m, "option": option, "us_per_call": us})
                 print(f"product {label:42s} M={m:3d} {option:20s}: {us:6.2f} us a call", flush=True)
     return rows
+
+
+def replay_time_ms(graph, replays: int) -> float:
+    """The mean time of ``replays`` replays of a captured CUDA graph back to back (CUDA events, after one untimed)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
 
 
 # a drafter's candidates (rows, vocabulary, dtype, k, log-probabilities): Medusa's four heads over the shipped draft
@@ -174,14 +171,7 @@ def top_k_rows(device: torch.device) -> list[dict]:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     call()
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(200):
-                    graph.replay()
-                end.record()
-                end.synchronize()
-            replay_us = start.elapsed_time(end) / 200 * 1000
+            replay_us = replay_time_ms(graph, 200) * 1000
             rows.append({"case": label, "backend": name, "rows": count, "width": width, "k": k,
                          "kernels": len(kernels), "graph_replay_us": replay_us})
             print(f"top-k {label:45s} {name:15s}: {len(kernels):3d} kernels, graph replay {replay_us:7.1f} us",
