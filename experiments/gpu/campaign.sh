@@ -63,7 +63,7 @@ step bench_sampled 150 "${bench[@]}" --prompts "${SAMPLED_PROMPTS:-4}" --batch 0
     --skip eager draft_model torch read K=15 --out "$OUT/sampled"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
-step profile_step 60 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"
+step profile_step 120 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"
 read -r -a costs <<<"${STEP_COSTS:---shape llama-3.1-8b}"  # step_costs.py's arguments (a CPU check: a small shape)
 step step_costs 120 python3 experiments/benchmarks/step_costs.py "${costs[@]}" --out "$OUT/step_costs"
 read -r -a qwen <<<"${QWEN_COSTS:---shape qwen3-8b --widths 1 4 16 64 --repeats 20}"
