@@ -8,6 +8,7 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --medusa --temperature 1   # sampled steps (the exact rule's verdict)
     python experiments/studies/step_ops.py --draft-model  # also a draft model's chain: fixed length, confidence floor
     python experiments/studies/step_ops.py --dflash    # also the block drafter's fixed trees, with and without lookup
+    python experiments/studies/step_ops.py --read-late # plain decoding and device-only drafters read a step late
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -90,7 +91,14 @@ def main() -> None:
     parser.add_argument("--draft-model", action="store_true",
                         help="also a draft model's chain (K=3, the target's first layer drafting)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    parser.add_argument("--read-late", action="store_true",
+                        help="the loop a GPU runs for plain decoding and device-only drafters: each step read back "
+                             "after the next is launched, its kept counts worked out on the device")
     args = parser.parse_args()
+    if args.read_late:
+        from specdec.decode import engine
+
+        engine.PIPELINED_DEVICES = ("cpu", "cuda")
     from helpers import random_eagle, tiny_llama
 
     from specdec import autoregressive_generate, speculative_generate
