@@ -182,7 +182,7 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
 
 INVARIANT_TILE = (16, 32, 64)  # product_kernel's rows, columns and inner steps a program: fixed, whatever M is
 FUSED_TILE = (16, 16, 128)  # normed_product's and silu_product's by default: twice the programs for a step's few rows
-# (not yet timed on a GPU: experiments/gpu/profile_step.py's --tiles table); exact numerics pass INVARIANT_TILE
+# (not yet timed on a GPU: experiments/gpu/profile_step.py's products table); exact numerics pass INVARIANT_TILE
 FUSED_ROWS = 64  # the most rows a step's products take their norm or SiLU·up inside (Backend.fused_products); more
 # (a prefill): rms_norm or silu_mul, then cuBLAS's product (exact numerics: always inside, any rows)
 
