@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.models import fused
-from specdec.models.backend import Backend, ProductPlan
+from specdec.models.backend import Backend, ProductPlan, _version
 from specdec.models.cache import KVCache
 
 
@@ -70,6 +70,10 @@ def _layer_windows(config, count: int, family: Family) -> list[int | None]:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+STATIC_ROPE = ("default", "linear", "llama3")  # rotary embeddings whose frequencies are fixed (not "dynamic" and
+# others that transformers' dynamic_rope_update recomputes with the length): a table of positions holds
 
 
 def _has_submodule(module: nn.Module, name: str) -> bool:
@@ -138,6 +142,7 @@ class CompactDecoder(nn.Module):
                         else float(layer.self_attn.scaling) for layer in self.layers]
         self._fusable: bool | None = None  # see _fused()
         self._plan: tuple | None = None  # see _layer_plan()
+        self._rope_table: tuple | None = None  # see _rope_rows()
 
     @property
     def device(self) -> torch.device:
@@ -176,7 +181,7 @@ class CompactDecoder(nn.Module):
         windows = [w if w is not None and w < cache.capacity else None for w in self.windows]  # those that bind
         kernels = self._fused(x)
         if kernels is not None and not any(windows):
-            cos, sin = self.rotary_emb(x, positions)  # [B, T, D] each
+            cos, sin = self._rope_rows(x, positions)  # [B, T, D] each
             hidden = self._fused_layers(kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
         x = self._layers(x, cache, positions, kv_len, tree_mask, depths, windows, capture, captured)
@@ -236,6 +241,22 @@ class CompactDecoder(nn.Module):
         if missing:
             raise ValueError(f"capture names layers {missing}, beyond this decoder's {len(self.layers)} layers")
         return logits, hidden, torch.cat([captured[k] for k in capture], -1)
+
+    def _rope_rows(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``self.rotary_emb(x, positions)``: on the Triton kernels' path, for a rotary embedding whose frequencies do
+        not change with the length (:data:`STATIC_ROPE`), the rows of a table of every position's cos and sin that
+        the module computed once (on the device, in x's dtype: the same values, elementwise), two gathers where the
+        module's own forward is nine kernels a step; elsewhere the module's forward."""
+        emb = self.rotary_emb
+        if not self.backend.stacks(x) or getattr(emb, "rope_type", "default") not in STATIC_ROPE:
+            return emb(x, positions)
+        held = self._rope_table
+        state = (_version(emb.inv_freq), x.dtype, x.device)
+        if held is None or held[0] is not emb.inv_freq or held[1] != state:
+            every = torch.arange(self.max_positions, device=x.device)[None]
+            cos, sin = (table[0] for table in emb(x, every))  # [P, D] each
+            held = self._rope_table = (emb.inv_freq, state, cos, sin)
+        return held[2][positions], held[3][positions]
 
     def _fused(self, x: torch.Tensor):
         """The kernel set this forward runs the small ops between the products through (:meth:`_fused_layers`), or

@@ -362,6 +362,38 @@ def test_a_layer_is_five_kernels_with_its_norms_and_silu_inside_the_products(dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_steps_rotary_rows_are_a_table_the_rotary_module_computed_once(device):
+    """On the Triton kernels' path a step's cos and sin are rows of a table of every position that the model's
+    rotary module computed once: bit for bit the module's own values (float32, bf16), and no cos or sin computed in a
+    step. A rotary embedding whose frequencies change with the length (transformers' "dynamic") keeps the module."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_llama(layers=1, seed=0).to(device, dtype)
+        decoder = as_decoder(model, backend=_backend(device))
+        x = torch.zeros(1, device=device, dtype=dtype)
+        positions = torch.randint(0, decoder.max_positions, (3, 7), device=device)
+        for got, want in zip(decoder._rope_rows(x, positions), model.model.rotary_emb(x, positions)):
+            assert torch.equal(got, want), dtype
+        cache = decoder.new_cache(1, 16, torch.zeros(1, dtype=torch.long, device=device))
+        ids = torch.tensor([[5, 9, 3]], device=device)
+        for rope_type, computed in (("default", 0), ("dynamic", 1)):
+            model.model.rotary_emb.rope_type = rope_type
+            with torch.no_grad(), Ops() as ops:
+                decoder(ids, cache, last_only=True)
+            assert ops.seen["cos"] == ops.seen["sin"] == computed, (dtype, rope_type, ops.seen)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_exact_numerics_verifies_a_chain_with_the_plain_steps_logits(device):
     """With ``exact_numerics`` (invariant products, the attention over the slots in order) a forward of T chained
     tokens gives each position the logits T one-token steps give it, bit for bit, at batch 1 and 2 (and a row the same
