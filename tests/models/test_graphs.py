@@ -60,6 +60,20 @@ def test_target_exact_numerics_reaches_the_backend():
         target_backend(target)
 
 
+def test_target_fused_products_reaches_the_backend():
+    """target.fused_products (on by default) builds the job's backend with the norms and SiLU·up inside the Triton
+    kernels' products; false keeps them apart."""
+    from omegaconf import OmegaConf
+
+    from specdec.config import TargetConfig
+    from specdec.jobs.job import target_backend
+
+    target = OmegaConf.structured(TargetConfig)
+    assert target_backend(target).fused_products
+    target.fused_products = False
+    assert not target_backend(target).fused_products
+
+
 def test_a_draft_models_forwards_stay_eager_on_cpu():
     """drafter.runtime.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
     decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
