@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +27,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from specdec import load_target
 from specdec.models import Backend, GraphedDecoder, as_decoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: experiments.benchmarks
+from experiments.benchmarks.step_costs import replayed_ms  # noqa: E402
 
 
 def main() -> None:
@@ -64,7 +68,7 @@ def main() -> None:
                     kernel_ms = sum(e.device_time for e in kernels) / 1000
                     decoder(block, cache)  # capture
                     entry = [e for key, e in decoder.graphs._graphs.items() if key[1][0][0] == (batch, width)]
-                    replay_ms = replay_time_ms(entry[0][0], 200)
+                    replay_ms = replayed_ms(entry[0][0], 200)
                 row = {"backend": name, "batch": batch, "width": width, "kernels": len(kernels),
                        "kernel_ms": kernel_ms, "graph_replay_ms": replay_ms}
                 rows.append(row)
@@ -119,22 +123,10 @@ def product_rows(device: torch.device, dtype: torch.dtype) -> list[dict]:
                     with torch.cuda.graph(graph):
                         for _ in range(PRODUCT_REPEATS):
                             call()
-                us = replay_time_ms(graph, 50) / PRODUCT_REPEATS * 1000
+                us = replayed_ms(graph, 50) / PRODUCT_REPEATS * 1000
                 rows.append({"case": label, "rows": m, "option": option, "us_per_call": us})
                 print(f"product {label:42s} M={m:3d} {option:20s}: {us:6.2f} us a call", flush=True)
     return rows
-
-
-def replay_time_ms(graph, replays: int) -> float:
-    """The mean time of ``replays`` replays of a captured CUDA graph back to back (CUDA events, after one untimed)."""
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / replays
 
 
 # a drafter's candidates (rows, vocabulary, dtype, k, log-probabilities): Medusa's four heads over the shipped draft
@@ -171,7 +163,7 @@ def top_k_rows(device: torch.device) -> list[dict]:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     call()
-            replay_us = replay_time_ms(graph, 200) * 1000
+            replay_us = replayed_ms(graph, 200) * 1000
             rows.append({"case": label, "backend": name, "rows": count, "width": width, "k": k,
                          "kernels": len(kernels), "graph_replay_us": replay_us})
             print(f"top-k {label:45s} {name:15s}: {len(kernels):3d} kernels, graph replay {replay_us:7.1f} us",
