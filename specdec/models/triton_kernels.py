@@ -283,6 +283,17 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
 
 
 @triton.jit
+def stream_rows(x_ptr, delta_ptr, rows, ks, tile, k, HAS_DELTA: tl.constexpr, kind: tl.constexpr):
+    """The residual stream's tile [BLOCK_M, BLOCK_K] at ``rows`` and ``ks`` (under ``tile``) in float32: x, or x + delta
+    rounded to the stream's dtype as torch's x + out (HAS_DELTA)."""
+    x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        x = rounded(x + tl.load(delta_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32),
+                    kind)
+    return x
+
+
+@triton.jit
 def product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE: tl.constexpr,
                     HAS_DELTA: tl.constexpr, kind: tl.constexpr):
     """The left operand's tile [BLOCK_M, BLOCK_K] of :func:`product_kernel` at ``rows`` and inner positions ``ks``,
@@ -295,14 +306,12 @@ def product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE: 
         up = tl.load(x_ptr + rows[:, None] * 2 * k + k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
         act = rounded(gate / (1.0 + tl.exp(-gate)), kind)
         operand = rounded(act * up, kind)
+    elif PROLOGUE == 1:
+        operand = stream_rows(x_ptr, delta_ptr, rows, ks, tile, k, HAS_DELTA, kind)
+        weight = tl.load(norm_ptr + ks, mask=ks < k, other=0.0).to(tl.float32)
+        operand = rounded(weight[None, :] * rounded(operand * rstd[:, None], kind), kind)
     else:
         operand = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
-        if PROLOGUE == 1:
-            if HAS_DELTA:
-                delta = tl.load(delta_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
-                operand = rounded(operand + delta, kind)
-            weight = tl.load(norm_ptr + ks, mask=ks < k, other=0.0).to(tl.float32)
-            operand = rounded(weight[None, :] * rounded(operand * rstd[:, None], kind), kind)
     return operand.to(kind)
 
 
@@ -327,11 +336,9 @@ def product_kernel(x_ptr, delta_ptr, norm_ptr, stream_ptr, w_ptr, bias_ptr, out_
         for step in range(0, steps):
             ks = step * BLOCK_K + inner
             tile = (rows[:, None] < m) & (ks[None, :] < k)
-            x = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
-            if HAS_DELTA:  # the residual add, rounded to the stream's dtype as torch's x + out
-                x = rounded(x + tl.load(delta_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(
-                    tl.float32), kind)
-                if tl.program_id(1) == 0:
+            x = stream_rows(x_ptr, delta_ptr, rows, ks, tile, k, HAS_DELTA, kind)
+            if HAS_DELTA:
+                if tl.program_id(1) == 0:  # the stream after the add, written once
                     tl.store(stream_ptr + rows[:, None] * k + ks[None, :], x.to(kind), mask=tile)
             squares += tl.sum(x * x, axis=1)
         rstd = tl.rsqrt(squares / k + eps)
