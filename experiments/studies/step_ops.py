@@ -12,16 +12,18 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
-counted with a ``TorchDispatchMode`` that skips whatever runs inside a call of the target (its prefill too) or of a
-graph (:class:`~specdec.models.graphs.Graphs`, the target's and the drafter's alike). Per step: those ops, the graph
-replays, and the host's reads of device values (``tolist``, ``item``: each a synchronisation on a GPU). Counts only:
-no timings, so it may run beside anything.
+counted with a ``TorchDispatchMode`` that skips whatever runs inside a graph's replay (the target's and the
+drafter's alike) or a call of the target outside graphs (its prefill); a graph call's copies of its inputs in and of
+its outputs out are counted (a GPU launches them too). Per step: those ops, the graph replays, and the host's reads of
+device values (``tolist``, ``item``: each a synchronisation on a GPU). Counts only: no timings, so it may run beside
+anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -55,14 +57,14 @@ class OutsideGraphs(TorchDispatchMode):
 def counting(mode: OutsideGraphs) -> None:
     """Route every graph call, every call of the target (its prefill, eager, included) and every host read of a
     tensor through ``mode``'s counts."""
-    from specdec.models.graphs import GraphedDecoder, Graphs
+    from specdec.models.graphs import EmulatedGraph, GraphedDecoder
 
-    for owner, replays in ((Graphs, 1), (GraphedDecoder, 0)):
-        call = owner.__call__
+    for owner, name, replays in ((EmulatedGraph, "replay", 1), (GraphedDecoder, "__call__", 0)):
+        call = getattr(owner, name)
 
         def counted(self, *a, call=call, replays=replays, **kw):
             mode.inside += 1
-            mode.replays += replays and not mode.replaying and self.enabled  # the outermost graph call: one replay
+            mode.replays += replays and not mode.replaying  # the outermost graph: one replay
             mode.replaying += replays
             try:
                 return call(self, *a, **kw)
@@ -70,7 +72,7 @@ def counting(mode: OutsideGraphs) -> None:
                 mode.inside -= 1
                 mode.replaying -= replays
 
-        owner.__call__ = counted
+        setattr(owner, name, counted)
     for name in ("tolist", "item"):
         read = getattr(torch.Tensor, name)
 
@@ -160,7 +162,8 @@ def main() -> None:
         def dflash(lookup: int):
             drafter = DFlashDrafter(random_dflash(model, aux=(0, 1)), paths, lookup=lookup,
                                     backend=Backend.emulated_gpu())
-            drafter.drafting.lookup_on_device = True  # a GPU's
+            drafter.drafting.lookup_on_device = True  # a GPU's, and so drafted on the device alone
+            drafter.traits = dataclasses.replace(drafter.traits, device_only=drafter.traits.device_only or lookup > 0)
             drafter.runtime.replay_graphs("auto")
             return lambda: speculative_generate(decoder, drafter, ids, k=lookup + len(paths), max_new_tokens=new,
                                                 eos_token_id=[], **sampling)

@@ -6,9 +6,10 @@ step: the drafter proposes up to K tokens, the target scores [last token, drafts
 acceptance rule's ``chain`` (:class:`specdec.verify.AcceptanceRule`; the exact one unless told otherwise)
 keeps a prefix and draws the recovered/bonus token, and the cache commits what was kept (a pointer move).
 The loop syncs with the host once per step, to learn what each row emitted (EOS, ``max_new_tokens``,
-host-side drafters and stats need it). Plain decoding on a GPU does not wait for that read: each step's kept
-counts are worked out on the device, and the host reads a step's tokens after it has launched the next one
-(:func:`_plain_steps`), so the host's work of a step runs while the GPU computes the next.
+host-side drafters and stats need it). Plain decoding on a GPU (and a drafter that proposes from the device's state
+alone) does not wait for that read: each step's kept counts are worked out and committed on the device, in the
+step's graph, and the host reads a step's tokens after it has launched the next one (:func:`_pipelined_steps`), so
+the host's work of a step runs while the GPU computes the next.
 
 A proposal may instead be a token tree (``Proposal.tree``, e.g. Medusa's): the target then scores
 [last token, N nodes] under the tree's attention mask, the same rule's ``tree`` walks it, and the cache
@@ -163,6 +164,7 @@ class StepResult:
     hidden: torch.Tensor  # [B, H]: the target's hidden state where next_tokens was predicted
     features: torch.Tensor | None = None  # [B, E, F]: the drafter's feature layers along the kept positions
     moved: bool = False  # a tree's accepted path already moved into place in the target's cache (KVCache.move_path)
+    committed: tuple[torch.Tensor, ...] = ()  # what the step's commit on the device returned (_DeviceCommit)
 
 
 def _check_max_new_tokens(max_new_tokens: int) -> None:
@@ -229,20 +231,20 @@ def _initial_state(decoder, request: _Request, width: int, first: torch.Tensor, 
 
 
 def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: AcceptanceRule,
-                capture: tuple[int, ...] = ()) -> StepResult:
+                capture: tuple[int, ...] = (), commit: "_DeviceCommit | None" = None) -> StepResult:
     """The target scores [last token, drafts] in one forward (under the tree's mask for a tree) and the rule
     keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
     drafter's feature layers, returned along the kept positions. Where the target replays graphs the forward and the
     verdict are one graph replay: greedy (:func:`_greedy_verdict`), and sampled under the exact rule
     (:func:`_sampled_verdict`, over uniforms drawn before it, the tokens the eager rule draws); greedy needs no graphs
-    to skip the [B, K'+1, V] distributions."""
+    to skip the [B, K'+1, V] distributions. ``commit``: the step then kept on the device (:class:`_DeviceCommit`), in
+    the same replay where the verdict replays with the forward; what it returns is in ``StepResult.committed``."""
     params, tree = state.sampling, proposal.tree
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
     greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
     if greedy and tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
-        outputs = forward_then(decoder, _plain_verdict, "plain", state.last_tokens[:, None], cache, kv_len=kv_len,
-                               capture=capture)
-        return StepResult(torch.zeros_like(outputs[0]), outputs[0], outputs[0][:, None], None, *outputs[1:])
+        return _replayed(decoder, _plain_verdict, _plain_step, "plain", state.last_tokens[:, None], cache, None,
+                         commit, kv_len=kv_len, capture=capture)
     block = torch.cat([state.last_tokens[:, None], proposal.tokens], 1)  # [B, K'+1]
     children = () if tree is None else (tree.children,)
     # sampled, the exact rule replays with the forward; another rule (lossy, a planted bug) runs eagerly after it
@@ -255,20 +257,57 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
         if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
             then = functools.partial(_path_moved, cache, then)
-        outputs = forward_then(decoder, then, _verdict_key(tree, None if greedy else params), block, cache,
-                               kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
-                               depths=None if tree is None else tree.depths, capture=capture)
-        num_accepted, next_tokens, emitted, path, hidden, *kept = outputs
-        return StepResult(num_accepted, next_tokens, emitted, None if tree is None else path, hidden,
-                          kept[0] if kept else None, moved=tree is not None)
+        return _replayed(decoder, then, functools.partial(_verdict_step, tree), _verdict_key(tree, None if greedy
+                         else params), block, cache, tree, commit, kv_len=kv_len, extra=extra,
+                         tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths,
+                         capture=capture)
     logits, hidden, *features = decoder(block, cache, kv_len=kv_len, tree_mask=None if tree is None else tree.mask,
                                         depths=None if tree is None else tree.depths, capture=capture)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     if tree is None:
         num_accepted, next_tokens = rule.chain(proposal.tokens, proposal.probs, target_probs, state.generator)
-        return _kept(proposal.tokens, num_accepted, next_tokens, None, hidden, features)
-    nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs, state.generator)
-    return _kept(proposal.tokens, num_accepted, next_tokens, nodes, hidden, features)
+        step = _kept(proposal.tokens, num_accepted, next_tokens, None, hidden, features)
+    else:
+        nodes, num_accepted, next_tokens = rule.tree(tree, proposal.tokens, proposal.probs, target_probs,
+                                                     state.generator)
+        step = _kept(proposal.tokens, num_accepted, next_tokens, nodes, hidden, features)
+    return step if commit is None else dataclasses.replace(step, committed=commit(step))
+
+
+def _plain_step(outputs: tuple[torch.Tensor, ...]) -> StepResult:
+    """:func:`_plain_verdict`'s outputs as a step: nothing accepted, the argmax emitted."""
+    next_tokens, hidden, *features = outputs
+    return StepResult(torch.zeros_like(next_tokens), next_tokens, next_tokens[:, None], None, hidden, *features[:1])
+
+
+def _verdict_step(tree: Tree | None, outputs: tuple[torch.Tensor, ...]) -> StepResult:
+    """A verdict's outputs (:func:`_step_outputs`) as a step; a tree's accepted path moved in the same replay
+    (:func:`_path_moved`)."""
+    num_accepted, next_tokens, emitted, path, hidden, *kept = outputs
+    return StepResult(num_accepted, next_tokens, emitted, None if tree is None else path, hidden,
+                      kept[0] if kept else None, moved=tree is not None)
+
+
+def _replayed(decoder, then: Callable[..., tuple[torch.Tensor, ...]], step_of: Callable[..., StepResult], key: Any,
+              ids: torch.Tensor, cache, tree: Tree | None, commit: "_DeviceCommit | None", **forward: Any
+              ) -> StepResult:
+    """The forward over ``ids`` and ``then`` after it (:func:`~specdec.models.graphs.forward_then`: one replay where
+    the target replays graphs), as a step (``step_of`` its outputs; ``tree``: the proposal's); with ``commit``, the
+    step is committed in the same replay, which then returns the step's tensors themselves (:func:`_step_outputs`;
+    no copies: the loop is done with them before the next replay) and what the commit returns."""
+    if commit is None:
+        return step_of(forward_then(decoder, then, key, ids, cache, **forward))
+    outputs = forward_then(decoder, functools.partial(_then_committed, then, step_of, commit), (key, commit.key),
+                           ids, cache, advances=commit.advances, fresh=False, **forward)
+    return dataclasses.replace(_verdict_step(tree, outputs[:-commit.outputs]), committed=outputs[-commit.outputs:])
+
+
+def _then_committed(then: Callable[..., tuple[torch.Tensor, ...]], step_of: Callable[..., StepResult],
+                    commit: "_DeviceCommit", *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``then``'s step (``step_of`` its outputs), committed on the device: the step's tensors
+    (:func:`_step_outputs`), then what ``commit`` returns."""
+    step = step_of(then(*args))
+    return _step_outputs(step) + commit(step)
 
 
 def _kept(drafts: torch.Tensor, num_accepted: torch.Tensor, next_tokens: torch.Tensor, nodes: torch.Tensor | None,
@@ -391,22 +430,61 @@ class _Counts:
 
 
 def _commit(cache, state: DecodeState, step: StepResult, count: torch.Tensor, max_seq_len: int) -> None:
-    """Keep what each row emitted (``count`` [B] long on the device: kept tokens per row): the target's cache
-    commits it (a pointer move for a chain, the accepted path gathered into contiguous slots for a tree), and the
-    state moves past it, to ``max_seq_len`` (the longest row's length, known on the host)."""
-    slots = (state.seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)
-             ).clamp_(max=state.capacity - 1)
-    state.seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
+    """Keep what each row emitted (``count`` [B] long on the device: kept tokens per row): on the device
+    (:func:`_advance`), then the state moves to ``max_seq_len`` (the longest row's length, known on the host) and to
+    the step's newest token and hidden state (:func:`_moved_on`)."""
+    _advance(cache, state.seq, state.seq_lens, state.capacity, step, count)
+    _moved_on(state, step, max_seq_len)
+
+
+def _advance(cache, seq: torch.Tensor, seq_lens: torch.Tensor, capacity: int, step: StepResult, count: torch.Tensor
+             ) -> None:
+    """A step's device commit (``count`` [B] long: tokens kept per row): its emitted tokens written into ``seq`` [B, W]
+    after ``seq_lens`` [B], which moves past the kept ones; the target's cache commits them (a pointer move for a
+    chain, the accepted path gathered into contiguous slots for a tree)."""
+    slots = (seq_lens[:, None] + torch.arange(step.emitted.shape[1], device=count.device)).clamp_(max=capacity - 1)
+    seq.scatter_(1, slots, step.emitted)  # slots past count are rewritten before they are read
     if step.path is None or step.moved:
         cache.commit(count)  # keeps last token + accepted drafts (a tree's moved in place); finished rows stop moving
     else:
         cache.compact(step.path, count)
-    state.seq_lens += count
+    seq_lens += count
+
+
+def _moved_on(state: DecodeState, step: StepResult, max_seq_len: int) -> None:
+    """The host's side of a commit: the bound on the rows' lengths, and the step's tensors the next one reads."""
     state.max_seq_len = max_seq_len
     state.last_tokens = step.next_tokens
     state.last_hidden = step.hidden
     state.num_accepted = step.num_accepted
     state.features = step.features
+
+
+class _DeviceCommit:
+    """A step kept on the device, for the loop that reads it back a step late (:func:`_pipelined_steps`): each row's
+    kept count worked out there (:func:`_plain_counts`, :func:`_drafted_counts`; ``live``, ``left``, ``eos`` as
+    theirs), then the step committed (:func:`_advance`). Called with the step by :func:`verify_step`, inside the
+    step's graph where it replays one. Returns the rows the host reads back ([2 + E, B] long: the accepted drafts,
+    the counts, the E emitted tokens position by position). ``advances``: what it moves in place
+    (:class:`~specdec.models.graphs.Graphs` puts them back after a capture's warm-ups); ``key``: what a graph of it
+    bakes in beside its tensors."""
+
+    outputs = 1  # tensors returned
+
+    def __init__(self, cache, state: DecodeState, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor):
+        self.cache, self.seq, self.seq_lens, self.capacity = cache, state.seq, state.seq_lens, state.capacity
+        self.live, self.left, self.eos = live, left, eos
+        self.advances = (cache.lengths, state.seq_lens, live, left)
+
+    @property
+    def key(self) -> tuple:
+        return "committed", _plain_counts, _drafted_counts  # the counting read at the call (tests plant others)
+
+    def __call__(self, step: StepResult) -> tuple[torch.Tensor]:
+        counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
+        count = counted(step, self.live, self.left, self.eos)
+        _advance(self.cache, self.seq, self.seq_lens, self.capacity, step, count)
+        return (torch.cat([step.num_accepted[None], count[None], step.emitted.T]),)
 
 
 PIPELINED_DEVICES = ("cuda",)  # where a step is read back one step late (tests add "cpu")
@@ -528,8 +606,10 @@ def _drafted_counts(step: StepResult, live: torch.Tensor, left: torch.Tensor, eo
 def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, request: _Request, stats: DecodeStats,
                      timer: _PhaseTimer, out: list[list[int]], k: int, rule: AcceptanceRule) -> None:
     """The steps of plain decoding, or of a drafter that proposes from the device's state alone, each read back after
-    the next is launched: the kept counts are worked out on the device (:func:`_plain_counts`,
-    :func:`_drafted_counts`), so the host's bookkeeping of a step runs while the device computes the next one. The
+    the next is launched: the kept counts are worked out on the device and the step committed there
+    (:class:`_DeviceCommit`; in the step's graph where the target replays graphs, so that a plain step is one replay,
+    its last token copied in and its rows copied out), so the host's bookkeeping of a step runs while the device
+    computes the next one. The
     host launches a step while a row it knows to be decoding may still emit after the step in flight; a step launched
     after every row's EOS (at most one a generation) is discarded unread, its time in the wall time (and, sampling,
     its draw from the generator). The host's bound on the rows' lengths grows by each step's width, clamped to the
@@ -539,6 +619,11 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
     live = torch.tensor(state.active, device=device)
     left = torch.tensor([request.max_new_tokens - len(row) for row in out], device=device)
     eos = torch.tensor(sorted(request.eos), dtype=torch.long, device=device)
+    if replays_graphs(decoder, cache):  # the commit replays in the step's graph, on memory kept across generations
+        keep = decoder.graphs.keep
+        state.seq, state.seq_lens = keep("seq", state.seq), keep("seq_lens", state.seq_lens)
+        live, left, eos = keep("live", live), keep("left", left), keep("eos", eos)
+    commit = _DeviceCommit(cache, state, live, left, eos)
     readback, pending = _Readback(len(out), device), None
     while True:
         launched = None
@@ -547,12 +632,10 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
                 proposal = drafter.propose(state, k)
             _checked_width(proposal, drafter, k)
             with timer("target_time_s"):
-                step = verify_step(decoder, cache, state, proposal, rule, request.capture)
-            counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
-            count = counted(step, live, left, eos)
-            _commit(cache, state, step, count, min(state.capacity, state.max_seq_len + step.emitted.shape[1]))
-            read = readback.send(torch.cat([step.num_accepted[None], count[None], step.emitted.T]
-                                           + _device_rows(proposal, len(out))))
+                step = verify_step(decoder, cache, state, proposal, rule, request.capture, commit)
+            _moved_on(state, step, min(state.capacity, state.max_seq_len + step.emitted.shape[1]))
+            rows = _device_rows(proposal, len(out))
+            read = readback.send(torch.cat([step.committed[0]] + rows) if rows else step.committed[0])
             launched = (read, proposal, step.emitted.shape[1])
         if pending is not None:
             _read_step(*pending, state, out, request, stats)

@@ -135,26 +135,33 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def record_graph(run: Callable[[], Any], device: torch.device, *, warmups: int = 2, pool: Any = None) -> tuple[Any, Any]:
+def record_graph(run: Callable[[], Any], device: torch.device, *, warmups: int = 2, pool: Any = None,
+                 reset: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
     """``run`` (a function of static tensors) warmed up, then captured as a graph on ``device``: (the graph, its
     outputs). CUDA: warm-up on a side stream (lazy library initialisation must not happen inside a capture),
     capture into the memory ``pool`` (:func:`graph_pool`). Elsewhere (the CPU, graphs emulated): an
-    :class:`EmulatedGraph`. Either replays with ``graph.replay()``, which rewrites the outputs in place."""
+    :class:`EmulatedGraph`. Either replays with ``graph.replay()``, which rewrites the outputs in place.
+    ``reset`` runs after each warm-up and after the capture (which runs ``run`` where graphs are emulated): it
+    undoes what ``run`` advances, so that only the replays advance it."""
     if device.type != "cuda":
         for _ in range(warmups):
             run()
+            reset()
         graph = EmulatedGraph()
-        return graph, graph.capture(run)
+        outputs = graph.capture(run)
+        reset()
+        return graph, outputs
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(warmups):
             run()
+            reset()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         outputs = run()
-    torch.cuda.synchronize(device)
+    torch.cuda.synchronize(device)  # a capture runs nothing: nothing to reset
     return graph, outputs
 
 
@@ -173,12 +180,15 @@ class Graphs:
     copied into the captured ones. The caller promises that ``key`` fixes everything else ``fn`` depends on (the
     Python values it closes over); ``hold`` is kept alive with the graph (e.g. the object whose ``id`` is in the
     key, so the id is not reused). ``fn`` runs more than once while it is captured (warm-up), so what it changes
-    beyond its outputs must be what running it again rewrites the same (cache slots past the committed ones),
-    never an increment (commit outside it).
+    beyond its outputs must be what running it again rewrites the same (cache slots past the committed ones), or
+    tensors it ``advances`` (a commit's lengths): those are put back after each warm-up, so that each call advances
+    them once. A graph reads and advances them where they were at its capture: keep them (:meth:`keep`).
 
     A graph reads the memory it was captured on, so the cache it attends over is kept across generations
     (:meth:`cache`); reallocating it drops every graph. ``captures``, ``replays`` and ``capture_time_s`` count
-    what happened (the capture time is a one-off cost, reported apart from decoding)."""
+    what happened (the capture time is a one-off cost, reported apart from decoding). ``fresh=False`` returns the
+    graph's own outputs, which its next replay rewrites: for a caller that is done with them by then (saves a copy
+    of each)."""
 
     def __init__(self, device: torch.device | str, *, emulate: bool = False):
         self.device = torch.device(device)
@@ -186,6 +196,7 @@ class Graphs:
         self._graphs: dict[tuple, tuple[Any, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Any]] = {}
         self._pool = None
         self.kept: KVCache | None = None  # :meth:`cache`
+        self._kept_tensors: dict[str, torch.Tensor] = {}  # :meth:`keep`
         self.captures = 0
         self.replays = 0
         self.capture_time_s = 0.0
@@ -211,19 +222,38 @@ class Graphs:
             kept.pad.copy_(pad)
         return kept
 
+    def keep(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """A tensor kept under ``name`` across calls, holding ``value``'s contents: memory a graph reads or
+        ``advances`` generation after generation. Reallocated only when ``value``'s shape or dtype differ from the
+        last one's, which drops every graph (as reallocating the kept cache does: they read the old memory)."""
+        kept = self._kept_tensors.get(name)
+        if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+            if kept is not None:
+                self.clear()
+            kept = self._kept_tensors[name] = torch.empty_like(value)
+        return kept.copy_(value)
+
     def __call__(self, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], *, key: Any,
-                 hold: Any = None, warmups: int = 2) -> tuple[torch.Tensor, ...]:
+                 hold: Any = None, warmups: int = 2, advances: tuple[torch.Tensor, ...] = (),
+                 fresh: bool = True) -> tuple[torch.Tensor, ...]:
         if not self.enabled:
             return fn(*inputs)
-        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs))
+        full = (key, tuple((tuple(t.shape), t.dtype) for t in inputs), tuple(id(t) for t in advances))
         entry = self._graphs.get(full)
         if entry is None:
             start = time.perf_counter()
             static = tuple(t.clone() for t in inputs)
             if self._pool is None:
                 self._pool = graph_pool(self.device)
-            graph, outputs = record_graph(lambda: fn(*static), self.device, warmups=warmups, pool=self._pool)
-            entry = self._graphs[full] = (graph, static, tuple(outputs), hold)
+            before = tuple(t.clone() for t in advances)
+
+            def reset() -> None:
+                for tensor, value in zip(advances, before):
+                    tensor.copy_(value)
+
+            graph, outputs = record_graph(lambda: fn(*static), self.device, warmups=warmups, pool=self._pool,
+                                          reset=reset)
+            entry = self._graphs[full] = (graph, static, tuple(outputs), (hold, advances))
             self.captures += 1
             self.capture_time_s += time.perf_counter() - start
         else:
@@ -231,7 +261,7 @@ class Graphs:
                 target.copy_(value)
         entry[0].replay()
         self.replays += 1
-        return tuple(out.clone() for out in entry[2])
+        return tuple(out.clone() for out in entry[2]) if fresh else entry[2]
 
 
 class GraphedDecoder:
@@ -311,9 +341,11 @@ class GraphedDecoder:
     def forward_then(self, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
                      cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
                      tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
-                     capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+                     capture: tuple[int, ...] = (), advances: tuple[torch.Tensor, ...] = (),
+                     fresh: bool = True) -> tuple[torch.Tensor, ...]:
         """:func:`forward_then` on this decoder: the forward and ``then`` captured together, one graph replay a step
-        (the kept cache, graphs replaying); else the forward, then ``then``, eagerly."""
+        (the kept cache, graphs replaying); else the forward, then ``then``, eagerly. ``advances``, ``fresh``: as
+        :class:`Graphs`'."""
         if not self.replaying(cache):
             return then(input_ids, *extra, *self.decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask,
                                                            depths=depths, capture=capture))
@@ -328,7 +360,7 @@ class GraphedDecoder:
 
         inputs = (input_ids,) + ((tree_mask,) if masked else ()) + ((depths,) if offset else ()) + tuple(extra)
         return self.graphs(run, inputs, key=("forward then", key, masked, offset, capture),
-                           warmups=3 if self.compile else 2)
+                           warmups=3 if self.compile else 2, advances=advances, fresh=fresh)
 
 
 def _outputs(input_ids: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -339,14 +371,16 @@ def _outputs(input_ids: torch.Tensor, *outputs: torch.Tensor) -> tuple[torch.Ten
 def forward_then(decoder, then: Callable[..., tuple[torch.Tensor, ...]], key: Any, input_ids: torch.Tensor,
                  cache: KVCache, *, kv_len: int | None = None, extra: tuple[torch.Tensor, ...] = (),
                  tree_mask: torch.Tensor | None = None, depths: torch.Tensor | None = None,
-                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+                 capture: tuple[int, ...] = (), advances: tuple[torch.Tensor, ...] = (),
+                 fresh: bool = True) -> tuple[torch.Tensor, ...]:
     """``then(input_ids, *extra, *decoder(input_ids, cache, ...))``: a forward and what is computed from its outputs
-    (a verification's verdict), a tuple of tensors. On a :class:`GraphedDecoder` replaying graphs both are one
-    captured graph, keyed by ``key`` (which must fix everything ``then`` depends on beside its tensor arguments;
-    ``extra`` are copied in as inputs each step), so the small ops after the forward cost no launches from the host."""
+    (a verification's verdict, and where ``then`` commits it, the tensors it ``advances``), a tuple of tensors. On a
+    :class:`GraphedDecoder` replaying graphs both are one captured graph, keyed by ``key`` (which must fix everything
+    ``then`` depends on beside its tensor arguments; ``extra`` are copied in as inputs each step), so the small ops
+    after the forward cost no launches from the host; ``fresh=False``: the graph's own outputs (:class:`Graphs`)."""
     if isinstance(decoder, GraphedDecoder):
         return decoder.forward_then(then, key, input_ids, cache, kv_len=kv_len, extra=extra, tree_mask=tree_mask,
-                                    depths=depths, capture=capture)
+                                    depths=depths, capture=capture, advances=advances, fresh=fresh)
     return then(input_ids, *extra, *decoder(input_ids, cache, kv_len=kv_len, tree_mask=tree_mask, depths=depths,
                                             capture=capture))
 

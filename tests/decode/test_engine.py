@@ -1,6 +1,9 @@
 """Decode loop on tiny random models: greedy identity, EOS, max_new_tokens, determinism, stats, and the one
 acceptance rule it verifies chains and trees with."""
 
+import collections
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -234,7 +237,7 @@ def _plain_runs(target, ids, mask, eos, **sampling):
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "emulated_graphs"])
 def test_plain_decoding_read_a_step_late_equals_the_loop_that_reads_each_step(tiny_target, monkeypatch, graphs):
-    """On a GPU plain decoding reads each step back after it has launched the next (engine._plain_steps, the kept
+    """On a GPU plain decoding reads each step back after it has launched the next (engine._pipelined_steps, the kept
     counts worked out on the device): the same tokens and counts as the loop that reads every step before the next,
     with rows stopping at EOS at different steps, at max_new_tokens, and sampled from a seeded generator; a device
     count that misses an EOS (planted) is refused, not written into the cache silently."""
@@ -265,6 +268,72 @@ def test_plain_decoding_read_a_step_late_equals_the_loop_that_reads_each_step(ti
     monkeypatch.setattr(engine, "_plain_counts", missed_eos)
     with pytest.raises(RuntimeError, match="device-side counts"):
         _plain_runs(target, ids, mask, cases[1][0])
+
+
+def _ops_outside_replays(monkeypatch, generate) -> collections.Counter:
+    """The ops ``generate()`` dispatches outside emulated graphs' replays that launch a kernel (no views, nothing
+    empty), by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specdec.models.graphs import EmulatedGraph
+
+    class Outside(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts, self.inside = collections.Counter(), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            launches = not func.is_view and not (isinstance(out, torch.Tensor) and out.numel() == 0)
+            self.counts[func.overloadpacket.__name__] += not self.inside and launches
+            return out
+
+    mode, replay = Outside(), EmulatedGraph.replay
+
+    def replaying(graph):
+        mode.inside += 1
+        try:
+            return replay(graph)
+        finally:
+            mode.inside -= 1
+
+    monkeypatch.setattr(EmulatedGraph, "replay", replaying)
+    with torch.no_grad(), mode:
+        generate()
+    monkeypatch.setattr(EmulatedGraph, "replay", replay)
+    return mode.counts
+
+
+def test_a_plain_step_read_late_on_graphs_is_one_replay_and_two_copies(tiny_target, monkeypatch):
+    """On a GPU a plain step (the forward, the argmax, the kept counts, the commit: engine._DeviceCommit in the
+    verification's graph) is one graph replay, so the host launches only the copies of the last token in and of the
+    step's rows out: per step, the difference between generations of 24 and 8 new tokens on emulated graphs over 16
+    steps. Planted: the commit run after the replay (the loop's shape before), 19 a step."""
+    from specdec.decode import engine
+    from specdec.models import Backend, as_decoder
+    from specdec.models.graphs import GraphedDecoder
+
+    target = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
+    ids, mask = left_pad(PROMPTS)
+    monkeypatch.setattr(engine, "PIPELINED_DEVICES", ("cpu",))
+
+    def per_step() -> collections.Counter:
+        run = {n: (lambda n=n: autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=n,
+                                                       eos_token_id=[])) for n in (8, 24)}
+        run[8]()  # captured
+        counts = {n: _ops_outside_replays(monkeypatch, generate) for n, generate in run.items()}
+        return collections.Counter({op: (counts[24][op] - counts[8][op]) / 16 for op in counts[24]
+                                    if counts[24][op] != counts[8][op]})
+
+    assert per_step() == {"copy_": 2}
+    replayed = engine._replayed
+
+    def committed_after(decoder, then, step_of, key, ids, cache, tree, commit, **forward):
+        step = replayed(decoder, then, step_of, key, ids, cache, tree, None, **forward)
+        return dataclasses.replace(step, committed=commit(step))
+
+    monkeypatch.setattr(engine, "_replayed", committed_after)
+    assert sum(per_step().values()) > 15
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "emulated_graphs"])

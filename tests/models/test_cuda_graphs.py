@@ -326,9 +326,9 @@ def test_a_drafters_graphs_are_captured_once_for_prompts_of_any_length(graph_dev
             out = speculative_generate(graphed, drafter, ids, k=8, max_new_tokens=4, eos_token_id=[])
             assert out.sequences == ref.sequences
         keys = list(drafter.runtime.graphs._graphs)
-        return (sum(key == ("lookup", 8, 3, 2) for key, _ in keys),
-                sum(isinstance(key, tuple) and key[0] == "device_tree" for key, _ in keys),
-                max((shapes[0][0][1] for key, shapes in keys if key == "catch_up"), default=0))
+        return (sum(key == ("lookup", 8, 3, 2) for key, *_ in keys),
+                sum(isinstance(key, tuple) and key[0] == "device_tree" for key, *_ in keys),
+                max((shapes[0][0][1] for key, shapes, _ in keys if key == "catch_up"), default=0))
 
     def lookup():
         return NgramDrafter(on_device=True, device=graph_device, backend=_backend(model))
@@ -413,7 +413,8 @@ def test_cuda_graphs_sample_as_eager_does(graph_device, tree):
 
     tokens, steps = run(graphed)
     assert graphed.replays >= steps  # every step's forward and verdict: one replay
-    assert any(key[0][1][0][0] == "sampled" for key in graphed.graphs._graphs)
+    assert any("'sampled'" in repr(key[0][1]) for key in graphed.graphs._graphs)  # the verdict's key (read a step
+    # late, with the commit's: engine._DeviceCommit)
     assert run(_eager(model)) == (tokens, steps)
 
 

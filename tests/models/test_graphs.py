@@ -1,6 +1,8 @@
 """The CUDA-graph wrapper of the target's decoder (specdec.models.graphs) where it runs in CI: on CPU it is the
 eager decoder. Its CUDA behaviour is tested in test_cuda_graphs.py."""
 
+import functools
+
 import pytest
 import torch
 from helpers import tiny_llama
@@ -159,3 +161,31 @@ def test_graphs_capture_once_per_key_and_shape_and_keep_their_cache():
     assert graphs.cache(make, 3, CAPACITY_STEP + 1, pad.new_zeros(3), limit=300).capacity == CAPACITY_STEP + 1
     eager = Graphs("cpu")  # no graphs replay here: the function runs as it is
     assert torch.equal(eager(double, (torch.ones(3),), key="double")[0], torch.full((3,), 2.0)) and not eager.captures
+
+
+def test_a_graph_that_advances_tensors_moves_them_once_a_call(monkeypatch):
+    """A function captured with tensors it ``advances`` in place (a step's commit: the cache's and the rows' lengths)
+    runs three times while it is captured (two warm-ups, the capture); each call still moves them once, as an eager
+    call does, and a kept tensor holds its values across calls until a shape change, which drops the graphs. Planted:
+    nothing put back after the warm-ups, the first call moves them three more times."""
+    from specdec.models import graphs as graphs_module
+    from specdec.models.graphs import Graphs
+
+    def step(x, lengths):
+        lengths += x
+        return (lengths * 10,)
+
+    def run(graphs):
+        lengths = graphs.keep("lengths", torch.tensor([0, 5]))
+        seen = [graphs(functools.partial(step, lengths=lengths), (torch.tensor([i, 1]),), key="step",
+                       advances=(lengths,))[0].tolist() for i in (1, 2, 3)]
+        return seen, lengths.tolist()
+
+    graphs = Graphs("cpu", emulate=True)
+    assert run(graphs) == ([[10, 60], [30, 70], [60, 80]], [6, 8]) == run(Graphs("cpu"))
+    assert graphs.captures == 1 and run(graphs)[1] == [6, 8] and graphs.captures == 1  # kept: the same graph
+    graphs.keep("lengths", torch.zeros(3, dtype=torch.long))
+    assert not graphs._graphs  # reallocated: the graphs that read the old memory are gone
+    record = graphs_module.record_graph
+    monkeypatch.setattr(graphs_module, "record_graph", lambda *a, reset, **kw: record(*a, **kw))
+    assert run(Graphs("cpu", emulate=True))[1] == [9, 11]  # the first call: 4 moves, not 1
