@@ -12,6 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.eagle import EagleConfig, EagleModel
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads
 from specdec.exactness.stats import exactness_test
@@ -516,3 +517,26 @@ def check_read_late_as_each_step(monkeypatch, target, drafter, ids, mask, k, max
         assert read_late == each_step, (eos, sampling)
         if not eos and not sampling:
             assert each_step[0] == free.sequences
+
+
+class OracleTreeDrafter(Drafter):
+    """Drafts each row's true continuation (``rows``: prompt and greedy output) into two trees of four nodes in turn,
+    ``(tree, lines)``: node i drafts the true token ``lines[i]`` places ahead (None: a wrong token)."""
+
+    def __init__(self, rows, trees):
+        super().__init__()
+        self.rows, self.trees, self.turn = rows, trees, 0
+
+    @classmethod
+    def from_config(cls, cfg, target, tokenizer=None, backend=None):
+        raise NotImplementedError
+
+    def propose(self, state, k):
+        tree, lines = self.trees[self.turn % 2]
+        self.turn += 1
+        ahead = [(row[len(seen):] + [0] * 4)[:4] for row, seen in zip(self.rows, state.tokens)]
+        return Proposal(tokens=torch.tensor([[0 if i is None else a[i] for i in lines] for a in ahead],
+                                            device=state.seq.device), tree=tree)
+
+    def observe(self, state):
+        pass

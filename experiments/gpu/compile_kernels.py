@@ -171,6 +171,25 @@ def _drafter_kernels(dtype) -> None:
     gpu_kernels.cache_attention(q, k, v, keys, keys.clone(), lengths, pad, mask, recent)
 
 
+def _step_kernels() -> None:
+    """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
+    three children at most), and the commit with and without EOS tokens."""
+    import torch
+
+    from specdec.models import gpu_kernels
+    from specdec.verify import Tree
+
+    block, best = torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    gpu_kernels.greedy_verdict(best, block)
+    tree = Tree.from_parents([-1, -1, -1, 0, 3])
+    accepted, _, emitted, _, _ = gpu_kernels.greedy_verdict(torch.ones(2, 6, dtype=torch.long),
+                                                            torch.zeros(2, 6, dtype=torch.long), tree.children,
+                                                            tree.max_depth)
+    for eos in (torch.tensor([2, 7]), torch.zeros(0, dtype=torch.long)):
+        gpu_kernels.commit_step(accepted, emitted, torch.ones(2, dtype=torch.bool), torch.full((2,), 9), eos,
+                                torch.zeros(2, 64, dtype=torch.long), torch.full((2,), 8), torch.full((2,), 7), 64)
+
+
 def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
     """The distinct launches of the forwards and drafter kernels above (this process runs Triton's interpreter);
     ``quick``: bf16 at SmolLM2-135M's shape alone."""
@@ -188,6 +207,7 @@ def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
                     _forwards(preset, fields, getattr(torch, name), setting)
         for name in ("bfloat16",) if quick else ("bfloat16", "float32"):
             _drafter_kernels(getattr(torch, name))
+        _step_kernels()
     distinct = {json.dumps(launch, sort_keys=True): launch for launch in launches}
     return list(distinct.values())
 

@@ -242,6 +242,7 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     params, tree = state.sampling, proposal.tree
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
     greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
+    kernels = _step_kernels(decoder, state.seq.device) if greedy else None
     if greedy and tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
         return _replayed(decoder, _plain_verdict, _plain_step, "plain", state.last_tokens[:, None], cache, None,
                          commit, kv_len=kv_len, capture=capture)
@@ -250,7 +251,7 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     # sampled, the exact rule replays with the forward; another rule (lossy, a planted bug) runs eagerly after it
     if greedy or (type(rule) is ExactRule and replays_graphs(decoder, cache)):
         if greedy:
-            then, extra = functools.partial(_greedy_verdict, tree), children
+            then, extra = functools.partial(_greedy_verdict, kernels, tree), children
         else:  # sampled: the uniforms drawn first, in one op, as the eager rule draws them
             drafted = () if proposal.probs is None else (proposal.probs,)
             then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
@@ -258,7 +259,7 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
         if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
             then = functools.partial(_path_moved, cache, then)
         return _replayed(decoder, then, functools.partial(_verdict_step, tree), _verdict_key(tree, None if greedy
-                         else params), block, cache, tree, commit, kv_len=kv_len, extra=extra,
+                         else params, kernels), block, cache, tree, commit, kv_len=kv_len, extra=extra,
                          tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths,
                          capture=capture)
     logits, hidden, *features = decoder(block, cache, kv_len=kv_len, tree_mask=None if tree is None else tree.mask,
@@ -322,17 +323,28 @@ def _kept(drafts: torch.Tensor, num_accepted: torch.Tensor, next_tokens: torch.T
         at = path.gather(1, num_accepted[:, None])[:, 0]  # [B] block position of the path's end
     emitted = emitted_tokens(drafted, num_accepted, next_tokens)  # [B, K'+1] (chain) or [B, D+1] (tree)
     rows = torch.arange(drafts.shape[0], device=drafts.device)
-    kept = None
-    if features:  # [B, K'+1, F] -> the kept positions' [B, E, F]
-        kept = features[0] if path is None else features[0].gather(
-            1, path[..., None].expand(-1, -1, features[0].shape[-1]))
-    return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at], kept)
+    return StepResult(num_accepted, next_tokens, emitted, path, hidden[rows, at], _kept_features(features, path))
 
 
-def _verdict_key(tree: Tree | None, params: SamplingParams | None = None) -> tuple:
-    """What fixes a verdict in a graph beside its tensors: greedy or the sampling settings (``params``), and a tree's
-    shape (a graph bakes in the walk's depth)."""
-    return "greedy" if params is None else ("sampled", params), None if tree is None else tree.shape_key
+def _kept_features(features: list[torch.Tensor], path: torch.Tensor | None) -> torch.Tensor | None:
+    """The drafter's feature layers [B, K'+1, F] at the kept positions ([B, E, F]: a tree's along its ``path``)."""
+    if not features:
+        return None
+    return features[0] if path is None else features[0].gather(1, path[..., None].expand(-1, -1, features[0].shape[-1]))
+
+
+def _verdict_key(tree: Tree | None, params: SamplingParams | None = None, kernels: Any = None) -> tuple:
+    """What fixes a verdict in a graph beside its tensors: greedy (in one kernel where ``kernels``) or the sampling
+    settings (``params``), and a tree's shape (a graph bakes in the walk's depth)."""
+    greedy = "greedy" if kernels is None else "greedy, one kernel"
+    return greedy if params is None else ("sampled", params), None if tree is None else tree.shape_key
+
+
+def _step_kernels(decoder, device: torch.device):
+    """The Triton kernels that take a step's greedy verdict and its commit on ``device`` (``Backend.step_kernels``:
+    a GPU's), or None (torch's ops)."""
+    backend = getattr(decoder, "backend", None)
+    return None if backend is None else backend.step_kernels(device)
 
 
 def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
@@ -343,14 +355,21 @@ def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
         () if step.features is None else (step.features,))
 
 
-def _greedy_verdict(tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _greedy_verdict(kernels, tree: Tree | None, block: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The greedy verdict of a forward over ``block`` [B, K'+1] (``rest``: a tree's children [N+1, W], then the
-    forward's logits, hidden states and feature layers), as tensors (one graph's outputs, :func:`_step_outputs`)."""
+    forward's logits, hidden states and feature layers), as tensors (one graph's outputs, :func:`_step_outputs`):
+    through ``kernels``' ``greedy_verdict`` where given (:func:`_step_kernels`), else torch's ops."""
     if tree is not None:
         tree = dataclasses.replace(tree, children=rest[0])  # the children copied into the graph's input
         rest = rest[1:]
     logits, hidden, *features = rest
     best = logits.argmax(-1)  # [B, K'+1]
+    if kernels is not None:
+        num_accepted, next_tokens, emitted, path, at = kernels.greedy_verdict(
+            best, block, None if tree is None else tree.children, None if tree is None else tree.max_depth)
+        hidden = hidden.gather(1, at[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+        return _step_outputs(StepResult(num_accepted, next_tokens, emitted, path, hidden,
+                                        _kept_features(features, path)))
     if tree is None:
         step = _kept(block[:, 1:], *greedy_chain(block[:, 1:], best), None, hidden, features)
     else:
@@ -465,22 +484,28 @@ class _DeviceCommit:
     kept count worked out there (:func:`_plain_counts`, :func:`_drafted_counts`; ``live``, ``left``, ``eos`` as
     theirs), then the step committed (:func:`_advance`). Called with the step by :func:`verify_step`, inside the
     step's graph where it replays one. Returns the rows the host reads back ([2 + E, B] long: the accepted drafts,
-    the counts, the E emitted tokens position by position). ``advances``: what it moves in place
-    (:class:`~specdec.models.graphs.Graphs` puts them back after a capture's warm-ups); ``key``: what a graph of it
-    bakes in beside its tensors."""
+    the counts, the E emitted tokens position by position). ``kernels`` (:func:`_step_kernels`): all of it in their
+    ``commit_step``, one kernel. ``advances``: what it moves in place (:class:`~specdec.models.graphs.Graphs` puts
+    them back after a capture's warm-ups); ``key``: what a graph of it bakes in beside its tensors."""
 
     outputs = 1  # tensors returned
 
-    def __init__(self, cache, state: DecodeState, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor):
+    def __init__(self, cache, state: DecodeState, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor,
+                 kernels: Any = None):
         self.cache, self.seq, self.seq_lens, self.capacity = cache, state.seq, state.seq_lens, state.capacity
-        self.live, self.left, self.eos = live, left, eos
+        self.live, self.left, self.eos, self.kernels = live, left, eos, kernels
         self.advances = (cache.lengths, state.seq_lens, live, left)
 
     @property
-    def key(self) -> tuple:
-        return "committed", _plain_counts, _drafted_counts  # the counting read at the call (tests plant others)
+    def key(self) -> tuple:  # the counting read at the call (tests plant others)
+        return "committed", _plain_counts, _drafted_counts, self.kernels is not None
 
     def __call__(self, step: StepResult) -> tuple[torch.Tensor]:
+        if self.kernels is not None:
+            if step.path is not None and not step.moved:
+                self.cache.move_path(step.path)
+            return (self.kernels.commit_step(step.num_accepted, step.emitted, self.live, self.left, self.eos,
+                                             self.seq, self.seq_lens, self.cache.lengths, self.capacity),)
         counted = _plain_counts if step.emitted.shape[1] == 1 else _drafted_counts
         count = counted(step, self.live, self.left, self.eos)
         _advance(self.cache, self.seq, self.seq_lens, self.capacity, step, count)
@@ -623,7 +648,7 @@ def _pipelined_steps(decoder, cache, state: DecodeState, drafter: Drafter, reque
         keep = decoder.graphs.keep
         state.seq, state.seq_lens = keep("seq", state.seq), keep("seq_lens", state.seq_lens)
         live, left, eos = keep("live", live), keep("left", left), keep("eos", eos)
-    commit = _DeviceCommit(cache, state, live, left, eos)
+    commit = _DeviceCommit(cache, state, live, left, eos, _step_kernels(decoder, device))
     readback, pending = _Readback(len(out), device), None
     while True:
         launched = None

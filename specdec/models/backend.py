@@ -233,6 +233,18 @@ class Backend:
         kernels = self.fused_kernels(logits)
         return kernels if kernels is not None and kernels is not cpu_kernels.module() else None
 
+    def step_kernels(self, device: torch.device):
+        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's greedy verdict and its commit
+        (``greedy_verdict``, ``commit_step``: a few dozen to a hundred small ops each in torch's) on ``device``: where a
+        fused forward would run on them (a CUDA device; the CPU with :attr:`triton_on_cpu`) and :attr:`gpu_kernels`
+        is on, outside torch.compile; else None (torch's ops)."""
+        if (not self.gpu_kernels or torch.compiler.is_compiling()
+                or not (device.type == "cuda" or (self.triton_on_cpu and device.type == "cpu"))):
+            return None
+        from specdec.models import gpu_kernels
+
+        return gpu_kernels if gpu_kernels.available() else None
+
     # ---- the weights as the kernels stream them ---------------------------------------------------------
 
     @property

@@ -14,7 +14,10 @@ product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=fal
 :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
-candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``).
+candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); and after a
+verification's forward its greedy verdict (:func:`greedy_verdict`: a chain's or a tree's walk) and the step's commit
+(:func:`commit_step`: the kept counts, the tokens written, the lengths moved), one kernel each where torch's ops take
+~30-100 and ~15 (``Backend.step_kernels``).
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on the bits, which no compiler folds away):
@@ -289,3 +292,57 @@ def top_k(logits: torch.Tensor, k: int, *, log_softmax: bool = False, _planted: 
                                                k, LOG_SOFTMAX=log_softmax, BLOCK=_pow2(chunks * k, 16),
                                                CHUNKS=_pow2(chunks, 16))
     return values.view(*logits.shape[:-1], k), indices.view(*logits.shape[:-1], k)
+
+
+PLANTED_VERDICT = ("first_child_only",)  # greedy_verdict's planted bug (tests)
+PLANTED_COMMIT = ("eos_ignored",)  # commit_step's (tests)
+
+
+def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tensor | None = None,
+                   depth: int | None = None, *, _planted: str | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A verification's greedy verdict in one kernel, from the target's argmax ``best`` [B, T] at each block position
+    and the ``block`` [B, T] (long) it scored: a chain (``children`` None: T - 1 drafts) or a tree (``children``
+    [T, W], -1 = none, at most ``depth`` levels). Returns (num_accepted [B], next_tokens [B], emitted [B, D + 1], a
+    tree's path [B, D + 1] in block positions or None, the block position where the next token was predicted [B]):
+    what :func:`~specdec.verify.greedy_chain` or :func:`~specdec.verify.greedy_tree` and the decode loop's
+    bookkeeping after them give, entries past the emitted ones included, where the torch ops take ~30 kernels for a
+    chain and ~100 for a tree. ``_planted`` (tests only): one of :data:`PLANTED_VERDICT`."""
+    if _planted is not None and _planted not in PLANTED_VERDICT:
+        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_VERDICT}")
+    batch, t = best.shape
+    tree = children is not None
+    depth = depth if tree else t - 1
+    long = dict(dtype=torch.long, device=best.device)
+    accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
+    emitted = torch.empty(batch, depth + 1, **long)
+    path = torch.empty(batch, depth + 1, **long) if tree else None
+    width = children.shape[1] if tree else 1
+    _kernels().greedy_verdict_kernel[(batch,)](
+        best.contiguous(), block.contiguous(), children.contiguous() if tree else best, accepted, next_tokens, emitted,
+        path if tree else emitted, at, t, width, DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2),
+        SPAN=_pow2(depth + 1, 2), PLANT=0 if _planted is None else PLANTED_VERDICT.index(_planted) + 1)
+    return accepted, next_tokens, emitted, path, at
+
+
+def commit_step(accepted: torch.Tensor, emitted: torch.Tensor, live: torch.Tensor, left: torch.Tensor,
+                eos: torch.Tensor, seq: torch.Tensor, seq_lens: torch.Tensor, lengths: torch.Tensor, capacity: int, *,
+                _planted: str | None = None) -> torch.Tensor:
+    """A step kept on the device in one kernel (the decode loop's ``_DeviceCommit``, where its torch ops take ~15):
+    each row keeps its ``accepted`` [B] drafts and the next token of ``emitted`` [B, E] while ``live`` [B] (bool),
+    cut after its first EOS (``eos`` [n] long) and at ``left`` [B] (tokens it may still emit); ``live`` and ``left``
+    move, the emitted tokens are written into ``seq`` [B, S] after ``seq_lens`` [B] (at most at slot ``capacity`` -
+    1), and ``seq_lens`` and the target cache's ``lengths`` [B] move past the kept ones (a tree's path already moved
+    into place). Returns the rows the host reads back, [2 + E, B] long: the accepted drafts, the counts, the emitted
+    tokens position by position. ``_planted`` (tests only): one of :data:`PLANTED_COMMIT`."""
+    if _planted is not None and _planted not in PLANTED_COMMIT:
+        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_COMMIT}")
+    batch, width = emitted.shape
+    if seq.stride(1) != 1:
+        raise ValueError("commit_step: seq must have unit stride along its slots")
+    rows = torch.empty(2 + width, batch, dtype=torch.long, device=emitted.device)
+    _kernels().commit_step_kernel[(batch,)](
+        accepted, emitted.contiguous(), live, left, eos, seq, seq_lens, lengths, rows, batch, width, eos.numel(),
+        seq.stride(0), capacity, SPAN=_pow2(width, 2), EOS=_pow2(eos.numel(), 2),
+        PLANT=0 if _planted is None else PLANTED_COMMIT.index(_planted) + 1)
+    return rows

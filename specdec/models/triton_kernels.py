@@ -426,3 +426,94 @@ def top_k_merge_kernel(values_ptr, indices_ptr, max_ptr, sum_ptr, out_values_ptr
         best, pick, taken = largest(x, index, taken, width, False)
         tl.store(out_values_ptr + row * k + j, best - shift)
         tl.store(out_indices_ptr + row * k + j, pick)
+
+
+@triton.jit
+def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_ptr, emitted_ptr, path_ptr, at_ptr,
+                          t, width, DEPTH: tl.constexpr, TREE: tl.constexpr, WIDTH: tl.constexpr,
+                          SPAN: tl.constexpr, PLANT: tl.constexpr):
+    """A row's greedy verdict (program: the row) from the target's argmax ``best`` [B, t] at each block position and
+    the ``block`` [B, t] it scored (the last token, then the drafts): a chain keeps its drafts while they equal the
+    argmax before them; a tree (TREE: ``children`` [t, width], -1 = none, shared by the rows) walks from the root to
+    the first child, in order, whose token is the argmax at its parent, DEPTH levels at most. Writes the accepted
+    drafts' count, the next token (the argmax where the walk stopped), the emitted tokens [B, DEPTH + 1] (the
+    accepted drafts, then the next token; past it what :func:`specdec.verify.emitted_tokens` leaves), a tree's path
+    [B, DEPTH + 1] in block positions (the root, the accepted nodes, then 1s) and the block position where the next
+    token was predicted (``at``). PLANT 1 (tests): a tree's walk tries only each node's first child."""
+    row = tl.program_id(0)
+    best = best_ptr + row * t
+    block = block_ptr + row * t
+    place = tl.arange(0, SPAN)  # the emitted entries, DEPTH + 1 of them
+    w = tl.arange(0, WIDTH)
+    node = tl.full([], 0, tl.int64)
+    alive = tl.full([], 1, tl.int1)
+    accepted = tl.full([], 0, tl.int64)
+    emitted = tl.zeros([SPAN], dtype=tl.int64)
+    path = tl.zeros([SPAN], dtype=tl.int64)
+    for d in tl.static_range(DEPTH):
+        want = tl.load(best + node)
+        if TREE:
+            if PLANT == 1:
+                kids = tl.load(children_ptr + node * width + w, mask=w < 1, other=-1)
+            else:
+                kids = tl.load(children_ptr + node * width + w, mask=w < width, other=-1)
+            tokens = tl.load(block + tl.maximum(kids, 0))
+            hit = (kids >= 0) & (tokens == want)
+            first = tl.min(tl.where(hit, w, WIDTH), axis=0)
+            chosen = tl.sum(tl.where(w == first, kids, 0), axis=0).to(tl.int64)
+            alive = alive & (first < WIDTH)
+            step = tl.where(alive, chosen, 1)  # past the walk: the first draft, as the torch ops' clamped gather
+            path = tl.where(place == d + 1, step, path)
+            emitted = tl.where(place == d, tl.load(block + step), emitted)
+        else:
+            chosen = tl.full([], d + 1, tl.int64)
+            alive = alive & (tl.load(block + chosen) == want)
+            emitted = tl.where(place == d, tl.load(block + chosen), emitted)
+        node = tl.where(alive, chosen, node)
+        accepted += alive.to(tl.int64)
+    token = tl.load(best + node)
+    emitted = tl.where((place == accepted) | (place == DEPTH), token, emitted)
+    inside = place < DEPTH + 1
+    tl.store(emitted_ptr + row * (DEPTH + 1) + place, emitted, mask=inside)
+    if TREE:
+        tl.store(path_ptr + row * (DEPTH + 1) + place, path, mask=inside)
+    tl.store(accepted_ptr + row, accepted)
+    tl.store(next_ptr + row, token)
+    tl.store(at_ptr + row, node)
+
+
+@triton.jit
+def commit_step_kernel(accepted_ptr, emitted_ptr, live_ptr, left_ptr, eos_ptr, seq_ptr, seq_lens_ptr, lengths_ptr,
+                       rows_ptr, batch, width, num_eos, seq_stride, capacity, SPAN: tl.constexpr,
+                       EOS: tl.constexpr, PLANT: tl.constexpr):
+    """A step's commit (program: a row), as the torch ops of ``engine._drafted_counts`` and ``engine._advance`` do
+    it: the row keeps its accepted drafts and the next token (``emitted`` [B, width]) while ``live``, cut after its
+    first EOS (``eos`` [num_eos]) and at ``left`` (tokens it may still emit); ``live`` and ``left`` move, the
+    emitted tokens are written into ``seq`` after ``seq_lens`` (clamped to the last slot), and ``seq_lens`` and the
+    target cache's ``lengths`` move past the kept ones. Writes the rows the host reads back, [2 + width, B]: the
+    accepted drafts, the count, the emitted tokens position by position. PLANT 1 (tests): an EOS does not stop the
+    row."""
+    row = tl.program_id(0)
+    place = tl.arange(0, SPAN)
+    inside = place < width
+    emitted = tl.load(emitted_ptr + row * width + place, mask=inside, other=-1)
+    e = tl.arange(0, EOS)
+    eos = tl.load(eos_ptr + e, mask=e < num_eos, other=-1)
+    stops = tl.sum(((emitted[:, None] == eos[None, :]) & (e < num_eos)[None, :]).to(tl.int32), axis=1) > 0
+    if PLANT == 1:
+        stops = stops & (place < 0)
+    first_stop = tl.min(tl.where(stops & inside, place, width), axis=0).to(tl.int64)
+    accepted = tl.load(accepted_ptr + row)
+    live = tl.load(live_ptr + row) != 0
+    left = tl.load(left_ptr + row)
+    count = tl.minimum(tl.minimum(accepted + 1, first_stop + 1), left) * live.to(tl.int64)
+    left -= count
+    tl.store(left_ptr + row, left)
+    tl.store(live_ptr + row, (live & (first_stop >= count) & (left > 0)).to(live_ptr.dtype.element_ty))
+    seq_len = tl.load(seq_lens_ptr + row)
+    tl.store(seq_ptr + row * seq_stride + tl.minimum(seq_len + place, capacity - 1), emitted, mask=inside)
+    tl.store(seq_lens_ptr + row, seq_len + count)
+    tl.store(lengths_ptr + row, tl.load(lengths_ptr + row) + count)
+    tl.store(rows_ptr + row, accepted)
+    tl.store(rows_ptr + batch + row, count)
+    tl.store(rows_ptr + (2 + place) * batch + row, emitted, mask=inside)

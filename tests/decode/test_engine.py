@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_llama
+from helpers import OracleTreeDrafter, tiny_llama
 
 from specdec import DraftModelDrafter, NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.drafters.base import Drafter, Proposal, Traits
@@ -440,28 +440,6 @@ def test_only_drafters_that_read_the_device_alone_are_read_a_step_late(tiny_targ
     assert not EagleDrafter(layer, lookup=2, lookup_on_device=False, grow_on_device=True).traits.device_only
 
 
-class OracleTreeDrafter(Drafter):
-    """Drafts each row's true continuation (``rows``: prompt and greedy output) into two trees of four nodes in turn,
-    ``(tree, lines)``: node i drafts the true token ``lines[i]`` places ahead (None: a wrong token)."""
-
-    def __init__(self, rows, trees):
-        super().__init__()
-        self.rows, self.trees, self.turn = rows, trees, 0
-
-    @classmethod
-    def from_config(cls, cfg, target, tokenizer=None, backend=None):
-        raise NotImplementedError
-
-    def propose(self, state, k):
-        tree, lines = self.trees[self.turn % 2]
-        self.turn += 1
-        ahead = [(row[len(seen):] + [0] * 4)[:4] for row, seen in zip(self.rows, state.tokens)]
-        return Proposal(tokens=torch.tensor([[0 if i is None else a[i] for i in lines] for a in ahead]), tree=tree)
-
-    def observe(self, state):
-        pass
-
-
 def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(tiny_target, monkeypatch):
     """Greedy, the target's forward and the verdict computed from it (the tree walk, the path, the emitted tokens) are
     one captured graph a step (emulated on CPU): the same tokens and counts as the eager path, per tree shape; a
@@ -490,7 +468,8 @@ def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(ti
     assert graphed.replays > graphed.captures
     from specdec.decode import engine
 
-    monkeypatch.setattr(engine, "_verdict_key", lambda tree, params=None: ("greedy",))  # planted: one key for all
+    # planted: one key for all
+    monkeypatch.setattr(engine, "_verdict_key", lambda tree, params=None, kernels=None: ("greedy",))
     fresh = GraphedDecoder(as_decoder(tiny_target, backend=Backend.emulated_gpu()))
     assert run(fresh, trees[::-1]) != run(tiny_target, trees[::-1])  # the chain walked only as deep as the siblings
 

@@ -530,3 +530,139 @@ def test_medusa_drafts_its_tree_on_the_top_k_kernel_as_on_torchs_topk(device, mi
     assert runs[0].sequences == runs[1].sequences == ref.sequences and calls
     assert [(r.stats.proposed_tokens, r.stats.accepted_per_position, r.stats.verify_steps) for r in runs[:1]] == \
         [(r.stats.proposed_tokens, r.stats.accepted_per_position, r.stats.verify_steps) for r in runs[1:]]
+
+
+def _random_step(generator, device):
+    """A verification's argmax and block for a random chain (T 1..6) or tree (2..10 nodes), batch 1 or 3, over a
+    vocabulary of 4 (many drafts accepted): (tree or None, block [B, T], best [B, T])."""
+    from specdec.verify import Tree
+
+    def pick(n):
+        return int(torch.randint(n, (), generator=generator))
+
+    batch = (1, 3)[pick(2)]
+    tree = None
+    if pick(2):
+        tree = Tree.from_parents([-1] + [pick(i + 1) - 1 for i in range(1, 1 + pick(9))], device=device)
+    t = 1 + (tree.num_nodes if tree is not None else pick(6))
+    block, best = (torch.randint(4, (batch, t), generator=generator).to(device) for _ in range(2))
+    return tree, block, best
+
+
+def _torch_verdict(tree, block, best):
+    """What the decode loop's torch ops make of a greedy verdict: num_accepted, next_tokens, emitted, path, at."""
+    from specdec.verify import accepted_path, emitted_tokens, greedy_chain, greedy_tree
+
+    drafts = block[:, 1:]
+    if tree is None:
+        accepted, next_tokens = greedy_chain(drafts, best)
+        return accepted, next_tokens, emitted_tokens(drafts, accepted, next_tokens), None, accepted
+    nodes, accepted, next_tokens = greedy_tree(tree, drafts, best)
+    path = accepted_path(nodes)
+    emitted = emitted_tokens(drafts.gather(1, nodes.clamp(min=0)), accepted, next_tokens)
+    return accepted, next_tokens, emitted, path, path.gather(1, accepted[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_greedy_verdict_in_one_kernel_is_the_torch_ops(device):
+    """``greedy_verdict`` (one kernel a step where the torch ops take ~30 for a chain and ~100 for a tree) gives what
+    greedy_chain or greedy_tree and the loop's bookkeeping give, every entry of every output, over 100 random chains
+    and trees of 1-10 drafts at batch 1 and 3 (drafts over 4 tokens: walks 0 to 3 deep). Planted: a walk that
+    tries only each node's first child differs."""
+    generator = torch.Generator().manual_seed(0)
+    depths, planted_differs = collections.Counter(), False
+    for _ in range(100):
+        tree, block, best = _random_step(generator, device)
+        want = _torch_verdict(tree, block, best)
+        children, depth = (None, None) if tree is None else (tree.children, tree.max_depth)
+        got = gpu_kernels.greedy_verdict(best, block, children, depth)
+        for name, a, b in zip(("num_accepted", "next_tokens", "emitted", "path", "at"), want, got):
+            assert (a is None and b is None) or torch.equal(a, b), (name, tree, block, best, a, b)
+        depths.update(want[0].tolist())
+        if tree is not None:
+            planted = gpu_kernels.greedy_verdict(best, block, children, depth, _planted="first_child_only")
+            planted_differs |= not all(torch.equal(a, b) for a, b in zip(want[:3], planted[:3]))
+    assert max(depths) >= 3 and planted_differs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_committed_in_one_kernel_is_the_torch_ops(device):
+    """``commit_step`` (one kernel where the loop's torch ops take ~15) counts, writes and moves what
+    engine._drafted_counts and engine._advance do: the rows read back, live, left, seq, seq_lens and the cache's
+    lengths, over 100 random steps (batch 1 and 3, 1-5 emitted tokens, EOS among them or not, rows stopped, tokens
+    left running out, writes clamped to the last slot). Planted: an EOS that does not stop its row differs."""
+    from specdec.decode.engine import StepResult, _advance, _drafted_counts
+    from specdec.models.cache import KVCache
+
+    generator = torch.Generator().manual_seed(1)
+
+    def rand(high, *shape):
+        return torch.randint(high, shape, generator=generator).to(device)
+
+    planted_differs = False
+    for trial in range(100):
+        batch, width, capacity = (1, 3)[trial % 2], 1 + trial % 5, (12, 20)[trial % 3 == 0]
+        accepted, emitted = rand(width, batch), rand(6, batch, width)
+        live = rand(5, batch) > 0
+        left, eos = (rand(5, batch) + 1) * live, torch.randperm(6, generator=generator)[:trial % 3].to(device)
+        state = (live, left, rand(6, batch, 20), rand(7, batch) + 3)
+        state += (state[3] - 1,)  # the cache's lengths: the rows' but for the newest token
+
+        def torch_ops(live, left, seq, seq_lens, lengths):
+            cache = KVCache([], [], lengths, torch.zeros_like(lengths))
+            step = StepResult(accepted, emitted[:, -1], emitted, None, emitted)
+            count = _drafted_counts(step, live, left, eos)
+            _advance(cache, seq, seq_lens, capacity, step, count)
+            return torch.cat([accepted[None], count[None], emitted.T])
+
+        want = [t.clone() for t in state]
+        want.append(torch_ops(*want))
+        got = [t.clone() for t in state]
+        got.append(gpu_kernels.commit_step(accepted, emitted, got[0], got[1], eos, got[2], got[3], got[4], capacity))
+        for name, a, b in zip(("live", "left", "seq", "seq_lens", "lengths", "rows"), want, got):
+            assert torch.equal(a, b), (name, trial, a, b)
+        planted = [t.clone() for t in state]
+        planted.append(gpu_kernels.commit_step(accepted, emitted, planted[0], planted[1], eos, planted[2], planted[3],
+                                               planted[4], capacity, _planted="eos_ignored"))
+        planted_differs |= not torch.equal(planted[-1], want[-1])
+    assert planted_differs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_on_the_step_kernels_is_plain_decoding(device, monkeypatch):
+    """Through the graphed target on the kernels (``Backend.step_kernels``: the verdict and the commit each one
+    kernel), plain decoding read a step late with a row stopping at an EOS, and trees of true and wrong drafts (depth
+    3 reached) read each step, give plain decoding's tokens on torch's ops; every step went through the kernels. On a
+    CPU the forward runs torch's ops (emulated graphs) and only the step's kernels the interpreter: seconds, not a
+    minute."""
+    from helpers import OracleTreeDrafter
+
+    from specdec.decode import engine
+    from specdec.jobs.data import left_pad
+    from specdec.verify import Tree
+
+    calls = collections.Counter()
+    for name in ("greedy_verdict", "commit_step"):
+        real = getattr(gpu_kernels, name)
+        monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update([name]) or
+                            real(*a, **kw))
+    model = tiny_llama(layers=2, seed=0).to(device)
+    prompts = [[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]
+    ids, mask = (t.to(device) for t in left_pad(prompts))
+    free = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[])
+    eos = [free.sequences[1][3]]
+    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos)
+    if device == "cpu":
+        monkeypatch.setattr(Backend, "step_kernels", lambda self, device: gpu_kernels)
+    target = GraphedDecoder(as_decoder(model, backend=_backend(device) if device == "cuda" else Backend.emulated_gpu()))
+    monkeypatch.setattr(engine, "PIPELINED_DEVICES", ("cpu", "cuda"))
+    plain = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos)
+    assert plain.sequences == ref.sequences and len(ref.sequences[1]) == 4
+    assert calls["commit_step"] >= plain.stats.target_forwards and not calls["greedy_verdict"]  # + the captures
+    rows = [p + s for p, s in zip(prompts, free.sequences)]
+    trees = ((Tree.from_parents([-1, 0, 1, -1], device=device), [0, 1, 2, None]),
+             (Tree.from_parents([-1, -1, 0, 1], device=device), [0, None, 1, None]))
+    out = speculative_generate(target, OracleTreeDrafter(rows, trees), ids, attention_mask=mask, k=4,
+                               max_new_tokens=8, eos_token_id=[])
+    assert out.sequences == free.sequences and out.stats.accepted_per_position[2] > 0
+    assert calls["greedy_verdict"] >= out.stats.target_forwards
