@@ -9,6 +9,9 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --draft-model  # also a draft model's chain: fixed length, confidence floor
     python experiments/studies/step_ops.py --dflash    # also the block drafter's fixed trees, with and without lookup
     python experiments/studies/step_ops.py --read-late # plain decoding and device-only drafters read a step late
+    python experiments/studies/step_ops.py --read-late --medusa --after-forward [--step-kernels]
+        # also the kernels each verification's graph runs after the target's forward (the verdict, the commit), with
+        # --step-kernels through specdec's Triton kernels for them (Backend.step_kernels, under Triton's interpreter)
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -96,7 +100,17 @@ def main() -> None:
     parser.add_argument("--read-late", action="store_true",
                         help="the loop a GPU runs for plain decoding and device-only drafters: each step read back "
                              "after the next is launched, its kept counts worked out on the device")
+    parser.add_argument("--after-forward", action="store_true",
+                        help="also the kernels each verification's graph runs after the target's forward")
+    parser.add_argument("--step-kernels", action="store_true",
+                        help="the verdict and the commit through specdec's Triton kernels (Backend.step_kernels: a "
+                             "GPU's), here under Triton's interpreter")
     args = parser.parse_args()
+    if args.step_kernels:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+        from specdec.models import Backend, gpu_kernels
+
+        Backend.step_kernels = lambda self, device: gpu_kernels
     if args.read_late:
         from specdec.decode import engine
 
@@ -181,14 +195,52 @@ def main() -> None:
 
         runs["draft model K=3 (a step's chain: one graph)"] = draft_model(0.0)
         runs["draft model K=3, confidence 0.02 (a graph a forward)"] = draft_model(0.02)
+    launches = step_kernel_launches() if args.step_kernels else collections.Counter()
     for name, generate in runs.items():
+        before = set(decoder.graphs._graphs)
         generate()  # captures and first calls out of the count
         mode.clear()
+        launches.clear()
         with torch.no_grad(), mode:
             steps = generate().stats.target_forwards
         print(f"{name}: {sum(mode.counts.values()) / steps:.1f} ops a step outside graphs, {mode.replays / steps:.1f} "
               f"graph replays, {mode.reads / steps:.1f} host reads ({steps} steps): "
               + ", ".join(f"{op} {n / steps:.1f}" for op, n in mode.counts.most_common(10)))
+        if args.after_forward:
+            for key, entry in decoder.graphs._graphs.items():
+                if key not in before:
+                    after = after_forward(entry[0].ops, args.step_kernels)
+                    print(f"    a verification of {key[1][0][0][1]} tokens, torch ops after the forward: "
+                          f"{sum(after.values())} kernels (" + ", ".join(f"{op} {n}" for op, n in after.most_common())
+                          + ")")
+            if launches:
+                print("    the step kernels, a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in launches.items()))
+
+
+def after_forward(ops: list[tuple], interpreted: bool) -> collections.Counter:
+    """The torch ops that launch a kernel (not views, not allocations) among a captured graph's ``ops`` after the
+    target's forward, whose last op is its LM head's product (a matrix product of the tiny Llama's; the verdict and
+    the commit have none). ``interpreted``: Triton's interpreter ran kernels in it, whose copies of their tensors
+    (``copy_``, ``set_``) are left out."""
+    last = max(i for i, op in enumerate(ops) if op[0].split(".")[1] in ("mm", "addmm", "bmm"))
+    skip = {"empty", "new_empty", "empty_like"} | ({"copy_", "set_"} if interpreted else set())
+    counts = collections.Counter()
+    for name, *_ in ops[last + 1:]:
+        namespace, op, overload = name.split(".")
+        if op not in skip and not getattr(getattr(getattr(torch.ops, namespace), op), overload).is_view:
+            counts[op] += 1
+    return counts
+
+
+def step_kernel_launches() -> collections.Counter:
+    """Counts of the step kernels' calls (``gpu_kernels.greedy_verdict``, ``commit_step``), by name, as they happen."""
+    from specdec.models import gpu_kernels
+
+    counts = collections.Counter()
+    for name in ("greedy_verdict", "commit_step"):
+        real = getattr(gpu_kernels, name)
+        setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: counts.update([name]) or real(*a, **kw))
+    return counts
 
 
 if __name__ == "__main__":
