@@ -492,7 +492,9 @@ class _DeviceCommit:
 
     def __init__(self, cache, state: DecodeState, live: torch.Tensor, left: torch.Tensor, eos: torch.Tensor,
                  kernels: Any = None):
-        self.cache, self.seq, self.seq_lens, self.capacity = cache, state.seq, state.seq_lens, state.capacity
+        # writes clamped to seq's own width, not the generation's capacity: a graph bakes the number in, and is
+        # replayed by generations of every capacity over the same kept seq
+        self.cache, self.seq, self.seq_lens, self.capacity = cache, state.seq, state.seq_lens, state.seq.shape[1]
         self.live, self.left, self.eos, self.kernels = live, left, eos, kernels
         self.advances = (cache.lengths, state.seq_lens, live, left)
 
