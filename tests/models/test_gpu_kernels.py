@@ -586,6 +586,26 @@ def test_a_greedy_verdict_in_one_kernel_is_the_torch_ops(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_verification_s_greedy_verdict_on_the_kernel_is_the_torch_ops_whole(device):
+    """The decode loop's greedy verdict (engine._greedy_verdict) through the kernel gives every output the torch ops
+    give: the accepted drafts, the next and emitted tokens, a tree's path, the hidden state where the next token was
+    predicted and the drafter's feature layers along the kept positions (EAGLE's), over 40 random chains and trees."""
+    from specdec.decode.engine import _greedy_verdict
+
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(40):
+        tree, block, best = _random_step(generator, device)
+        batch, t = block.shape
+        logits = torch.nn.functional.one_hot(best, 4).float() + 0.1 * torch.rand(batch, t, 4, generator=generator).to(
+            device)
+        hidden, features = (torch.randn(batch, t, width, generator=generator).to(device) for width in (6, 12))
+        children = () if tree is None else (tree.children,)
+        want, got = (_greedy_verdict(kernels, tree, block, *children, logits, hidden, features)
+                     for kernels in (None, gpu_kernels))
+        assert len(want) == len(got) == 6 and all(torch.equal(a, b) for a, b in zip(want, got)), (tree, block, best)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_step_committed_in_one_kernel_is_the_torch_ops(device):
     """``commit_step`` (one kernel where the loop's torch ops take ~15) counts, writes and moves what
     engine._drafted_counts and engine._advance do: the rows read back, live, left, seq, seq_lens and the cache's
