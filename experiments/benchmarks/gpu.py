@@ -8,7 +8,8 @@ reported apart), "compiled" also runs each captured forward through ``torch.comp
 forward runs on specdec's Triton kernels (:mod:`specdec.models.gpu_kernels`); a method marked "torch ops" runs the
 same forward through torch's ops (``Backend(gpu_kernels=False)``), one marked "norms apart" its RMSNorms and SiLU·up as
 kernels of their own before cuBLAS's products (``Backend(fused_products=False)``; by default they run inside the
-products). "transformers compiled static cache" is the peer
+products), one marked "verdict apart" a step's greedy verdict and commit through torch's ops (``Backend(fused_steps=
+False)``; by default one kernel each). "transformers compiled static cache" is the peer
 a reviewer runs (:class:`CompiledStaticLoop`: transformers' model, a StaticCache, torch.compile's reduce-overhead
 mode; batch 1, CUDA only); "transformers prompt lookup" and "transformers assisted" are its ``generate`` with prompt
 lookup and with an early-exit assistant (:class:`TransformersGenerate`, batch 1; ``--skip transformers`` leaves the
@@ -225,11 +226,14 @@ def main() -> None:
     torch_ops = as_decoder(model, backend=Backend(gpu_kernels=False))  # the forward through torch's ops only
     # the Triton kernels with each RMSNorm and SiLU·up a kernel of its own, the products cuBLAS's (eight a layer)
     apart = as_decoder(model, backend=Backend(fused_products=False, exact_numerics=args.exact_numerics))
+    # a step's greedy verdict and commit through torch's ops (~20-100 small kernels) instead of one kernel each
+    steps_apart = as_decoder(model, backend=Backend(fused_steps=False, exact_numerics=args.exact_numerics))
     graphed = {}  # one wrapper (one cache, its graphs) per method
 
     def target(name: str, compiled: bool = False):
         if name not in graphed:
-            decoder = torch_ops if "torch ops" in name else apart if "norms apart" in name else eager
+            decoder = (torch_ops if "torch ops" in name else apart if "norms apart" in name
+                       else steps_apart if "verdict apart" in name else eager)
             graphed[name] = GraphedDecoder(decoder, compile=compiled)
         return graphed[name]
 
@@ -288,6 +292,7 @@ def main() -> None:
         "plain graphs": (target("plain graphs"), None, 0),
         "plain graphs, torch ops": (target("plain graphs, torch ops"), None, 0),
         "plain graphs, norms apart": (target("plain graphs, norms apart"), None, 0),
+        "plain graphs, verdict apart": (target("plain graphs, verdict apart"), None, 0),
         "plain graphs, each step read before the next": (target("plain graphs"), EachStepRead(), 1),
         "transformers compiled static cache": (CompiledStaticLoop(model), "peer", 0),
         "transformers prompt lookup K=4": (TransformersGenerate(model, tokenizer.pad_token_id,
@@ -298,6 +303,8 @@ def main() -> None:
         "ngram K=4 graphs, torch ops": (target("ngram graphs, torch ops"), NgramDrafter(), 4),
         # the lookup on the device (the main job's default on a GPU): 4 drafts every step, read a step late
         "ngram K=4 on the device, graphs": (target("ngram device graphs"), ngram_on_device(), 4),
+        "ngram K=4 on the device, graphs, verdict apart": (target("ngram device graphs, verdict apart"),
+                                                           ngram_on_device(), 4),
         "ngram K=8 on the device, graphs": (target("ngram device 8 graphs"), ngram_on_device(), 8),
         "eagle default graphs, draft eager": (target("eagle graphs, draft eager"), eagle(False),
                                               EagleDrafter.Config().k),
@@ -330,6 +337,8 @@ def main() -> None:
                                      DFlashDrafter.Config().k),
         "medusa fixed tree K=31 on the device, graphs": (target("medusa device graphs"),
                                                          medusa(True, min_confidence=0.0, lookup=0), 31),
+        "medusa fixed tree K=31 on the device, graphs, verdict apart": (
+            target("medusa device graphs, verdict apart"), medusa(True, min_confidence=0.0, lookup=0), 31),
         "medusa fixed tree K=15 on the device, graphs": (target("medusa device 15 graphs"),
                                                          medusa(True, min_confidence=0.0, lookup=0), 15),
         "medusa fixed tree K=31 on the device, graphs, each step read": (

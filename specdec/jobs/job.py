@@ -91,6 +91,8 @@ def target_backend(target: Any) -> Backend:
     """The backend a job's target and drafter run on, from its ``target`` config: the weights as their codes or as
     float32 (``target.coded_weights``), specdec's Triton kernels on a GPU or torch's ops (``target.gpu_kernels``),
     specdec's CPU kernels otherwise at their defaults; ``target.fused_products`` runs the norms and SiLU·up inside the
-    Triton kernels' products, ``target.exact_numerics`` orders their arithmetic."""
+    Triton kernels' products, ``target.exact_numerics`` orders their arithmetic, ``target.fused_steps`` runs a step's
+    greedy verdict and commit in one kernel each."""
     return Backend(weights="codes" if target.coded_weights else "float", gpu_kernels=target.gpu_kernels,
-                   fused_products=target.fused_products, exact_numerics=target.exact_numerics)
+                   fused_products=target.fused_products, exact_numerics=target.exact_numerics,
+                   fused_steps=target.fused_steps)

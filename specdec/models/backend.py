@@ -67,6 +67,7 @@ class Backend:
     triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
     fused_products: bool = True  # with those kernels: a step's RMSNorms and SiLU·up inside the products reading them
     exact_numerics: bool = False  # with those kernels: a row's arithmetic in one order whatever the forward carries
+    fused_steps: bool = True  # with those kernels: a step's greedy verdict and its commit in one kernel each
 
     def __post_init__(self):
         if self.weights not in WEIGHT_FORMATS:
@@ -237,8 +238,8 @@ class Backend:
         """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's greedy verdict and its commit
         (``greedy_verdict``, ``commit_step``: a few dozen to a hundred small ops each in torch's) on ``device``: where a
         fused forward would run on them (a CUDA device; the CPU with :attr:`triton_on_cpu`) and :attr:`gpu_kernels`
-        is on, outside torch.compile; else None (torch's ops)."""
-        if (not self.gpu_kernels or torch.compiler.is_compiling()
+        and :attr:`fused_steps` are on, outside torch.compile; else None (torch's ops)."""
+        if (not self.gpu_kernels or not self.fused_steps or torch.compiler.is_compiling()
                 or not (device.type == "cuda" or (self.triton_on_cpu and device.type == "cpu"))):
             return None
         from specdec.models import gpu_kernels

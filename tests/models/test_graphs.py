@@ -76,6 +76,23 @@ def test_target_fused_products_reaches_the_backend():
     assert not target_backend(target).fused_products
 
 
+def test_target_fused_steps_reaches_the_backend():
+    """target.fused_steps (on by default) builds the job's backend with a step's greedy verdict and commit in one
+    Triton kernel each where those kernels run; false keeps torch's ops."""
+    from omegaconf import OmegaConf
+
+    from specdec.config import TargetConfig
+    from specdec.jobs.job import target_backend
+    from specdec.models import Backend
+
+    target = OmegaConf.structured(TargetConfig)
+    assert target_backend(target).fused_steps
+    target.fused_steps = False
+    assert not target_backend(target).fused_steps
+    assert Backend(fused_steps=False).step_kernels(torch.device("cuda")) is None
+    assert Backend().step_kernels(torch.device("cpu")) is None  # the CPU's loop: torch's ops
+
+
 def test_a_draft_models_forwards_stay_eager_on_cpu():
     """drafter.runtime.replay_graphs (the target's target.compile, for the draft's own forwards): on CPU the draft's
     decoder stays the eager one in every mode, the drafts unchanged; a mode that does not exist is refused."""
