@@ -9,7 +9,8 @@ one layer of a random target at SmolLM2-135M's, Llama-3.1-8B's and Qwen3-8B's sh
 kernels' specialisations matter) on specdec's Triton kernels, the norms inside the products or apart, with and without
 ``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32 too); then the drafters' kernels
 alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots). On 2026-11-29 all 58 launches
-compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'), none spilling.
+compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'), none spilling; so did the step's
+kernels added since (greedy verdict, path move, commit).
 
     python experiments/gpu/compile_kernels.py                  # sm_90: every launch compiled, the table
     python experiments/gpu/compile_kernels.py --arch 80 90 --json /tmp/compiled.json
@@ -173,7 +174,8 @@ def _drafter_kernels(dtype) -> None:
 
 def _step_kernels() -> None:
     """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
-    three children at most), and the commit with and without EOS tokens."""
+    three children at most), a tree's path moved in a bf16 and a float32 cache, the commit with and without EOS
+    tokens."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -185,6 +187,9 @@ def _step_kernels() -> None:
     accepted, _, emitted, _, _ = gpu_kernels.greedy_verdict(torch.ones(2, 6, dtype=torch.long),
                                                             torch.zeros(2, 6, dtype=torch.long), tree.children,
                                                             tree.max_depth)
+    for dtype in (torch.bfloat16, torch.float32):
+        gpu_kernels.move_path(torch.zeros(2, 2, 2, 3, 32, 64, dtype=dtype), torch.full((2,), 7),
+                              torch.tensor([[0, 3, 5, 1], [0, 1, 1, 1]]))
     for eos in (torch.tensor([2, 7]), torch.zeros(0, dtype=torch.long)):
         gpu_kernels.commit_step(accepted, emitted, torch.ones(2, dtype=torch.bool), torch.full((2,), 9), eos,
                                 torch.zeros(2, 64, dtype=torch.long), torch.full((2,), 8), torch.full((2,), 7), 64)

@@ -257,7 +257,7 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
             then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
         if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
-            then = functools.partial(_path_moved, cache, then)
+            then = functools.partial(_path_moved, cache, kernels, then)
         return _replayed(decoder, then, functools.partial(_verdict_step, tree), _verdict_key(tree, None if greedy
                          else params, kernels), block, cache, tree, commit, kv_len=kv_len, extra=extra,
                          tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths,
@@ -378,13 +378,17 @@ def _greedy_verdict(kernels, tree: Tree | None, block: torch.Tensor, *rest: torc
     return _step_outputs(step)
 
 
-def _path_moved(cache: KVCache, then: Callable[..., tuple[torch.Tensor, ...]], *args: torch.Tensor
+def _path_moved(cache: KVCache, kernels, then: Callable[..., tuple[torch.Tensor, ...]], *args: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
     """``then``'s verdict of a tree (:func:`_step_outputs`), its accepted path then moved into the slots after the
-    committed ones in ``cache`` (:meth:`KVCache.move_path`): in the graph that replays the forward and the verdict, so
-    that committing the step is a pointer move (``StepResult.moved``)."""
+    committed ones in ``cache`` (:meth:`KVCache.move_path`; ``kernels``' ``move_path``, one kernel, where given): in the
+    graph that replays the forward and the verdict, so that committing the step is a pointer move
+    (``StepResult.moved``)."""
     outputs = then(*args)
-    cache.move_path(outputs[3])
+    if kernels is not None and cache.stacked is not None:  # in one kernel (:func:`_step_kernels`)
+        kernels.move_path(cache.stacked, cache.lengths, outputs[3])
+    else:
+        cache.move_path(outputs[3])
     return outputs
 
 

@@ -15,9 +15,9 @@ product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=fal
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
 candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); and after a
-verification's forward its greedy verdict (:func:`greedy_verdict`: a chain's or a tree's walk) and the step's commit
-(:func:`commit_step`: the kept counts, the tokens written, the lengths moved), one kernel each where torch's ops take
-~30-100 and ~15 (``Backend.step_kernels``).
+verification's forward its greedy verdict (:func:`greedy_verdict`: a chain's or a tree's walk), a tree's accepted
+path moved in the cache (:func:`move_path`) and the step's commit (:func:`commit_step`: the kept counts, the tokens
+written, the lengths moved), one kernel each where torch's ops take ~30-100, 5 and ~15 (``Backend.step_kernels``).
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on the bits, which no compiler folds away):
@@ -346,3 +346,15 @@ def commit_step(accepted: torch.Tensor, emitted: torch.Tensor, live: torch.Tenso
         seq.stride(0), capacity, SPAN=_pow2(width, 2), EOS=_pow2(eos.numel(), 2),
         PLANT=0 if _planted is None else PLANTED_COMMIT.index(_planted) + 1)
     return rows
+
+
+def move_path(stacked: torch.Tensor, lengths: torch.Tensor, path: torch.Tensor) -> None:
+    """:meth:`~specdec.models.cache.KVCache.move_path` of a cache whose every layer's keys and values are views of
+    ``stacked`` [2, L, B, H, S, D] (contiguous), in one kernel where the torch ops take five: the uncommitted slots
+    ``lengths + path[b, j]`` moved to ``lengths + j`` (``path`` [B, P] long, a tree's accepted path in block
+    positions). The slots of the accepted path equal the torch ops'; those past it are never committed."""
+    if not stacked.is_contiguous():
+        raise ValueError("move_path: the stacked cache must be contiguous")
+    two, layers, batch, heads, capacity, dim = stacked.shape
+    _kernels().move_path_kernel[(two * layers * batch * heads,)](stacked, lengths, path.contiguous(), path.shape[1],
+                                                                 batch, heads, capacity, dim, BLOCK=_pow2(dim, 16))

@@ -517,3 +517,22 @@ def commit_step_kernel(accepted_ptr, emitted_ptr, live_ptr, left_ptr, eos_ptr, s
     tl.store(rows_ptr + row, accepted)
     tl.store(rows_ptr + batch + row, count)
     tl.store(rows_ptr + (2 + place) * batch + row, emitted, mask=inside)
+
+
+@triton.jit
+def move_path_kernel(stacked_ptr, lengths_ptr, path_ptr, p, batch, heads, capacity, dim, BLOCK: tl.constexpr):
+    """A tree step's accepted path moved into the slots after the committed ones (program: one of the cache's
+    [2, L, B, H] rows of slots, contiguous [S, dim] each): slot ``lengths[b] + path[b, j]`` to ``lengths[b] + j``,
+    j = 0 .. p - 1 in turn. Along the accepted path ``path[b, j] >= j`` and rises, so each slot is read before
+    anything is written over it, as the torch ops' gather then scatter read it; past the path (entries that are never
+    committed) the slots written may differ from theirs."""
+    pid = tl.program_id(0)
+    b = (pid // heads) % batch
+    base = stacked_ptr + pid.to(tl.int64) * capacity * dim
+    length = tl.load(lengths_ptr + b)
+    d = tl.arange(0, BLOCK)
+    inside = d < dim
+    for j in range(p):
+        source = length + tl.load(path_ptr + b * p + j)
+        row = tl.load(base + source * dim + d, mask=inside)
+        tl.store(base + (length + j) * dim + d, row, mask=inside)

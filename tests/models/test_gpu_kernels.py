@@ -606,6 +606,42 @@ def test_a_verification_s_greedy_verdict_on_the_kernel_is_the_torch_ops_whole(de
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_tree_s_path_moved_in_one_kernel_is_the_torch_ops(device):
+    """``move_path`` (one kernel where KVCache.move_path's torch ops take five) moves a tree's accepted path into the
+    slots after the committed ones as the torch ops do: every slot equal but those past the path (never committed),
+    over the trees among 40 random verifications, with random cache lengths (batch 1 and 3, 2 layers, 2 heads,
+    float32 and bf16). Planted: the path off by one (each slot moved from the next block position) differs."""
+    from specdec.models.cache import KVCache
+
+    generator = torch.Generator().manual_seed(3)
+    planted_differs = False
+    for trial in range(40):
+        tree, block, best = _random_step(generator, device)
+        if tree is None:
+            continue
+        batch, capacity = block.shape[0], 32
+        accepted, _, _, path, _ = _torch_verdict(tree, block, best)
+        dtype = (torch.float32, torch.bfloat16)[trial % 2]
+        lengths = torch.randint(1, capacity - path.shape[1] - 12, (batch,), generator=generator).to(device)
+        caches = [KVCache.allocate(2, batch, 2, capacity, 8, torch.zeros(batch, dtype=torch.long), dtype=dtype,
+                                   device=device) for _ in range(3)]
+        for cache in caches:
+            cache.stacked.copy_(torch.randn(cache.stacked.shape, generator=generator).to(cache.stacked))
+            cache.lengths.copy_(lengths)
+        caches[1].stacked.copy_(caches[0].stacked)
+        caches[2].stacked.copy_(caches[0].stacked)
+        caches[0].move_path(path)
+        gpu_kernels.move_path(caches[1].stacked, caches[1].lengths, path)
+        gpu_kernels.move_path(caches[2].stacked, caches[2].lengths, (path + 1).clamp(max=block.shape[1] - 1))
+        slot = torch.arange(capacity, device=device)
+        kept = ~((slot[None] > (lengths + accepted)[:, None]) & (slot[None] < (lengths + path.shape[1])[:, None]))
+        kept = kept[None, None, :, None, :, None].expand_as(caches[0].stacked)
+        assert torch.equal(caches[0].stacked[kept], caches[1].stacked[kept]), (trial, path, accepted)
+        planted_differs |= not torch.equal(caches[0].stacked[kept], caches[2].stacked[kept])
+    assert planted_differs
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_step_committed_in_one_kernel_is_the_torch_ops(device):
     """``commit_step`` (one kernel where the loop's torch ops take ~15) counts, writes and moves what
     engine._drafted_counts and engine._advance do: the rows read back, live, left, seq, seq_lens and the cache's
