@@ -4,6 +4,7 @@ Fixtures built from these live in conftest.py."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 import numpy as np
@@ -540,3 +541,18 @@ class OracleTreeDrafter(Drafter):
 
     def observe(self, state):
         pass
+
+
+def ops_after_forward(ops: list[tuple], interpreted: bool = False) -> collections.Counter:
+    """The torch ops that launch a kernel (not views, not allocations) among a captured graph's ``ops`` after the
+    target's forward, whose last op is its LM head's product (a matrix product of the tiny Llama's; the verdict and
+    the commit have none). ``interpreted``: Triton's interpreter ran kernels in it, whose copies of their tensors
+    (``copy_``, ``set_``) are left out."""
+    last = max(i for i, op in enumerate(ops) if op[0].split(".")[1] in ("mm", "addmm", "bmm"))
+    skip = {"empty", "new_empty", "empty_like"} | ({"copy_", "set_"} if interpreted else set())
+    counts: collections.Counter = collections.Counter()
+    for name, *_ in ops[last + 1:]:
+        namespace, op, overload = name.split(".")
+        if op not in skip and not getattr(getattr(getattr(torch.ops, namespace), op), overload).is_view:
+            counts[op] += 1
+    return counts

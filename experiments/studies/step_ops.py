@@ -115,7 +115,7 @@ def main() -> None:
         from specdec.decode import engine
 
         engine.PIPELINED_DEVICES = ("cpu", "cuda")
-    from helpers import random_eagle, tiny_llama
+    from helpers import ops_after_forward, random_eagle, tiny_llama
 
     from specdec import autoregressive_generate, speculative_generate
     from specdec.drafters import EagleDrafter, NgramDrafter
@@ -209,27 +209,12 @@ def main() -> None:
         if args.after_forward:
             for key, entry in decoder.graphs._graphs.items():
                 if key not in before:
-                    after = after_forward(entry[0].ops, args.step_kernels)
+                    after = ops_after_forward(entry[0].ops, args.step_kernels)
                     print(f"    a verification of {key[1][0][0][1]} tokens, torch ops after the forward: "
                           f"{sum(after.values())} kernels (" + ", ".join(f"{op} {n}" for op, n in after.most_common())
                           + ")")
             if launches:
                 print("    the step kernels, a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in launches.items()))
-
-
-def after_forward(ops: list[tuple], interpreted: bool) -> collections.Counter:
-    """The torch ops that launch a kernel (not views, not allocations) among a captured graph's ``ops`` after the
-    target's forward, whose last op is its LM head's product (a matrix product of the tiny Llama's; the verdict and
-    the commit have none). ``interpreted``: Triton's interpreter ran kernels in it, whose copies of their tensors
-    (``copy_``, ``set_``) are left out."""
-    last = max(i for i, op in enumerate(ops) if op[0].split(".")[1] in ("mm", "addmm", "bmm"))
-    skip = {"empty", "new_empty", "empty_like"} | ({"copy_", "set_"} if interpreted else set())
-    counts = collections.Counter()
-    for name, *_ in ops[last + 1:]:
-        namespace, op, overload = name.split(".")
-        if op not in skip and not getattr(getattr(getattr(torch.ops, namespace), op), overload).is_view:
-            counts[op] += 1
-    return counts
 
 
 def step_kernel_launches() -> collections.Counter:
