@@ -235,10 +235,10 @@ class Backend:
         return kernels if kernels is not None and kernels is not cpu_kernels.module() else None
 
     def step_kernels(self, device: torch.device):
-        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's greedy verdict and its commit
-        (``greedy_verdict``, ``commit_step``: a few dozen to a hundred small ops each in torch's) on ``device``: where a
-        fused forward would run on them (a CUDA device; the CPU with :attr:`triton_on_cpu`) and :attr:`gpu_kernels`
-        and :attr:`fused_steps` are on, outside torch.compile; else None (torch's ops)."""
+        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's greedy verdict, a tree's path move
+        and the step's commit (``greedy_verdict``, ``move_path``, ``commit_step``: 5 to ~100 small ops each in torch's)
+        on ``device``: where a fused forward would run on them (a CUDA device; the CPU with :attr:`triton_on_cpu`) and
+        :attr:`gpu_kernels` and :attr:`fused_steps` are on, outside torch.compile; else None (torch's ops)."""
         if (not self.gpu_kernels or not self.fused_steps or torch.compiler.is_compiling()
                 or not (device.type == "cuda" or (self.triton_on_cpu and device.type == "cpu"))):
             return None

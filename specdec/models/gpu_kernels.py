@@ -70,6 +70,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _plant(planted: str | None, names: tuple[str, ...]) -> int:
+    """A kernel's PLANT constant for the planted bug ``planted`` (tests only): 0 for none, else its place in ``names``
+    plus one; a name not among them is refused."""
+    if planted is None:
+        return 0
+    if planted not in names:
+        raise ValueError(f"_planted={planted!r}: one of {names}")
+    return names.index(planted) + 1
+
+
 def _pow2(n: int, least: int = 1) -> int:
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
@@ -151,8 +161,7 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
                _planted):
     """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
     ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin) where given."""
-    if _planted is not None and _planted not in PLANTED + PLANTED_ROTARY:
-        raise ValueError(f"_planted={_planted!r}: one of {PLANTED + PLANTED_ROTARY}")
+    plant = _plant(_planted, PLANTED + PLANTED_ROTARY)
     b, kv_heads, capacity, dim = keys.shape
     m = sources[0].shape[0]
     new = m // b
@@ -172,7 +181,6 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         raise ValueError("cache_attention: ordered attention reads no recent slots (EAGLE's draft layer keeps the "
                          "unordered one)")
     out = torch.empty(m, q_heads * dim, dtype=keys.dtype, device=keys.device)
-    plant = 0 if _planted is None else (PLANTED + PLANTED_ROTARY).index(_planted) + 1
     cos, sin = rotary if rotary is not None else (lengths, lengths)  # not read without the rotation
     _kernels().attention_kernel[(m, kv_heads)](
         *sources, cos, sin, keys, values, lengths, pad, tree, out,
@@ -263,8 +271,7 @@ def top_k(logits: torch.Tensor, k: int, *, log_softmax: bool = False, _planted: 
     log-sum-exp). A drafter's candidates over its vocabulary in one or two kernels, where torch's ``topk`` over a long
     row at a small batch takes its multi-block path (a radix select of a few kernels a pass, then a sort) and
     ``log_softmax`` one more. ``_planted`` (tests only): one of :data:`PLANTED_TOP_K`."""
-    if _planted is not None and _planted not in PLANTED_TOP_K:
-        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_TOP_K}")
+    plant = _plant(_planted, PLANTED_TOP_K)
     width = logits.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= width:
         raise ValueError(f"top_k: k={k!r} must be an integer in [1, {width}] (the logits' last dimension)")
@@ -274,7 +281,6 @@ def top_k(logits: torch.Tensor, k: int, *, log_softmax: bool = False, _planted: 
     rows = flat.shape[0]
     values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows, k, dtype=torch.long, device=logits.device)
-    plant = 0 if _planted is None else PLANTED_TOP_K.index(_planted) + 1
     if width <= TOP_K_ROW:
         block = _pow2(width, 16)
         _kernels().top_k_kernel[(rows, 1)](flat, values, indices, values, values, width, flat.stride(0), k,
@@ -308,8 +314,6 @@ def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tens
     what :func:`~specdec.verify.greedy_chain` or :func:`~specdec.verify.greedy_tree` and the decode loop's
     bookkeeping after them give, entries past the emitted ones included, where the torch ops take ~30 kernels for a
     chain and ~100 for a tree. ``_planted`` (tests only): one of :data:`PLANTED_VERDICT`."""
-    if _planted is not None and _planted not in PLANTED_VERDICT:
-        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_VERDICT}")
     batch, t = best.shape
     tree = children is not None
     depth = depth if tree else t - 1
@@ -321,7 +325,7 @@ def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tens
     _kernels().greedy_verdict_kernel[(batch,)](
         best.contiguous(), block.contiguous(), children.contiguous() if tree else best, accepted, next_tokens, emitted,
         path if tree else emitted, at, t, width, DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2),
-        SPAN=_pow2(depth + 1, 2), PLANT=0 if _planted is None else PLANTED_VERDICT.index(_planted) + 1)
+        SPAN=_pow2(depth + 1, 2), PLANT=_plant(_planted, PLANTED_VERDICT))
     return accepted, next_tokens, emitted, path, at
 
 
@@ -335,8 +339,6 @@ def commit_step(accepted: torch.Tensor, emitted: torch.Tensor, live: torch.Tenso
     1), and ``seq_lens`` and the target cache's ``lengths`` [B] move past the kept ones (a tree's path already moved
     into place). Returns the rows the host reads back, [2 + E, B] long: the accepted drafts, the counts, the emitted
     tokens position by position. ``_planted`` (tests only): one of :data:`PLANTED_COMMIT`."""
-    if _planted is not None and _planted not in PLANTED_COMMIT:
-        raise ValueError(f"_planted={_planted!r}: one of {PLANTED_COMMIT}")
     batch, width = emitted.shape
     if seq.stride(1) != 1:
         raise ValueError("commit_step: seq must have unit stride along its slots")
@@ -344,7 +346,7 @@ def commit_step(accepted: torch.Tensor, emitted: torch.Tensor, live: torch.Tenso
     _kernels().commit_step_kernel[(batch,)](
         accepted, emitted.contiguous(), live, left, eos, seq, seq_lens, lengths, rows, batch, width, eos.numel(),
         seq.stride(0), capacity, SPAN=_pow2(width, 2), EOS=_pow2(eos.numel(), 2),
-        PLANT=0 if _planted is None else PLANTED_COMMIT.index(_planted) + 1)
+        PLANT=_plant(_planted, PLANTED_COMMIT))
     return rows
 
 
