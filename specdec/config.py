@@ -51,9 +51,10 @@ class TargetConfig:
     # tokens or rows a forward carries (specdec.models.gpu_kernels.invariant_linear, the ordered attention), so that
     # a verification (a chain or a tree) gives the plain steps' logits bit for bit; off until its GPU cost is measured
     exact_numerics: bool = False
-    # GPU, with gpu_kernels: a step's greedy verdict (a chain's or a tree's walk) and its commit (the kept counts, the
-    # tokens written, the lengths moved) in one kernel each (specdec.models.gpu_kernels.greedy_verdict, commit_step)
-    # where torch's ops take ~20-100 small ones; false = torch's ops. Its GPU gain not yet measured
+    # GPU, with gpu_kernels: a step's verdict (greedy; sampled with fixed drafts, no top-k or top-p), a tree's path
+    # move and the commit (the kept counts, the tokens written, the lengths moved) in one kernel each
+    # (specdec.models.gpu_kernels.greedy_verdict, sampled_verdict, move_path, commit_step) where torch's ops take
+    # ~20-180 small ones; false = torch's ops. Its GPU gain not yet measured
     fused_steps: bool = True
     # target=synthetic: the shape of its random weights (a preset of specdec.models.synthetic.SHAPES or a
     # config.json); costs only (experiments/benchmarks/step_costs.py), refused where τ or outputs are reported

@@ -78,8 +78,8 @@ def _planted_kernel():
 
 # ---- recording (a child process, TRITON_INTERPRET=1) -----------------------------------------------------------------
 
-_POINTERS = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "int64": "*i64", "int32": "*i32",
-             "int8": "*i8", "uint8": "*u8", "bool": "*i1"}
+_POINTERS = {"float64": "*fp64", "float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "int64": "*i64",
+             "int32": "*i32", "int8": "*i8", "uint8": "*u8", "bool": "*i1"}
 
 
 def _argument_type(value) -> str:
@@ -174,8 +174,8 @@ def _drafter_kernels(dtype) -> None:
 
 def _step_kernels() -> None:
     """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
-    three children at most), a tree's path moved in a bf16 and a float32 cache, the commit with and without EOS
-    tokens."""
+    three children at most), the sampled verdict of both over SmolLM2's vocabulary (bf16 and float32 logits), a
+    tree's path moved in a bf16 and a float32 cache, the commit with and without EOS tokens."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -188,6 +188,10 @@ def _step_kernels() -> None:
                                                             torch.zeros(2, 6, dtype=torch.long), tree.children,
                                                             tree.max_depth)
     for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randn(2, 6, 49152).to(dtype)
+        gpu_kernels.sampled_verdict(logits[:, :5], block, torch.rand(2, 5, dtype=torch.float64), 0.7)
+        gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long), torch.rand(2, 10, dtype=torch.float64),
+                                    1.0, tree.children, tree.max_depth)
         gpu_kernels.move_path(torch.zeros(2, 2, 2, 3, 32, 64, dtype=dtype), torch.full((2,), 7),
                               torch.tensor([[0, 3, 5, 1], [0, 1, 1, 1]]))
     for eos in (torch.tensor([2, 7]), torch.zeros(0, dtype=torch.long)):

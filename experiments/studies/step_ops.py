@@ -218,12 +218,12 @@ def main() -> None:
 
 
 def step_kernel_launches() -> collections.Counter:
-    """Counts of the step kernels' calls (``gpu_kernels.greedy_verdict``, ``move_path``, ``commit_step``), by name, as
-    they happen."""
+    """Counts of the step kernels' calls (``gpu_kernels.greedy_verdict``, ``sampled_verdict``, ``move_path``,
+    ``commit_step``), by name, as they happen."""
     from specdec.models import gpu_kernels
 
     counts = collections.Counter()
-    for name in ("greedy_verdict", "move_path", "commit_step"):
+    for name in ("greedy_verdict", "sampled_verdict", "move_path", "commit_step"):
         real = getattr(gpu_kernels, name)
         setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: counts.update([name]) or real(*a, **kw))
     return counts

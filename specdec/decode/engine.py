@@ -236,13 +236,14 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     keeps what it accepts. Device work only: nothing is read back to the host here. ``capture``: the
     drafter's feature layers, returned along the kept positions. Where the target replays graphs the forward and the
     verdict are one graph replay: greedy (:func:`_greedy_verdict`), and sampled under the exact rule
-    (:func:`_sampled_verdict`, over uniforms drawn before it, the tokens the eager rule draws); greedy needs no graphs
-    to skip the [B, K'+1, V] distributions. ``commit``: the step then kept on the device (:class:`_DeviceCommit`), in
+    (:func:`_sampled_verdict`, over uniforms drawn before it, the tokens the eager rule draws), each one kernel where
+    the backend has step kernels (a GPU's, :func:`_step_kernels`); greedy needs no graphs to skip the [B, K'+1, V]
+    distributions. ``commit``: the step then kept on the device (:class:`_DeviceCommit`), in
     the same replay where the verdict replays with the forward; what it returns is in ``StepResult.committed``."""
     params, tree = state.sampling, proposal.tree
     kv_len = state.max_seq_len + proposal.tokens.shape[1]
     greedy = params.greedy and isinstance(rule, ExactRule)  # the one-hot case from the argmax alone, no [B, K'+1, V]
-    kernels = _step_kernels(decoder, state.seq.device) if greedy else None
+    kernels = _step_kernels(decoder, state.seq.device) if isinstance(rule, ExactRule) else None
     if greedy and tree is None and proposal.tokens.shape[1] == 0:  # nothing drafted: the argmax, nothing to walk
         return _replayed(decoder, _plain_verdict, _plain_step, "plain", state.last_tokens[:, None], cache, None,
                          commit, kv_len=kv_len, capture=capture)
@@ -251,17 +252,19 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     # sampled, the exact rule replays with the forward; another rule (lossy, a planted bug) runs eagerly after it
     if greedy or (type(rule) is ExactRule and replays_graphs(decoder, cache)):
         if greedy:
-            then, extra = functools.partial(_greedy_verdict, kernels, tree), children
+            on = kernels
+            then, extra = functools.partial(_greedy_verdict, on, tree), children
         else:  # sampled: the uniforms drawn first, in one op, as the eager rule draws them
             drafted = () if proposal.probs is None else (proposal.probs,)
-            then = functools.partial(_sampled_verdict, tree, params, bool(drafted))
+            on = _sampled_kernels(kernels, params, bool(drafted))
+            then = functools.partial(_sampled_verdict, on, tree, params, bool(drafted))
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
+        key = _verdict_key(tree, None if greedy else params, on)
         if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
             then = functools.partial(_path_moved, cache, kernels, then)
-        return _replayed(decoder, then, functools.partial(_verdict_step, tree), _verdict_key(tree, None if greedy
-                         else params, kernels), block, cache, tree, commit, kv_len=kv_len, extra=extra,
-                         tree_mask=None if tree is None else tree.mask, depths=None if tree is None else tree.depths,
-                         capture=capture)
+        return _replayed(decoder, then, functools.partial(_verdict_step, tree), key, block, cache, tree, commit,
+                         kv_len=kv_len, extra=extra, tree_mask=None if tree is None else tree.mask,
+                         depths=None if tree is None else tree.depths, capture=capture)
     logits, hidden, *features = decoder(block, cache, kv_len=kv_len, tree_mask=None if tree is None else tree.mask,
                                         depths=None if tree is None else tree.depths, capture=capture)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
@@ -334,10 +337,10 @@ def _kept_features(features: list[torch.Tensor], path: torch.Tensor | None) -> t
 
 
 def _verdict_key(tree: Tree | None, params: SamplingParams | None = None, kernels: Any = None) -> tuple:
-    """What fixes a verdict in a graph beside its tensors: greedy (in one kernel where ``kernels``) or the sampling
-    settings (``params``), and a tree's shape (a graph bakes in the walk's depth)."""
-    greedy = "greedy" if kernels is None else "greedy, one kernel"
-    return greedy if params is None else ("sampled", params), None if tree is None else tree.shape_key
+    """What fixes a verdict in a graph beside its tensors: greedy or the sampling settings (``params``), in one kernel
+    or not (``kernels``), and a tree's shape (a graph bakes in the walk's depth)."""
+    return "greedy" if params is None else ("sampled", params), kernels is not None, \
+        None if tree is None else tree.shape_key
 
 
 def _step_kernels(decoder, device: torch.device):
@@ -345,6 +348,12 @@ def _step_kernels(decoder, device: torch.device):
     a GPU's), or None (torch's ops)."""
     backend = getattr(decoder, "backend", None)
     return None if backend is None else backend.step_kernels(device)
+
+
+def _sampled_kernels(kernels, params: SamplingParams, drafted: bool):
+    """``kernels`` (:func:`_step_kernels`) where their ``sampled_verdict`` takes a sampled verdict: drafts with
+    one-hot q (not ``drafted`` with their own q), at a temperature without top-k or top-p; else None (torch's ops)."""
+    return kernels if kernels is not None and not drafted and params.top_k == 0 and params.top_p == 1 else None
 
 
 def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
@@ -365,17 +374,24 @@ def _greedy_verdict(kernels, tree: Tree | None, block: torch.Tensor, *rest: torc
     logits, hidden, *features = rest
     best = logits.argmax(-1)  # [B, K'+1]
     if kernels is not None:
-        num_accepted, next_tokens, emitted, path, at = kernels.greedy_verdict(
-            best, block, None if tree is None else tree.children, None if tree is None else tree.max_depth)
-        hidden = hidden.gather(1, at[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
-        return _step_outputs(StepResult(num_accepted, next_tokens, emitted, path, hidden,
-                                        _kept_features(features, path)))
+        return _kernel_verdict(kernels.greedy_verdict(best, block, None if tree is None else tree.children,
+                                                      None if tree is None else tree.max_depth), hidden, features)
     if tree is None:
         step = _kept(block[:, 1:], *greedy_chain(block[:, 1:], best), None, hidden, features)
     else:
         nodes, num_accepted, next_tokens = greedy_tree(tree, block[:, 1:], best)
         step = _kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features)
     return _step_outputs(step)
+
+
+def _kernel_verdict(verdict: tuple[torch.Tensor, ...], hidden: torch.Tensor, features: list[torch.Tensor]
+                    ) -> tuple[torch.Tensor, ...]:
+    """A verdict kernel's outputs (``greedy_verdict``'s or ``sampled_verdict``'s: num_accepted, next_tokens, emitted,
+    a tree's path, the block position where the next token was predicted) as :func:`_step_outputs`, with the hidden
+    state there and the feature layers along the kept positions."""
+    num_accepted, next_tokens, emitted, path, at = verdict
+    hidden = hidden.gather(1, at[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+    return _step_outputs(StepResult(num_accepted, next_tokens, emitted, path, hidden, _kept_features(features, path)))
 
 
 def _path_moved(cache: KVCache, kernels, then: Callable[..., tuple[torch.Tensor, ...]], *args: torch.Tensor
@@ -392,18 +408,23 @@ def _path_moved(cache: KVCache, kernels, then: Callable[..., tuple[torch.Tensor,
     return outputs
 
 
-def _sampled_verdict(tree: Tree | None, params: SamplingParams, drafted: bool, block: torch.Tensor,
+def _sampled_verdict(kernels, tree: Tree | None, params: SamplingParams, drafted: bool, block: torch.Tensor,
                      drawn: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The exact rule's sampled verdict of a forward over ``block`` [B, K'+1], in ops a graph captures with the
     forward: the uniforms ``drawn`` before it (:class:`~specdec.verify.ExactRule`'s, so the same tokens as the eager
     rule from the same generator), then in ``rest`` a tree's children [N+1, W], the drafts' q [B, K', V] where
     ``drafted`` (else one-hot), the forward's logits, hidden states and feature layers. Outputs as
-    :func:`_greedy_verdict`'s."""
+    :func:`_greedy_verdict`'s. Through ``kernels``' ``sampled_verdict`` where given (:func:`_sampled_kernels`), else
+    torch's ops."""
     if tree is not None:
         tree = dataclasses.replace(tree, children=rest[0])
         rest = rest[1:]
     draft_probs = rest[0] if drafted else None
     logits, hidden, *features = rest[int(drafted):]
+    if kernels is not None:
+        return _kernel_verdict(kernels.sampled_verdict(logits, block, drawn, params.temperature,
+                                                       None if tree is None else tree.children,
+                                                       None if tree is None else tree.max_depth), hidden, features)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     nodes, num_accepted, next_tokens = ExactRule.verdict(tree, block[:, 1:], draft_probs, target_probs, drawn)
     return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features))

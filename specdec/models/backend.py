@@ -67,7 +67,7 @@ class Backend:
     triton_on_cpu: bool = False  # those kernels on CPU tensors, under Triton's interpreter (tests; interpreted_gpu)
     fused_products: bool = True  # with those kernels: a step's RMSNorms and SiLU·up inside the products reading them
     exact_numerics: bool = False  # with those kernels: a row's arithmetic in one order whatever the forward carries
-    fused_steps: bool = True  # with those kernels: a step's greedy verdict and its commit in one kernel each
+    fused_steps: bool = True  # with those kernels: a step's verdict, path move and commit in one kernel each
 
     def __post_init__(self):
         if self.weights not in WEIGHT_FORMATS:
@@ -235,8 +235,9 @@ class Backend:
         return kernels if kernels is not None and kernels is not cpu_kernels.module() else None
 
     def step_kernels(self, device: torch.device):
-        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's greedy verdict, a tree's path move
-        and the step's commit (``greedy_verdict``, ``move_path``, ``commit_step``: 5 to ~100 small ops each in torch's)
+        """The Triton kernels (:mod:`~specdec.models.gpu_kernels`) that run a step's verdict, a tree's path move and
+        the step's commit (``greedy_verdict``, ``sampled_verdict``, ``move_path``, ``commit_step``: 5 to ~180 small
+        ops each in torch's)
         on ``device``: where a fused forward would run on them (a CUDA device; the CPU with :attr:`triton_on_cpu`) and
         :attr:`gpu_kernels` and :attr:`fused_steps` are on, outside torch.compile; else None (torch's ops)."""
         if (not self.gpu_kernels or not self.fused_steps or torch.compiler.is_compiling()

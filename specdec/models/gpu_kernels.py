@@ -15,9 +15,10 @@ product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=fal
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
 candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); and after a
-verification's forward its greedy verdict (:func:`greedy_verdict`: a chain's or a tree's walk), a tree's accepted
-path moved in the cache (:func:`move_path`) and the step's commit (:func:`commit_step`: the kept counts, the tokens
-written, the lengths moved), one kernel each where torch's ops take ~30-100, 5 and ~15 (``Backend.step_kernels``).
+verification's forward its verdict (:func:`greedy_verdict`: a chain's or a tree's walk; :func:`sampled_verdict`: the
+exact rule's, drafts with one-hot q), a tree's accepted path moved in the cache (:func:`move_path`) and the step's
+commit (:func:`commit_step`: the kept counts, the tokens written, the lengths moved), one kernel each where torch's
+ops take ~30-100 (sampled: ~40-180), 5 and ~15 (``Backend.step_kernels``).
 
 Each kernel rounds where torch's ops round in the model's dtype (the residual add, the norm's cast before its
 weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on the bits, which no compiler folds away):
@@ -326,6 +327,44 @@ def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tens
         best.contiguous(), block.contiguous(), children.contiguous() if tree else best, accepted, next_tokens, emitted,
         path if tree else emitted, at, t, width, DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2),
         SPAN=_pow2(depth + 1, 2), PLANT=_plant(_planted, PLANTED_VERDICT))
+    return accepted, next_tokens, emitted, path, at
+
+
+PLANTED_SAMPLED = ("no_renormalisation", "recovered_from_p")  # sampled_verdict's planted bugs (tests)
+VOCAB_BLOCK = 2048  # the logits sampled_verdict reads at once along a row's vocabulary
+
+
+def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.Tensor, temperature: float,
+                    children: torch.Tensor | None = None, depth: int | None = None, *, _planted: str | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A verification's sampled verdict under the exact rule in one kernel, for drafts with one-hot q (fixed
+    candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's), at ``temperature`` > 0 without
+    top-k or top-p: from the target's ``logits`` [B, T, V] over the ``block`` [B, T] (long) it scored and the
+    ``uniforms`` the rule draws before it (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1] float64), a chain
+    (``children`` None: T - 1 drafts) or a tree (``children`` [T, W], at most ``depth`` levels). The law of
+    :func:`~specdec.verify.rejection_sample` and :func:`~specdec.verify.tree.onehot_walk` over the same uniforms, and
+    their draws but where p's float32 rounding (a sum in another order) moves a uniform across a boundary; the
+    probabilities only at the nodes the walk reaches, where the torch ops take softmax over every position and ~50
+    kernels for a chain and ~180 for a tree. Returns what :func:`greedy_verdict` returns. ``_planted`` (tests only):
+    one of :data:`PLANTED_SAMPLED`."""
+    batch, t, vocab = logits.shape
+    if not temperature > 0:
+        raise ValueError(f"sampled_verdict: temperature must be > 0 (0 is greedy_verdict's), got {temperature!r}")
+    tree = children is not None
+    depth = depth if tree else t - 1
+    width = children.shape[1] if tree else 1
+    if uniforms.shape != (batch, depth * width + 1) or uniforms.dtype != torch.float64:
+        raise ValueError(f"sampled_verdict: uniforms must be float64 [B, D·W + 1] = [{batch}, {depth * width + 1}], "
+                         f"got {uniforms.dtype} {list(uniforms.shape)}")
+    long = dict(dtype=torch.long, device=logits.device)
+    accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
+    emitted = torch.empty(batch, depth + 1, **long)
+    path = torch.empty(batch, depth + 1, **long) if tree else None
+    _kernels().sampled_verdict_kernel[(batch,)](
+        logits.contiguous(), block.contiguous(), children.contiguous() if tree else block, uniforms.contiguous(),
+        accepted, next_tokens, emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1],
+        float(temperature), DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2),
+        BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), PLANT=_plant(_planted, PLANTED_SAMPLED))
     return accepted, next_tokens, emitted, path, at
 
 

@@ -429,6 +429,36 @@ def top_k_merge_kernel(values_ptr, indices_ptr, max_ptr, sum_ptr, out_values_ptr
 
 
 @triton.jit
+def walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE: tl.constexpr):
+    """A verdict's walk one level on (the greedy and sampled verdicts' kernels): the node ``chosen`` at depth ``d``
+    kept where the row is still ``alive``; the emitted tokens [SPAN] and a tree's path [SPAN] (block positions)
+    written as the torch ops write them (past the walk: the first draft, as their clamped gather)."""
+    if TREE:
+        step = tl.where(alive, chosen, 1)
+        path = tl.where(place == d + 1, step, path)
+        emitted = tl.where(place == d, tl.load(block + step), emitted)
+    else:
+        emitted = tl.where(place == d, tl.load(block + chosen), emitted)
+    return tl.where(alive, chosen, node), accepted + alive.to(tl.int64), emitted, path
+
+
+@triton.jit
+def verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
+                   at_ptr, DEPTH: tl.constexpr, TREE: tl.constexpr):
+    """A row's verdict written: the accepted drafts' count, the next ``token``, the emitted tokens [B, DEPTH + 1]
+    (the accepted drafts, then the next token; past it what :func:`specdec.verify.emitted_tokens` leaves), a tree's
+    path [B, DEPTH + 1] and the block position where the next token was predicted (``node``)."""
+    emitted = tl.where((place == accepted) | (place == DEPTH), token, emitted)
+    inside = place < DEPTH + 1
+    tl.store(emitted_ptr + row * (DEPTH + 1) + place, emitted, mask=inside)
+    if TREE:
+        tl.store(path_ptr + row * (DEPTH + 1) + place, path, mask=inside)
+    tl.store(accepted_ptr + row, accepted)
+    tl.store(next_ptr + row, token)
+    tl.store(at_ptr + row, node)
+
+
+@triton.jit
 def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_ptr, emitted_ptr, path_ptr, at_ptr,
                           t, width, DEPTH: tl.constexpr, TREE: tl.constexpr, WIDTH: tl.constexpr,
                           SPAN: tl.constexpr, PLANT: tl.constexpr):
@@ -436,10 +466,9 @@ def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_
     the ``block`` [B, t] it scored (the last token, then the drafts): a chain keeps its drafts while they equal the
     argmax before them; a tree (TREE: ``children`` [t, width], -1 = none, shared by the rows) walks from the root to
     the first child, in order, whose token is the argmax at its parent, DEPTH levels at most. Writes the accepted
-    drafts' count, the next token (the argmax where the walk stopped), the emitted tokens [B, DEPTH + 1] (the
-    accepted drafts, then the next token; past it what :func:`specdec.verify.emitted_tokens` leaves), a tree's path
-    [B, DEPTH + 1] in block positions (the root, the accepted nodes, then 1s) and the block position where the next
-    token was predicted (``at``). PLANT 1 (tests): a tree's walk tries only each node's first child."""
+    drafts' count, the next token (the argmax where the walk stopped), the emitted tokens, a tree's path (the root,
+    the accepted nodes, then 1s) and the block position where the next token was predicted (:func:`verdict_stored`).
+    PLANT 1 (tests): a tree's walk tries only each node's first child."""
     row = tl.program_id(0)
     best = best_ptr + row * t
     block = block_ptr + row * t
@@ -462,24 +491,141 @@ def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_
             first = tl.min(tl.where(hit, w, WIDTH), axis=0)
             chosen = tl.sum(tl.where(w == first, kids, 0), axis=0).to(tl.int64)
             alive = alive & (first < WIDTH)
-            step = tl.where(alive, chosen, 1)  # past the walk: the first draft, as the torch ops' clamped gather
-            path = tl.where(place == d + 1, step, path)
-            emitted = tl.where(place == d, tl.load(block + step), emitted)
         else:
             chosen = tl.full([], d + 1, tl.int64)
             alive = alive & (tl.load(block + chosen) == want)
-            emitted = tl.where(place == d, tl.load(block + chosen), emitted)
-        node = tl.where(alive, chosen, node)
-        accepted += alive.to(tl.int64)
-    token = tl.load(best + node)
-    emitted = tl.where((place == accepted) | (place == DEPTH), token, emitted)
-    inside = place < DEPTH + 1
-    tl.store(emitted_ptr + row * (DEPTH + 1) + place, emitted, mask=inside)
-    if TREE:
-        tl.store(path_ptr + row * (DEPTH + 1) + place, path, mask=inside)
-    tl.store(accepted_ptr + row, accepted)
-    tl.store(next_ptr + row, token)
-    tl.store(at_ptr + row, node)
+        node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE)
+    verdict_stored(row, tl.load(best + node), node, accepted, emitted, path, place, accepted_ptr, next_ptr,
+                   emitted_ptr, path_ptr, at_ptr, DEPTH, TREE)
+
+
+@triton.jit
+def softmax_stats(x_ptr, vocab, temperature, BLOCK: tl.constexpr):
+    """The largest of a row of logits [vocab] over ``temperature`` and the sum of exp(x / temperature - largest), in
+    one pass (the sum rescaled as the largest grows): softmax's p(v) = exp(x_v / temperature - largest) / sum."""
+    v = tl.arange(0, BLOCK)
+    largest = tl.full([], -3.4028234663852886e38, tl.float32)  # float32's lowest: no exp(-inf + inf)
+    total = tl.full([], 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        x = tl.load(x_ptr + start + v, mask=start + v < vocab, other=float("-inf")).to(tl.float32) / temperature
+        grown = tl.maximum(largest, tl.max(x, axis=0))
+        total = total * tl.exp(largest - grown) + tl.sum(tl.exp(x - grown), axis=0)
+        largest = grown
+    return largest, total
+
+
+@triton.jit
+def residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, carry, w, WIDTH: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """The cumulative sums (float64, after ``carry``) over the block of the row's vocabulary at ``start`` of p less
+    the ``rejected`` tokens [WIDTH] (-1 = none): what :func:`specdec.verify.sampling.sample` draws from by its CDF.
+    p is float32, as torch's softmax gives it."""
+    v = start + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + v, mask=v < vocab, other=float("-inf")).to(tl.float32) / temperature
+    p = tl.exp(x - largest) / total
+    for j in tl.static_range(WIDTH):
+        p = tl.where(v == tl.sum(tl.where(w == j, rejected, 0), axis=0), 0.0, p)
+    return carry + tl.cumsum(tl.where(v < vocab, p, 0.0).to(tl.float64), axis=0)
+
+
+@triton.jit
+def residual_drawn(x_ptr, vocab, temperature, largest, total, rejected, u, w, WIDTH: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """The token drawn by its CDF from p less the ``rejected`` tokens (p itself where nothing is left), ``u`` in
+    [0, 1) of their total: the first token whose cumulative sum exceeds u · total, the last where none does, as
+    :func:`specdec.verify.sampling.sample` draws. The total is the last cumulative sum, computed as the draw's are:
+    the draw never runs past it."""
+    mass = tl.full([], 0.0, tl.float64)
+    for start in range(0, vocab, BLOCK):
+        mass = tl.max(residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, mass, w, WIDTH, BLOCK),
+                      axis=0)
+    if mass <= 0:  # round-off took all of it: p
+        rejected = tl.full([WIDTH], -1, tl.int64)
+        mass = tl.full([], 0.0, tl.float64)
+        for start in range(0, vocab, BLOCK):
+            mass = tl.max(residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, mass, w, WIDTH,
+                                       BLOCK), axis=0)
+    goal = u * mass
+    v = tl.arange(0, BLOCK)
+    token = tl.full([], -1, tl.int64)
+    carry = tl.full([], 0.0, tl.float64)
+    start = 0
+    while (token < 0) & (start < vocab):
+        cdf = residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, carry, w, WIDTH, BLOCK)
+        first = tl.min(tl.where((cdf > goal) & (start + v < vocab), v, BLOCK), axis=0)
+        token = tl.where(first < BLOCK, start + first, token).to(tl.int64)
+        carry = tl.max(cdf, axis=0)
+        start += BLOCK
+    return tl.where(token < 0, vocab - 1, token)
+
+
+@triton.jit
+def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, accepted_ptr, next_ptr, emitted_ptr,
+                           path_ptr, at_ptr, t, width, vocab, draws, temperature, DEPTH: tl.constexpr,
+                           TREE: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
+                           PLANT: tl.constexpr):
+    """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates),
+    from the target's ``logits`` [B, t, vocab] over the ``block`` [B, t] it scored and the ``uniforms`` [B, draws]
+    (float64, drawn before: column d·width + j decides the j-th child tried at depth d, the last draws the next
+    token): :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
+    :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is d + 1), at ``temperature`` (p =
+    softmax(logits / temperature), no top-k or top-p). At each node the walk reaches, p's largest logit and sum in
+    one pass over the vocabulary; a child x_j is accepted where u · (1 − the mass of the distinct siblings rejected
+    before it) < p(x_j); where every child of the last node was rejected, the next token is drawn from p less theirs,
+    else (a leaf, the depth reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no
+    renormalisation (each sibling tested against p); PLANT 2: the next token drawn from p, rejected tokens kept."""
+    row = tl.program_id(0)
+    logits = logits_ptr + row * t * vocab
+    block = block_ptr + row * t
+    uniforms = uniforms_ptr + row * draws
+    place = tl.arange(0, SPAN)
+    w = tl.arange(0, WIDTH)
+    before = w[None, :] < w[:, None]  # [WIDTH, WIDTH]: sibling i (columns) is tried before j (rows)
+    node = tl.full([], 0, tl.int64)
+    alive = tl.full([], 1, tl.int1)
+    refused = tl.full([], 0, tl.int1)
+    accepted = tl.full([], 0, tl.int64)
+    emitted = tl.zeros([SPAN], dtype=tl.int64)
+    path = tl.zeros([SPAN], dtype=tl.int64)
+    largest = tl.full([], 0.0, tl.float32)
+    total = tl.full([], 1.0, tl.float32)
+    rejected = tl.full([WIDTH], -1, tl.int64)
+    for d in tl.static_range(DEPTH):
+        if alive:
+            largest, total = softmax_stats(logits + node * vocab, vocab, temperature, BLOCK)
+        if TREE:
+            kids = tl.load(children_ptr + node * width + w, mask=w < width, other=-1)
+        else:
+            kids = tl.where(w == 0, node + 1, -1)
+        real = kids >= 0
+        tokens = tl.load(block + tl.maximum(kids, 0))
+        repeated = tl.sum(((tokens[:, None] == tokens[None, :]) & real[None, :] & before).to(tl.int32), axis=1) > 0
+        x = tl.load(logits + node * vocab + tokens).to(tl.float32) / temperature
+        p = tl.where(real & ~repeated & alive, tl.exp(x - largest) / total, 0.0)
+        if PLANT == 1:
+            untried = tl.full([WIDTH], 1.0, tl.float32)
+        else:
+            untried = 1 - (tl.cumsum(p, axis=0) - p)
+        u = tl.load(uniforms + d * width + w, mask=w < width, other=1.0)
+        hit = (u * untried.to(tl.float64) < p.to(tl.float64)) & (p > 0)
+        first = tl.min(tl.where(hit, w, WIDTH), axis=0)
+        stopped = alive & (first == WIDTH)
+        rejected = tl.where(stopped & real, tokens, rejected)
+        refused = refused | (stopped & (tl.max(real.to(tl.int32), axis=0) > 0))
+        alive = alive & (first < WIDTH)
+        if TREE:
+            chosen = tl.sum(tl.where(w == first, kids, 0), axis=0).to(tl.int64)
+        else:  # past the walk too: the torch ops emit the drafts
+            chosen = tl.full([], d + 1, tl.int64)
+        node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE)
+    if alive:  # the depth reached: p at the last node accepted
+        largest, total = softmax_stats(logits + node * vocab, vocab, temperature, BLOCK)
+    if PLANT == 2:
+        rejected = tl.full([WIDTH], -1, tl.int64)
+    token = residual_drawn(logits + node * vocab, vocab, temperature, largest, total, rejected,
+                           tl.load(uniforms + draws - 1), w, WIDTH, BLOCK)
+    verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
+                   at_ptr, DEPTH, TREE)
 
 
 @triton.jit

@@ -464,7 +464,7 @@ def test_greedy_verification_replays_the_forward_and_its_verdict_as_one_graph(ti
     eager = run(tiny_target, trees)
     assert run(graphed, trees) == eager and eager[1][2] > 0  # depth 3 reached
     keys = {key[0][:2] for key in graphed.graphs._graphs}
-    assert keys == {("forward then", ("greedy", (t.parent_list, t.max_depth))) for t, _ in trees}
+    assert keys == {("forward then", ("greedy", False, (t.parent_list, t.max_depth))) for t, _ in trees}
     assert graphed.replays > graphed.captures
     from specdec.decode import engine
 

@@ -155,6 +155,42 @@ def test_planted_bugs_in_the_siblings_at_once_walk_are_caught(bug, monkeypatch):
     assert rejects(tokens, target), f"{bug} went undetected"
 
 
+def on_the_kernel(tree, tokens, probs, target_probs, g, planted=None):
+    """The sampled verdict's kernel (``gpu_kernels.sampled_verdict``, on a CUDA device) over uniforms drawn from ``g``
+    before it, from logits log p at temperature 1; a chain-shaped tree as a chain."""
+    from specdec.models import gpu_kernels
+
+    chain = all(parent == i - 1 for i, parent in enumerate(tree.parent_list))
+    drawn = torch.rand(tokens.shape[0], tree_draws(tree), generator=g, dtype=torch.float64)
+    block = torch.cat([torch.zeros_like(tokens[:, :1]), tokens], 1)
+    accepted, next_tokens, _, path, _ = gpu_kernels.sampled_verdict(
+        target_probs.log().cuda(), block.cuda(), drawn.cuda(), 1.0, None if chain else tree.children.cuda(),
+        None if chain else tree.max_depth, _planted=planted)
+    nodes = (block[:, 1:2].new_tensor(range(tree.max_depth)).expand(len(block), -1) if chain
+             else path[:, 1:].cpu() - 1)
+    return nodes, accepted.cpu(), next_tokens.cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,parents", [("topk", PARENTS), ("repeated", PARENTS), ("topk", [-1, 0, 1])])
+def test_the_sampled_verdict_kernel_reproduces_target(mode, parents):
+    """The sampled verdict in one kernel (trees of fixed candidates, a sibling repeating a token before it, a chain)
+    leaves the target's distribution unchanged; its planted bugs (no renormalisation after a rejected sibling, the next
+    token drawn from p) are caught. On a GPU only: under Triton's interpreter 20,000 rows take minutes (the default
+    tier checks the kernel draws what the torch ops draw, tests/models/test_gpu_kernels.py)."""
+    from specdec.models import gpu_kernels
+
+    if not torch.cuda.is_available() or not gpu_kernels.available():
+        pytest.skip("needs a CUDA device and Triton")
+    tokens, target = simulate(mode, 1.0, verify=on_the_kernel, seed=30, parents=parents)
+    assert not rejects(tokens, target)
+    for planted in gpu_kernels.PLANTED_SAMPLED:
+        if planted == "no_renormalisation" and parents != PARENTS:
+            continue  # one child a node: nothing to renormalise
+        tokens, target = simulate(mode, 1.0, verify=partial(on_the_kernel, planted=planted), seed=31, parents=parents)
+        assert rejects(tokens, target), f"{planted} went undetected on the kernel ({mode})"
+
+
 def test_false_positive_rate_is_nominal():
     alpha, reps = 0.1, 30
     rejected = sum(rejects(*simulate("topk", 1.0, rows=3000, seed=100 + s), alpha=alpha) for s in range(reps))
