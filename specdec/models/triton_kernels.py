@@ -515,43 +515,49 @@ def softmax_stats(x_ptr, vocab, temperature, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, carry, w, WIDTH: tl.constexpr,
-                 BLOCK: tl.constexpr):
+def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, carry, w,
+                 WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The cumulative sums (float64, after ``carry``) over the block of the row's vocabulary at ``start`` of p less
-    the ``rejected`` tokens [WIDTH] (-1 = none): what :func:`specdec.verify.sampling.sample` draws from by its CDF.
-    p is float32, as torch's softmax gives it."""
+    the ``rejected`` tokens [WIDTH] (-1 = none), or (DRAFTED) of max(0, p - ``minus`` · q) (q [vocab] the rejected
+    draft's, ``minus`` 1, or 0 where none was): what :func:`specdec.verify.sampling.sample` draws from by its CDF.
+    p is float32, as torch's softmax gives it, and so is p - q."""
     v = start + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + v, mask=v < vocab, other=float("-inf")).to(tl.float32) / temperature
     p = tl.exp(x - largest) / total
-    for j in tl.static_range(WIDTH):
-        p = tl.where(v == tl.sum(tl.where(w == j, rejected, 0), axis=0), 0.0, p)
+    if DRAFTED:
+        p = tl.maximum(p - minus * tl.load(q_ptr + v, mask=v < vocab, other=0.0), 0.0)
+    else:
+        for j in tl.static_range(WIDTH):
+            p = tl.where(v == tl.sum(tl.where(w == j, rejected, 0), axis=0), 0.0, p)
     return carry + tl.cumsum(tl.where(v < vocab, p, 0.0).to(tl.float64), axis=0)
 
 
 @triton.jit
-def residual_drawn(x_ptr, vocab, temperature, largest, total, rejected, u, w, WIDTH: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """The token drawn by its CDF from p less the ``rejected`` tokens (p itself where nothing is left), ``u`` in
-    [0, 1) of their total: the first token whose cumulative sum exceeds u · total, the last where none does, as
+def residual_drawn(x_ptr, q_ptr, vocab, temperature, largest, total, rejected, minus, u, w, WIDTH: tl.constexpr,
+                   BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
+    """The token drawn by its CDF from the residual of :func:`residual_cdf` (p itself where nothing is left), ``u``
+    in [0, 1) of its total: the first token whose cumulative sum exceeds u · total, the last where none does, as
     :func:`specdec.verify.sampling.sample` draws. The total is the last cumulative sum, computed as the draw's are:
     the draw never runs past it."""
     mass = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
-        mass = tl.max(residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, mass, w, WIDTH, BLOCK),
-                      axis=0)
+        mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, mass, w,
+                                   WIDTH, BLOCK, DRAFTED), axis=0)
     if mass <= 0:  # round-off took all of it: p
         rejected = tl.full([WIDTH], -1, tl.int64)
+        minus = 0.0
         mass = tl.full([], 0.0, tl.float64)
         for start in range(0, vocab, BLOCK):
-            mass = tl.max(residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, mass, w, WIDTH,
-                                       BLOCK), axis=0)
+            mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, mass,
+                                       w, WIDTH, BLOCK, DRAFTED), axis=0)
     goal = u * mass
     v = tl.arange(0, BLOCK)
     token = tl.full([], -1, tl.int64)
     carry = tl.full([], 0.0, tl.float64)
     start = 0
     while (token < 0) & (start < vocab):
-        cdf = residual_cdf(x_ptr, start, vocab, temperature, largest, total, rejected, carry, w, WIDTH, BLOCK)
+        cdf = residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, carry, w, WIDTH,
+                           BLOCK, DRAFTED)
         first = tl.min(tl.where((cdf > goal) & (start + v < vocab), v, BLOCK), axis=0)
         token = tl.where(first < BLOCK, start + first, token).to(tl.int64)
         carry = tl.max(cdf, axis=0)
@@ -560,20 +566,22 @@ def residual_drawn(x_ptr, vocab, temperature, largest, total, rejected, u, w, WI
 
 
 @triton.jit
-def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, accepted_ptr, next_ptr, emitted_ptr,
-                           path_ptr, at_ptr, t, width, vocab, draws, temperature, DEPTH: tl.constexpr,
+def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_ptr, accepted_ptr, next_ptr,
+                           emitted_ptr, path_ptr, at_ptr, t, width, vocab, draws, temperature, DEPTH: tl.constexpr,
                            TREE: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
-                           PLANT: tl.constexpr):
-    """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates),
-    from the target's ``logits`` [B, t, vocab] over the ``block`` [B, t] it scored and the ``uniforms`` [B, draws]
-    (float64, drawn before: column d·width + j decides the j-th child tried at depth d, the last draws the next
-    token): :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
+                           DRAFTED: tl.constexpr, PLANT: tl.constexpr):
+    """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates)
+    or a chain drawn from its q (DRAFTED: ``q`` [B, DEPTH, vocab] float32), from the target's ``logits`` [B, t,
+    vocab] over the ``block`` [B, t] it scored and the ``uniforms`` [B, draws] (float64, drawn before: column
+    d·width + j decides the j-th child tried at depth d, the last draws the next token):
+    :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
     :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is d + 1), at ``temperature`` (p =
     softmax(logits / temperature), no top-k or top-p). At each node the walk reaches, p's largest logit and sum in
     one pass over the vocabulary; a child x_j is accepted where u · (1 − the mass of the distinct siblings rejected
-    before it) < p(x_j); where every child of the last node was rejected, the next token is drawn from p less theirs,
-    else (a leaf, the depth reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no
-    renormalisation (each sibling tested against p); PLANT 2: the next token drawn from p, rejected tokens kept."""
+    before it) < p(x_j) (a drafted chain's: where u · q(x) < p(x)); where every child of the last node was rejected,
+    the next token is drawn from p less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the depth
+    reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each
+    sibling tested against p); PLANT 2: the next token drawn from p, rejected drafts kept."""
     row = tl.program_id(0)
     logits = logits_ptr + row * t * vocab
     block = block_ptr + row * t
@@ -602,7 +610,9 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, ac
         repeated = tl.sum(((tokens[:, None] == tokens[None, :]) & real[None, :] & before).to(tl.int32), axis=1) > 0
         x = tl.load(logits + node * vocab + tokens).to(tl.float32) / temperature
         p = tl.where(real & ~repeated & alive, tl.exp(x - largest) / total, 0.0)
-        if PLANT == 1:
+        if DRAFTED:  # the chain's draft tried against q at its token
+            untried = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real, other=1.0)
+        elif PLANT == 1:
             untried = tl.full([WIDTH], 1.0, tl.float32)
         else:
             untried = 1 - (tl.cumsum(p, axis=0) - p)
@@ -620,10 +630,13 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, ac
         node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE)
     if alive:  # the depth reached: p at the last node accepted
         largest, total = softmax_stats(logits + node * vocab, vocab, temperature, BLOCK)
+    minus = refused.to(tl.float32)  # a drafted chain's rejected draft: its q taken from p
     if PLANT == 2:
         rejected = tl.full([WIDTH], -1, tl.int64)
-    token = residual_drawn(logits + node * vocab, vocab, temperature, largest, total, rejected,
-                           tl.load(uniforms + draws - 1), w, WIDTH, BLOCK)
+        minus = 0.0
+    q = q_ptr + (row * DEPTH + tl.minimum(node, DEPTH - 1)) * vocab  # the rejected draft's q (read where DRAFTED)
+    token = residual_drawn(logits + node * vocab, q, vocab, temperature, largest, total, rejected, minus,
+                           tl.load(uniforms + draws - 1), w, WIDTH, BLOCK, DRAFTED)
     verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
                    at_ptr, DEPTH, TREE)
 

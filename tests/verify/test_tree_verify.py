@@ -157,7 +157,7 @@ def test_planted_bugs_in_the_siblings_at_once_walk_are_caught(bug, monkeypatch):
 
 def on_the_kernel(tree, tokens, probs, target_probs, g, planted=None):
     """The sampled verdict's kernel (``gpu_kernels.sampled_verdict``, on a CUDA device) over uniforms drawn from ``g``
-    before it, from logits log p at temperature 1; a chain-shaped tree as a chain."""
+    before it, from logits log p at temperature 1; a chain-shaped tree as a chain (its drafts' q, where drawn, too)."""
     from specdec.models import gpu_kernels
 
     chain = all(parent == i - 1 for i, parent in enumerate(tree.parent_list))
@@ -165,19 +165,22 @@ def on_the_kernel(tree, tokens, probs, target_probs, g, planted=None):
     block = torch.cat([torch.zeros_like(tokens[:, :1]), tokens], 1)
     accepted, next_tokens, _, path, _ = gpu_kernels.sampled_verdict(
         target_probs.log().cuda(), block.cuda(), drawn.cuda(), 1.0, None if chain else tree.children.cuda(),
-        None if chain else tree.max_depth, _planted=planted)
+        None if chain else tree.max_depth, draft_probs=None if probs is None else probs.float().cuda(),
+        _planted=planted)
     nodes = (block[:, 1:2].new_tensor(range(tree.max_depth)).expand(len(block), -1) if chain
              else path[:, 1:].cpu() - 1)
     return nodes, accepted.cpu(), next_tokens.cpu()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode,parents", [("topk", PARENTS), ("repeated", PARENTS), ("topk", [-1, 0, 1])])
+@pytest.mark.parametrize("mode,parents", [("topk", PARENTS), ("repeated", PARENTS), ("topk", [-1, 0, 1]),
+                                          ("iid", [-1, 0, 1])])
 def test_the_sampled_verdict_kernel_reproduces_target(mode, parents):
-    """The sampled verdict in one kernel (trees of fixed candidates, a sibling repeating a token before it, a chain)
-    leaves the target's distribution unchanged; its planted bugs (no renormalisation after a rejected sibling, the next
-    token drawn from p) are caught. On a GPU only: under Triton's interpreter 20,000 rows take minutes (the default
-    tier checks the kernel draws what the torch ops draw, tests/models/test_gpu_kernels.py)."""
+    """The sampled verdict in one kernel (trees of fixed candidates, a sibling repeating a token before it, a chain of
+    fixed drafts and one drawn from its q) leaves the target's distribution unchanged; its planted bugs (no
+    renormalisation after a rejected sibling, the next token drawn from p) are caught. On a GPU only: under Triton's
+    interpreter 20,000 rows take minutes (the default tier checks the kernel draws what the torch ops draw,
+    tests/models/test_gpu_kernels.py)."""
     from specdec.models import gpu_kernels
 
     if not torch.cuda.is_available() or not gpu_kernels.available():
