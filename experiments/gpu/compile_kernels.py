@@ -175,8 +175,8 @@ def _drafter_kernels(dtype) -> None:
 def _step_kernels() -> None:
     """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
     three children at most), the sampled verdict of both over SmolLM2's vocabulary (bf16 and float32 logits; a chain
-    drafted with its own q too), a tree's path moved in a bf16 and a float32 cache, the commit with and without EOS
-    tokens."""
+    drafted with its own q, a tree with top-k too), a tree's path moved in a bf16 and a float32 cache, the commit with
+    and without EOS tokens."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -193,8 +193,10 @@ def _step_kernels() -> None:
         gpu_kernels.sampled_verdict(logits[:, :5], block, torch.rand(2, 5, dtype=torch.float64), 0.7)
         gpu_kernels.sampled_verdict(logits[:, :5], block, torch.rand(2, 5, dtype=torch.float64), 0.7,
                                     draft_probs=torch.rand(2, 4, 49152).softmax(-1))
-        gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long), torch.rand(2, 10, dtype=torch.float64),
-                                    1.0, tree.children, tree.max_depth)
+        for top_k in (0, 2):
+            gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long),
+                                        torch.rand(2, 10, dtype=torch.float64), 1.0, tree.children, tree.max_depth,
+                                        top_k=top_k)
         gpu_kernels.move_path(torch.zeros(2, 2, 2, 3, 32, 64, dtype=dtype), torch.full((2,), 7),
                               torch.tensor([[0, 3, 5, 1], [0, 1, 1, 1]]))
     for eos in (torch.tensor([2, 7]), torch.zeros(0, dtype=torch.long)):

@@ -352,10 +352,9 @@ def _step_kernels(decoder, device: torch.device):
 
 def _sampled_kernels(kernels, params: SamplingParams, drafted: bool, tree: Tree | None):
     """``kernels`` (:func:`_step_kernels`) where their ``sampled_verdict`` takes a sampled verdict: drafts with
-    one-hot q, or a chain ``drafted`` with its own q, at a temperature without top-k or top-p; else None (torch's
-    ops: a tree drafted with its own q renormalises a [V] residual per sibling)."""
-    plain = params.top_k == 0 and params.top_p == 1
-    return kernels if kernels is not None and plain and not (drafted and tree is not None) else None
+    one-hot q, or a chain ``drafted`` with its own q, at a temperature with or without top-k, without top-p; else
+    None (torch's ops: a tree drafted with its own q renormalises a [V] residual per sibling)."""
+    return kernels if kernels is not None and params.top_p == 1 and not (drafted and tree is not None) else None
 
 
 def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
@@ -426,7 +425,7 @@ def _sampled_verdict(kernels, tree: Tree | None, params: SamplingParams, drafted
     if kernels is not None:
         return _kernel_verdict(kernels.sampled_verdict(logits, block, drawn, params.temperature,
                                                        None if tree is None else tree.children,
-                                                       None if tree is None else tree.max_depth,
+                                                       None if tree is None else tree.max_depth, top_k=params.top_k,
                                                        draft_probs=draft_probs), hidden, features)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     nodes, num_accepted, next_tokens = ExactRule.verdict(tree, block[:, 1:], draft_probs, target_probs, drawn)

@@ -301,6 +301,11 @@ def top_k(logits: torch.Tensor, k: int, *, log_softmax: bool = False, _planted: 
     return values.view(*logits.shape[:-1], k), indices.view(*logits.shape[:-1], k)
 
 
+def _kth_largest(logits: torch.Tensor, k: int) -> torch.Tensor:  # [..., V] -> [...] float32
+    """Each row's k-th largest logit (:func:`top_k`'s kernels): what top-k keeps at or above."""
+    return top_k(logits, k)[0][..., -1].contiguous()
+
+
 PLANTED_VERDICT = ("first_child_only",)  # greedy_verdict's planted bug (tests)
 PLANTED_COMMIT = ("eos_ignored",)  # commit_step's (tests)
 
@@ -330,24 +335,25 @@ def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tens
     return accepted, next_tokens, emitted, path, at
 
 
-PLANTED_SAMPLED = ("no_renormalisation", "recovered_from_p")  # sampled_verdict's planted bugs (tests)
+PLANTED_SAMPLED = ("no_renormalisation", "recovered_from_p", "top_k_ignored")  # sampled_verdict's (tests)
 VOCAB_BLOCK = 2048  # the logits sampled_verdict reads at once along a row's vocabulary
 
 
 def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.Tensor, temperature: float,
-                    children: torch.Tensor | None = None, depth: int | None = None, *,
+                    children: torch.Tensor | None = None, depth: int | None = None, *, top_k: int = 0,
                     draft_probs: torch.Tensor | None = None, _planted: str | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """A verification's sampled verdict under the exact rule in one kernel, at ``temperature`` > 0 without top-k or
-    top-p, for drafts with one-hot q (fixed candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block
-    drafter's) or a chain drawn from its ``draft_probs`` (q [B, T - 1, V]: a draft model's): from the target's
-    ``logits`` [B, T, V] over the ``block`` [B, T] (long) it scored and the ``uniforms`` the rule draws before it
-    (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1] float64), a chain (``children`` None: T - 1 drafts) or a
-    tree (``children`` [T, W], at most ``depth`` levels). The law of :func:`~specdec.verify.rejection_sample` and
-    :func:`~specdec.verify.tree.onehot_walk` over the same uniforms, and their draws but where p's float32 rounding (a
-    sum in another order) moves a uniform across a boundary; the probabilities only at the nodes the walk reaches,
-    where the torch ops take softmax over every position and ~50 kernels for a chain and ~180 for a tree. Returns what
-    :func:`greedy_verdict` returns. ``_planted`` (tests only): one of :data:`PLANTED_SAMPLED`."""
+    """A verification's sampled verdict under the exact rule in one kernel, at ``temperature`` > 0 with ``top_k`` (0:
+    none; the k-th largest logits found by :func:`top_k`'s kernels) and no top-p, for drafts with one-hot q (fixed
+    candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's) or a chain drawn from its
+    ``draft_probs`` (q [B, T - 1, V]: a draft model's): from the target's ``logits`` [B, T, V] over the ``block`` [B, T]
+    (long) it scored and the ``uniforms`` the rule draws before it (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1]
+    float64), a chain (``children`` None: T - 1 drafts) or a tree (``children`` [T, W], at most ``depth`` levels). The
+    law of :func:`~specdec.verify.rejection_sample` and :func:`~specdec.verify.tree.onehot_walk` over the same uniforms,
+    and their draws but where p's float32 rounding (a sum in another order) moves a uniform across a boundary; the
+    probabilities only at the nodes the walk reaches, where the torch ops take softmax over every position and ~50
+    kernels for a chain and ~180 for a tree. Returns what :func:`greedy_verdict` returns. ``_planted`` (tests only): one
+    of :data:`PLANTED_SAMPLED`."""
     batch, t, vocab = logits.shape
     if not temperature > 0:
         raise ValueError(f"sampled_verdict: temperature must be > 0 (0 is greedy_verdict's), got {temperature!r}")
@@ -362,16 +368,17 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
         raise ValueError(f"sampled_verdict: draft_probs must be float32 [B, T - 1, V] = [{batch}, {t - 1}, {vocab}] "
                          f"of a chain (a tree's drafts with their own q: the torch ops), got {draft_probs.dtype} "
                          f"{list(draft_probs.shape)}{' with a tree' if tree else ''}")
+    floors = _kth_largest(logits, top_k) if 0 < top_k < vocab else None
     long = dict(dtype=torch.long, device=logits.device)
     accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
     emitted = torch.empty(batch, depth + 1, **long)
     path = torch.empty(batch, depth + 1, **long) if tree else None
     _kernels().sampled_verdict_kernel[(batch,)](
         logits.contiguous(), block.contiguous(), children.contiguous() if tree else block, uniforms.contiguous(),
-        draft_probs.contiguous() if drafted else logits, accepted, next_tokens, emitted, path if tree else emitted, at,
-        t, width, vocab, uniforms.shape[1], float(temperature), DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2),
-        SPAN=_pow2(depth + 1, 2), BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), DRAFTED=drafted,
-        PLANT=_plant(_planted, PLANTED_SAMPLED))
+        draft_probs.contiguous() if drafted else logits, logits if floors is None else floors, accepted, next_tokens,
+        emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature), DEPTH=depth,
+        TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2), BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)),
+        DRAFTED=drafted, TOP_K=floors is not None, PLANT=_plant(_planted, PLANTED_SAMPLED))
     return accepted, next_tokens, emitted, path, at
 
 

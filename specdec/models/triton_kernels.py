@@ -500,14 +500,23 @@ def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_
 
 
 @triton.jit
-def softmax_stats(x_ptr, vocab, temperature, BLOCK: tl.constexpr):
-    """The largest of a row of logits [vocab] over ``temperature`` and the sum of exp(x / temperature - largest), in
-    one pass (the sum rescaled as the largest grows): softmax's p(v) = exp(x_v / temperature - largest) / sum."""
+def scaled(x_ptr, v, inside, temperature, floor):
+    """Logits at ``v`` (where ``inside``) over ``temperature``, float32, -inf below ``floor`` (the k-th largest over
+    ``temperature``: top-k; -inf for none), as :func:`specdec.verify.sampling.logits_to_probs` takes them."""
+    x = tl.load(x_ptr + v, mask=inside, other=float("-inf")).to(tl.float32) / temperature
+    return tl.where(x < floor, float("-inf"), x)
+
+
+@triton.jit
+def softmax_stats(x_ptr, vocab, temperature, floor, BLOCK: tl.constexpr):
+    """The largest of a row of logits [vocab] over ``temperature`` (:func:`scaled`) and the sum of exp(x /
+    temperature - largest), in one pass (the sum rescaled as the largest grows): softmax's p(v) = exp(x_v /
+    temperature - largest) / sum."""
     v = tl.arange(0, BLOCK)
     largest = tl.full([], -3.4028234663852886e38, tl.float32)  # float32's lowest: no exp(-inf + inf)
     total = tl.full([], 0.0, tl.float32)
     for start in range(0, vocab, BLOCK):
-        x = tl.load(x_ptr + start + v, mask=start + v < vocab, other=float("-inf")).to(tl.float32) / temperature
+        x = scaled(x_ptr, start + v, start + v < vocab, temperature, floor)
         grown = tl.maximum(largest, tl.max(x, axis=0))
         total = total * tl.exp(largest - grown) + tl.sum(tl.exp(x - grown), axis=0)
         largest = grown
@@ -515,15 +524,14 @@ def softmax_stats(x_ptr, vocab, temperature, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, carry, w,
+def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus, carry, w,
                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The cumulative sums (float64, after ``carry``) over the block of the row's vocabulary at ``start`` of p less
     the ``rejected`` tokens [WIDTH] (-1 = none), or (DRAFTED) of max(0, p - ``minus`` · q) (q [vocab] the rejected
     draft's, ``minus`` 1, or 0 where none was): what :func:`specdec.verify.sampling.sample` draws from by its CDF.
     p is float32, as torch's softmax gives it, and so is p - q."""
     v = start + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + v, mask=v < vocab, other=float("-inf")).to(tl.float32) / temperature
-    p = tl.exp(x - largest) / total
+    p = tl.exp(scaled(x_ptr, v, v < vocab, temperature, floor) - largest) / total
     if DRAFTED:
         p = tl.maximum(p - minus * tl.load(q_ptr + v, mask=v < vocab, other=0.0), 0.0)
     else:
@@ -533,31 +541,31 @@ def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, reject
 
 
 @triton.jit
-def residual_drawn(x_ptr, q_ptr, vocab, temperature, largest, total, rejected, minus, u, w, WIDTH: tl.constexpr,
-                   BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
+def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, u, w,
+                   WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The token drawn by its CDF from the residual of :func:`residual_cdf` (p itself where nothing is left), ``u``
     in [0, 1) of its total: the first token whose cumulative sum exceeds u · total, the last where none does, as
     :func:`specdec.verify.sampling.sample` draws. The total is the last cumulative sum, computed as the draw's are:
     the draw never runs past it."""
     mass = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
-        mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, mass, w,
-                                   WIDTH, BLOCK, DRAFTED), axis=0)
+        mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus,
+                                   mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
     if mass <= 0:  # round-off took all of it: p
         rejected = tl.full([WIDTH], -1, tl.int64)
         minus = 0.0
         mass = tl.full([], 0.0, tl.float64)
         for start in range(0, vocab, BLOCK):
-            mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, mass,
-                                       w, WIDTH, BLOCK, DRAFTED), axis=0)
+            mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected,
+                                       minus, mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
     goal = u * mass
     v = tl.arange(0, BLOCK)
     token = tl.full([], -1, tl.int64)
     carry = tl.full([], 0.0, tl.float64)
     start = 0
     while (token < 0) & (start < vocab):
-        cdf = residual_cdf(x_ptr, q_ptr, start, vocab, temperature, largest, total, rejected, minus, carry, w, WIDTH,
-                           BLOCK, DRAFTED)
+        cdf = residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus, carry, w,
+                           WIDTH, BLOCK, DRAFTED)
         first = tl.min(tl.where((cdf > goal) & (start + v < vocab), v, BLOCK), axis=0)
         token = tl.where(first < BLOCK, start + first, token).to(tl.int64)
         carry = tl.max(cdf, axis=0)
@@ -566,22 +574,33 @@ def residual_drawn(x_ptr, q_ptr, vocab, temperature, largest, total, rejected, m
 
 
 @triton.jit
-def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_ptr, accepted_ptr, next_ptr,
-                           emitted_ptr, path_ptr, at_ptr, t, width, vocab, draws, temperature, DEPTH: tl.constexpr,
-                           TREE: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
-                           DRAFTED: tl.constexpr, PLANT: tl.constexpr):
+def floor_at(floors_ptr, at, temperature, TOP_K: tl.constexpr):
+    """The k-th largest logit at block position ``at`` over ``temperature`` (TOP_K), else -inf: what
+    :func:`scaled` leaves out below."""
+    if TOP_K:
+        return tl.load(floors_ptr + at) / temperature
+    else:
+        return tl.full([], float("-inf"), tl.float32)
+
+
+@triton.jit
+def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_ptr, floors_ptr, accepted_ptr,
+                           next_ptr, emitted_ptr, path_ptr, at_ptr, t, width, vocab, draws, temperature,
+                           DEPTH: tl.constexpr, TREE: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr,
+                           BLOCK: tl.constexpr, DRAFTED: tl.constexpr, TOP_K: tl.constexpr, PLANT: tl.constexpr):
     """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates)
     or a chain drawn from its q (DRAFTED: ``q`` [B, DEPTH, vocab] float32), from the target's ``logits`` [B, t,
     vocab] over the ``block`` [B, t] it scored and the ``uniforms`` [B, draws] (float64, drawn before: column
     d·width + j decides the j-th child tried at depth d, the last draws the next token):
     :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
     :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is d + 1), at ``temperature`` (p =
-    softmax(logits / temperature), no top-k or top-p). At each node the walk reaches, p's largest logit and sum in
+    softmax(logits / temperature), and with TOP_K the logits below ``floors`` [B, t] (each position's k-th largest)
+    left out; no top-p). At each node the walk reaches, p's largest logit and sum in
     one pass over the vocabulary; a child x_j is accepted where u · (1 − the mass of the distinct siblings rejected
     before it) < p(x_j) (a drafted chain's: where u · q(x) < p(x)); where every child of the last node was rejected,
     the next token is drawn from p less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the depth
     reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each
-    sibling tested against p); PLANT 2: the next token drawn from p, rejected drafts kept."""
+    sibling tested against p); PLANT 2: the next token drawn from p, rejected drafts kept; PLANT 3: top-k ignored."""
     row = tl.program_id(0)
     logits = logits_ptr + row * t * vocab
     block = block_ptr + row * t
@@ -599,8 +618,9 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
     total = tl.full([], 1.0, tl.float32)
     rejected = tl.full([WIDTH], -1, tl.int64)
     for d in tl.static_range(DEPTH):
+        floor = floor_at(floors_ptr, row * t + node, temperature, TOP_K and PLANT != 3)
         if alive:
-            largest, total = softmax_stats(logits + node * vocab, vocab, temperature, BLOCK)
+            largest, total = softmax_stats(logits + node * vocab, vocab, temperature, floor, BLOCK)
         if TREE:
             kids = tl.load(children_ptr + node * width + w, mask=w < width, other=-1)
         else:
@@ -608,7 +628,7 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         real = kids >= 0
         tokens = tl.load(block + tl.maximum(kids, 0))
         repeated = tl.sum(((tokens[:, None] == tokens[None, :]) & real[None, :] & before).to(tl.int32), axis=1) > 0
-        x = tl.load(logits + node * vocab + tokens).to(tl.float32) / temperature
+        x = scaled(logits + node * vocab, tokens, w < WIDTH, temperature, floor)
         p = tl.where(real & ~repeated & alive, tl.exp(x - largest) / total, 0.0)
         if DRAFTED:  # the chain's draft tried against q at its token
             untried = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real, other=1.0)
@@ -628,14 +648,15 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         else:  # past the walk too: the torch ops emit the drafts
             chosen = tl.full([], d + 1, tl.int64)
         node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE)
+    floor = floor_at(floors_ptr, row * t + node, temperature, TOP_K and PLANT != 3)
     if alive:  # the depth reached: p at the last node accepted
-        largest, total = softmax_stats(logits + node * vocab, vocab, temperature, BLOCK)
+        largest, total = softmax_stats(logits + node * vocab, vocab, temperature, floor, BLOCK)
     minus = refused.to(tl.float32)  # a drafted chain's rejected draft: its q taken from p
     if PLANT == 2:
         rejected = tl.full([WIDTH], -1, tl.int64)
         minus = 0.0
     q = q_ptr + (row * DEPTH + tl.minimum(node, DEPTH - 1)) * vocab  # the rejected draft's q (read where DRAFTED)
-    token = residual_drawn(logits + node * vocab, q, vocab, temperature, largest, total, rejected, minus,
+    token = residual_drawn(logits + node * vocab, q, vocab, temperature, floor, largest, total, rejected, minus,
                            tl.load(uniforms + draws - 1), w, WIDTH, BLOCK, DRAFTED)
     verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
                    at_ptr, DEPTH, TREE)
