@@ -628,10 +628,10 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         real = kids >= 0
         tokens = tl.load(block + tl.maximum(kids, 0))
         repeated = tl.sum(((tokens[:, None] == tokens[None, :]) & real[None, :] & before).to(tl.int32), axis=1) > 0
-        x = scaled(logits + node * vocab, tokens, w < WIDTH, temperature, floor)
+        x = scaled(logits + node * vocab, tokens, tokens < vocab, temperature, floor)  # a token past it: p 0
         p = tl.where(real & ~repeated & alive, tl.exp(x - largest) / total, 0.0)
         if DRAFTED:  # the chain's draft tried against q at its token
-            untried = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real, other=1.0)
+            untried = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real & (tokens < vocab), other=1.0)
         elif PLANT == 1:
             untried = tl.full([WIDTH], 1.0, tl.float32)
         else:
