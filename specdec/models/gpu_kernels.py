@@ -364,10 +364,10 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
         raise ValueError(f"sampled_verdict: uniforms must be float64 [B, D·W + 1] = [{batch}, {depth * width + 1}], "
                          f"got {uniforms.dtype} {list(uniforms.shape)}")
     drafted = draft_probs is not None and t > 1
-    if drafted and (tree or draft_probs.shape != (batch, t - 1, vocab) or draft_probs.dtype != torch.float32):
-        raise ValueError(f"sampled_verdict: draft_probs must be float32 [B, T - 1, V] = [{batch}, {t - 1}, {vocab}] "
-                         f"of a chain (a tree's drafts with their own q: the torch ops), got {draft_probs.dtype} "
-                         f"{list(draft_probs.shape)}{' with a tree' if tree else ''}")
+    if drafted and (tree or draft_probs.shape != (batch, t - 1, vocab)):
+        raise ValueError(f"sampled_verdict: draft_probs must be [B, T - 1, V] = [{batch}, {t - 1}, {vocab}] of a chain "
+                         f"(a tree's drafts with their own q: the torch ops), got {list(draft_probs.shape)}"
+                         f"{' with a tree' if tree else ''}")
     floors = _kth_largest(logits, top_k) if 0 < top_k < vocab else None
     long = dict(dtype=torch.long, device=logits.device)
     accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
@@ -375,7 +375,7 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
     path = torch.empty(batch, depth + 1, **long) if tree else None
     _kernels().sampled_verdict_kernel[(batch,)](
         logits.contiguous(), block.contiguous(), children.contiguous() if tree else block, uniforms.contiguous(),
-        draft_probs.contiguous() if drafted else logits, logits if floors is None else floors, accepted, next_tokens,
+        draft_probs.float().contiguous() if drafted else logits, logits if floors is None else floors, accepted, next_tokens,
         emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature), DEPTH=depth,
         TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2), BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)),
         DRAFTED=drafted, TOP_K=floors is not None, PLANT=_plant(_planted, PLANTED_SAMPLED))
