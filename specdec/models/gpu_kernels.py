@@ -375,10 +375,10 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
     path = torch.empty(batch, depth + 1, **long) if tree else None
     _kernels().sampled_verdict_kernel[(batch,)](
         logits.contiguous(), block.contiguous(), children.contiguous() if tree else block, uniforms.contiguous(),
-        draft_probs.float().contiguous() if drafted else logits, logits if floors is None else floors, accepted, next_tokens,
-        emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature), DEPTH=depth,
-        TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2), BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)),
-        DRAFTED=drafted, TOP_K=floors is not None, PLANT=_plant(_planted, PLANTED_SAMPLED))
+        draft_probs.float().contiguous() if drafted else logits, logits if floors is None else floors, accepted,
+        next_tokens, emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature),
+        DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2),
+        BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), DRAFTED=drafted, TOP_K=floors is not None, PLANT=_plant(_planted, PLANTED_SAMPLED))
     return accepted, next_tokens, emitted, path, at
 
 

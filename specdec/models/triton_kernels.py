@@ -541,23 +541,30 @@ def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total,
 
 
 @triton.jit
+def residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH: tl.constexpr,
+                  BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
+    """The residual's total (:func:`residual_cdf`'s last cumulative sum, block after block as the draw sums it)."""
+    mass = tl.full([], 0.0, tl.float64)
+    for start in range(0, vocab, BLOCK):
+        mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus,
+                                   mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
+    return mass
+
+
+@triton.jit
 def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, u, w,
                    WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The token drawn by its CDF from the residual of :func:`residual_cdf` (p itself where nothing is left), ``u``
     in [0, 1) of its total: the first token whose cumulative sum exceeds u · total, the last where none does, as
     :func:`specdec.verify.sampling.sample` draws. The total is the last cumulative sum, computed as the draw's are:
     the draw never runs past it."""
-    mass = tl.full([], 0.0, tl.float64)
-    for start in range(0, vocab, BLOCK):
-        mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus,
-                                   mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
+    mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH, BLOCK,
+                         DRAFTED)
     if mass <= 0:  # round-off took all of it: p
         rejected = tl.full([WIDTH], -1, tl.int64)
         minus = 0.0
-        mass = tl.full([], 0.0, tl.float64)
-        for start in range(0, vocab, BLOCK):
-            mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected,
-                                       minus, mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
+        mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH, BLOCK,
+                             DRAFTED)
     goal = u * mass
     v = tl.arange(0, BLOCK)
     token = tl.full([], -1, tl.int64)
@@ -595,12 +602,12 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
     :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
     :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is d + 1), at ``temperature`` (p =
     softmax(logits / temperature), and with TOP_K the logits below ``floors`` [B, t] (each position's k-th largest)
-    left out; no top-p). At each node the walk reaches, p's largest logit and sum in
-    one pass over the vocabulary; a child x_j is accepted where u · (1 − the mass of the distinct siblings rejected
-    before it) < p(x_j) (a drafted chain's: where u · q(x) < p(x)); where every child of the last node was rejected,
-    the next token is drawn from p less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the depth
-    reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each
-    sibling tested against p); PLANT 2: the next token drawn from p, rejected drafts kept; PLANT 3: top-k ignored."""
+    left out; no top-p). At each node the walk reaches, p's largest logit and sum in one pass over the vocabulary; a
+    child x_j is accepted where u · (1 − the mass of the distinct siblings rejected before it) < p(x_j) (a drafted
+    chain's: where u · q(x) < p(x)); where every child of the last node was rejected, the next token is drawn from p
+    less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the depth reached) from p. Writes what
+    :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each sibling tested against p); PLANT 2:
+    the next token drawn from p, rejected drafts kept; PLANT 3: top-k ignored."""
     row = tl.program_id(0)
     logits = logits_ptr + row * t * vocab
     block = block_ptr + row * t
@@ -630,14 +637,15 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         repeated = tl.sum(((tokens[:, None] == tokens[None, :]) & real[None, :] & before).to(tl.int32), axis=1) > 0
         x = scaled(logits + node * vocab, tokens, tokens < vocab, temperature, floor)  # a token past it: p 0
         p = tl.where(real & ~repeated & alive, tl.exp(x - largest) / total, 0.0)
-        if DRAFTED:  # the chain's draft tried against q at its token
-            untried = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real & (tokens < vocab), other=1.0)
+        # what u is scaled by: the mass left untried before each sibling (one-hot q), or q at a drawn chain's draft
+        if DRAFTED:
+            scale = tl.load(q_ptr + (row * DEPTH + d) * vocab + tokens, mask=real & (tokens < vocab), other=1.0)
         elif PLANT == 1:
-            untried = tl.full([WIDTH], 1.0, tl.float32)
+            scale = tl.full([WIDTH], 1.0, tl.float32)
         else:
-            untried = 1 - (tl.cumsum(p, axis=0) - p)
+            scale = 1 - (tl.cumsum(p, axis=0) - p)
         u = tl.load(uniforms + d * width + w, mask=w < width, other=1.0)
-        hit = (u * untried.to(tl.float64) < p.to(tl.float64)) & (p > 0)
+        hit = (u * scale.to(tl.float64) < p.to(tl.float64)) & (p > 0)
         first = tl.min(tl.where(hit, w, WIDTH), axis=0)
         stopped = alive & (first == WIDTH)
         rejected = tl.where(stopped & real, tokens, rejected)
