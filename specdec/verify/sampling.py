@@ -47,7 +47,8 @@ def logits_to_probs(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> torch.Tensor:  # [..., V] float32, rows sum to 1
-    """Apply temperature, top-k and top-p (in that order) and return probabilities.
+    """Apply temperature, top-k and top-p (in that order) and return probabilities. Top-p keeps the fewest likeliest
+    tokens whose mass reaches ``top_p``, and every token whose logit equals the last of them.
 
     ``temperature == 0`` returns the one-hot distribution of the argmax (ties go to the lowest token
     id, as in ``torch.argmax`` and transformers' greedy search).
@@ -62,12 +63,14 @@ def logits_to_probs(
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits = torch.sort(logits, dim=-1, descending=True).values
         sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the mass strictly before it already reaches top_p; the first always stays.
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        # Keep a token while the mass strictly before it is below top_p (the first always stays), and every token
+        # tied with the last one kept: the tokens kept do not depend on how a sort orders equal logits (bf16 logits
+        # tie often), and are those at or above one logit, as a kernel finds it (gpu_kernels.sampling_floors).
+        kept = (sorted_probs.cumsum(-1) - sorted_probs) < top_p
+        smallest = torch.where(kept, sorted_logits, float("inf")).amin(-1, keepdim=True)
+        logits = logits.masked_fill(logits < smallest, float("-inf"))
     return logits.softmax(-1)
 
 

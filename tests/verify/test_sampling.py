@@ -32,6 +32,15 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     assert (probs > 0).tolist() == [[True, False, False, False]]  # the top token always stays
 
 
+def test_top_p_keeps_every_token_tied_with_the_last_one_kept():
+    """Which of equal logits a sort puts first is not the tokens' business: where top-p's mass is reached inside a run
+    of ties (bf16 logits tie often), all of them stay, on every device and in any order of the vocabulary."""
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
+    for order in (torch.arange(5), torch.tensor([3, 0, 4, 1, 2])):
+        probs = logits_to_probs(logits[:, order], temperature=1.0, top_p=0.6)  # 2.0 holds 0.45, each 1.0 0.16
+        assert (probs[0] > 0).tolist() == (logits[0, order] >= 1).tolist()
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
