@@ -175,7 +175,8 @@ def _drafter_kernels(dtype) -> None:
 def _step_kernels() -> None:
     """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
     three children at most), the sampled verdict of both over SmolLM2's vocabulary (bf16 and float32 logits; a chain
-    drafted with its own q, a tree with top-k too), a tree's path moved in a bf16 and a float32 cache, the commit with
+    drafted with its own q, a tree with top-k too), the floors of top-k, top-p and both (over one block of the
+    vocabulary: the interpreter's bisection over all of it takes long, and the launch is the same), a tree's path moved in a bf16 and a float32 cache, the commit with
     and without EOS tokens."""
     import torch
 
@@ -197,6 +198,8 @@ def _step_kernels() -> None:
             gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long),
                                         torch.rand(2, 10, dtype=torch.float64), 1.0, tree.children, tree.max_depth,
                                         top_k=top_k)
+        for top_k, top_p in ((0, 0.9), (2, 0.9)):
+            gpu_kernels.sampling_floors(logits[..., :gpu_kernels.VOCAB_BLOCK], 0.7, top_k, top_p)
         gpu_kernels.move_path(torch.zeros(2, 2, 2, 3, 32, 64, dtype=dtype), torch.full((2,), 7),
                               torch.tensor([[0, 3, 5, 1], [0, 1, 1, 1]]))
     for eos in (torch.tensor([2, 7]), torch.zeros(0, dtype=torch.long)):

@@ -256,7 +256,7 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
             then, extra = functools.partial(_greedy_verdict, on, tree), children
         else:  # sampled: the uniforms drawn first, in one op, as the eager rule draws them
             drafted = () if proposal.probs is None else (proposal.probs,)
-            on = _sampled_kernels(kernels, params, bool(drafted), tree)
+            on = _sampled_kernels(kernels, bool(drafted), tree)
             then = functools.partial(_sampled_verdict, on, tree, params, bool(drafted))
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
         key = _verdict_key(tree, None if greedy else params, on)
@@ -350,11 +350,11 @@ def _step_kernels(decoder, device: torch.device):
     return None if backend is None else backend.step_kernels(device)
 
 
-def _sampled_kernels(kernels, params: SamplingParams, drafted: bool, tree: Tree | None):
+def _sampled_kernels(kernels, drafted: bool, tree: Tree | None):
     """``kernels`` (:func:`_step_kernels`) where their ``sampled_verdict`` takes a sampled verdict: drafts with
-    one-hot q, or a chain ``drafted`` with its own q, at a temperature with or without top-k, without top-p; else
-    None (torch's ops: a tree drafted with its own q renormalises a [V] residual per sibling)."""
-    return kernels if kernels is not None and params.top_p == 1 and not (drafted and tree is not None) else None
+    one-hot q, or a chain ``drafted`` with its own q, at any temperature, top-k and top-p; else None (torch's ops: a
+    tree drafted with its own q renormalises a [V] residual per sibling)."""
+    return kernels if kernels is not None and not (drafted and tree is not None) else None
 
 
 def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
@@ -426,7 +426,7 @@ def _sampled_verdict(kernels, tree: Tree | None, params: SamplingParams, drafted
         return _kernel_verdict(kernels.sampled_verdict(logits, block, drawn, params.temperature,
                                                        None if tree is None else tree.children,
                                                        None if tree is None else tree.max_depth, top_k=params.top_k,
-                                                       draft_probs=draft_probs), hidden, features)
+                                                       top_p=params.top_p, draft_probs=draft_probs), hidden, features)
     target_probs = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)  # [B, K'+1, V]
     nodes, num_accepted, next_tokens = ExactRule.verdict(tree, block[:, 1:], draft_probs, target_probs, drawn)
     return _step_outputs(_kept(block[:, 1:], num_accepted, next_tokens, nodes, hidden, features))

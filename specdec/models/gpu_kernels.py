@@ -336,24 +336,46 @@ def greedy_verdict(best: torch.Tensor, block: torch.Tensor, children: torch.Tens
 
 
 PLANTED_SAMPLED = ("no_renormalisation", "recovered_from_p", "top_k_ignored")  # sampled_verdict's (tests)
-VOCAB_BLOCK = 2048  # the logits sampled_verdict reads at once along a row's vocabulary
+PLANTED_FLOORS = ("top_p_before_top_k", "top_p_before_temperature")  # sampling_floors' (tests)
+VOCAB_BLOCK = 2048  # the logits sampled_verdict and sampling_floors read at once along a row's vocabulary
+
+
+def sampling_floors(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, *,
+                    _planted: str | None = None) -> torch.Tensor | None:
+    """Each position's floor over ``temperature`` [...] float32 (``logits`` [..., V]): the logits over ``temperature``
+    that :func:`~specdec.verify.sampling.logits_to_probs` keeps at ``top_k`` (the k-th largest, :func:`top_k`'s
+    kernels) and ``top_p`` are those at or above it; None where neither applies. Top-p in one kernel (a program a
+    position, bisection over the floats' order: 32 passes over its vocabulary at most) where the torch ops sort every
+    position's vocabulary; the kept tokens are the torch ops' but where the mass above one is within float32
+    round-off of ``top_p`` (summed in another order). ``_planted`` (tests only): one of :data:`PLANTED_FLOORS`."""
+    vocab = logits.shape[-1]
+    top_k = top_k if 0 < top_k < vocab else 0
+    if not top_k and top_p >= 1:
+        return None
+    flat = logits.reshape(-1, vocab).contiguous()
+    floors = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    _kernels().sampling_floors_kernel[(flat.shape[0],)](
+        flat, _kth_largest(flat, top_k) if top_k else flat, floors, vocab, float(temperature), float(top_p),
+        TOP_K=bool(top_k), TOP_P=top_p < 1, BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)),
+        PLANT=_plant(_planted, PLANTED_FLOORS))
+    return floors.view(logits.shape[:-1])
 
 
 def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.Tensor, temperature: float,
                     children: torch.Tensor | None = None, depth: int | None = None, *, top_k: int = 0,
-                    draft_probs: torch.Tensor | None = None, _planted: str | None = None
+                    top_p: float = 1.0, draft_probs: torch.Tensor | None = None, _planted: str | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """A verification's sampled verdict under the exact rule in one kernel, at ``temperature`` > 0 with ``top_k`` (0:
-    none; the k-th largest logits found by :func:`top_k`'s kernels) and no top-p, for drafts with one-hot q (fixed
-    candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's) or a chain drawn from its
-    ``draft_probs`` (q [B, T - 1, V]: a draft model's): from the target's ``logits`` [B, T, V] over the ``block`` [B, T]
-    (long) it scored and the ``uniforms`` the rule draws before it (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1]
-    float64), a chain (``children`` None: T - 1 drafts) or a tree (``children`` [T, W], at most ``depth`` levels). The
-    law of :func:`~specdec.verify.rejection_sample` and :func:`~specdec.verify.tree.onehot_walk` over the same uniforms,
-    and their draws but where p's float32 rounding (a sum in another order) moves a uniform across a boundary; the
-    probabilities only at the nodes the walk reaches, where the torch ops take softmax over every position and ~50
-    kernels for a chain and ~180 for a tree. Returns what :func:`greedy_verdict` returns. ``_planted`` (tests only): one
-    of :data:`PLANTED_SAMPLED`."""
+    none) and ``top_p`` (1: none; what they keep found first by :func:`sampling_floors`' kernels), for drafts with
+    one-hot q (fixed candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's) or a chain drawn
+    from its ``draft_probs`` (q [B, T - 1, V]: a draft model's): from the target's ``logits`` [B, T, V] over the
+    ``block`` [B, T] (long) it scored and the ``uniforms`` the rule draws before it
+    (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1] float64), a chain (``children`` None: T - 1 drafts) or a tree
+    (``children`` [T, W], at most ``depth`` levels). The law of :func:`~specdec.verify.rejection_sample` and
+    :func:`~specdec.verify.tree.onehot_walk` over the same uniforms, and their draws but where p's float32 rounding (a
+    sum in another order) moves a uniform across a boundary; the probabilities only at the nodes the walk reaches, where
+    the torch ops take softmax over every position and ~50 kernels for a chain and ~180 for a tree. Returns what
+    :func:`greedy_verdict` returns. ``_planted`` (tests only): one of :data:`PLANTED_SAMPLED`."""
     batch, t, vocab = logits.shape
     if not temperature > 0:
         raise ValueError(f"sampled_verdict: temperature must be > 0 (0 is greedy_verdict's), got {temperature!r}")
@@ -368,7 +390,8 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
         raise ValueError(f"sampled_verdict: draft_probs must be [B, T - 1, V] = [{batch}, {t - 1}, {vocab}] of a chain "
                          f"(a tree's drafts with their own q: the torch ops), got {list(draft_probs.shape)}"
                          f"{' with a tree' if tree else ''}")
-    floors = _kth_largest(logits, top_k) if 0 < top_k < vocab else None
+    plant = _plant(_planted, PLANTED_SAMPLED)
+    floors = sampling_floors(logits, temperature, 0 if plant == 3 else top_k, top_p)
     long = dict(dtype=torch.long, device=logits.device)
     accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
     emitted = torch.empty(batch, depth + 1, **long)
@@ -378,7 +401,7 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
         draft_probs.float().contiguous() if drafted else logits, logits if floors is None else floors, accepted,
         next_tokens, emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature),
         DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2),
-        BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), DRAFTED=drafted, TOP_K=floors is not None, PLANT=_plant(_planted, PLANTED_SAMPLED))
+        BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), DRAFTED=drafted, FLOORS=floors is not None, PLANT=plant)
     return accepted, next_tokens, emitted, path, at
 
 

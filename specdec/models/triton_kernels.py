@@ -501,8 +501,9 @@ def greedy_verdict_kernel(best_ptr, block_ptr, children_ptr, accepted_ptr, next_
 
 @triton.jit
 def scaled(x_ptr, v, inside, temperature, floor):
-    """Logits at ``v`` (where ``inside``) over ``temperature``, float32, -inf below ``floor`` (the k-th largest over
-    ``temperature``: top-k; -inf for none), as :func:`specdec.verify.sampling.logits_to_probs` takes them."""
+    """Logits at ``v`` (where ``inside``) over ``temperature``, float32, -inf below ``floor`` (over ``temperature``, as
+    :func:`sampling_floors_kernel` finds it for top-k and top-p; -inf for neither), as
+    :func:`specdec.verify.sampling.logits_to_probs` takes them."""
     x = tl.load(x_ptr + v, mask=inside, other=float("-inf")).to(tl.float32) / temperature
     return tl.where(x < floor, float("-inf"), x)
 
@@ -521,6 +522,78 @@ def softmax_stats(x_ptr, vocab, temperature, floor, BLOCK: tl.constexpr):
         total = total * tl.exp(largest - grown) + tl.sum(tl.exp(x - grown), axis=0)
         largest = grown
     return largest, total
+
+
+@triton.jit
+def ordered(x):
+    """float32 ``x`` as an int64 that orders as the floats do, -0.0 as 0.0 (a float's bits, negatives' flipped)."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(key == -1, 0, key).to(tl.int64)
+
+
+@triton.jit
+def split_at(x_ptr, vocab, temperature, floor, largest, total, cut, BLOCK: tl.constexpr):
+    """At ``cut`` (:func:`ordered`'s order): the mass p (:func:`softmax_stats`' ``largest`` and ``total``) puts on the
+    logits over ``temperature`` above it (what top-p's sorted cumulative sum puts before a logit at ``cut``), the
+    largest logit at or below it and the smallest above it (their :func:`ordered`)."""
+    v = tl.arange(0, BLOCK)
+    mass = tl.full([], 0.0, tl.float32)
+    below = tl.full([], -(2**62), tl.int64)
+    above = tl.full([], 2**62, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        x = scaled(x_ptr, start + v, start + v < vocab, temperature, floor)
+        key = ordered(x)
+        mass += tl.sum(tl.where(key > cut, tl.exp(x - largest) / total, 0.0), axis=0)
+        below = tl.maximum(below, tl.max(tl.where(key > cut, -(2**62), key), axis=0))
+        above = tl.minimum(above, tl.min(tl.where(key > cut, key, 2**62), axis=0))
+    return mass, below, above
+
+
+@triton.jit
+def sampling_floors_kernel(logits_ptr, kth_ptr, floors_ptr, vocab, temperature, top_p, TOP_K: tl.constexpr,
+                           TOP_P: tl.constexpr, BLOCK: tl.constexpr, PLANT: tl.constexpr):
+    """The logit over ``temperature`` that a position's sampling keeps at and above (program: the position of
+    ``logits`` [positions, vocab]; -inf where all stay): top-k's (TOP_K: the k-th largest logit, ``kth``
+    [positions], over ``temperature``) and, among what that keeps, top-p's (TOP_P): the smallest logit above which p
+    puts less than ``top_p`` (:func:`split_at`), found by bisection over the floats' order, each bound moved onto a
+    logit, until no logit lies between them (a pass over the vocabulary each: 32 at most, fewer as the logits are
+    fewer). A logit is then kept where the mass of the larger ones is below ``top_p``, equal logits together, as
+    :func:`specdec.verify.sampling.logits_to_probs` keeps it; p is summed in another order than its sorted cumulative
+    sum, so the two can differ where that mass is within float32 round-off of ``top_p``. PLANT 1 (tests): top-p's
+    mass over p before top-k; PLANT 2: before the temperature."""
+    at = tl.program_id(0)
+    x_ptr = logits_ptr + at * vocab
+    floor = tl.full([], float("-inf"), tl.float32)
+    if TOP_K:
+        floor = tl.load(kth_ptr + at) / temperature
+    if TOP_P:
+        scale = temperature
+        within = floor  # what top-k keeps: top-p's mass over it
+        if PLANT == 1:
+            within = tl.full([], float("-inf"), tl.float32)
+        if PLANT == 2:
+            scale = 1.0
+            within = floor * temperature
+        largest, total = softmax_stats(x_ptr, vocab, scale, within, BLOCK)
+        low = ordered(tl.maximum(within, -3.4028234663852886e38))  # the answer at or above (float32's lowest finite)
+        high = ordered(largest)  # a logit with less than top_p above it (none)
+        while low < high:
+            cut = low + (high - low) // 2
+            mass, below, above = split_at(x_ptr, vocab, scale, within, largest, total, cut, BLOCK)
+            if mass < top_p:  # the answer at or below cut
+                if below >= low:
+                    high = below
+                else:  # no logit from low to cut: the next one above
+                    high = above
+                    low = above
+            else:  # above cut
+                low = above
+        found = tl.where(high < 0, high ^ 0x7FFFFFFF, high).to(tl.int32).to(tl.float32, bitcast=True)
+        if PLANT == 2:
+            found = found / temperature
+        floor = tl.maximum(floor, found)
+    tl.store(floors_ptr + at, floor)
 
 
 @triton.jit
@@ -581,11 +654,11 @@ def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, reje
 
 
 @triton.jit
-def floor_at(floors_ptr, at, temperature, TOP_K: tl.constexpr):
-    """The k-th largest logit at block position ``at`` over ``temperature`` (TOP_K), else -inf: what
-    :func:`scaled` leaves out below."""
-    if TOP_K:
-        return tl.load(floors_ptr + at) / temperature
+def floor_at(floors_ptr, at, FLOORS: tl.constexpr):
+    """The floor at block position ``at`` (FLOORS: :func:`sampling_floors_kernel`'s), else -inf: what :func:`scaled`
+    leaves out below."""
+    if FLOORS:
+        return tl.load(floors_ptr + at)
     else:
         return tl.full([], float("-inf"), tl.float32)
 
@@ -594,20 +667,19 @@ def floor_at(floors_ptr, at, temperature, TOP_K: tl.constexpr):
 def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_ptr, floors_ptr, accepted_ptr,
                            next_ptr, emitted_ptr, path_ptr, at_ptr, t, width, vocab, draws, temperature,
                            DEPTH: tl.constexpr, TREE: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr,
-                           BLOCK: tl.constexpr, DRAFTED: tl.constexpr, TOP_K: tl.constexpr, PLANT: tl.constexpr):
-    """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates)
-    or a chain drawn from its q (DRAFTED: ``q`` [B, DEPTH, vocab] float32), from the target's ``logits`` [B, t,
-    vocab] over the ``block`` [B, t] it scored and the ``uniforms`` [B, draws] (float64, drawn before: column
-    d·width + j decides the j-th child tried at depth d, the last draws the next token):
-    :func:`specdec.verify.tree.onehot_walk` (a tree: TREE, ``children`` [t, width]) or
-    :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is d + 1), at ``temperature`` (p =
-    softmax(logits / temperature), and with TOP_K the logits below ``floors`` [B, t] (each position's k-th largest)
-    left out; no top-p). At each node the walk reaches, p's largest logit and sum in one pass over the vocabulary; a
-    child x_j is accepted where u · (1 − the mass of the distinct siblings rejected before it) < p(x_j) (a drafted
-    chain's: where u · q(x) < p(x)); where every child of the last node was rejected, the next token is drawn from p
-    less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the depth reached) from p. Writes what
-    :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each sibling tested against p); PLANT 2:
-    the next token drawn from p, rejected drafts kept; PLANT 3: top-k ignored."""
+                           BLOCK: tl.constexpr, DRAFTED: tl.constexpr, FLOORS: tl.constexpr, PLANT: tl.constexpr):
+    """A row's sampled verdict under the exact rule (program: the row), for drafts with one-hot q (fixed candidates) or
+    a chain drawn from its q (DRAFTED: ``q`` [B, DEPTH, vocab] float32), from the target's ``logits`` [B, t, vocab] over
+    the ``block`` [B, t] it scored and the ``uniforms`` [B, draws] (float64, drawn before: column d·width + j decides
+    the j-th child tried at depth d, the last draws the next token): :func:`specdec.verify.tree.onehot_walk` (a tree:
+    TREE, ``children`` [t, width]) or :func:`specdec.verify.chain.rejection_sample` (a chain: node d's one child is
+    d + 1), at ``temperature`` (p = softmax(logits / temperature), and with FLOORS the logits below ``floors`` [B, t]
+    left out: top-k's and top-p's, :func:`sampling_floors_kernel`'s). At each node the walk reaches, p's largest logit
+    and sum in one pass over the vocabulary; a child x_j is accepted where u · (1 − the mass of the distinct siblings
+    rejected before it) < p(x_j) (a drafted chain's: where u · q(x) < p(x)); where every child of the last node was
+    rejected, the next token is drawn from p less theirs (a drafted chain's: from max(0, p - q)), else (a leaf, the
+    depth reached) from p. Writes what :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): no renormalisation (each
+    sibling tested against p); PLANT 2: the next token drawn from p, rejected drafts kept."""
     row = tl.program_id(0)
     logits = logits_ptr + row * t * vocab
     block = block_ptr + row * t
@@ -625,7 +697,7 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
     total = tl.full([], 1.0, tl.float32)
     rejected = tl.full([WIDTH], -1, tl.int64)
     for d in tl.static_range(DEPTH):
-        floor = floor_at(floors_ptr, row * t + node, temperature, TOP_K and PLANT != 3)
+        floor = floor_at(floors_ptr, row * t + node, FLOORS)
         if alive:
             largest, total = softmax_stats(logits + node * vocab, vocab, temperature, floor, BLOCK)
         if TREE:
@@ -656,7 +728,7 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         else:  # past the walk too: the torch ops emit the drafts
             chosen = tl.full([], d + 1, tl.int64)
         node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, TREE)
-    floor = floor_at(floors_ptr, row * t + node, temperature, TOP_K and PLANT != 3)
+    floor = floor_at(floors_ptr, row * t + node, FLOORS)
     if alive:  # the depth reached: p at the last node accepted
         largest, total = softmax_stats(logits + node * vocab, vocab, temperature, floor, BLOCK)
     minus = refused.to(tl.float32)  # a drafted chain's rejected draft: its q taken from p

@@ -418,10 +418,11 @@ def test_exact_numerics_verifies_a_chain_with_the_plain_steps_logits(device):
             return torch.cat(out, 1)
 
     exact = _backend(device, exact_numerics=True)
+    verified = {rows: logits(exact, rows, False) for rows in (1, 2)}
     for rows in (1, 2):
-        assert torch.equal(logits(exact, rows, False), logits(exact, rows, True)), rows
-    assert torch.equal(logits(exact, 1, False)[0], logits(exact, 2, False)[0])  # nor on the batch beside it
-    torch.testing.assert_close(logits(exact, 2, False), logits(_backend(device), 2, False), atol=1e-5, rtol=1e-5)
+        assert torch.equal(verified[rows], logits(exact, rows, True)), rows
+    assert torch.equal(verified[1][0], verified[2][0])  # nor on the batch beside it
+    torch.testing.assert_close(verified[2], logits(_backend(device), 2, False), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -735,8 +736,9 @@ def _random_sampled_step(generator, device, trial):
     """A sampled verification of a random chain (T 1..6) or tree (2..10 nodes), batch 1 or 3: drafts over the 4
     likeliest tokens, mostly the likeliest (siblings repeat tokens), logits float32 or bf16 over 5, 37 or (trials
     before the 42nd) 3,000 tokens (two blocks of the kernel's), a temperature of 0.7 or 1.3, uniforms drawn as the
-    exact rule draws them, for every other chain the drafts' own q (float32, near p), and top-k of 2 or 10 in two
-    trials of five: (tree or None, block, logits, temperature, uniforms, q or None, top_k)."""
+    exact rule draws them, for every other chain the drafts' own q (float32, near p), top-k of 2 or 10 in two trials of
+    five and top-p 0.8 in one of seven over one block: (tree or None, block, logits, temperature, uniforms, q or None,
+    top_k, top_p)."""
     from specdec.verify import Tree
     from specdec.verify.rules import ExactRule
     from specdec.verify.sampling import logits_to_probs
@@ -761,10 +763,12 @@ def _random_sampled_step(generator, device, trial):
         q = logits_to_probs(logits[:, :-1] + torch.randn(batch, t - 1, vocab, generator=generator), temperature)
         q = q.to(device)
     logits = logits.to((torch.float32, torch.bfloat16)[trial % 4 == 3])
-    return tree, block.to(device), logits.to(device), temperature, drawn.to(device), q, (0, 0, 0, 2, 10)[trial % 5]
+    top_p = 0.8 if trial % 7 == 1 and vocab < 3000 else 1.0
+    return (tree, block.to(device), logits.to(device), temperature, drawn.to(device), q, (0, 0, 0, 2, 10)[trial % 5],
+            top_p)
 
 
-def _torch_sampled_verdict(tree, block, logits, temperature, drawn, q=None, top_k=0):
+def _torch_sampled_verdict(tree, block, logits, temperature, drawn, q=None, top_k=0, top_p=1.0):
     """What the decode loop's torch ops make of a sampled verdict (``q``: the drafts', else one-hot): num_accepted,
     next_tokens, emitted, path, at."""
     from specdec.decode.engine import _kept
@@ -772,7 +776,7 @@ def _torch_sampled_verdict(tree, block, logits, temperature, drawn, q=None, top_
     from specdec.verify.sampling import logits_to_probs
 
     nodes, accepted, next_tokens = ExactRule.verdict(tree, block[:, 1:], q, logits_to_probs(logits, temperature,
-                                                                                           top_k), drawn)
+                                                                                           top_k, top_p), drawn)
     step = _kept(block[:, 1:], accepted, next_tokens, nodes, torch.zeros(*block.shape, 1, device=block.device), [])
     at = accepted if tree is None else step.path.gather(1, accepted[:, None])[:, 0]
     return accepted, next_tokens, step.emitted, step.path, at
@@ -784,7 +788,8 @@ def test_a_sampled_verdict_in_one_kernel_is_the_torch_ops(device, monkeypatch):
     chain, ~180 for a tree) draws what the exact rule's torch ops draw from the same uniforms (rejection_sample,
     onehot_walk) and gives every entry of the loop's bookkeeping, over 60 random chains and trees (siblings repeating
     tokens among them; chains drafted with their own q, a draft model's, among the chains), float32 and bf16 logits,
-    vocabularies of one and two blocks and, with blocks of 16 tokens, of three, with top-k and without; and where
+    vocabularies of one and two blocks and, with blocks of 16 tokens, of three, with top-k, top-p, both and neither;
+    and where
     round-off leaves nothing of the residual (two siblings holding all of p, both rejected) it draws from p, as they do.
     Each planted bug (no renormalisation after a rejected sibling; the next token drawn from p, the rejected drafts
     kept, a drafted chain's q not taken from p; top-k ignored) differs. The law itself: the torch ops' statistical
@@ -794,17 +799,17 @@ def test_a_sampled_verdict_in_one_kernel_is_the_torch_ops(device, monkeypatch):
     for trial in range(60):
         if trial == 42:
             monkeypatch.setattr(gpu_kernels, "VOCAB_BLOCK", 16)
-        tree, block, logits, temperature, drawn, q, top_k = _random_sampled_step(generator, device, trial)
-        want = _torch_sampled_verdict(tree, block, logits, temperature, drawn, q, top_k)
+        tree, block, logits, temperature, drawn, q, top_k, top_p = _random_sampled_step(generator, device, trial)
+        want = _torch_sampled_verdict(tree, block, logits, temperature, drawn, q, top_k, top_p)
         children, depth = (None, None) if tree is None else (tree.children, tree.max_depth)
         got = gpu_kernels.sampled_verdict(logits, block, drawn, temperature, children, depth, top_k=top_k,
-                                          draft_probs=q)
+                                          top_p=top_p, draft_probs=q)
         for name, a, b in zip(("num_accepted", "next_tokens", "emitted", "path", "at"), want, got):
             assert (a is None and b is None) or torch.equal(a, b), (name, trial, tree, block, drawn, a, b)
         depths.update(want[0].tolist())
         for planted in gpu_kernels.PLANTED_SAMPLED if trial % 2 else ():  # every other trial (batch 3)
             wrong = gpu_kernels.sampled_verdict(logits, block, drawn, temperature, children, depth, top_k=top_k,
-                                                draft_probs=q, _planted=planted)
+                                                top_p=top_p, draft_probs=q, _planted=planted)
             differs[planted, q is not None] += not all(torch.equal(a, b) for a, b in zip(want[:2], wrong[:2]))
     assert max(depths) >= 3 and all(differs[planted, False] for planted in gpu_kernels.PLANTED_SAMPLED), differs
     assert differs["recovered_from_p", True]  # a drafted chain's next token drawn from p, not max(0, p - q)
@@ -824,40 +829,64 @@ def test_a_sampled_verdict_in_one_kernel_is_the_torch_ops(device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_top_p_s_floor_in_one_kernel_keeps_what_the_torch_ops_keep(device):
+    """``sampling_floors`` (a kernel a position's vocabulary, where the torch ops sort it) leaves each position's tokens
+    at or above the floor it finds: the tokens logits_to_probs keeps, over 18 random pairs of rows of vocabularies of 5
+    to 300 tokens, float32 and bf16 logits, top-p from 0.3 to 0.99 with top-k and without; where top-p's mass is
+    reached inside a run of equal logits, all of them. Each planted bug (top-p's mass over p before top-k; before the
+    temperature) differs."""
+    from specdec.verify.sampling import logits_to_probs
+
+    generator, differs = torch.Generator().manual_seed(6), collections.Counter()
+    for trial in range(18):
+        vocab, temperature = (5, 37, 300)[trial % 3], (0.7, 1.0, 1.3)[trial % 3]
+        logits = (torch.randn(2, 2, vocab, generator=generator) * 2).to((torch.float32, torch.bfloat16)[trial % 2])
+        top_k, top_p = (0, 0, 3, 20)[trial % 4] % vocab, (0.3, 0.6, 0.9, 0.99)[trial // 3 % 4]
+        want = logits_to_probs(logits, temperature, top_k, top_p) > 0
+        for planted in (None,) + gpu_kernels.PLANTED_FLOORS:
+            floors = gpu_kernels.sampling_floors(logits.to(device), temperature, top_k, top_p, _planted=planted)
+            got = (logits.float() / temperature >= floors.cpu()[..., None])
+            if planted is None:
+                assert torch.equal(want, got), (trial, vocab, top_k, top_p, logits, floors)
+            differs[planted] += not torch.equal(want, got)
+    assert all(differs[planted] >= 4 for planted in gpu_kernels.PLANTED_FLOORS), differs
+    tied = torch.tensor([[2.0, 1.0, 0.0, 1.0, 1.0]], device=device)  # 2.0 holds 0.45 of p, each 1.0 0.16
+    assert gpu_kernels.sampling_floors(tied, 1.0, 0, 0.6).tolist() == [1.0]
+    assert gpu_kernels.sampling_floors(tied, 1.0, 0, 1.0) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_verification_s_sampled_verdict_on_the_kernel_is_the_torch_ops_whole(device):
     """The decode loop's sampled verdict (engine._sampled_verdict) through the kernel gives every output the torch ops
     give (the hidden state where the next token was predicted, the feature layers along the kept positions
-    included), over 30 random chains and trees, drafted chains and top-k among them; the loop takes it to the kernel
-    for drafts with one-hot q and chains drafted with their own q, without top-p."""
+    included), over 30 random chains and trees, drafted chains, top-k and top-p among them; the loop takes it to the
+    kernel for drafts with one-hot q and chains drafted with their own q."""
     from specdec.decode.engine import _sampled_kernels, _sampled_verdict
     from specdec.verify import Tree
     from specdec.verify.sampling import SamplingParams
 
     generator = torch.Generator().manual_seed(5)
     for trial in range(30):
-        tree, block, logits, temperature, drawn, q, top_k = _random_sampled_step(generator, device, trial)
+        tree, block, logits, temperature, drawn, q, top_k, top_p = _random_sampled_step(generator, device, trial)
         batch, t = block.shape
         hidden, features = (torch.randn(batch, t, width, generator=generator).to(device) for width in (6, 12))
         children = () if tree is None else (tree.children,)
-        params, drafted = SamplingParams(temperature, top_k=top_k), () if q is None else (q,)
+        params, drafted = SamplingParams(temperature, top_k, top_p), () if q is None else (q,)
         want, got = (_sampled_verdict(kernels, tree, params, bool(drafted), block, drawn, *children, *drafted, logits,
                                       hidden, features) for kernels in (None, gpu_kernels))
         assert len(want) == len(got) == 6 and all(torch.equal(a, b) for a, b in zip(want, got)), (trial, tree)
-    params, tree = SamplingParams(1.0), Tree.from_parents([-1, -1], device=device)
-    assert _sampled_kernels(gpu_kernels, params, False, tree) is _sampled_kernels(gpu_kernels, params, True, None) \
-        is gpu_kernels
-    assert _sampled_kernels(gpu_kernels, params, True, tree) is None  # a tree's drafts with their own q
-    assert _sampled_kernels(gpu_kernels, SamplingParams(1.0, top_k=5), False, None) is gpu_kernels
-    assert _sampled_kernels(gpu_kernels, SamplingParams(1.0, top_p=0.9), False, None) is None
+    tree = Tree.from_parents([-1, -1], device=device)
+    assert _sampled_kernels(gpu_kernels, False, tree) is _sampled_kernels(gpu_kernels, True, None) is gpu_kernels
+    assert _sampled_kernels(gpu_kernels, True, tree) is None  # a tree's drafts with their own q
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampled_steps_on_the_step_kernels_draw_the_torch_ops_tokens(device, monkeypatch):
     """Sampling through the graphed target (temperature 0.8, one seed): plain decoding and n-gram lookup on the device
     (with top-k 5) read a step late, trees of true and wrong drafts (depth 3 reached) and a draft model's chain drawn
-    from its q (the target's first layer drafting) draw on the step kernels (the verdict, the path move and the commit
-    one kernel each) the tokens they draw on torch's ops, every step through the kernel; after the forward a graph runs
-    at most three torch kernels beside them (where the sampled verdict took 36 to ~180)."""
+    from its q (the target's first layer drafting; top-p 0.9) draw on the step kernels (the verdict, the path move and
+    the commit one kernel each) the tokens they draw on torch's ops, every step through the kernel; after the forward a
+    graph runs at most three torch kernels beside them (where the sampled verdict took 36 to ~180)."""
     from helpers import OracleTreeDrafter
 
     from specdec.decode import engine
@@ -886,19 +915,21 @@ def test_sampled_steps_on_the_step_kernels_draw_the_torch_ops_tokens(device, mon
         backend = _backend(device) if device == "cuda" else Backend.emulated_gpu()
         target = GraphedDecoder(as_decoder(model, backend=dataclasses.replace(backend, fused_steps=fused)))
 
-        def run(drafter, k, seed, top_k=0):
+        def run(drafter, k, seed, top_k=0, top_p=1.0):
             generator, before = torch.Generator(device).manual_seed(seed), calls["verdict"]
             if drafter is None:
                 out = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=10, temperature=0.8,
-                                              top_k=top_k, generator=generator, eos_token_id=[])
+                                              top_k=top_k, top_p=top_p, generator=generator, eos_token_id=[])
             else:
                 out = speculative_generate(target, drafter, ids, attention_mask=mask, k=k, max_new_tokens=10,
-                                           temperature=0.8, top_k=top_k, generator=generator, eos_token_id=[])
+                                           temperature=0.8, top_k=top_k, top_p=top_p, generator=generator,
+                                           eos_token_id=[])
             assert calls["verdict"] - before >= fused * out.stats.target_forwards  # each step on the kernel
             return out
 
         runs[fused] = [run(None, 0, 1), run(NgramDrafter(2, 1, on_device=True, device=device), 3, 2, top_k=5),
-                       run(OracleTreeDrafter(rows, trees), 4, 3), run(DraftModelDrafter(model, num_layers=1), 3, 4)]
+                       run(OracleTreeDrafter(rows, trees), 4, 3),
+                       run(DraftModelDrafter(model, num_layers=1), 3, 4, top_p=0.9)]
         if fused:
             if device == "cpu":
                 from helpers import ops_after_forward
