@@ -27,7 +27,8 @@ floor is those bytes over the GPU's read bandwidth, measured here by a short pro
     python experiments/benchmarks/gpu.py --temperature 1 --skip eager torch   # sampled: specdec's rows only
 
 ``--temperature T`` > 0 samples every specdec row at T (the exact rule's verdict replays inside the target's graph
-there; transformers' rows, greedy loops, are left out; outputs ≠ plain then differ by chance, not by numerics).
+there; transformers' rows, greedy loops, are left out; outputs ≠ plain then differ by chance, not by numerics), with
+``--top-p P`` at top-p P.
 """
 
 from __future__ import annotations
@@ -170,11 +171,14 @@ def write_report(args, device: torch.device, num_prompts: int, bandwidth: float,
     summary = {"device": machine_description(device), "dtype": args.dtype, "prompts": num_prompts,
                "max_new_tokens": args.new, "read_bandwidth_GBps": bandwidth / 1e9,
                "torch": torch.__version__, "exact_numerics": args.exact_numerics, "temperature": args.temperature,
+               "top_p": args.top_p,
                "methods": by_name, "failed": failed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"gpu_{args.source}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    mode = "greedy" if not args.temperature else f"sampled at T={args.temperature:g} (outputs ≠ plain: by chance)"
+    mode = "greedy" if not args.temperature else (f"sampled at T={args.temperature:g}"
+                                                  + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
+                                                  + " (outputs ≠ plain: by chance)")
     lines = [f"## Decode on {summary['device']}, {args.dtype}, {num_prompts} prompts, {args.new} new tokens, {mode}"
              + (", target.exact_numerics (specdec's rows but torch ops')" if args.exact_numerics else ""),
              f"read bandwidth {bandwidth / 1e9:.0f} GB/s (probe), torch {torch.__version__}", "",
@@ -208,10 +212,14 @@ def main() -> None:
                     help="leave out the speculative methods whose name holds one of these words (eagle, medusa, ...)")
     ap.add_argument("--dtype", default="bfloat16", help="the target's dtype on a GPU (off a GPU: float32)")
     ap.add_argument("--verbose", action="store_true", help="print each generation's time as it ends")
+    ap.add_argument("--top-p", type=float, default=1.0,
+                    help="sampled (--temperature > 0): keep this much of p at each step (top-p; 1: all of it)")
     ap.add_argument("--exact-numerics", action="store_true",
                     help="specdec's rows with target.exact_numerics (Backend(exact_numerics=True)): outputs ≠ "
                          "plain then counts where a drafter's output differs from plain decoding's in that mode")
     args = ap.parse_args()
+    if not 0 < args.top_p <= 1 or (args.top_p < 1 and not args.temperature):
+        ap.error(f"--top-p {args.top_p:g}: give a value in (0, 1] with --temperature > 0 (greedy keeps the argmax)")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_target(dtype=args.dtype if device.type == "cuda" else "float32", device=device)
@@ -371,7 +379,8 @@ def main() -> None:
 
     def run(spec, k, ids, mask=None):
         tgt, drafter = spec
-        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask, temperature=args.temperature)
+        kwargs = dict(max_new_tokens=args.new, eos_token_id=eos, attention_mask=mask, temperature=args.temperature,
+                      top_p=args.top_p)
         if args.temperature:  # each method its own generator, seeded by the prompt
             kwargs["generator"] = torch.Generator(ids.device).manual_seed(int(ids.sum()))
         start = time.perf_counter()

@@ -3,7 +3,7 @@
 # runs the GPU tests (the training's last), the benchmark (plain decoding eager, on graphs with specdec's Triton
 # kernels and with torch's ops, transformers' peers, and each drafter on graphs) in bf16 at batch 1 and 8, the same with
 # target.exact_numerics (its cost, and which outputs still differ from plain decoding), specdec's rows sampled at
-# T=1 (SAMPLED_PROMPTS, 4 by default), a profile of plain
+# T=1 (SAMPLED_PROMPTS, 4 by default; at top-p SAMPLED_TOP_P, 1 by default), a profile of plain
 # decoding's loop (the host's work a step), a profile of the target's step (its kernels, a graph's replay), the
 # step's cost curves at Llama-3.1-8B's and Qwen3-8B's shapes (random weights) and the drafters' steps at the
 # former's width, profiles of Medusa's and EAGLE's fixed trees (drafted on the device), and the benchmark in float32
@@ -60,7 +60,7 @@ step bench_exact 180 "${bench[@]}" --prompts "${EXACT_PROMPTS:-$BF16_PROMPTS}" -
     --exact-numerics --skip eager draft_model transformers torch read K=15 --out "$OUT/exact"
 # sampled at T=1: the exact rule's verdict inside the target's graph (uniforms drawn before it), every drafter
 step bench_sampled 150 "${bench[@]}" --prompts "${SAMPLED_PROMPTS:-4}" --batch 0 --dtype bfloat16 --temperature 1 \
-    --skip eager draft_model torch read K=15 --out "$OUT/sampled"
+    --top-p "${SAMPLED_TOP_P:-1}" --skip eager draft_model torch read K=15 --out "$OUT/sampled"
 step profile_plain 60 python3 experiments/gpu/profile_draft.py --prompt-file .gpu/prompts.json --prompts 2 \
     --new "$NEW" --drafter none --out "$OUT/profile_plain"
 step profile_step 120 python3 experiments/gpu/profile_step.py --out "$OUT/profile_step"

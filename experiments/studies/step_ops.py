@@ -6,6 +6,7 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --eagle     # also EAGLE's trees: dynamic, fixed grown on the host or device
     python experiments/studies/step_ops.py --medusa    # also Medusa's trees: dynamic, fixed, fixed with a lookup branch
     python experiments/studies/step_ops.py --medusa --temperature 1   # sampled steps (the exact rule's verdict)
+    python experiments/studies/step_ops.py --medusa --temperature 1 --top-p 0.9   # with top-p (nucleus) sampling
     python experiments/studies/step_ops.py --draft-model  # also a draft model's chain: fixed length, confidence floor
     python experiments/studies/step_ops.py --dflash    # also the block drafter's fixed trees, with and without lookup
     python experiments/studies/step_ops.py --read-late # plain decoding and device-only drafters read a step late
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--draft-model", action="store_true",
                         help="also a draft model's chain (K=3, the target's first layer drafting)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampled: keep this much of p (1: all)")
     parser.add_argument("--read-late", action="store_true",
                         help="the loop a GPU runs for plain decoding and device-only drafters: each step read back "
                              "after the next is launched, its kept counts worked out on the device")
@@ -131,7 +133,7 @@ def main() -> None:
     lookup.runtime.replay_graphs("auto")
     new = args.new + 1
     generator = torch.Generator().manual_seed(0)
-    sampling = dict(temperature=args.temperature, generator=generator)
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, generator=generator)
     runs = {"plain": lambda: autoregressive_generate(decoder, ids, max_new_tokens=new, eos_token_id=[], **sampling),
             "n-gram K=3": lambda: speculative_generate(decoder, NgramDrafter(), ids, k=3, max_new_tokens=new,
                                                        eos_token_id=[], **sampling),
@@ -219,13 +221,17 @@ def main() -> None:
 
 def step_kernel_launches() -> collections.Counter:
     """Counts of the step kernels' calls (``gpu_kernels.greedy_verdict``, ``sampled_verdict``, ``move_path``,
-    ``commit_step``), by name, as they happen."""
+    ``commit_step``, and ``sampling_floors`` where it launches: top-k or top-p), by name, as they happen."""
     from specdec.models import gpu_kernels
 
     counts = collections.Counter()
-    for name in ("greedy_verdict", "sampled_verdict", "move_path", "commit_step"):
-        real = getattr(gpu_kernels, name)
-        setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: counts.update([name]) or real(*a, **kw))
+    for name in ("greedy_verdict", "sampled_verdict", "move_path", "commit_step", "sampling_floors"):
+        def counted(*a, real=getattr(gpu_kernels, name), name=name, **kw):
+            out = real(*a, **kw)
+            counts.update([name] if out is not None or name != "sampling_floors" else [])  # None: nothing launched
+            return out
+
+        setattr(gpu_kernels, name, counted)
     return counts
 
 
