@@ -175,9 +175,9 @@ def _drafter_kernels(dtype) -> None:
 def _step_kernels() -> None:
     """What a step launches after the target's forward: the greedy verdict of a chain of 4 and of a tree (three levels,
     three children at most), the sampled verdict of both over SmolLM2's vocabulary (bf16 and float32 logits; a chain
-    drafted with its own q, a tree with top-k too), the floors of top-k, top-p and both (over one block of the
-    vocabulary: the interpreter's bisection over all of it takes long, and the launch is the same), a tree's path moved in a bf16 and a float32 cache, the commit with
-    and without EOS tokens."""
+    drafted with its own q, a tree with top-k too, a tree drafted with its own q), the floors of top-k, top-p and both
+    (over one block of the vocabulary: the interpreter's bisection over all of it takes long, and the launch is the
+    same), a tree's path moved in a bf16 and a float32 cache, the commit with and without EOS tokens."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -198,6 +198,8 @@ def _step_kernels() -> None:
             gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long),
                                         torch.rand(2, 10, dtype=torch.float64), 1.0, tree.children, tree.max_depth,
                                         top_k=top_k)
+        gpu_kernels.sampled_verdict(logits, torch.zeros(2, 6, dtype=torch.long), torch.rand(2, 10, dtype=torch.float64),
+                                    1.0, tree.children, tree.max_depth, draft_probs=torch.rand(2, 5, 49152).softmax(-1))
         for top_k, top_p in ((0, 0.9), (2, 0.9)):
             gpu_kernels.sampling_floors(logits[..., :gpu_kernels.VOCAB_BLOCK], 0.7, top_k, top_p)
         gpu_kernels.move_path(torch.zeros(2, 2, 2, 3, 32, 64, dtype=dtype), torch.full((2,), 7),

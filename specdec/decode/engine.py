@@ -252,14 +252,12 @@ def verify_step(decoder, cache, state: DecodeState, proposal: Proposal, rule: Ac
     # sampled, the exact rule replays with the forward; another rule (lossy, a planted bug) runs eagerly after it
     if greedy or (type(rule) is ExactRule and replays_graphs(decoder, cache)):
         if greedy:
-            on = kernels
-            then, extra = functools.partial(_greedy_verdict, on, tree), children
+            then, extra = functools.partial(_greedy_verdict, kernels, tree), children
         else:  # sampled: the uniforms drawn first, in one op, as the eager rule draws them
             drafted = () if proposal.probs is None else (proposal.probs,)
-            on = _sampled_kernels(kernels, bool(drafted), tree)
-            then = functools.partial(_sampled_verdict, on, tree, params, bool(drafted))
+            then = functools.partial(_sampled_verdict, kernels, tree, params, bool(drafted))
             extra = (rule.draw(proposal.tokens, tree, state.generator),) + children + drafted
-        key = _verdict_key(tree, None if greedy else params, on)
+        key = _verdict_key(tree, None if greedy else params, kernels)
         if tree is not None:  # the accepted path moved into its slots after the verdict, in the same replay
             then = functools.partial(_path_moved, cache, kernels, then)
         return _replayed(decoder, then, functools.partial(_verdict_step, tree), key, block, cache, tree, commit,
@@ -350,13 +348,6 @@ def _step_kernels(decoder, device: torch.device):
     return None if backend is None else backend.step_kernels(device)
 
 
-def _sampled_kernels(kernels, drafted: bool, tree: Tree | None):
-    """``kernels`` (:func:`_step_kernels`) where their ``sampled_verdict`` takes a sampled verdict: drafts with
-    one-hot q, or a chain ``drafted`` with its own q, at any temperature, top-k and top-p; else None (torch's ops: a
-    tree drafted with its own q renormalises a [V] residual per sibling)."""
-    return kernels if kernels is not None and not (drafted and tree is not None) else None
-
-
 def _step_outputs(step: StepResult) -> tuple[torch.Tensor, ...]:
     """A verdict as a graph's outputs: num_accepted, next_tokens, emitted, the accepted path (a chain: num_accepted
     again, unread), the hidden state where the next token was predicted, the kept feature layers where captured."""
@@ -415,8 +406,8 @@ def _sampled_verdict(kernels, tree: Tree | None, params: SamplingParams, drafted
     forward: the uniforms ``drawn`` before it (:class:`~specdec.verify.ExactRule`'s, so the same tokens as the eager
     rule from the same generator), then in ``rest`` a tree's children [N+1, W], the drafts' q [B, K', V] where
     ``drafted`` (else one-hot), the forward's logits, hidden states and feature layers. Outputs as
-    :func:`_greedy_verdict`'s. Through ``kernels``' ``sampled_verdict`` where given (:func:`_sampled_kernels`), else
-    torch's ops."""
+    :func:`_greedy_verdict`'s. Through ``kernels``' ``sampled_verdict`` where given (:func:`_step_kernels`: any
+    drafts, top-k and top-p), else torch's ops."""
     if tree is not None:
         tree = dataclasses.replace(tree, children=rest[0])
         rest = rest[1:]

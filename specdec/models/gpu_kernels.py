@@ -367,15 +367,17 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """A verification's sampled verdict under the exact rule in one kernel, at ``temperature`` > 0 with ``top_k`` (0:
     none) and ``top_p`` (1: none; what they keep found first by :func:`sampling_floors`' kernels), for drafts with
-    one-hot q (fixed candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's) or a chain drawn
-    from its ``draft_probs`` (q [B, T - 1, V]: a draft model's): from the target's ``logits`` [B, T, V] over the
-    ``block`` [B, T] (long) it scored and the ``uniforms`` the rule draws before it
-    (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1] float64), a chain (``children`` None: T - 1 drafts) or a tree
-    (``children`` [T, W], at most ``depth`` levels). The law of :func:`~specdec.verify.rejection_sample` and
-    :func:`~specdec.verify.tree.onehot_walk` over the same uniforms, and their draws but where p's float32 rounding (a
-    sum in another order) moves a uniform across a boundary; the probabilities only at the nodes the walk reaches, where
-    the torch ops take softmax over every position and ~50 kernels for a chain and ~180 for a tree. Returns what
-    :func:`greedy_verdict` returns. ``_planted`` (tests only): one of :data:`PLANTED_SAMPLED`."""
+    one-hot q (fixed candidates: n-gram lookup, Medusa's and EAGLE's fixed trees, the block drafter's) or drawn from
+    their ``draft_probs`` (q [B, T - 1, V], each node's law: a draft model's chain, EAGLE's sampled tree): from the
+    target's ``logits`` [B, T, V] over the ``block`` [B, T] (long) it scored and the ``uniforms`` the rule draws before
+    it (:meth:`~specdec.verify.ExactRule.draw`: [B, D·W + 1] float64), a chain (``children`` None: T - 1 drafts) or a
+    tree (``children`` [T, W], at most ``depth`` levels). The law of :func:`~specdec.verify.rejection_sample`,
+    :func:`~specdec.verify.tree.onehot_walk` and (a drawn tree: ``sampled_tree_drawn_kernel``, each sibling's residual
+    stored in a [B, V] buffer) :func:`~specdec.verify.tree.walk_tree` over the same uniforms, and their draws but
+    where p's float32 rounding (a sum in another order) moves a uniform across a boundary; the probabilities only at
+    the nodes the walk reaches, where the torch ops take softmax over every position and ~50 kernels for a chain and
+    ~130-180 for a tree. Returns what :func:`greedy_verdict` returns. ``_planted`` (tests only): one of
+    :data:`PLANTED_SAMPLED`."""
     batch, t, vocab = logits.shape
     if not temperature > 0:
         raise ValueError(f"sampled_verdict: temperature must be > 0 (0 is greedy_verdict's), got {temperature!r}")
@@ -386,22 +388,30 @@ def sampled_verdict(logits: torch.Tensor, block: torch.Tensor, uniforms: torch.T
         raise ValueError(f"sampled_verdict: uniforms must be float64 [B, D·W + 1] = [{batch}, {depth * width + 1}], "
                          f"got {uniforms.dtype} {list(uniforms.shape)}")
     drafted = draft_probs is not None and t > 1
-    if drafted and (tree or draft_probs.shape != (batch, t - 1, vocab)):
-        raise ValueError(f"sampled_verdict: draft_probs must be [B, T - 1, V] = [{batch}, {t - 1}, {vocab}] of a chain "
-                         f"(a tree's drafts with their own q: the torch ops), got {list(draft_probs.shape)}"
-                         f"{' with a tree' if tree else ''}")
+    if drafted and draft_probs.shape != (batch, t - 1, vocab):
+        raise ValueError(f"sampled_verdict: draft_probs must be [B, T - 1, V] = [{batch}, {t - 1}, {vocab}], got "
+                         f"{list(draft_probs.shape)}")
     plant = _plant(_planted, PLANTED_SAMPLED)
     floors = sampling_floors(logits, temperature, 0 if plant == 3 else top_k, top_p)
     long = dict(dtype=torch.long, device=logits.device)
     accepted, next_tokens, at = (torch.empty(batch, **long) for _ in range(3))
     emitted = torch.empty(batch, depth + 1, **long)
     path = torch.empty(batch, depth + 1, **long) if tree else None
-    _kernels().sampled_verdict_kernel[(batch,)](
-        logits.contiguous(), block.contiguous(), children.contiguous() if tree else block, uniforms.contiguous(),
-        draft_probs.float().contiguous() if drafted else logits, logits if floors is None else floors, accepted,
-        next_tokens, emitted, path if tree else emitted, at, t, width, vocab, uniforms.shape[1], float(temperature),
-        DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2), SPAN=_pow2(depth + 1, 2),
-        BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), DRAFTED=drafted, FLOORS=floors is not None, PLANT=plant)
+    logits, block, uniforms = logits.contiguous(), block.contiguous(), uniforms.contiguous()
+    q = draft_probs.float().contiguous() if drafted else logits
+    shape = dict(SPAN=_pow2(depth + 1, 2), BLOCK=min(VOCAB_BLOCK, _pow2(vocab, 16)), FLOORS=floors is not None)
+    if drafted and tree:  # each sibling's residual over the vocabulary: stored, a row each
+        residual = torch.empty(batch, vocab, dtype=torch.float32, device=logits.device)
+        _kernels().sampled_tree_drawn_kernel[(batch,)](
+            logits, block, children.contiguous(), uniforms, q, logits if floors is None else floors, residual,
+            accepted, next_tokens, emitted, path, at, t, width, vocab, uniforms.shape[1], float(temperature),
+            DEPTH=depth, WIDTH=_pow2(width, 2), PLANT=plant, **shape)
+    else:
+        _kernels().sampled_verdict_kernel[(batch,)](
+            logits, block, children.contiguous() if tree else block, uniforms, q,
+            logits if floors is None else floors, accepted, next_tokens, emitted, path if tree else emitted, at, t,
+            width, vocab, uniforms.shape[1], float(temperature), DEPTH=depth, TREE=tree, WIDTH=_pow2(width, 2),
+            DRAFTED=drafted, PLANT=plant, **shape)
     return accepted, next_tokens, emitted, path, at
 
 

@@ -597,14 +597,47 @@ def sampling_floors_kernel(logits_ptr, kth_ptr, floors_ptr, vocab, temperature, 
 
 
 @triton.jit
-def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus, carry, w,
-                 WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
-    """The cumulative sums (float64, after ``carry``) over the block of the row's vocabulary at ``start`` of p less
-    the ``rejected`` tokens [WIDTH] (-1 = none), or (DRAFTED) of max(0, p - ``minus`` · q) (q [vocab] the rejected
-    draft's, ``minus`` 1, or 0 where none was): what :func:`specdec.verify.sampling.sample` draws from by its CDF.
-    p is float32, as torch's softmax gives it, and so is p - q."""
+def at_node(x_ptr, r_ptr, v, inside, temperature, floor, largest, total, stored):
+    """The distribution a walk tests at ``v`` (where ``inside``): p at the node, float32 as torch's softmax gives it
+    (from its logits at ``x_ptr``, :func:`softmax_stats`' ``largest`` and ``total``), or where ``stored`` the
+    residual stored at ``r_ptr`` (:func:`residual_stored`; ``stored`` an int1 tensor: each read masked by it)."""
+    p = tl.exp(scaled(x_ptr, v, inside & ~stored, temperature, floor) - largest) / total
+    return tl.where(stored, tl.load(r_ptr + v, mask=inside & stored, other=0.0), p)
+
+
+@triton.jit
+def residual_stored(x_ptr, r_ptr, q_ptr, vocab, temperature, floor, largest, total, stored, BLOCK: tl.constexpr,
+                    PLANT: tl.constexpr):
+    """The walk's distribution r (:func:`at_node`'s) after a sibling drawn from q [vocab] is rejected, stored at
+    ``r_ptr`` [vocab]: max(0, r - q) over its total, as :func:`specdec.verify.tree.residual_after_rejection` (r itself
+    where round-off leaves nothing); two passes over the vocabulary, then a barrier (the walk reads it back anywhere).
+    PLANT 1 (tests): not renormalised."""
+    v = tl.arange(0, BLOCK)
+    mass = tl.full([], 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        inside = start + v < vocab
+        r = at_node(x_ptr, r_ptr, start + v, inside, temperature, floor, largest, total, stored)
+        mass += tl.sum(tl.maximum(r - tl.load(q_ptr + start + v, mask=inside, other=0.0), 0.0), axis=0)
+    if PLANT == 1:
+        mass = tl.full([], 1.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        inside = start + v < vocab
+        r = at_node(x_ptr, r_ptr, start + v, inside, temperature, floor, largest, total, stored)
+        left = tl.maximum(r - tl.load(q_ptr + start + v, mask=inside, other=0.0), 0.0)
+        tl.store(r_ptr + start + v, tl.where(mass > 0, left / tl.maximum(mass, 1.1754943508222875e-38), r), mask=inside)
+    tl.debug_barrier()
+
+
+@triton.jit
+def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus, carry, w, r_ptr,
+                 stored, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
+    """The cumulative sums (float64, after ``carry``) over the block of the row's vocabulary at ``start`` of p (or
+    where ``stored`` the residual at ``r_ptr``: :func:`at_node`) less the ``rejected`` tokens [WIDTH] (-1 = none), or
+    (DRAFTED) of max(0, p - ``minus`` · q) (q [vocab] the rejected draft's, ``minus`` 1, or 0 where none was): what
+    :func:`specdec.verify.sampling.sample` draws from by its CDF. p is float32, as torch's softmax gives it, and so is
+    p - q."""
     v = start + tl.arange(0, BLOCK)
-    p = tl.exp(scaled(x_ptr, v, v < vocab, temperature, floor) - largest) / total
+    p = at_node(x_ptr, r_ptr, v, v < vocab, temperature, floor, largest, total, stored)
     if DRAFTED:
         p = tl.maximum(p - minus * tl.load(q_ptr + v, mask=v < vocab, other=0.0), 0.0)
     else:
@@ -614,30 +647,30 @@ def residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total,
 
 
 @triton.jit
-def residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH: tl.constexpr,
-                  BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
+def residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, r_ptr, stored,
+                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The residual's total (:func:`residual_cdf`'s last cumulative sum, block after block as the draw sums it)."""
     mass = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
         mass = tl.max(residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus,
-                                   mass, w, WIDTH, BLOCK, DRAFTED), axis=0)
+                                   mass, w, r_ptr, stored, WIDTH, BLOCK, DRAFTED), axis=0)
     return mass
 
 
 @triton.jit
-def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, u, w,
+def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, u, w, r_ptr, stored,
                    WIDTH: tl.constexpr, BLOCK: tl.constexpr, DRAFTED: tl.constexpr):
     """The token drawn by its CDF from the residual of :func:`residual_cdf` (p itself where nothing is left), ``u``
     in [0, 1) of its total: the first token whose cumulative sum exceeds u · total, the last where none does, as
     :func:`specdec.verify.sampling.sample` draws. The total is the last cumulative sum, computed as the draw's are:
     the draw never runs past it."""
-    mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH, BLOCK,
-                         DRAFTED)
+    mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, r_ptr, stored,
+                         WIDTH, BLOCK, DRAFTED)
     if mass <= 0:  # round-off took all of it: p
         rejected = tl.full([WIDTH], -1, tl.int64)
         minus = 0.0
-        mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, WIDTH, BLOCK,
-                             DRAFTED)
+        mass = residual_mass(x_ptr, q_ptr, vocab, temperature, floor, largest, total, rejected, minus, w, r_ptr,
+                             stored, WIDTH, BLOCK, DRAFTED)
     goal = u * mass
     v = tl.arange(0, BLOCK)
     token = tl.full([], -1, tl.int64)
@@ -645,7 +678,7 @@ def residual_drawn(x_ptr, q_ptr, vocab, temperature, floor, largest, total, reje
     start = 0
     while (token < 0) & (start < vocab):
         cdf = residual_cdf(x_ptr, q_ptr, start, vocab, temperature, floor, largest, total, rejected, minus, carry, w,
-                           WIDTH, BLOCK, DRAFTED)
+                           r_ptr, stored, WIDTH, BLOCK, DRAFTED)
         first = tl.min(tl.where((cdf > goal) & (start + v < vocab), v, BLOCK), axis=0)
         token = tl.where(first < BLOCK, start + first, token).to(tl.int64)
         carry = tl.max(cdf, axis=0)
@@ -737,9 +770,71 @@ def sampled_verdict_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_
         minus = 0.0
     q = q_ptr + (row * DEPTH + tl.minimum(node, DEPTH - 1)) * vocab  # the rejected draft's q (read where DRAFTED)
     token = residual_drawn(logits + node * vocab, q, vocab, temperature, floor, largest, total, rejected, minus,
-                           tl.load(uniforms + draws - 1), w, WIDTH, BLOCK, DRAFTED)
+                           tl.load(uniforms + draws - 1), w, logits, tl.full([], 0, tl.int1), WIDTH, BLOCK, DRAFTED)
     verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
                    at_ptr, DEPTH, TREE)
+
+
+@triton.jit
+def sampled_tree_drawn_kernel(logits_ptr, block_ptr, children_ptr, uniforms_ptr, q_ptr, floors_ptr, r_ptr,
+                              accepted_ptr, next_ptr, emitted_ptr, path_ptr, at_ptr, t, width, vocab, draws,
+                              temperature, DEPTH: tl.constexpr, WIDTH: tl.constexpr, SPAN: tl.constexpr,
+                              BLOCK: tl.constexpr, FLOORS: tl.constexpr, PLANT: tl.constexpr):
+    """A row's sampled verdict under the exact rule (program: the row) for a tree whose nodes were drawn from their
+    own q (``q`` [B, t - 1, vocab] float32, a node's law given the siblings drawn before it: EAGLE's sampled tree), as
+    :func:`specdec.verify.tree.walk_tree` walks it over the same ``uniforms`` (:func:`sampled_verdict_kernel`'s other
+    arguments): each node's children in order, a child x accepted where u · q(x) < r(x), r starting as p at the node
+    and after each rejected child max(0, r - q) over its total (:func:`residual_stored`, kept at ``r_ptr`` [B, vocab]);
+    where every child of the last node was rejected the next token is drawn from r, else from p there. Writes what
+    :func:`greedy_verdict_kernel` writes. PLANT 1 (tests): the residual not renormalised; PLANT 2: the next token drawn
+    from p."""
+    row = tl.program_id(0)
+    logits = logits_ptr + row * t * vocab
+    block = block_ptr + row * t
+    uniforms = uniforms_ptr + row * draws
+    r = r_ptr + row * vocab
+    place = tl.arange(0, SPAN)
+    w = tl.arange(0, WIDTH)
+    node = tl.full([], 0, tl.int64)
+    alive = tl.full([], 1, tl.int1)
+    stored = tl.full([], 0, tl.int1)  # the walk's r: p at the node, or (after a rejection there) the stored residual
+    accepted = tl.full([], 0, tl.int64)
+    emitted = tl.zeros([SPAN], dtype=tl.int64)
+    path = tl.zeros([SPAN], dtype=tl.int64)
+    largest = tl.full([], 0.0, tl.float32)
+    total = tl.full([], 1.0, tl.float32)
+    for d in range(DEPTH):  # loops, not unrolled: one copy of the residual's passes in the code
+        floor = floor_at(floors_ptr, row * t + node, FLOORS)
+        x_ptr = logits + node * vocab
+        if alive:
+            largest, total = softmax_stats(x_ptr, vocab, temperature, floor, BLOCK)
+        chosen = tl.full([], -1, tl.int64)
+        for j in range(width):
+            kid = tl.load(children_ptr + node * width + j)
+            if alive & (kid >= 0) & (chosen < 0):
+                token = tl.load(block + kid)
+                q = q_ptr + (row * (t - 1) + kid - 1) * vocab
+                inside = token < vocab
+                drawn = tl.load(q + token, mask=inside, other=1.0).to(tl.float64)
+                kept = at_node(x_ptr, r, token, inside, temperature, floor, largest, total, stored).to(tl.float64)
+                if tl.load(uniforms + d * width + j) * drawn < kept:
+                    chosen = kid
+                else:
+                    residual_stored(x_ptr, r, q, vocab, temperature, floor, largest, total, stored, BLOCK, PLANT)
+                    stored = tl.full([], 1, tl.int1)
+        alive = alive & (chosen >= 0)
+        stored = stored & ~alive  # a child accepted: p at it
+        node, accepted, emitted, path = walked(d, chosen, alive, node, accepted, emitted, path, place, block, True)
+    floor = floor_at(floors_ptr, row * t + node, FLOORS)
+    if alive:  # the depth reached: p at the last node accepted
+        largest, total = softmax_stats(logits + node * vocab, vocab, temperature, floor, BLOCK)
+    if PLANT == 2:
+        stored = tl.full([], 0, tl.int1)
+    token = residual_drawn(logits + node * vocab, q_ptr, vocab, temperature, floor, largest, total,
+                           tl.full([WIDTH], -1, tl.int64), tl.full([], 0.0, tl.float32), tl.load(uniforms + draws - 1),
+                           w, r, stored, WIDTH, BLOCK, False)
+    verdict_stored(row, token, node, accepted, emitted, path, place, accepted_ptr, next_ptr, emitted_ptr, path_ptr,
+                   at_ptr, DEPTH, True)
 
 
 @triton.jit

@@ -759,9 +759,9 @@ def _random_sampled_step(generator, device, trial):
     drawn = ExactRule.draw(block[:, 1:], tree, generator)
     temperature = (0.7, 1.3)[trial % 2]
     q = None
-    if tree is None and t > 1 and trial % 4 < 2:
-        q = logits_to_probs(logits[:, :-1] + torch.randn(batch, t - 1, vocab, generator=generator), temperature)
-        q = q.to(device)
+    if t > 1 and (trial % 4 < 2 if tree is None else trial % 8 == 1):  # a tree's far from p: siblings rejected
+        noise = torch.randn(batch, t - 1, vocab, generator=generator) * (1 if tree is None else 3)
+        q = logits_to_probs(logits[:, :-1] + noise, temperature).to(device)
     logits = logits.to((torch.float32, torch.bfloat16)[trial % 4 == 3])
     top_p = 0.8 if trial % 7 == 1 and vocab < 3000 else 1.0
     return (tree, block.to(device), logits.to(device), temperature, drawn.to(device), q, (0, 0, 0, 2, 10)[trial % 5],
@@ -786,14 +786,14 @@ def _torch_sampled_verdict(tree, block, logits, temperature, drawn, q=None, top_
 def test_a_sampled_verdict_in_one_kernel_is_the_torch_ops(device, monkeypatch):
     """``sampled_verdict`` (one kernel a step where the torch ops take softmax over every position and ~50 kernels for a
     chain, ~180 for a tree) draws what the exact rule's torch ops draw from the same uniforms (rejection_sample,
-    onehot_walk) and gives every entry of the loop's bookkeeping, over 60 random chains and trees (siblings repeating
-    tokens among them; chains drafted with their own q, a draft model's, among the chains), float32 and bf16 logits,
-    vocabularies of one and two blocks and, with blocks of 16 tokens, of three, with top-k, top-p, both and neither;
-    and where
-    round-off leaves nothing of the residual (two siblings holding all of p, both rejected) it draws from p, as they do.
-    Each planted bug (no renormalisation after a rejected sibling; the next token drawn from p, the rejected drafts
-    kept, a drafted chain's q not taken from p; top-k ignored) differs. The law itself: the torch ops' statistical
-    tests, and the ``gpu`` tier's of the kernel (tests/verify/test_tree_verify.py)."""
+    onehot_walk, walk_tree) and gives every entry of the loop's bookkeeping, over 60 random chains and trees (siblings
+    repeating tokens among them; chains drafted with their own q, a draft model's, and trees drawn from theirs,
+    EAGLE's sampled tree's, among them), float32 and bf16 logits, vocabularies of one and two blocks and, with blocks
+    of 16 tokens, of three, with top-k, top-p, both and neither; and where round-off leaves nothing of the residual
+    (two siblings holding all of p, both rejected) it draws from p, as they do. Each planted bug (no renormalisation
+    after a rejected sibling; the next token drawn from p, the rejected drafts kept, a drafted chain's q not taken
+    from p; top-k ignored) differs, in the random trials or in one made for it. The law itself: the torch ops'
+    statistical tests, and the ``gpu`` tier's of the kernel (tests/verify/test_tree_verify.py)."""
     generator = torch.Generator().manual_seed(4)
     depths, differs = collections.Counter(), collections.Counter()
     for trial in range(60):
@@ -810,10 +810,26 @@ def test_a_sampled_verdict_in_one_kernel_is_the_torch_ops(device, monkeypatch):
         for planted in gpu_kernels.PLANTED_SAMPLED if trial % 2 else ():  # every other trial (batch 3)
             wrong = gpu_kernels.sampled_verdict(logits, block, drawn, temperature, children, depth, top_k=top_k,
                                                 top_p=top_p, draft_probs=q, _planted=planted)
-            differs[planted, q is not None] += not all(torch.equal(a, b) for a, b in zip(want[:2], wrong[:2]))
-    assert max(depths) >= 3 and all(differs[planted, False] for planted in gpu_kernels.PLANTED_SAMPLED), differs
-    assert differs["recovered_from_p", True]  # a drafted chain's next token drawn from p, not max(0, p - q)
-    from specdec.verify import Tree  # a root with two children holding all of p's mass
+            kind = "one-hot" if q is None else "drawn chain" if tree is None else "drawn tree"
+            differs[planted, kind] += not all(torch.equal(a, b) for a, b in zip(want[:2], wrong[:2]))
+    from specdec.verify import Tree
+
+    # Two children of the root, p(1) = 0.5 and p(2) = 0.3: the first rejected (u 0.9), the second accepted where it is
+    # tried against the residual (u · 0.5 < 0.3 with one-hot q; u < 0.3 / 0.5 drawn from q = one-hot), not against p.
+    tree, block = Tree.from_parents([-1, -1], device=device), torch.tensor([[0, 1, 2]], device=device)
+    logits = torch.tensor([0.1, 0.5, 0.3, 0.1], device=device).log().expand(1, 3, 4)
+    drawn = torch.tensor([[0.9, 0.45, 0.5]], dtype=torch.float64, device=device)
+    for kind, q in (("one-hot", None), ("drawn tree", torch.eye(4, device=device)[[1, 2]][None])):
+        accepted, _, _, path, _ = gpu_kernels.sampled_verdict(logits, block, drawn, 1.0, tree.children, 1,
+                                                              draft_probs=q)
+        assert accepted.item() == 1 and path[0, 1].item() == 2, (kind, accepted, path)
+        wrong = gpu_kernels.sampled_verdict(logits, block, drawn, 1.0, tree.children, 1, draft_probs=q,
+                                            _planted="no_renormalisation")
+        differs["no_renormalisation", kind] += wrong[0].item() != 1
+    assert max(depths) >= 3 and all(differs[planted, "one-hot"] for planted in gpu_kernels.PLANTED_SAMPLED), differs
+    assert differs["recovered_from_p", "drawn chain"]  # a drafted chain's next token drawn from p, not max(0, p - q)
+    assert differs["recovered_from_p", "drawn tree"] and differs["no_renormalisation", "drawn tree"], differs
+    # a root with two children holding all of p's mass
 
     tree, block = Tree.from_parents([-1, -1], device=device), torch.tensor([[1, 2, 3]], device=device)
     drawn = torch.tensor([[0.999, 1 - 1e-12, 0.25]], dtype=torch.float64, device=device)
@@ -859,10 +875,8 @@ def test_top_p_s_floor_in_one_kernel_keeps_what_the_torch_ops_keep(device):
 def test_a_verification_s_sampled_verdict_on_the_kernel_is_the_torch_ops_whole(device):
     """The decode loop's sampled verdict (engine._sampled_verdict) through the kernel gives every output the torch ops
     give (the hidden state where the next token was predicted, the feature layers along the kept positions
-    included), over 30 random chains and trees, drafted chains, top-k and top-p among them; the loop takes it to the
-    kernel for drafts with one-hot q and chains drafted with their own q."""
-    from specdec.decode.engine import _sampled_kernels, _sampled_verdict
-    from specdec.verify import Tree
+    included), over 30 random chains and trees, drafted chains and trees, top-k and top-p among them."""
+    from specdec.decode.engine import _sampled_verdict
     from specdec.verify.sampling import SamplingParams
 
     generator = torch.Generator().manual_seed(5)
@@ -875,9 +889,6 @@ def test_a_verification_s_sampled_verdict_on_the_kernel_is_the_torch_ops_whole(d
         want, got = (_sampled_verdict(kernels, tree, params, bool(drafted), block, drawn, *children, *drafted, logits,
                                       hidden, features) for kernels in (None, gpu_kernels))
         assert len(want) == len(got) == 6 and all(torch.equal(a, b) for a, b in zip(want, got)), (trial, tree)
-    tree = Tree.from_parents([-1, -1], device=device)
-    assert _sampled_kernels(gpu_kernels, False, tree) is _sampled_kernels(gpu_kernels, True, None) is gpu_kernels
-    assert _sampled_kernels(gpu_kernels, True, tree) is None  # a tree's drafts with their own q
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -940,3 +951,36 @@ def test_sampled_steps_on_the_step_kernels_draw_the_torch_ops_tokens(device, mon
             assert not calls
     assert [out.sequences for out in runs[False]] == [out.sequences for out in runs[True]]
     assert runs[True][2].stats.accepted_per_position[2] > 0 and runs[True][3].stats.accepted_per_position[0] > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle_s_sampled_tree_on_the_step_kernels_draws_the_torch_ops_tokens(device, monkeypatch):
+    """EAGLE's tree sampled at T = 0.8 (its siblings drawn from q without replacement, each reported with its law;
+    grown on the device, two left-padded rows) verified on the step kernels (``sampled_tree_drawn_kernel``, every step)
+    draws the tokens it draws on torch's ops from the same seed."""
+    from helpers import random_eagle
+
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.jobs.data import left_pad
+
+    calls = collections.Counter()
+    real = gpu_kernels.sampled_verdict
+    monkeypatch.setattr(gpu_kernels, "sampled_verdict", lambda *a, **kw: calls.update(["verdict"]) or real(*a, **kw))
+    model = tiny_llama(layers=4, seed=0).to(device)
+    ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]))
+    sequences = []
+    for fused in (False, True):
+        if device == "cpu":
+            monkeypatch.setattr(Backend, "step_kernels", lambda self, device, fused=fused: gpu_kernels if fused
+                                else None)
+        backend = dataclasses.replace(_backend(device) if device == "cuda" else Backend.emulated_gpu(),
+                                      fused_steps=fused)
+        target = GraphedDecoder(as_decoder(model, backend=backend))
+        drafter = EagleDrafter(random_eagle(model).to(device), tree=True, min_confidence=0.0, depth=2, top_k=2,
+                               expand=2, grow_on_device=True, backend=backend)
+        drafter.runtime.replay_graphs("auto")
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, k=4, max_new_tokens=16, temperature=0.8,
+                                   generator=torch.Generator(device).manual_seed(7), eos_token_id=[])
+        assert calls["verdict"] >= fused * out.stats.target_forwards
+        sequences.append(out.sequences)
+    assert sequences[0] == sequences[1]

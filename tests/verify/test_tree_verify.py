@@ -174,10 +174,11 @@ def on_the_kernel(tree, tokens, probs, target_probs, g, planted=None):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,parents", [("topk", PARENTS), ("repeated", PARENTS), ("topk", [-1, 0, 1]),
-                                          ("iid", [-1, 0, 1])])
+                                          ("iid", [-1, 0, 1]), ("iid", PARENTS), ("without_replacement", PARENTS)])
 def test_the_sampled_verdict_kernel_reproduces_target(mode, parents):
     """The sampled verdict in one kernel (trees of fixed candidates, a sibling repeating a token before it, a chain of
-    fixed drafts and one drawn from its q) leaves the target's distribution unchanged; its planted bugs (no
+    fixed drafts and one drawn from its q, trees drawn from their q with and without replacement: EAGLE's) leaves
+    the target's distribution unchanged; its planted bugs (no
     renormalisation after a rejected sibling, the next token drawn from p) are caught. On a GPU only: under Triton's
     interpreter 20,000 rows take minutes (the default tier checks the kernel draws what the torch ops draw,
     tests/models/test_gpu_kernels.py)."""
