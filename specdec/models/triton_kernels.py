@@ -610,8 +610,9 @@ def residual_stored(x_ptr, r_ptr, q_ptr, vocab, temperature, floor, largest, tot
                     PLANT: tl.constexpr):
     """The walk's distribution r (:func:`at_node`'s) after a sibling drawn from q [vocab] is rejected, stored at
     ``r_ptr`` [vocab]: max(0, r - q) over its total, as :func:`specdec.verify.tree.residual_after_rejection` (r itself
-    where round-off leaves nothing); two passes over the vocabulary, then a barrier (the walk reads it back anywhere).
-    PLANT 1 (tests): not renormalised."""
+    where round-off leaves nothing); two passes over the vocabulary, a barrier before the second writes (every warp
+    has read what the walk's test read) and one after it (the walk reads it back anywhere). PLANT 1 (tests): not
+    renormalised."""
     v = tl.arange(0, BLOCK)
     mass = tl.full([], 0.0, tl.float32)
     for start in range(0, vocab, BLOCK):
@@ -620,6 +621,7 @@ def residual_stored(x_ptr, r_ptr, q_ptr, vocab, temperature, floor, largest, tot
         mass += tl.sum(tl.maximum(r - tl.load(q_ptr + start + v, mask=inside, other=0.0), 0.0), axis=0)
     if PLANT == 1:
         mass = tl.full([], 1.0, tl.float32)
+    tl.debug_barrier()
     for start in range(0, vocab, BLOCK):
         inside = start + v < vocab
         r = at_node(x_ptr, r_ptr, start + v, inside, temperature, floor, largest, total, stored)
