@@ -869,6 +869,8 @@ def test_top_p_s_floor_in_one_kernel_keeps_what_the_torch_ops_keep(device):
     tied = torch.tensor([[2.0, 1.0, 0.0, 1.0, 1.0]], device=device)  # 2.0 holds 0.45 of p, each 1.0 0.16
     assert gpu_kernels.sampling_floors(tied, 1.0, 0, 0.6).tolist() == [1.0]
     assert gpu_kernels.sampling_floors(tied, 1.0, 0, 1.0) is None
+    with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\] \(1 = off\), got 0"):
+        gpu_kernels.sampling_floors(tied, 1.0, 0, 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
