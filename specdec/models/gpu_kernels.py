@@ -40,6 +40,8 @@ import os
 
 import torch
 
+from specdec.verify.sampling import validate_sampling
+
 PLANTED = ("mask_off_by_one", "stale_cache_slot", "wrong_row_length")  # cache_attention's planted bugs (tests)
 PLANTED_ROTARY = ("keys_rotated_at_the_query",)  # rotary_attention's own (tests)
 
@@ -348,8 +350,7 @@ def sampling_floors(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     position, bisection over the floats' order: 32 passes over its vocabulary at most) where the torch ops sort every
     position's vocabulary; the kept tokens are the torch ops' but where the mass above one is within float32
     round-off of ``top_p`` (summed in another order). ``_planted`` (tests only): one of :data:`PLANTED_FLOORS`."""
-    if not 0 < top_p <= 1:
-        raise ValueError(f"sampling_floors: top_p must lie in (0, 1] (1 = off), got {top_p!r}")
+    validate_sampling(temperature, top_k, top_p)
     vocab = logits.shape[-1]
     top_k = top_k if 0 < top_k < vocab else 0
     if not top_k and top_p >= 1:
