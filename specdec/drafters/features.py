@@ -36,6 +36,8 @@ class FeatureDraftModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed_weight: torch.Tensor | None = None  # [V, H] the target's, frozen (see attach)
         self.embed_scale = 1.0  # what the target's embedding multiplies its rows by (Gemma: √hidden; see attach)
+        self._rope_tables: dict = {}  # (dtype, device) -> the rotary embedding's table (see rope)
+        self._rope_tables_kept: list = []  # every table made: graphs captured over one still read it
 
     def attach(self, embed_weight: torch.Tensor, scale: float = 1.0):
         """Read token embeddings from the target's ``embed_weight`` [V, H] (shared, never trained here), times
@@ -62,11 +64,32 @@ class FeatureDraftModel(nn.Module):
         """The target's embeddings as its embedding module gives them (as its own dtype rounds the scale)."""
         return embeds if self.embed_scale == 1.0 else embeds * torch.tensor(self.embed_scale, dtype=embeds.dtype)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding)."""
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, within: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, T, D] of ``positions`` [B, T] (Llama's default rotary embedding). ``within``: a bound on
+        the positions (a cache's capacity); on the Triton kernels' devices (:meth:`Backend.stacks`) and without
+        autograd they are then the rows of a table of every position below it, computed once by the same ops (the
+        same values, elementwise): two gathers where the computation is seven kernels a forward."""
+        if within is not None and self.backend.stacks(positions) and not torch.is_grad_enabled():
+            cos, sin = self._rope_table(within, dtype, positions.device)
+            return cos[positions][:, None], sin[positions][:, None]
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat([freqs, freqs], -1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _rope_table(self, within: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [P, D] of positions 0 .. P - 1 (P ≥ ``within``), kept for the model's lifetime: a captured graph
+        reads the table it was captured with, so none is freed while the model lives (one a dtype and device, grown
+        by a larger bound)."""
+        key = (dtype, str(device))
+        held = self._rope_tables.get(key)
+        if held is None or held[0].shape[0] < within or held[2] is not self.inv_freq:
+            freqs = torch.arange(within, device=device)[:, None].float() * self.inv_freq.to(device)
+            emb = torch.cat([freqs, freqs], -1)
+            held = (emb.cos().to(dtype), emb.sin().to(dtype), self.inv_freq)
+            self._rope_tables[key] = held
+            self._rope_tables_kept.append(held)
+        return held[0], held[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., Dv] float32
         """The draft LM head over the final norm of ``hidden``: through the fused kernels where :meth:`_fused`."""

@@ -261,6 +261,28 @@ def test_the_fused_draft_step_matches_the_torch_ops(target, kernels):
             assert torch.allclose(fused, plain, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_the_rotary_table_gives_the_computed_cos_and_sin(target, dtype):
+    """On the Triton kernels' devices a feature drafter's rotary embedding is the rows of a table (two gathers, not
+    seven kernels): bit for bit the computed values; a larger bound grows it and keeps the old one alive (a graph
+    captured over it still reads it)."""
+    model = random_eagle(target, draft_vocab=40)
+    model.backend = Backend.interpreted_gpu()  # stacks on CPU: the table
+    positions = torch.tensor([[0, 3, 17, 63], [5, 5, 40, 2]])
+    computed = model.rope(positions, dtype)
+    tabled = model.rope(positions, dtype, 64)
+    for a, b in zip(computed, tabled):
+        assert a.shape == b.shape == (2, 1, 4, model.cfg.head_dim) and a.dtype == b.dtype == dtype
+        assert torch.equal(a, b)
+    first = model._rope_tables[(dtype, "cpu")][0]
+    assert torch.equal(model.rope(positions + 100, dtype, 200)[0], model.rope(positions + 100, dtype)[0])
+    assert model._rope_tables[(dtype, "cpu")][0].shape[0] == 200
+    assert any(held[0] is first for held in model._rope_tables_kept)
+    model.backend = Backend(kernels=False)  # elsewhere: computed
+    assert torch.equal(model.rope(positions, dtype, 64)[1], computed[1])
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
 def test_a_tree_drafts_what_chains_along_its_paths_draft(target, fused, monkeypatch):
     """Each expanded node of an EAGLE-2 tree gets the draft layer's output that a chain fed its path's tokens

@@ -262,7 +262,7 @@ class DFlashModel(FeatureDraftModel):
         rows = features.reshape(b * t, -1).contiguous()
         context = kernels.rms_norm(self.backend.step_product(rows, plan["fc"]), None, *plan["hidden_norm"])
         context = context.view(b, t, -1)
-        cos, sin = self.rope(positions, context.dtype)
+        cos, sin = self.rope(positions, context.dtype, cache.capacity)
         fused.context_keys_values(self.backend, kernels, plan["layers"], fused.Heads(*self.layers[0].shape), context,
                                   cos.reshape(b * t, -1), sin.reshape(b * t, -1), cache, kv_len)
         return context
@@ -274,7 +274,7 @@ class DFlashModel(FeatureDraftModel):
         (:func:`specdec.models.fused.decoder_layers`) and the products over the plan's panels (codes where the
         weights are)."""
         b, s, h = x.shape
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin = self.rope(positions, x.dtype, cache.capacity)
         layers, heads = self._plan_for(x)["layers"], fused.Heads(*self.layers[0].shape)
         out = fused.decoder_layers(self.backend, kernels, layers, heads,
                                    x.reshape(b * s, h).clone(memory_format=torch.contiguous_format),

@@ -158,7 +158,7 @@ class EagleModel(FeatureDraftModel):
         or the layer's own outputs), tokens [B, T], positions [B, T] -> outputs [B, T, H]. Each new entry sees
         its row's committed entries, itself, and what ``tree`` [T, recent + T] allows of the last ``recent``
         committed entries and the new ones (None: the new ones before it; :meth:`KVCache.attention_mask`)."""
-        cos, sin = self.rope(positions, hidden.dtype)
+        cos, sin = self.rope(positions, hidden.dtype, cache.capacity)
         kernels = self._fused(hidden)
         if kernels is not None:
             return self._fused_step(kernels, hidden, tokens, cache, cos, sin, tree, recent)
