@@ -7,10 +7,11 @@ its launch options), then each distinct one is compiled by Triton's own compiler
 H100 or H200) to its machine code, whose registers, spills and shared memory ``cuobjdump`` reads. The launches:
 one layer of a random target at SmolLM2-135M's, Llama-3.1-8B's and Qwen3-8B's shapes (random weights: only the
 kernels' specialisations matter) on specdec's Triton kernels, the norms inside the products or apart, with and without
-``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32 too); then the drafters' kernels
-alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots). On 2026-11-29 all 58 launches
-compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'), none spilling; so did the step's
-kernels added since (greedy verdict, path move, commit).
+``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32
+too); then the drafters' kernels alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots and
+its device tree's choice). On 2026-11-29 all 58 launches compiled for sm_90 with Triton 3.9 (this project's) and 3.6
+(the GPU machines'), none spilling; so did the step's kernels added since (greedy verdict, path move, commit) and the
+device tree's choice (255 registers, none spilled).
 
     python experiments/gpu/compile_kernels.py                  # sm_90: every launch compiled, the table
     python experiments/gpu/compile_kernels.py --arch 80 90 --json /tmp/compiled.json
@@ -152,7 +153,7 @@ def _forwards(preset: str, fields: dict, dtype, settings: str) -> None:
 
 def _drafter_kernels(dtype) -> None:
     """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
-    chunks of a long row then their merge), EAGLE's attention over its recent slots."""
+    chunks of a long row then their merge), EAGLE's attention over its recent slots, its device tree's choice."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -170,6 +171,12 @@ def _drafter_kernels(dtype) -> None:
     gpu_kernels.rotary_attention(qkv, cos, sin, heads, keys, keys.clone(), lengths, pad, mask, recent)
     q, k, v = gpu_kernels.rope_qkv(qkv, cos, sin, heads, kv_heads)
     gpu_kernels.cache_attention(q, k, v, keys, keys.clone(), lengths, pad, mask, recent)
+    candidates = 4 + 5 * 16  # EAGLE's default tree: depth 6, top_k 4, expand 4, 16 nodes kept; with a lookup chain
+    parent = torch.cat([torch.full((4,), -1), torch.arange(4, candidates).div(4, rounding_mode="floor") - 1])
+    for lookup in (0, 3):
+        index = torch.zeros(2, candidates, dtype=torch.long)
+        gpu_kernels.device_tree(torch.rand(candidates, generator=g), parent, index, torch.arange(32000), 16, 6,
+                                4 + (lookup > 0), lookup)
 
 
 def _step_kernels() -> None:

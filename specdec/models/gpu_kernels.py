@@ -14,7 +14,8 @@ product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=fal
 :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
-candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); and after a
+candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``), EAGLE's device-grown
+tree chosen from them (:func:`device_tree`, one kernel where torch's ops are ~65); and after a
 verification's forward its verdict (:func:`greedy_verdict`: a chain's or a tree's walk; :func:`sampled_verdict`: the
 exact rule's, drafts with one-hot q), a tree's accepted path moved in the cache (:func:`move_path`) and the step's
 commit (:func:`commit_step`: the kept counts, the tokens written, the lengths moved), one kernel each where torch's
@@ -449,3 +450,35 @@ def move_path(stacked: torch.Tensor, lengths: torch.Tensor, path: torch.Tensor) 
     two, layers, batch, heads, capacity, dim = stacked.shape
     _kernels().move_path_kernel[(two * layers * batch * heads,)](stacked, lengths, path.contiguous(), path.shape[1],
                                                                  batch, heads, capacity, dim, BLOCK=_pow2(dim, 16))
+
+
+PLANTED_TREE = ("confidence_uncapped",)  # device_tree's planted bug (tests)
+
+
+def device_tree(confidence: torch.Tensor, parent: torch.Tensor, index: torch.Tensor, token_ids: torch.Tensor, n: int,
+                levels: int, width: int, lookup: int = 0, *, _planted: str | None = None
+                ) -> tuple[torch.Tensor, ...]:
+    """:class:`~specdec.drafters.eagle.growth.DeviceGrowth`'s choice of its tree in one kernel, where the torch ops
+    take ~65: of the C candidates (``confidence`` [C] float32, each uncapped; ``parent`` [C] long, -1 below the root,
+    parents first, at most ``levels`` deep; ``index`` [B, C] their draft ids, ``token_ids`` [Dv] the target's) the
+    ``n`` most confident, each capped at its ancestors' (so a kept node's parent is kept), ties to the earlier
+    candidate as a stable sort orders them, in draw order. Returns their tokens [B, n] and, after a chain of ``lookup``
+    nodes below the root, the tree's parents [lookup + n], depths, mask and children (``width`` columns) as
+    :meth:`~specdec.verify.Tree.on_device` gives them. ``_planted`` (tests only): one of :data:`PLANTED_TREE`."""
+    candidates = confidence.shape[0]
+    batch = index.shape[0]
+    if n > candidates or parent.shape != (candidates,) or index.shape != (batch, candidates):
+        raise ValueError(f"device_tree: {n} nodes of {candidates} candidates, parent {tuple(parent.shape)}, index "
+                         f"{tuple(index.shape)}")
+    span = 1 + lookup + n
+    long = dict(dtype=torch.long, device=confidence.device)
+    tokens = torch.empty(batch, n, **long)
+    parents, depths = torch.empty(lookup + n, **long), torch.empty(span, **long)
+    mask = torch.empty(span, span, dtype=torch.int8, device=confidence.device)
+    children = torch.empty(span, width, **long)
+    _kernels().device_tree_kernel[(1,)](
+        confidence.float().contiguous(), parent.contiguous(), index.contiguous(), token_ids.contiguous(), tokens,
+        parents, depths, mask, children, candidates, batch, n, lookup, int(lookup > 0), width, LEVELS=levels,
+        BLOCK_C=_pow2(candidates, 16), BLOCK_N=_pow2(span, 16), BLOCK_W=_pow2(width, 2),
+        PLANT=_plant(_planted, PLANTED_TREE), num_warps=8)  # [C, C] tiles: 8 warps hold them without spilling
+    return tokens, parents, depths, mask.view(torch.bool), children

@@ -893,3 +893,75 @@ def move_path_kernel(stacked_ptr, lengths_ptr, path_ptr, p, batch, heads, capaci
         source = length + tl.load(path_ptr + b * p + j)
         row = tl.load(base + source * dim + d, mask=inside)
         tl.store(base + (length + j) * dim + d, row, mask=inside)
+
+
+@triton.jit
+def device_tree_kernel(conf_ptr, parent_ptr, index_ptr, ids_ptr, tokens_ptr, parents_ptr, depths_ptr, mask_ptr,
+                       children_ptr, candidates, batch, n, lookup, chained, width, LEVELS: tl.constexpr,
+                       BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PLANT: tl.constexpr):
+    """EAGLE's device-grown tree chosen from its candidates in one program: each candidate's confidence capped at its
+    ancestors' (``conf`` [C], ``parent`` [C]: -1 below the root, parents first, at most LEVELS deep); the ``n`` most
+    confident kept (ties to the earlier candidate: a stable sort's order, each one's rank counted against every
+    other), in draw order after a chain of ``lookup`` nodes below the root; then the tree's tensors as
+    :meth:`~specdec.verify.Tree.on_device` gives them: tokens [B, n] (``ids`` of ``index`` [B, C]), parents
+    [lookup + n], depths [1 + lookup + n], mask [same, same] (int8), children [same, width]. Every entry is stored
+    once: nothing to order between the program's writes."""
+    c = tl.arange(0, BLOCK_C)
+    valid = c < candidates
+    raw = tl.load(conf_ptr + c, mask=valid, other=0.0)
+    up = tl.load(parent_ptr + c, mask=valid, other=-1)
+    capped = raw
+    depth = valid.to(tl.int64)  # levels below the root: itself and its ancestors among the candidates
+    ancestry = (c[:, None] == c[None, :]) & valid[:, None]  # [C, C]: j is i or an ancestor of i
+    for _ in range(LEVELS):
+        has = up >= 0
+        capped = tl.where(has, tl.minimum(capped, tl.load(conf_ptr + up, mask=has, other=0.0)), capped)
+        depth += has.to(tl.int64)
+        ancestry = ancestry | ((c[None, :] == up[:, None]) & has[:, None])
+        up = tl.where(has, tl.load(parent_ptr + up, mask=has, other=-1), -1)
+    if PLANT == 1:  # planted: no cap, a child may be kept without its parent
+        capped = raw
+    # rank: the candidates a stable descending sort puts first
+    ahead = (capped[None, :] > capped[:, None]) | ((capped[None, :] == capped[:, None]) & (c[None, :] < c[:, None]))
+    rank = tl.sum((ahead & valid[None, :]).to(tl.int32), 1)
+    kept = valid & (rank < n)
+    before = c[None, :] < c[:, None]  # [C, C]: j drawn before i
+    place = tl.sum((before & kept[None, :]).to(tl.int64), 1)  # [C]: its node among the kept, in draw order
+    parent = tl.load(parent_ptr + c, mask=valid, other=-1)
+    above = tl.sum(((c[None, :] < parent[:, None]) & kept[None, :]).to(tl.int64), 1)  # the parent's node
+    above = tl.where(parent >= 0, above + lookup, -1)  # [C]: parent node (-1: the root), after the chain
+    node = place + lookup
+    sibling = tl.sum((before & kept[None, :] & (parent[None, :] == parent[:, None])).to(tl.int64), 1)
+    sibling += tl.where(parent < 0, chained, 0)  # ``chained`` 1 with a chain: the root's first child is its
+    span = 1 + lookup + n  # block positions: the root, the chain, the tree
+    for b in range(batch):
+        drafted = tl.load(index_ptr + b * candidates + c, mask=kept, other=0)
+        tl.store(tokens_ptr + b * n + place, tl.load(ids_ptr + drafted, mask=kept, other=0), mask=kept)
+    tl.store(parents_ptr + node, above, mask=kept)
+    tl.store(depths_ptr + 1 + node, depth, mask=kept)  # below the root, beside the chain
+    # mask rows of the tree's nodes: the root, the chain only with no tree node there, their own path
+    both = kept[:, None] & kept[None, :]
+    tl.store(mask_ptr + (1 + node[:, None]) * span + 1 + node[None, :], ancestry.to(tl.int8), mask=both)
+    tl.store(mask_ptr + (1 + node) * span, tl.full([BLOCK_C], 1, tl.int8), mask=kept)
+    # children: a tree node's at its rank among its siblings; -1 past each block position's children
+    tl.store(children_ptr + (1 + above) * width + sibling, 1 + node, mask=kept & (sibling < width))
+    r = tl.arange(0, BLOCK_N)  # block positions
+    w = tl.arange(0, BLOCK_W)
+    rows = r < span
+    count = tl.sum((((1 + above)[None, :] == r[:, None]) & kept[None, :]).to(tl.int64), 1)  # [N]: tree children
+    chain = (r < lookup) & rows  # the root and chain nodes but the last: one chain child each
+    count += chain.to(tl.int64)
+    fill = rows[:, None] & (w[None, :] < width) & (w[None, :] >= count[:, None])
+    link = chain[:, None] & (w[None, :] == 0)
+    tl.store(children_ptr + r[:, None] * width + w[None, :], tl.where(link, r[:, None] + 1, -1).to(tl.int64),
+             mask=fill | link)
+    # the root and the chain: their depths, parents, mask rows (each sees the root and the chain up to itself),
+    # and the tree nodes' mask columns at the chain (unseen)
+    tl.store(depths_ptr + r, r.to(tl.int64), mask=r <= lookup)
+    tl.store(parents_ptr + r, (r - 1).to(tl.int64), mask=r < lookup)
+    head = r <= lookup
+    cols = tl.arange(0, BLOCK_N)
+    tl.store(mask_ptr + r[:, None] * span + cols[None, :], (cols[None, :] <= r[:, None]).to(tl.int8),
+             mask=head[:, None] & (cols[None, :] < span))
+    tl.store(mask_ptr + (1 + node[:, None]) * span + 1 + cols[None, :], tl.zeros([BLOCK_C, BLOCK_N], tl.int8),
+             mask=kept[:, None] & (cols[None, :] < lookup))

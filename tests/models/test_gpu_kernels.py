@@ -986,3 +986,49 @@ def test_eagle_s_sampled_tree_on_the_step_kernels_draws_the_torch_ops_tokens(dev
         assert calls["verdict"] >= fused * out.stats.target_forwards
         sequences.append(out.sequences)
     assert sequences[0] == sequences[1]
+
+
+def _candidates(g, batch, top_k, expand, depth, ties):
+    """A DeviceGrowth's candidates at random: confidences [C] (some tied where ``ties``), parents [C] (each level's
+    ``expand`` parents among the level before's), draft ids [B, C]."""
+    sizes = [top_k] + [expand * top_k] * (depth - 1)
+    parent, start = [-1] * top_k, 0
+    for size, before in zip(sizes[1:], sizes):
+        chosen = sorted(torch.randperm(before, generator=g)[:expand].tolist())
+        parent += [start + c for c in chosen for _ in range(top_k)]
+        start += before
+    count = len(parent)
+    confidence = torch.rand(count, generator=g)
+    if ties:
+        confidence = (confidence * 4).floor() / 4  # few values: many ties, at the cut too
+    return confidence, torch.tensor(parent), torch.randint(0, 40, (batch, count), generator=g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle_s_device_tree_chosen_in_one_kernel_is_the_torch_ops(device):
+    """DeviceGrowth's choice of its tree (confidences capped at the ancestors', a stable sort's ties, the n kept in
+    draw order, then Tree.on_device's parents, depths, mask and children, after a lookup chain or not) in one kernel
+    equals the torch ops' in every output; with the cap planted out it differs where a child outranks its parent."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.eagle.growth import DeviceGrowth
+
+    g = torch.Generator().manual_seed(0)
+    differs = 0
+    for trial in range(12):
+        top_k, expand, depth = (4, 4, 6) if trial % 3 == 0 else (2 + trial % 3, 1 + trial % 2, 2 + trial % 4)
+        lookup, batch = (0, 3, 1, 0)[trial % 4], 1 + trial % 3
+        confidence, parent, index = _candidates(g, batch, top_k, expand, depth, ties=trial % 2 == 1)
+        token_ids = torch.randperm(100, generator=g)[:40].sort().values
+        n = min(3 + trial, confidence.shape[0])
+        drafter = SimpleNamespace(top_k=top_k, expand=expand, depth=depth, token_ids=token_ids.to(device))
+        growth = DeviceGrowth(drafter, n, lookup)
+        width = top_k + (1 if lookup else 0)
+        expected = growth.chosen(confidence.clone().to(device), index.to(device), parent.to(device), width)
+        args = (confidence.to(device), parent.to(device), index.to(device), token_ids.to(device), n, depth, width,
+                lookup)
+        for got, want in zip(gpu_kernels.device_tree(*args), expected):
+            assert got.dtype == want.dtype and torch.equal(got, want), (trial, got, want)
+        planted = gpu_kernels.device_tree(*args, _planted="confidence_uncapped")
+        differs += any(not torch.equal(a, b) for a, b in zip(planted, expected))
+    assert differs >= 3

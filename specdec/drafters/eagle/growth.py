@@ -230,9 +230,28 @@ class DeviceGrowth:
                ) -> tuple[torch.Tensor, ...]:
         """The ``n`` most confident candidates (``logp`` [B, C] path log-confidences, ``index`` [B, C], ``parent``
         [C]) as a tree, after the lookup chain where there is one: tokens [B, N'], the chain's genuine nodes [B] (0:
-        none), then :meth:`Tree.on_device`'s."""
+        none), then :meth:`Tree.on_device`'s. On the step kernels' devices (a GPU's) the choice and the tree's
+        tensors are one kernel (:func:`~specdec.models.gpu_kernels.device_tree`) where :meth:`chosen`'s ops are ~65."""
         d = self.d
         confidence = mean_confidence(logp)  # [C]
+        width = d.top_k + (1 if self.lookup else 0)  # the root's first child is the chain's
+        kernels = d.backend.step_kernels(logp.device)
+        if kernels is not None:
+            tokens, *tree = kernels.device_tree(confidence, parent, index, d.token_ids, self.n, d.depth, width,
+                                                self.lookup)
+        else:
+            tokens, *tree = self.chosen(confidence, index, parent, width)
+        found = torch.zeros_like(index[:, 0])
+        if self.lookup:
+            branch, found = device_continuations(*lookup_inputs, self.lookup)  # [B, L], [B]
+            tokens = torch.cat([branch, tokens], 1)
+        return tokens, found, *tree
+
+    def chosen(self, confidence: torch.Tensor, index: torch.Tensor, parent: torch.Tensor, width: int
+               ) -> tuple[torch.Tensor, ...]:
+        """:meth:`select`'s choice in torch's ops: the tree nodes' tokens [B, n], then the parents, depths, mask and
+        children of the tree below the lookup chain's ``self.lookup`` nodes (``width`` children a node)."""
+        d = self.d
         start = d.top_k
         for size in self.sizes[1:]:  # capped at the parent's, level by level (a parent's is capped already)
             level = slice(start, start + size)
@@ -243,13 +262,8 @@ class DeviceGrowth:
         place[keep] = torch.arange(self.n, device=keep.device)
         above = parent[keep]
         parents = torch.where(above >= 0, place[above.clamp(min=0)], -1)  # [N] in the tree's nodes
-        tokens = d.token_ids[index[:, keep]]
-        width, found = d.top_k, torch.zeros_like(index[:, 0])
         if self.lookup:
-            branch, found = device_continuations(*lookup_inputs, self.lookup)  # [B, L], [B]
             chain = torch.arange(-1, self.lookup - 1, device=keep.device)
-            tokens = torch.cat([branch, tokens], 1)
             parents = torch.cat([chain, torch.where(parents >= 0, parents + self.lookup, -1)])
-            width += 1  # the root's first child is the chain's
         tree = Tree.on_device(parents, self.max_depth, width)
-        return tokens, found, tree.parents, tree.depths, tree.mask, tree.children
+        return d.token_ids[index[:, keep]], tree.parents, tree.depths, tree.mask, tree.children
