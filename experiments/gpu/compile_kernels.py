@@ -153,7 +153,8 @@ def _forwards(preset: str, fields: dict, dtype, settings: str) -> None:
 
 def _drafter_kernels(dtype) -> None:
     """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
-    chunks of a long row then their merge), EAGLE's attention over its recent slots, its device tree's choice."""
+    chunks of a long row then their merge), EAGLE's attention over its recent slots, its device tree's levels and
+    choice."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -177,6 +178,19 @@ def _drafter_kernels(dtype) -> None:
         index = torch.zeros(2, candidates, dtype=torch.long)
         gpu_kernels.device_tree(torch.rand(candidates, generator=g), parent, index, torch.arange(32000), 16, 6,
                                 4 + (lookup > 0), lookup)
+    for width in (576, 4096):  # a level's bookkeeping before and after its forward (the first level, a later one)
+        logp, index = torch.zeros(2, candidates), torch.zeros(2, candidates, dtype=torch.long)
+        outputs, seen = torch.zeros(2, 20, width).to(dtype), torch.zeros(20, 20, dtype=torch.int8)
+        lengths, pad, hidden = torch.full((2,), 9), torch.zeros(2, dtype=torch.long), torch.zeros(2, width).to(dtype)
+        values, children = torch.zeros(2, 1, 4), torch.zeros(2, 1, 4, dtype=torch.long)
+        gpu_kernels.grown_level(values, children, None, None, logp, index, parent, outputs, lengths, 0, 0, 4, 4)
+        for level, start, drafted in ((1, 0, 0), (3, 20, 8)):
+            size = 4 if level == 1 else 16
+            chosen, _, inputs, _, _ = gpu_kernels.grow_level(torch.rand(size, generator=g), index, torch.arange(32000),
+                                                             outputs, hidden, seen, lengths, pad, start, drafted,
+                                                             level, 4, 4)
+            gpu_kernels.grown_level(torch.zeros(2, 4, 4), torch.zeros(2, 4, 4, dtype=torch.long), chosen, inputs,
+                                    logp, index, parent, outputs, lengths, start + size, drafted, 4, 4)
 
 
 def _step_kernels() -> None:

@@ -482,3 +482,47 @@ def device_tree(confidence: torch.Tensor, parent: torch.Tensor, index: torch.Ten
         BLOCK_C=_pow2(candidates, 16), BLOCK_N=_pow2(span, 16), BLOCK_W=_pow2(width, 2),
         PLANT=_plant(_planted, PLANTED_TREE), num_warps=8)  # [C, C] tiles: 8 warps hold them without spilling
     return tokens, parents, depths, mask.view(torch.bool), children
+
+
+def grow_level(confidence: torch.Tensor, index: torch.Tensor, token_ids: torch.Tensor, outputs: torch.Tensor,
+               hidden: torch.Tensor, seen: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor, start: int,
+               drafted: int, level: int, expand: int, top_k: int) -> tuple[torch.Tensor, ...]:
+    """One level of :class:`~specdec.drafters.eagle.growth.DeviceGrowth` before its draft forward, in one kernel where
+    the torch ops are ~20: of the level's candidates (``confidence`` [S], from candidate ``start`` of ``index`` [B, C])
+    the ``expand`` most confident in draw order (ties to the earlier), then the forward's inputs: chosen [E], tokens
+    [B, E] (``token_ids`` of their draft ids), the parents' draft-layer outputs [B, E, H] (entries of ``outputs`` [B,
+    D, H]; at ``level`` 1 the root's ``hidden`` [B, H]), the tree mask [E, drafted + E] over the ``drafted`` entries
+    and the new ones (their ancestors' rows of ``seen`` [D, D] int8, whose new rows it writes) and positions [B, E]
+    (the draft cache's ``lengths`` and ``pad``)."""
+    batch, candidates = index.shape
+    size, entries, width = confidence.shape[0], seen.shape[0], outputs.shape[2]
+    long = dict(dtype=torch.long, device=index.device)
+    chosen, tokens, positions = torch.empty(expand, **long), torch.empty(batch, expand, **long), \
+        torch.empty(batch, expand, **long)
+    inputs = torch.empty(batch, expand, width, dtype=outputs.dtype, device=outputs.device)
+    mask = torch.empty(expand, drafted + expand, dtype=torch.int8, device=index.device)
+    _kernels().grow_level_kernel[(batch,)](
+        confidence.float().contiguous(), index, token_ids.contiguous(), outputs, hidden.contiguous(), seen, lengths,
+        pad, chosen, tokens, inputs, mask, positions, size, start, candidates, drafted, entries, level, expand, top_k,
+        width, FIRST=level == 1, BLOCK_S=_pow2(size, 16), BLOCK_E=_pow2(expand, 2), BLOCK_D=_pow2(entries, 16),
+        BLOCK_H=min(_pow2(width, 16), 1024))
+    return chosen, tokens, inputs, mask.view(torch.bool), positions
+
+
+def grown_level(values: torch.Tensor, children: torch.Tensor, chosen: torch.Tensor | None, out: torch.Tensor | None,
+                logp: torch.Tensor, index: torch.Tensor, parent: torch.Tensor, outputs: torch.Tensor,
+                lengths: torch.Tensor, start: int, drafted: int, expand: int, top_k: int) -> None:
+    """One level of :class:`~specdec.drafters.eagle.growth.DeviceGrowth` after its draft forward, in one kernel where
+    the torch ops are ~8, in place: the level's candidates (``values``, ``children`` [B, P, top_k], the top-k of each
+    of the P ``chosen`` parents' draft logits; ``chosen`` None: the root's, P = 1) appended from candidate ``start``
+    to ``logp`` [B, C] (the parent's path log-confidence plus its own), ``index`` [B, C] and ``parent`` [C]; the
+    level's draft-layer outputs ``out`` [B, E, H] stored at entries ``drafted`` .. of ``outputs`` [B, D, H] and the
+    draft cache's ``lengths`` moved past them (not at the root)."""
+    batch = values.shape[0]
+    count = values[0].numel()
+    root = chosen is None
+    _kernels().grown_level_kernel[(batch,)](
+        values.contiguous(), children.contiguous(), logp if root else chosen, logp if root else out.contiguous(),
+        logp, index, parent, outputs, lengths, count, start, index.shape[1], drafted, outputs.shape[1], expand, top_k,
+        outputs.shape[2], ROOT=root, BLOCK=_pow2(count, 16), BLOCK_E=_pow2(expand, 2),
+        BLOCK_H=min(_pow2(outputs.shape[2], 16), 1024))

@@ -965,3 +965,93 @@ def device_tree_kernel(conf_ptr, parent_ptr, index_ptr, ids_ptr, tokens_ptr, par
              mask=head[:, None] & (cols[None, :] < span))
     tl.store(mask_ptr + (1 + node[:, None]) * span + 1 + cols[None, :], tl.zeros([BLOCK_C, BLOCK_N], tl.int8),
              mask=kept[:, None] & (cols[None, :] < lookup))
+
+
+@triton.jit
+def grow_level_kernel(conf_ptr, index_ptr, ids_ptr, outputs_ptr, hidden_ptr, seen_ptr, lengths_ptr, pad_ptr,
+                      chosen_ptr, tokens_ptr, inputs_ptr, mask_ptr, positions_ptr, size, start, candidates, drafted,
+                      entries, level, expand, top_k, hidden, FIRST: tl.constexpr, BLOCK_S: tl.constexpr,
+                      BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One level of EAGLE's device-grown tree before its forward (program: row b): the ``expand`` most confident of
+    the level's ``size`` candidates (``conf`` [size]; ties to the earlier, a stable sort's order), in draw order
+    (``chosen`` [expand], candidate ids from ``start``); row b's inputs [expand, H] (the draft-layer outputs of the
+    chosen ones' parents, entries ``drafted - expand + (chosen - start) // top_k`` of ``outputs`` [B, D, H]; FIRST:
+    the root's ``hidden`` [B, H] for each), tokens (``ids`` of ``index`` [B, C] at the chosen) and positions; and
+    (program 0) the level's tree mask [expand, drafted + expand] (int8: each entry's ancestors' entries, read from
+    ``seen`` [D, D], then itself) and ``seen``'s rows of the new entries."""
+    b = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    inside = s < size
+    conf = tl.load(conf_ptr + s, mask=inside, other=0.0)
+    ahead = (conf[None, :] > conf[:, None]) | ((conf[None, :] == conf[:, None]) & (s[None, :] < s[:, None]))
+    rank = tl.sum((ahead & inside[None, :]).to(tl.int32), 1)
+    picked = inside & (rank < expand)
+    place = tl.sum(((s[None, :] < s[:, None]) & picked[None, :]).to(tl.int32), 1)  # [S]: its slot among the picked
+    e = tl.arange(0, BLOCK_E)
+    real = e < expand
+    # each slot's candidate: a sum over the one picked candidate there
+    at = tl.sum(tl.where(picked[None, :] & (place[None, :] == e[:, None]), s[None, :], 0), 1).to(tl.int64)
+    chosen = start + at
+    drafted_ids = tl.load(index_ptr + b * candidates + chosen, mask=real, other=0)
+    tl.store(tokens_ptr + b * expand + e, tl.load(ids_ptr + drafted_ids, mask=real, other=0), mask=real)
+    position = tl.load(lengths_ptr + b) - drafted - tl.load(pad_ptr + b) + level - 1
+    tl.store(positions_ptr + b * expand + e, position + 0 * e, mask=real)
+    entry = drafted - expand + at // top_k  # [E]: the parents' entries (not FIRST)
+    h = tl.arange(0, BLOCK_H)
+    for part in range(0, hidden, BLOCK_H):
+        cols = part + h
+        tile = real[:, None] & (cols < hidden)[None, :]
+        if FIRST:
+            rows = tl.load(hidden_ptr + b * hidden + cols[None, :] + 0 * e[:, None], mask=tile)
+        else:
+            rows = tl.load(outputs_ptr + (b * entries + entry[:, None]) * hidden + cols[None, :], mask=tile)
+        tl.store(inputs_ptr + (b * expand + e[:, None]) * hidden + cols[None, :], rows, mask=tile)
+    if b == 0:
+        tl.store(chosen_ptr + e, chosen, mask=real)
+        d = tl.arange(0, BLOCK_D)
+        width = drafted + expand
+        if FIRST:
+            before = tl.zeros([BLOCK_E, BLOCK_D], tl.int8)
+        else:
+            before = tl.load(seen_ptr + entry[:, None] * entries + d[None, :],
+                             mask=real[:, None] & (d[None, :] < drafted), other=0)
+        row = tl.where(d[None, :] == drafted + e[:, None], 1, before).to(tl.int8)  # then itself
+        tl.store(mask_ptr + e[:, None] * width + d[None, :], row, mask=real[:, None] & (d[None, :] < width))
+        tl.store(seen_ptr + (drafted + e[:, None]) * entries + d[None, :], row,
+                 mask=real[:, None] & (d[None, :] < entries))
+
+
+@triton.jit
+def grown_level_kernel(values_ptr, children_ptr, chosen_ptr, out_ptr, logp_ptr, index_ptr, parent_ptr, outputs_ptr,
+                       lengths_ptr, count, start, candidates, drafted, entries, expand, top_k, hidden,
+                       ROOT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """A level of EAGLE's device-grown tree after its forward (program: row b): its ``count`` candidates appended from
+    ``start`` (``values``, ``children`` [B, count]: each parent's top_k in turn): each one's path log-confidence (its
+    parent's plus its own log-probability; at the ROOT its own), draft id and (program 0) parent (the ``chosen``
+    candidate it hangs from; -1 at the ROOT); not at the ROOT, the level's draft-layer outputs ``out`` [B, expand,
+    H] stored at entries ``drafted`` .. of ``outputs`` [B, D, H], and the row's draft cache length moved past them."""
+    b = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    inside = i < count
+    value = tl.load(values_ptr + b * count + i, mask=inside, other=0.0)
+    child = tl.load(children_ptr + b * count + i, mask=inside, other=0)
+    if ROOT:
+        logp = value
+        parent = tl.full([BLOCK], -1, tl.int64)
+    else:
+        parent = tl.load(chosen_ptr + i // top_k, mask=inside, other=0)
+        logp = tl.load(logp_ptr + b * candidates + parent, mask=inside, other=0.0) + value
+    tl.store(logp_ptr + b * candidates + start + i, logp, mask=inside)
+    tl.store(index_ptr + b * candidates + start + i, child, mask=inside)
+    if b == 0:
+        tl.store(parent_ptr + start + i, parent, mask=inside)
+    if not ROOT:
+        e = tl.arange(0, BLOCK_E)
+        real = e < expand
+        h = tl.arange(0, BLOCK_H)
+        for part in range(0, hidden, BLOCK_H):
+            cols = part + h
+            tile = real[:, None] & (cols < hidden)[None, :]
+            rows = tl.load(out_ptr + (b * expand + e[:, None]) * hidden + cols[None, :], mask=tile)
+            tl.store(outputs_ptr + (b * entries + drafted + e[:, None]) * hidden + cols[None, :], rows, mask=tile)
+        tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + expand)

@@ -1032,3 +1032,103 @@ def test_eagle_s_device_tree_chosen_in_one_kernel_is_the_torch_ops(device):
         planted = gpu_kernels.device_tree(*args, _planted="confidence_uncapped")
         differs += any(not torch.equal(a, b) for a, b in zip(planted, expected))
     assert differs >= 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lookup", [0, 2])
+def test_eagle_s_device_tree_grown_on_the_step_kernels_is_the_torch_ops_tree(device, lookup, monkeypatch):
+    """EAGLE's fixed tree grown on the device (DeviceGrowth) with each level's bookkeeping and the final choice on the
+    step kernels (``grow_level``, ``grown_level``, ``device_tree``; graphs replayed) proposes at every step the tokens
+    and shape the torch ops propose (two left-padded rows, three children a node, two expanded a level, with and
+    without a lookup chain), and decodes plain decoding's greedy output."""
+    from helpers import random_eagle
+
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.jobs.data import left_pad
+
+    calls = collections.Counter()
+    for name in ("grow_level", "grown_level", "device_tree"):
+        real = getattr(gpu_kernels, name)
+        monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update([name])
+                            or real(*a, **kw))
+    model = tiny_llama(layers=4, seed=0).to(device)
+    ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]))
+    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
+    proposals = []
+    for fused in (False, True):
+        if device == "cpu":
+            monkeypatch.setattr(Backend, "step_kernels", lambda self, device, fused=fused: gpu_kernels if fused
+                                else None)
+        backend = dataclasses.replace(_backend(device) if device == "cuda" else Backend.emulated_gpu(),
+                                      fused_steps=fused)
+        drafter = EagleDrafter(random_eagle(model, draft_vocab=40, seed=5).to(device), tree=True, min_confidence=0.0,
+                               depth=4, top_k=3, expand=2, lookup=lookup, lookup_on_device=True, grow_on_device=True,
+                               backend=backend)
+        drafter.runtime.replay_graphs("auto")
+        seen = []
+        real_propose = drafter.propose_device_tree
+
+        def recorded(*a, real_propose=real_propose, seen=seen, **kw):
+            proposal = real_propose(*a, **kw)
+            seen.append((proposal.tokens.tolist(), proposal.tree.parent_list))
+            return proposal
+
+        drafter.propose_device_tree = recorded
+        target = GraphedDecoder(as_decoder(model, backend=backend))
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, k=6 + lookup, max_new_tokens=12,
+                                   eos_token_id=[])
+        assert out.sequences == ref.sequences
+        proposals.append(seen)
+    assert len(proposals[1]) > 3 and proposals[0] == proposals[1]
+    assert calls["device_tree"] >= len(proposals[1]) and calls["grow_level"] == 3 * calls["device_tree"]
+
+
+class _LevelModel:
+    """A stand-in draft layer for DeviceGrowth: its output depends on every input it is given (the entries' states,
+    tokens, positions and tree mask), each call recorded."""
+
+    def __init__(self, width, vocab, device):
+        g = torch.Generator().manual_seed(1)
+        self.head = torch.randn(width, vocab, generator=g).to(device)
+        self.embed = torch.randn(vocab + 64, width, generator=g).to(device)
+        self.calls = []
+
+    def logits(self, hidden):
+        return (hidden.float() @ self.head) * 3
+
+    def step(self, inputs, tokens, cache, positions, kv_len, mask, drafted):
+        self.calls.append([t.clone() for t in (inputs, tokens, positions, mask)] + [drafted])
+        seen = mask.float() @ torch.arange(1.0, mask.shape[1] + 1, device=mask.device)  # [E]: whom each sees
+        return torch.tanh(inputs + self.embed[tokens] + 0.1 * positions[..., None] + 0.05 * seen[None, :, None])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle_s_device_tree_levels_on_the_kernels_feed_the_torch_ops_inputs(device):
+    """Each level of DeviceGrowth on the step kernels (``grow_level`` before the draft forward, ``grown_level`` after)
+    gives the forward the inputs, tokens, positions and tree mask the torch ops give it, and the same tree, on a draft
+    layer whose output depends on all of them (batch 3, a padded row, top_k 3, two or three expanded a level)."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.eagle.growth import DeviceGrowth
+
+    for expand, depth in ((2, 4), (3, 3)):
+        runs = []
+        for kernels in (None, gpu_kernels):
+            model = _LevelModel(16, 20, device)
+            backend = SimpleNamespace(top_log_softmax=Backend().top_log_softmax, step_kernels=lambda d, k=kernels: k)
+            cache = SimpleNamespace(lengths=torch.tensor([9, 12, 7], device=device), pad=torch.tensor([0, 3, 1],
+                                    device=device), capacity=64)
+            drafter = SimpleNamespace(model=model, backend=backend, cache=cache, top_k=3, expand=expand, depth=depth,
+                                      token_ids=torch.arange(20, device=device) * 3 + 1)
+            hidden = torch.randn(3, 16, generator=torch.Generator().manual_seed(2)).to(device)
+            out = DeviceGrowth(drafter, 7, 0).run(None, hidden)
+            assert cache.lengths.tolist() == [9, 12, 7]
+            runs.append((out, model.calls))
+        (out, calls), (kernel_out, kernel_calls) = runs
+        assert len(calls) == len(kernel_calls) == depth - 1
+        for call, kernel_call in zip(calls, kernel_calls):
+            for a, b in zip(call[:4], kernel_call[:4]):
+                assert a.shape == b.shape and torch.equal(a, b)
+            assert call[4] == kernel_call[4]
+        for a, b in zip(out, kernel_out):
+            assert torch.equal(a, b)

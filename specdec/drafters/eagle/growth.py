@@ -192,6 +192,9 @@ class DeviceGrowth:
         same. ``kv_len``: eager, the slots the newest committed entry can reach (a level's forward attends over those
         and the step's entries)."""
         d, cache = self.d, self.d.cache
+        kernels = d.backend.step_kernels(hidden.device)
+        if kernels is not None:
+            return self.run_on_kernels(kernels, kv_len, hidden, *lookup_inputs)
         top_k, expand = d.top_k, d.expand
         committed = cache.lengths.clone()
         values, index = d.backend.top_log_softmax(d.model.logits(hidden[:, None]), top_k)  # [B, 1, top_k]
@@ -223,6 +226,41 @@ class DeviceGrowth:
             index = torch.cat([index, children.flatten(1)], 1)
             parent = torch.cat([parent, chosen[:, None].expand(-1, top_k).flatten()])  # no host read: a graph's
             start += size
+        cache.lengths.copy_(committed)
+        return self.select(logp, index, parent, *lookup_inputs)
+
+    def run_on_kernels(self, kernels, kv_len: int | None, hidden: torch.Tensor, *lookup_inputs: torch.Tensor
+                       ) -> tuple[torch.Tensor, ...]:
+        """:meth:`run` on the step kernels (a GPU's): the candidates, the draft-layer outputs and the entries' ancestry
+        in buffers of the whole tree's size, each level's bookkeeping before and after its forward one kernel each
+        (:func:`~specdec.models.gpu_kernels.grow_level`, :func:`~specdec.models.gpu_kernels.grown_level`) where
+        :meth:`run`'s torch ops are ~25; the confidences by the same ops, so the same levels grow (but where a level's
+        confidences tie at the cut: the earlier candidate here, torch's ``topk``'s choice there)."""
+        d, cache = self.d, self.d.cache
+        top_k, expand, (batch, width) = d.top_k, d.expand, hidden.shape
+        candidates, entries = sum(self.sizes), max(1, expand * (d.depth - 1))
+        committed = cache.lengths.clone()
+        logp = torch.empty(batch, candidates, dtype=torch.float32, device=hidden.device)
+        index = torch.empty(batch, candidates, dtype=torch.long, device=hidden.device)
+        parent = torch.empty(candidates, dtype=torch.long, device=hidden.device)
+        outputs = hidden.new_empty(batch, entries, width)  # the draft layer's output at each entry
+        seen = torch.empty(entries, entries, dtype=torch.int8, device=hidden.device)  # entries' ancestry
+        values, children = d.backend.top_log_softmax(d.model.logits(hidden[:, None]), top_k)  # [B, 1, top_k]
+        kernels.grown_level(values, children, None, None, logp, index, parent, outputs, cache.lengths, 0, 0, expand,
+                            top_k)
+        start = 0
+        for level in range(1, d.depth):
+            size, drafted = self.sizes[level - 1], expand * (level - 1)
+            chosen, tokens, inputs, mask, positions = kernels.grow_level(
+                mean_confidence(logp[:, start:start + size]), index, d.token_ids, outputs, hidden, seen, cache.lengths,
+                cache.pad, start, drafted, level, expand, top_k)
+            out = d.model.step(inputs, tokens, cache, positions,
+                               None if kv_len is None else min(kv_len + drafted + expand, cache.capacity),
+                               mask, drafted)  # [B, E, H]
+            values, children = d.backend.top_log_softmax(d.model.logits(out), top_k)  # [B, E, top_k]
+            start += size
+            kernels.grown_level(values, children, chosen, out, logp, index, parent, outputs, cache.lengths, start,
+                                drafted, expand, top_k)
         cache.lengths.copy_(committed)
         return self.select(logp, index, parent, *lookup_inputs)
 
