@@ -176,7 +176,8 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         if tuple(tree_mask.shape) != (new, recent + new):
             raise ValueError(f"cache_attention: tree_mask [{new}, {recent + new}] expected ({recent} recent slots + "
                              f"{new} new tokens), got {tuple(tree_mask.shape)}")
-        tree = tree_mask.to(torch.int8).contiguous()
+        tree = tree_mask.contiguous()  # read as bytes: a bool mask as it is (no copy a layer), others converted
+        tree = tree.view(torch.int8) if tree.dtype == torch.bool else tree.to(torch.int8)
     elif recent:
         raise ValueError("cache_attention: recent slots need a tree_mask saying who sees them")
     else:
