@@ -116,9 +116,14 @@ def fuses_products(backend: Backend, kernels, layers: Sequence[Layer], rows: int
     has those products (the Triton kernels), :attr:`Backend.fused_products` is on, the products' weights are stacked
     (:class:`~specdec.models.backend.Stacked`, a GPU's), and the step has at most ``kernels.FUSED_ROWS`` rows (any
     number with exact numerics, whose products are those kernels' anyway)."""
+    return _fuses(backend, kernels, [entry for layer in layers for entry in (layer.qkv, layer.gate_up, layer.down)],
+                  rows)
+
+
+def _fuses(backend: Backend, kernels, entries: Sequence[Any], rows: int) -> bool:
+    """:func:`fuses_products` for the products of ``entries`` (a plan's) over ``rows`` rows."""
     return (getattr(kernels, "normed_product", None) is not None and backend.fused_products
-            and all(isinstance(entry[0], Stacked)
-                    for layer in layers for entry in (layer.qkv, layer.gate_up, layer.down))
+            and all(isinstance(entry[0], Stacked) for entry in entries)
             and (backend.exact_numerics or rows <= kernels.FUSED_ROWS))
 
 
@@ -180,6 +185,10 @@ def context_keys_values(backend: Backend, kernels, layers: Sequence[Layer], head
 
 
 def normed_product(backend: Backend, kernels, x: torch.Tensor, norm: Norm, entry: Any) -> torch.Tensor:
-    """``entry``'s product (a plan's) over the RMSNorm of x [..., H]: a final norm and an LM head."""
+    """``entry``'s product (a plan's) over the RMSNorm of x [..., H]: a final norm and an LM head; the norm inside
+    the product's kernel where :func:`fuses_products` would put a layer's (one kernel, not two)."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if _fuses(backend, kernels, [entry], rows.shape[0]):
+        tile = {"tile": kernels.INVARIANT_TILE} if backend.exact_numerics else {}
+        return kernels.normed_product(rows, None, *norm, *entry[0], **tile)[1].view(*x.shape[:-1], -1)
     return backend.step_product(kernels.rms_norm(rows, None, *norm), entry).view(*x.shape[:-1], -1)
