@@ -99,6 +99,25 @@ def rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
     return out
 
 
+def embedded_norms(tokens: torch.Tensor, embed: torch.Tensor, scale: float, stream: torch.Tensor,
+                   embed_norm: torch.Tensor, embed_eps: float, stream_norm: torch.Tensor, stream_eps: float
+                   ) -> torch.Tensor:
+    """EAGLE's draft layer input in one kernel where torch's ops are three and the embedding: the RMSNorm (by
+    ``embed_norm``) of the rows of ``embed`` [V, H] at ``tokens`` [M] (times ``scale`` as the target's embedding
+    gives them: rounded to the dtype, then the product rounded), then the RMSNorm of ``stream`` [M, H] (by
+    ``stream_norm``), side by side: [M, 2H], the values of ``cat([rms_norm(embeds), rms_norm(stream)], -1)``."""
+    m, width = stream.shape
+    if tokens.shape != (m,) or embed.shape[1] != width or embed.dtype != stream.dtype:
+        raise ValueError(f"embedded_norms: tokens {tuple(tokens.shape)}, embeddings {tuple(embed.shape)} "
+                         f"{embed.dtype} and stream {tuple(stream.shape)} {stream.dtype} do not fit")
+    out = torch.empty(m, 2 * width, dtype=stream.dtype, device=stream.device)
+    rounded_scale = float(torch.tensor(scale, dtype=stream.dtype))  # torch multiplies by the scale in the dtype
+    _kernels().embedded_norms_kernel[(m,)](tokens.contiguous(), embed.contiguous(), stream.contiguous(), embed_norm,
+                                           stream_norm, out, width, rounded_scale, float(embed_eps),
+                                           float(stream_eps), SCALED=scale != 1.0, BLOCK=_pow2(width, 16))
+    return out
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [M, 2I] -> [M, I]
     """silu(gate)·up of a stacked gate|up product."""
     gate_up = gate_up.contiguous()

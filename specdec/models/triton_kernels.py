@@ -26,6 +26,16 @@ def rounded(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def normed_row(x, w_ptr, offs, inside, width, eps, kind: tl.constexpr):
+    """The RMSNorm of one row ``x`` [BLOCK] (float32, zero past ``width``) by the weight at ``w_ptr``, rounded as
+    transformers' ``weight * x.to(input dtype)`` rounds it in ``kind`` (float32 values)."""
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / width + eps)
+    normed = rounded(normed, kind)
+    w = tl.load(w_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    return rounded(w * normed, kind)
+
+
+@triton.jit
 def rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, width, eps, HAS_DELTA: tl.constexpr,
                     BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -36,10 +46,28 @@ def rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, width, eps, HAS_DELTA: tl.
     if HAS_DELTA:  # the residual add, rounded to the stream's dtype as torch's x + out
         x = rounded(x + tl.load(delta_ptr + row * width + offs, mask=inside, other=0.0).to(tl.float32), kind)
         tl.store(x_ptr + row * width + offs, x.to(kind), mask=inside)
-    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / width + eps)
-    normed = rounded(normed, kind)  # transformers': weight * x.to(input dtype)
-    w = tl.load(w_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * width + offs, rounded(w * normed, kind).to(kind), mask=inside)
+    tl.store(out_ptr + row * width + offs, normed_row(x, w_ptr, offs, inside, width, eps, kind).to(kind), mask=inside)
+
+
+@triton.jit
+def embedded_norms_kernel(tokens_ptr, embed_ptr, stream_ptr, w_embed_ptr, w_stream_ptr, out_ptr, width, scale,
+                          eps_embed, eps_stream, SCALED: tl.constexpr, BLOCK: tl.constexpr):
+    """EAGLE's draft layer input (program: one row): the RMSNorm of the token's embedding (a row of the embedding
+    table, times ``scale`` rounded as torch's product in the dtype rounds it where SCALED), then the RMSNorm of the
+    stream's row, side by side in ``out`` [M, 2H]."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < width
+    kind: tl.constexpr = out_ptr.dtype.element_ty
+    token = tl.load(tokens_ptr + row)
+    embedded = tl.load(embed_ptr + token * width + offs, mask=inside, other=0.0).to(tl.float32)
+    if SCALED:
+        embedded = rounded(embedded * scale, kind)
+    stream = tl.load(stream_ptr + row * width + offs, mask=inside, other=0.0).to(tl.float32)
+    out = out_ptr + row * 2 * width + offs
+    tl.store(out, normed_row(embedded, w_embed_ptr, offs, inside, width, eps_embed, kind).to(kind), mask=inside)
+    tl.store(out + width, normed_row(stream, w_stream_ptr, offs, inside, width, eps_stream, kind).to(kind),
+             mask=inside)
 
 
 @triton.jit

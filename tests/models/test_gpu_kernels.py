@@ -1132,3 +1132,23 @@ def test_eagle_s_device_tree_levels_on_the_kernels_feed_the_torch_ops_inputs(dev
             assert call[4] == kernel_call[4]
         for a, b in zip(out, kernel_out):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle_s_layer_input_in_one_kernel_is_the_two_norms_side_by_side(device):
+    """``embedded_norms`` (the token's embedding, scaled as Gemma's are, and the stream, each RMS-normed, side by
+    side) equals the embedding, the two ``rms_norm`` kernels and their concatenation bit for bit in every dtype."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in _dtypes(device):
+        embed = torch.randn(50, 48, generator=g).to(device, dtype)
+        stream = torch.randn(5, 48, generator=g).to(device, dtype)
+        norms = [(torch.rand(48, generator=g) + 0.5).to(device, dtype) for _ in range(2)]
+        tokens = torch.tensor([3, 49, 0, 3, 17], device=device)
+        for scale in (1.0, 48 ** 0.5):
+            embeds = F.embedding(tokens, embed)
+            if scale != 1.0:
+                embeds = embeds * torch.tensor(scale, dtype=dtype)
+            expected = torch.cat([gpu_kernels.rms_norm(embeds, None, norms[0], 1e-6),
+                                  gpu_kernels.rms_norm(stream.clone(), None, norms[1], 1e-5)], -1)
+            got = gpu_kernels.embedded_norms(tokens, embed, scale, stream, norms[0], 1e-6, norms[1], 1e-5)
+            assert got.dtype == dtype and torch.equal(got, expected), (dtype, scale)

@@ -178,9 +178,14 @@ class EagleModel(FeatureDraftModel):
         b, t, h = hidden.shape
         plan = self._plan_for(hidden)
         stream = hidden.reshape(b * t, h).clone(memory_format=torch.contiguous_format)  # the residual, in place
-        embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
-        normed = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
-                            kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
+        in_one = getattr(kernels, "embedded_norms", None)  # the Triton kernels': one kernel where these are four
+        if in_one is not None:
+            normed = in_one(tokens.reshape(-1), self.embed_weight, self.embed_scale, stream, *plan["input_norm"],
+                            *plan["hidden_norm"])  # [B·T, 2H]
+        else:
+            embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
+            normed = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
+                                kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
         out = fused.decoder_layers(self.backend, kernels, [plan["layer"]], fused.Heads(*self.layer.shape), stream,
                                    cos.reshape(b * t, -1), sin.reshape(b * t, -1),
                                    fused.Attention(cache, tree, recent), normed=normed)
