@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
 
 import torch
 
@@ -99,6 +100,19 @@ def rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
     return out
 
 
+def _in_dtype(x: float, dtype: torch.dtype) -> float:
+    """``x`` rounded as ``torch.tensor(x, dtype=dtype)`` rounds it (through float32, then to nearest, ties to even),
+    on the host alone: no tensor made, so a captured graph may call it."""
+    single = struct.unpack("<f", struct.pack("<f", x))[0]
+    if dtype == torch.float16:
+        return struct.unpack("<e", struct.pack("<e", single))[0]
+    if dtype == torch.bfloat16:
+        bits = struct.unpack("<I", struct.pack("<f", single))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    return single if dtype == torch.float32 else x
+
+
 def embedded_norms(tokens: torch.Tensor, embed: torch.Tensor, scale: float, stream: torch.Tensor,
                    embed_norm: torch.Tensor, embed_eps: float, stream_norm: torch.Tensor, stream_eps: float
                    ) -> torch.Tensor:
@@ -111,7 +125,7 @@ def embedded_norms(tokens: torch.Tensor, embed: torch.Tensor, scale: float, stre
         raise ValueError(f"embedded_norms: tokens {tuple(tokens.shape)}, embeddings {tuple(embed.shape)} "
                          f"{embed.dtype} and stream {tuple(stream.shape)} {stream.dtype} do not fit")
     out = torch.empty(m, 2 * width, dtype=stream.dtype, device=stream.device)
-    rounded_scale = float(torch.tensor(scale, dtype=stream.dtype))  # torch multiplies by the scale in the dtype
+    rounded_scale = _in_dtype(scale, stream.dtype)  # torch multiplies by the scale in the dtype
     _kernels().embedded_norms_kernel[(m,)](tokens.contiguous(), embed.contiguous(), stream.contiguous(), embed_norm,
                                            stream_norm, out, width, rounded_scale, float(embed_eps),
                                            float(stream_eps), SCALED=scale != 1.0, BLOCK=_pow2(width, 16))
