@@ -13,6 +13,10 @@ per op (Python, dispatch and, for most, a kernel launch) while what a graph hold
     python experiments/studies/step_ops.py --read-late --medusa --after-forward [--step-kernels]
         # also the kernels each verification's graph runs after the target's forward (the verdict, the commit), with
         # --step-kernels through specdec's Triton kernels for them (Backend.step_kernels, under Triton's interpreter)
+    python experiments/studies/step_ops.py --read-late --eagle --in-graphs
+        # also the kernels a step launches inside each graph it replays (the target's verification, each of the
+        # drafter's): torch ops that launch one and Triton's, the target and drafters on specdec's Triton kernels
+        # (Backend.interpreted_gpu: a GPU's path under Triton's interpreter; slow)
 
 A tiny random Llama (the tests' ``tiny_llama``: 2 layers, 4 with ``--eagle``, whose random draft layer reads three)
 on a decoder with emulated CUDA graphs (the graphed code on CPU), its drafter's work replaying emulated graphs too,
@@ -57,6 +61,71 @@ class OutsideGraphs(TorchDispatchMode):
     def clear(self) -> None:
         self.counts.clear()
         self.replays = self.reads = 0
+
+
+class InGraphs(TorchDispatchMode):
+    """Counts, by graph, the kernels its replays launch: the torch ops that launch one (not views, not allocations)
+    and each Triton kernel's launch (the interpreter's own copies of its tensors left out). A graph is named when
+    captured: a drafter's by the key its runtime calls it with, else the target's verification."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.defaultdict = collections.defaultdict(collections.Counter)
+        self.graph: str | None = None  # the graph replaying
+        self.launching = 0  # inside a Triton launch (the interpreter's ops)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if self.graph is not None and not self.launching and not func.is_view and name not in ALLOCATIONS:
+            self.counts[self.graph][name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+ALLOCATIONS = ("empty", "new_empty", "empty_like", "empty_strided")
+
+
+def counting_in_graphs(mode: InGraphs, outside: OutsideGraphs) -> None:
+    """Name each emulated graph as it is captured, route its replays' ops and every Triton launch to ``mode`` (a
+    launch outside graphs to ``outside``, as one op)."""
+    import inspect
+
+    import triton.runtime.interpreter as interpreter
+
+    from specdec.models.graphs import EmulatedGraph
+
+    capture, replay, launch = EmulatedGraph.capture, EmulatedGraph.replay, interpreter.InterpretedFunction.run
+
+    def named(self, run):
+        stack = inspect.stack()
+        keys = [f.frame.f_locals.get("key") for f in stack
+                if f.function == "call" and f.filename.endswith("drafters/base.py")]
+        drafting = [f.function for f in stack if "/specdec/drafters/" in f.filename]
+        self.name = (f"the drafter's {keys[0]!r}" if keys else f"the drafter's {drafting[-1]}" if drafting
+                     else "the target's verification")
+        return capture(self, run)
+
+    def counted(self):
+        outer, mode.graph = mode.graph, mode.graph or getattr(self, "name", "?")
+        try:
+            return replay(self)
+        finally:
+            mode.graph = outer
+
+    def launched(self, *a, **kw):
+        if not mode.launching:
+            if mode.graph is not None:
+                mode.counts[mode.graph][self.fn.__name__] += 1
+            elif not outside.inside:
+                outside.counts[self.fn.__name__] += 1  # one launch outside graphs, not the interpreter's ops
+        mode.launching += 1
+        outside.inside += 1
+        try:
+            return launch(self, *a, **kw)
+        finally:
+            mode.launching -= 1
+            outside.inside -= 1
+
+    EmulatedGraph.capture, EmulatedGraph.replay, interpreter.InterpretedFunction.run = named, counted, launched
 
 
 def counting(mode: OutsideGraphs) -> None:
@@ -107,7 +176,13 @@ def main() -> None:
     parser.add_argument("--step-kernels", action="store_true",
                         help="the verdict and the commit through specdec's Triton kernels (Backend.step_kernels: a "
                              "GPU's), here under Triton's interpreter")
+    parser.add_argument("--in-graphs", action="store_true",
+                        help="also the kernels a step launches inside each graph it replays, the target and the "
+                             "drafters on specdec's Triton kernels (Backend.interpreted_gpu, under Triton's "
+                             "interpreter; slow)")
     args = parser.parse_args()
+    if args.in_graphs:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     if args.step_kernels:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
         from specdec.models import Backend, gpu_kernels
@@ -125,11 +200,15 @@ def main() -> None:
     from specdec.models.graphs import GraphedDecoder
 
     model = tiny_llama(layers=4 if args.eagle else 2, seed=0)
-    decoder = GraphedDecoder(as_decoder(model, backend=Backend.emulated_gpu()))
+    gpu = Backend.interpreted_gpu() if args.in_graphs else Backend.emulated_gpu()  # the target's and drafters'
+    decoder = GraphedDecoder(as_decoder(model, backend=gpu))
     mode = OutsideGraphs()
     counting(mode)
+    inside = InGraphs()
+    if args.in_graphs:
+        counting_in_graphs(inside, mode)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3]])
-    lookup = NgramDrafter(on_device=True, device="cpu", backend=Backend.emulated_gpu())  # a GPU's: in a graph
+    lookup = NgramDrafter(on_device=True, device="cpu", backend=gpu)  # a GPU's: in a graph
     lookup.runtime.replay_graphs("auto")
     new = args.new + 1
     generator = torch.Generator().manual_seed(0)
@@ -141,7 +220,7 @@ def main() -> None:
                                                                      eos_token_id=[], **sampling)}
     if args.eagle:
         def eagle(on_device: bool, **settings):
-            drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=Backend.emulated_gpu(),
+            drafter = EagleDrafter(random_eagle(model, draft_vocab=40), backend=gpu,
                                    grow_on_device=on_device, **settings)
             drafter.runtime.replay_graphs("auto")
             return lambda: speculative_generate(decoder, drafter, ids, k=16, max_new_tokens=new, eos_token_id=[],
@@ -159,7 +238,7 @@ def main() -> None:
 
         def medusa(min_confidence: float, lookup: int):
             drafter = MedusaDrafter(random_heads(), model.lm_head.weight, paths, min_confidence, lookup=lookup,
-                                    backend=Backend.emulated_gpu(), lookup_on_device=True)
+                                    backend=gpu, lookup_on_device=True)
             drafter.runtime.replay_graphs("auto")
             k = lookup + len(paths)
             return lambda: speculative_generate(decoder, drafter, ids, k=k, max_new_tokens=new, eos_token_id=[],
@@ -177,7 +256,7 @@ def main() -> None:
 
         def dflash(lookup: int):
             drafter = DFlashDrafter(random_dflash(model, aux=(0, 1)), paths, lookup=lookup,
-                                    backend=Backend.emulated_gpu())
+                                    backend=gpu)
             drafter.drafting.lookup_on_device = True  # a GPU's, and so drafted on the device alone
             drafter.traits = dataclasses.replace(drafter.traits, device_only=drafter.traits.device_only or lookup > 0)
             drafter.runtime.replay_graphs("auto")
@@ -190,7 +269,7 @@ def main() -> None:
         from specdec.drafters import DraftModelDrafter
 
         def draft_model(confidence: float):
-            drafter = DraftModelDrafter(model, num_layers=1, confidence=confidence, backend=Backend.emulated_gpu())
+            drafter = DraftModelDrafter(model, num_layers=1, confidence=confidence, backend=gpu)
             drafter.runtime.replay_graphs("auto")
             return lambda: speculative_generate(decoder, drafter, ids, k=3, max_new_tokens=new, eos_token_id=[],
                                                 **sampling)
@@ -203,7 +282,8 @@ def main() -> None:
         generate()  # captures and first calls out of the count
         mode.clear()
         launches.clear()
-        with torch.no_grad(), mode:
+        inside.counts.clear()
+        with torch.no_grad(), mode, inside:
             steps = generate().stats.target_forwards
         print(f"{name}: {sum(mode.counts.values()) / steps:.1f} ops a step outside graphs, {mode.replays / steps:.1f} "
               f"graph replays, {mode.reads / steps:.1f} host reads ({steps} steps): "
@@ -217,6 +297,12 @@ def main() -> None:
                           + ")")
             if launches:
                 print("    the step kernels, a step: " + ", ".join(f"{op} {n / steps:.1f}" for op, n in launches.items()))
+        if args.in_graphs:
+            total = sum(sum(c.values()) for c in inside.counts.values())
+            print(f"    kernels inside the graphs, a step: {total / steps:.1f}")
+            for graph, counts in inside.counts.items():
+                print(f"      {graph}: {sum(counts.values()) / steps:.1f} ("
+                      + ", ".join(f"{op} {n / steps:.1f}" for op, n in counts.most_common(12)) + ")")
 
 
 def step_kernel_launches() -> collections.Counter:
