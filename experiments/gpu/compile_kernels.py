@@ -154,7 +154,7 @@ def _forwards(preset: str, fields: dict, dtype, settings: str) -> None:
 def _drafter_kernels(dtype) -> None:
     """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
     chunks of a long row then their merge), EAGLE's attention over its recent slots, its layer's input, its device
-    tree's levels and choice."""
+    tree's levels and choice, the n-gram lookup on the device."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -180,6 +180,9 @@ def _drafter_kernels(dtype) -> None:
                                 4 + (lookup > 0), lookup)
     gpu_kernels.embedded_norms(torch.tensor([1, 5]), torch.randn(32, 576).to(dtype), 1.0, torch.randn(2, 576).to(dtype),
                                torch.ones(576).to(dtype), 1e-5, torch.ones(576).to(dtype), 1e-5)
+    seq = torch.randint(0, 5, (2, 1024))  # the n-gram lookup: the drafter's (k = 4) and a lookup branch's (3)
+    for max_tokens in (4, 3):
+        gpu_kernels.lookup_continuations(seq, torch.tensor([900, 17]), torch.tensor([0, 3]), max_tokens)
     for width in (576, 4096):  # a level's bookkeeping before and after its forward (the first level, a later one)
         logp, index = torch.zeros(2, candidates), torch.zeros(2, candidates, dtype=torch.long)
         outputs, seen = torch.zeros(2, 20, width).to(dtype), torch.zeros(20, 20, dtype=torch.int8)

@@ -50,12 +50,16 @@ def device_continuations(
     max_tokens: int,
     max_ngram: int = 3,
     min_ngram: int = 2,
+    kernels=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B] long (how many of them are the lookup's)
     """:func:`lookup` for every row on the device, in ops of fixed shapes (no value read back): each row's n-gram
     lookup continuation (the latest earlier occurrence of the longest suffix of ``max_ngram`` down to ``min_ngram``
     tokens, and up to ``max_tokens`` tokens after it), the rest of the row's ``max_tokens`` filled with its last
     token. A drafter's prompt-lookup branch on a GPU (:mod:`specdec.drafters.trees.lookup_branch`) and the n-gram
-    drafter's own lookup there."""
+    drafter's own lookup there. ``kernels``: the step kernels (:meth:`Backend.step_kernels`, a GPU's), whose
+    ``lookup_continuations`` is one kernel where the ops below are ~75."""
+    if kernels is not None:
+        return kernels.lookup_continuations(seq, seq_lens, pad, max_tokens, max_ngram, min_ngram)
     batch, capacity = seq.shape
     rows = torch.arange(batch, device=seq.device)
     last = seq[rows, seq_lens - 1]  # [B]
@@ -80,11 +84,15 @@ def device_continuations(
 
 
 def state_continuations(state: DecodeState, max_tokens: int, graphs: Graphs | None = None, max_ngram: int = 3,
-                        min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B]
+                        min_ngram: int = 2, backend: Backend | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, max_tokens], found [B]
     """:func:`device_continuations` of a decode state's rows, replayed as one graph where ``graphs`` is given (its few
-    dozen small ops would each cost a launch), eagerly otherwise."""
+    dozen small ops would each cost a launch), eagerly otherwise; one kernel where ``backend``'s step kernels run on
+    the rows' device (a GPU's)."""
+    kernels = None if backend is None else backend.step_kernels(state.seq.device)
+
     def find(seq, seq_lens, pad):
-        return device_continuations(seq, seq_lens, pad, max_tokens, max_ngram, min_ngram)
+        return device_continuations(seq, seq_lens, pad, max_tokens, max_ngram, min_ngram, kernels)
 
     inputs = (state.seq, state.seq_lens, state.pad)
     return find(*inputs) if graphs is None else graphs(find, inputs, key=("lookup", max_tokens, max_ngram, min_ngram))
@@ -126,7 +134,8 @@ class NgramDrafter(Drafter):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         if self.on_device:  # k drafts a row, the genuine ones counted there
-            tokens, found = state_continuations(state, k, self.runtime.graphs, self.max_ngram, self.min_ngram)
+            tokens, found = state_continuations(state, k, self.runtime.graphs, self.max_ngram, self.min_ngram,
+                                                self.runtime.backend)
             return Proposal(tokens=tokens, num_proposed=[k] * tokens.shape[0], counted=found)
         found = [
             lookup(np.asarray(row, dtype=np.int64), k, self.max_ngram, self.min_ngram) if on else np.zeros(0, np.int64)

@@ -14,8 +14,10 @@ product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=fal
 :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
-candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``), EAGLE's device-grown
-tree chosen from them (:func:`device_tree`, one kernel where torch's ops are ~65); and after a
+candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); EAGLE's layer input
+(:func:`embedded_norms`) and its device-grown tree, each level's bookkeeping before and after the level's forward
+(:func:`grow_level`, :func:`grown_level`) and the tree chosen from the candidates (:func:`device_tree`), one kernel
+each where torch's ops are 4, ~20, ~8 and ~65; and after a
 verification's forward its verdict (:func:`greedy_verdict`: a chain's or a tree's walk; :func:`sampled_verdict`: the
 exact rule's, drafts with one-hot q), a tree's accepted path moved in the cache (:func:`move_path`) and the step's
 commit (:func:`commit_step`: the kept counts, the tokens written, the lengths moved), one kernel each where torch's
@@ -560,3 +562,17 @@ def grown_level(values: torch.Tensor, children: torch.Tensor, chosen: torch.Tens
         logp, index, parent, outputs, lengths, count, start, index.shape[1], drafted, outputs.shape[1], expand, top_k,
         outputs.shape[2], ROOT=root, BLOCK=_pow2(count, 16), BLOCK_E=_pow2(expand, 2),
         BLOCK_H=min(_pow2(outputs.shape[2], 16), 1024))
+
+
+def lookup_continuations(seq: torch.Tensor, seq_lens: torch.Tensor, pad: torch.Tensor, max_tokens: int,
+                         max_ngram: int = 3, min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~specdec.drafters.ngram.device_continuations` in one kernel (one program a row) where torch's ops are
+    ~75: each row's n-gram lookup continuation in ``seq`` [B, S] (its tokens from ``pad`` to ``seq_lens``), filled
+    with its last token past what the lookup found: tokens [B, max_tokens], found [B] (long)."""
+    batch, capacity = seq.shape
+    tokens = torch.empty(batch, max_tokens, dtype=torch.long, device=seq.device)
+    found = torch.empty(batch, dtype=torch.long, device=seq.device)
+    _kernels().lookup_kernel[(batch,)](seq.contiguous(), seq_lens.contiguous(), pad.contiguous(), tokens, found,
+                                       capacity, max_tokens, MIN_NGRAM=min_ngram, MAX_NGRAM=max_ngram,
+                                       BLOCK=min(_pow2(capacity, 16), 1024), BLOCK_L=_pow2(max_tokens, 2))
+    return tokens, found

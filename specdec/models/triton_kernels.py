@@ -1083,3 +1083,35 @@ def grown_level_kernel(values_ptr, children_ptr, chosen_ptr, out_ptr, logp_ptr, 
             rows = tl.load(out_ptr + (b * expand + e[:, None]) * hidden + cols[None, :], mask=tile)
             tl.store(outputs_ptr + (b * entries + drafted + e[:, None]) * hidden + cols[None, :], rows, mask=tile)
         tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + expand)
+
+
+@triton.jit
+def lookup_kernel(seq_ptr, seq_lens_ptr, pad_ptr, tokens_ptr, found_ptr, capacity, max_tokens,
+                  MIN_NGRAM: tl.constexpr, MAX_NGRAM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_L: tl.constexpr):
+    """A row's n-gram lookup continuation (program: row b of ``seq`` [B, S]): the latest earlier occurrence of the
+    longest suffix of MAX_NGRAM down to MIN_NGRAM tokens whose window lies inside the row (from its pad, ending
+    before its last token) and up to ``max_tokens`` tokens after it (``found`` of them), the rest of ``tokens`` [B,
+    max_tokens] the row's last token: :func:`~specdec.drafters.ngram.device_continuations`' values."""
+    b = tl.program_id(0)
+    row = seq_ptr + b * capacity
+    length = tl.load(seq_lens_ptr + b)
+    pad = tl.load(pad_ptr + b)
+    last = tl.load(row + length - 1)
+    start = length * 0 - 1  # where the continuation starts (-1: none)
+    for n in tl.static_range(MIN_NGRAM, MAX_NGRAM + 1):  # a longer suffix's hit overrides a shorter one's
+        latest = length * 0 - 1
+        if n <= capacity - 1:
+            for first in range(0, length, BLOCK):
+                at = first + tl.arange(0, BLOCK)
+                hits = (at >= pad) & (at + n <= length - 1) & (at * 0 + length - pad > n)
+                for j in tl.static_range(n):
+                    suffix = tl.load(row + tl.maximum(length - n + j, 0))
+                    hits = hits & (tl.load(row + at + j, mask=hits, other=-1) == suffix)
+                latest = tl.maximum(latest, tl.max(tl.where(hits, at, -1), 0))
+        start = tl.where(latest >= 0, latest + n, start)
+    found = tl.where(start >= 0, tl.minimum(tl.maximum(length - start, 0), max_tokens), 0)
+    i = tl.arange(0, BLOCK_L)
+    slot = tl.minimum(tl.maximum(start + i, 0), capacity - 1)
+    token = tl.load(row + slot, mask=i < found, other=0)
+    tl.store(tokens_ptr + b * max_tokens + i, tl.where(i < found, token, last), mask=i < max_tokens)
+    tl.store(found_ptr + b, found)

@@ -1155,3 +1155,43 @@ def test_eagle_s_layer_input_in_one_kernel_is_the_two_norms_side_by_side(device)
                                   gpu_kernels.rms_norm(stream.clone(), None, norms[1], 1e-5)], -1)
             got = gpu_kernels.embedded_norms(tokens, embed, scale, stream, norms[0], 1e-6, norms[1], 1e-5)
             assert got.dtype == dtype and torch.equal(got, expected), (dtype, scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_n_gram_lookup_in_one_kernel_is_the_torch_ops(device, monkeypatch):
+    """``lookup_continuations`` (one program a row) gives ``device_continuations``' tokens and counts: rows of few
+    distinct tokens (suffixes recur), left padding, the suffix found late, early or not at all, continuations cut by
+    the row's end, n-grams of 1-2, 2-3 and 3-4 tokens, sequences longer than one block of slots. The n-gram drafter
+    on the device takes it in its replayed graph: plain decoding's output, two left-padded rows."""
+    from specdec.drafters.ngram import device_continuations
+
+    g = torch.Generator().manual_seed(4)
+    for trial in range(12):
+        batch, capacity = 1 + trial % 4, (16, 40, 1500)[trial % 3]
+        seq = torch.randint(0, 3 + trial % 5, (batch, capacity), generator=g)
+        seq_lens = torch.randint(2, capacity + 1, (batch,), generator=g)
+        pad = torch.minimum(torch.randint(0, 6, (batch,), generator=g), seq_lens - 1)
+        min_ngram, max_ngram = ((1, 2), (2, 3), (3, 4))[trial % 3]
+        max_tokens = (1, 4, 7)[trial % 3]
+        args = [t.to(device) for t in (seq, seq_lens, pad)] + [max_tokens, max_ngram, min_ngram]
+        expected = device_continuations(*args)
+        got = gpu_kernels.lookup_continuations(*args)
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b), (trial, a, b)
+        assert trial < 6 or expected[1].sum() > 0 or batch == 1
+    from specdec.jobs.data import left_pad
+
+    calls = collections.Counter()
+    real = gpu_kernels.lookup_continuations
+    monkeypatch.setattr(gpu_kernels, "lookup_continuations", lambda *a: calls.update(["lookup"]) or real(*a))
+    if device == "cpu":
+        monkeypatch.setattr(Backend, "step_kernels", lambda self, device: gpu_kernels)
+    backend = _backend(device) if device == "cuda" else Backend.emulated_gpu()
+    model = tiny_llama(layers=2, seed=0).to(device)
+    ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 5, 9, 3, 5, 9], [4, 4, 6, 4, 4]]))
+    ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
+    drafter = NgramDrafter(on_device=True, device=device, backend=backend)
+    drafter.runtime.replay_graphs("auto")
+    out = speculative_generate(GraphedDecoder(as_decoder(model, backend=backend)), drafter, ids, attention_mask=mask,
+                               k=3, max_new_tokens=12, eos_token_id=[])
+    assert out.sequences == ref.sequences and calls["lookup"] >= out.stats.target_forwards

@@ -281,7 +281,7 @@ class DeviceGrowth:
             tokens, *tree = self.chosen(confidence, index, parent, width)
         found = torch.zeros_like(index[:, 0])
         if self.lookup:
-            branch, found = device_continuations(*lookup_inputs, self.lookup)  # [B, L], [B]
+            branch, found = device_continuations(*lookup_inputs, self.lookup, kernels=kernels)  # [B, L], [B]
             tokens = torch.cat([branch, tokens], 1)
         return tokens, found, *tree
 

@@ -181,7 +181,8 @@ class TreeDrafting:
         """The lookup branch found on the device (:func:`state_continuations`), a chain of ``lookup`` nodes below
         the root before the heads' tree (tokens [B, N]), filled with each row's last token where shorter: a shape
         fixed whatever the rows hold, nothing read back; with each row's genuine branch nodes ([B], on the device)."""
-        branch, found = state_continuations(state, self.lookup, self.graphs)
+        branch, found = state_continuations(state, self.lookup, self.graphs,
+                                            backend=getattr(self.candidates, "backend", None))
         parents = below_branch(() if tree is None else tree.parent_list, self.lookup)
         return torch.cat([branch, tokens], 1), self.trees.get(parents, tokens.device), found
 
