@@ -955,6 +955,14 @@ def test_sampled_steps_on_the_step_kernels_draw_the_torch_ops_tokens(device, mon
     assert runs[True][2].stats.accepted_per_position[2] > 0 and runs[True][3].stats.accepted_per_position[0] > 0
 
 
+def _step_kernels_on(monkeypatch, device, fused: bool) -> Backend:
+    """A GPU's backend with its step kernels on (``fused``) or off; on CPU the layers on torch's ops (graphs emulated)
+    and ``Backend.step_kernels`` giving the kernels (under the interpreter) or not."""
+    if device == "cpu":
+        monkeypatch.setattr(Backend, "step_kernels", lambda self, device: gpu_kernels if fused else None)
+    return dataclasses.replace(_backend(device) if device == "cuda" else Backend.emulated_gpu(), fused_steps=fused)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_eagle_s_sampled_tree_on_the_step_kernels_draws_the_torch_ops_tokens(device, monkeypatch):
     """EAGLE's tree sampled at T = 0.8 (its siblings drawn from q without replacement, each reported with its law;
@@ -972,11 +980,7 @@ def test_eagle_s_sampled_tree_on_the_step_kernels_draws_the_torch_ops_tokens(dev
     ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 7, 11, 2, 8, 5, 9, 3], [4, 4, 6]]))
     sequences = []
     for fused in (False, True):
-        if device == "cpu":
-            monkeypatch.setattr(Backend, "step_kernels", lambda self, device, fused=fused: gpu_kernels if fused
-                                else None)
-        backend = dataclasses.replace(_backend(device) if device == "cuda" else Backend.emulated_gpu(),
-                                      fused_steps=fused)
+        backend = _step_kernels_on(monkeypatch, device, fused)
         target = GraphedDecoder(as_decoder(model, backend=backend))
         drafter = EagleDrafter(random_eagle(model).to(device), tree=True, min_confidence=0.0, depth=2, top_k=2,
                                expand=2, grow_on_device=True, backend=backend)
@@ -1058,11 +1062,7 @@ def test_eagle_s_device_tree_grown_on_the_step_kernels_is_the_torch_ops_tree(dev
     ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[])
     proposals = []
     for fused in (False, True):
-        if device == "cpu":
-            monkeypatch.setattr(Backend, "step_kernels", lambda self, device, fused=fused: gpu_kernels if fused
-                                else None)
-        backend = dataclasses.replace(_backend(device) if device == "cuda" else Backend.emulated_gpu(),
-                                      fused_steps=fused)
+        backend = _step_kernels_on(monkeypatch, device, fused)
         layer_backend = dataclasses.replace(_backend(device), fused_steps=True) if fused and not lookup else backend
         drafter = EagleDrafter(random_eagle(model, draft_vocab=40, seed=5).to(device), tree=True, min_confidence=0.0,
                                depth=4, top_k=3, expand=2, lookup=lookup, lookup_on_device=True, grow_on_device=True,
@@ -1184,9 +1184,7 @@ def test_the_n_gram_lookup_in_one_kernel_is_the_torch_ops(device, monkeypatch):
     calls = collections.Counter()
     real = gpu_kernels.lookup_continuations
     monkeypatch.setattr(gpu_kernels, "lookup_continuations", lambda *a: calls.update(["lookup"]) or real(*a))
-    if device == "cpu":
-        monkeypatch.setattr(Backend, "step_kernels", lambda self, device: gpu_kernels)
-    backend = _backend(device) if device == "cuda" else Backend.emulated_gpu()
+    backend = _step_kernels_on(monkeypatch, device, True)
     model = tiny_llama(layers=2, seed=0).to(device)
     ids, mask = (t.to(device) for t in left_pad([[5, 9, 3, 5, 9, 3, 5, 9], [4, 4, 6, 4, 4]]))
     ref = autoregressive_generate(model, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=[])
