@@ -924,6 +924,14 @@ def move_path_kernel(stacked_ptr, lengths_ptr, path_ptr, p, batch, heads, capaci
 
 
 @triton.jit
+def stable_rank(values, at, valid):
+    """Each value's place [N] (int32) in a stable descending sort of ``values`` [N] where ``valid``: how many valid
+    values are larger, or equal and earlier (``at``: the values' positions)."""
+    ahead = (values[None, :] > values[:, None]) | ((values[None, :] == values[:, None]) & (at[None, :] < at[:, None]))
+    return tl.sum((ahead & valid[None, :]).to(tl.int32), 1)
+
+
+@triton.jit
 def device_tree_kernel(conf_ptr, parent_ptr, index_ptr, ids_ptr, tokens_ptr, parents_ptr, depths_ptr, mask_ptr,
                        children_ptr, candidates, batch, n, lookup, chained, width, LEVELS: tl.constexpr,
                        BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, PLANT: tl.constexpr):
@@ -950,8 +958,7 @@ def device_tree_kernel(conf_ptr, parent_ptr, index_ptr, ids_ptr, tokens_ptr, par
     if PLANT == 1:  # planted: no cap, a child may be kept without its parent
         capped = raw
     # rank: the candidates a stable descending sort puts first
-    ahead = (capped[None, :] > capped[:, None]) | ((capped[None, :] == capped[:, None]) & (c[None, :] < c[:, None]))
-    rank = tl.sum((ahead & valid[None, :]).to(tl.int32), 1)
+    rank = stable_rank(capped, c, valid)
     kept = valid & (rank < n)
     before = c[None, :] < c[:, None]  # [C, C]: j drawn before i
     place = tl.sum((before & kept[None, :]).to(tl.int64), 1)  # [C]: its node among the kept, in draw order
@@ -1011,8 +1018,7 @@ def grow_level_kernel(conf_ptr, index_ptr, ids_ptr, outputs_ptr, hidden_ptr, see
     s = tl.arange(0, BLOCK_S)
     inside = s < size
     conf = tl.load(conf_ptr + s, mask=inside, other=0.0)
-    ahead = (conf[None, :] > conf[:, None]) | ((conf[None, :] == conf[:, None]) & (s[None, :] < s[:, None]))
-    rank = tl.sum((ahead & inside[None, :]).to(tl.int32), 1)
+    rank = stable_rank(conf, s, inside)
     picked = inside & (rank < expand)
     place = tl.sum(((s[None, :] < s[:, None]) & picked[None, :]).to(tl.int32), 1)  # [S]: its slot among the picked
     e = tl.arange(0, BLOCK_E)
