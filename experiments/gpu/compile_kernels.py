@@ -235,6 +235,24 @@ def _step_kernels() -> None:
                                 torch.zeros(2, 64, dtype=torch.long), torch.full((2,), 8), torch.full((2,), 7), 64)
 
 
+def _attention_tiles(dtype, quick: bool) -> None:
+    """The attention's other divisions (:func:`specdec.models.gpu_kernels.attention_tiles`): a one-token step over a
+    long cache in chunks, then their merge (SmolLM2-135M's heads; not ``quick``: 8B's too, and a batch of 8 verifying
+    64 tokens a row at 8B's heads in programs of 64 query rows, 20 s under the interpreter)."""
+    import torch
+
+    from specdec.models import gpu_kernels
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(1, 1, 9, 3, 64, 4096)] + ([] if quick else [(1, 1, 32, 8, 128, 4096), (8, 64, 32, 8, 128, 96)])
+    for b, new, heads, kv_heads, dim, capacity in shapes:
+        keys = torch.randn(b, kv_heads, capacity, dim, generator=g).to(dtype)
+        qkv = torch.randn(b * new, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+        cos, sin = (torch.randn(b * new, dim, generator=g).to(dtype) for _ in range(2))
+        lengths, pad = torch.full((b,), 30 if new > 1 else 1500), torch.zeros(b, dtype=torch.long)
+        gpu_kernels.rotary_attention(qkv, cos, sin, heads, keys, keys.clone(), lengths, pad)
+
+
 def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
     """The distinct launches of the forwards and drafter kernels above (this process runs Triton's interpreter);
     ``quick``: bf16 at SmolLM2-135M's shape alone."""
@@ -252,6 +270,7 @@ def record_launches(planted: bool = False, quick: bool = False) -> list[dict]:
                     _forwards(preset, fields, getattr(torch, name), setting)
         for name in ("bfloat16",) if quick else ("bfloat16", "float32"):
             _drafter_kernels(getattr(torch, name))
+            _attention_tiles(getattr(torch, name), quick)
         _step_kernels()
     distinct = {json.dumps(launch, sort_keys=True): launch for launch in launches}
     return list(distinct.values())

@@ -28,7 +28,10 @@ weight, each product of the rotary embedding, SiLU before ·up; in 16 bits on th
 in 16 bits its outputs equal torch's ops' but for the order of a sum (the norm's mean of squares, the attention) and
 an exp's last bit. In float32 the GPU's compiler may fuse a product and a sum into one rounding (the rotary
 embedding's): equal to float32 rounding. The attention reads only the slots a row attends
-to (its committed length plus the step's tokens), not the cache's capacity.
+to (its committed length plus the step's tokens), not the cache's capacity; a program of it takes several of a row's
+new tokens times the query heads of one KV head (each block of keys read once for them all), and where a step's
+programs are few over a long cache (a one-token step) the committed slots are split into chunks, a program each,
+merged after (:func:`attention_tiles`).
 
 Without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, on CPU
 tensors): the default test tier checks them there against the torch ops (``tests/models/test_gpu_kernels.py``).
@@ -159,7 +162,7 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: i
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     lengths: torch.Tensor, pad: torch.Tensor, tree_mask: torch.Tensor | None = None, recent: int = 0,
-                    *, ordered: bool = False, _planted: str | None = None) -> torch.Tensor:
+                    *, ordered: bool = False, splits: int | None = None, _planted: str | None = None) -> torch.Tensor:
     """A step's cache writes and attention over the per-row static cache: q [B·T, Hq, D], k and v [B·T, Hkv, D]
     (the step's T new tokens of each row), keys and values [B, Hkv, S, D] (one layer's), lengths and pad [B] long
     (committed slots, left padding), ``tree_mask`` [T, recent + T] bool (None: causal) as
@@ -168,7 +171,8 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
     bound is read on the device: no host sync, and a captured graph replays any lengths. ``ordered``: the slots in
     one pass in position order, the step's tokens at their positions (a tree's: each token's path, depth by depth),
     so that a token attends bit for bit as in a one-token step once its path is committed (``target.exact_numerics``;
-    not with ``recent`` slots)."""
+    not with ``recent`` slots). ``splits``: the committed slots read in that many chunks, merged after (None: as
+    :func:`attention_tiles` chooses; ordered attention in one)."""
     m, q_heads, dim = q.shape
     kv_heads = keys.shape[1]
     if k.shape != (m, kv_heads, dim) or v.shape != k.shape:
@@ -176,13 +180,13 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
                          f"keys {tuple(keys.shape)}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _attention((q, k, v), (0, 0, 0), (q_heads * dim, kv_heads * dim), None, q_heads, keys, values, lengths,
-                      pad, tree_mask, recent, ordered, _planted)
+                      pad, tree_mask, recent, ordered, splits, _planted)
 
 
 def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, keys: torch.Tensor,
                      values: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, recent: int = 0, *, ordered: bool = False,
-                     _planted: str | None = None) -> torch.Tensor:
+                     splits: int | None = None, _planted: str | None = None) -> torch.Tensor:
     """:func:`rope_qkv` then :func:`cache_attention` (``ordered`` as there) in one kernel: the attention of a stacked
     q|k|v product [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same
     arithmetic and roundings (one kernel a layer fewer)."""
@@ -193,11 +197,11 @@ def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_
         raise ValueError(f"rotary_attention: q|k|v {tuple(qkv.shape)} (expected [M, {width}]), cos {tuple(cos.shape)} "
                          f"and sin {tuple(sin.shape)} (expected [M, {dim}]) do not fit the keys {tuple(keys.shape)}")
     return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width), (cos, sin),
-                      q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, _planted)
+                      q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, splits, _planted)
 
 
 def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, ordered,
-               _planted):
+               splits, _planted):
     """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
     ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin) where given."""
     plant = _plant(_planted, PLANTED + PLANTED_ROTARY)
@@ -222,13 +226,58 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
                          "unordered one)")
     out = torch.empty(m, q_heads * dim, dtype=keys.dtype, device=keys.device)
     cos, sin = rotary if rotary is not None else (lengths, lengths)  # not read without the rotation
-    _kernels().attention_kernel[(m, kv_heads)](
-        *sources, cos, sin, keys, values, lengths, pad, tree, out,
-        new, q_heads, kv_heads, capacity, dim, int(recent), dim ** -0.5, *starts, *strides,
-        HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, ORDERED=ordered,
-        GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_N=32, BLOCK_T=_pow2(new, 16), BLOCK_D=_pow2(dim, 16),
-        IEEE=keys.dtype == torch.float32, PLANT=plant)
+    common = dict(HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, BLOCK_N=ATTENTION_SLOTS,
+                  BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
+    if ordered:
+        if splits not in (None, 1):
+            raise ValueError(f"cache_attention: splits={splits}: ordered attention reads the slots in one pass")
+        _kernels().ordered_attention_kernel[(m, kv_heads)](
+            *sources, cos, sin, keys, values, lengths, pad, tree, out, new, q_heads, kv_heads, capacity, dim, *starts,
+            *strides, dim ** -0.5, GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_T=_pow2(new, 16), **common)
+        return out
+    tokens, rows, splits, chunk = attention_tiles(b, new, q_heads, kv_heads, capacity, splits)
+    programs = b * _cdiv(new, tokens)
+    partial = (torch.empty(splits, m * q_heads, device=keys.device), torch.empty(splits, m * q_heads,
+               device=keys.device), torch.empty(splits, m * q_heads, dim, device=keys.device)) if splits > 1 else \
+        (out, out, out)  # float32: each chunk's max, sum of exps and weighted values a query row
+    _kernels().attention_kernel[(programs, kv_heads, splits)](
+        *sources, cos, sin, keys, values, lengths, pad, tree, out, *partial, m, new, q_heads, kv_heads, capacity, dim,
+        int(recent), dim ** -0.5, chunk, *starts, *strides, SPLIT=splits > 1, TOKENS=tokens, ROWS=rows, **common)
+    if splits > 1:
+        _kernels().attention_merge_kernel[(m * q_heads,)](*partial, out, m * q_heads, dim, splits,
+                                                          SPLITS=_pow2(splits), BLOCK_D=_pow2(dim, 16))
     return out
+
+
+ATTENTION_SLOTS = 32  # the slots a block of keys the attention reads at once
+ATTENTION_PROGRAMS = 256  # programs that keep an H100's or H200's 132 processors busy (not yet timed on a GPU)
+SPLIT_SLOTS = 1024  # the most committed slots of a row one attention program reads, where a step's programs are few
+
+
+def attention_tiles(b: int, new: int, q_heads: int, kv_heads: int, capacity: int, splits: int | None = None
+                    ) -> tuple[int, int, int, int]:
+    """How :func:`cache_attention` divides a step's attention (B rows of ``new`` tokens, a cache of ``capacity``
+    slots) into programs: (tokens, rows, splits, chunk). A program takes ``tokens`` of a row's new tokens times the
+    query heads of one KV head, ``rows`` query rows (16, the least a matrix product takes; 64 where the programs
+    would still be :data:`ATTENTION_PROGRAMS` or more: a block of keys read once for 4x the queries), each block of
+    keys read once for all of them; and the committed slots in ``splits`` chunks of ``chunk`` slots, one program
+    each, merged after (flash-decoding), where a cache holds more than :data:`SPLIT_SLOTS` slots and the programs
+    are fewer than :data:`ATTENTION_PROGRAMS` (a one-token step over a long context: otherwise a few processors read
+    every key). ``splits`` given: that many (tests). The chunks are fixed by the capacity, not the lengths (a
+    captured graph replays any), so a program past a row's length reads nothing."""
+    group = q_heads // kv_heads
+    rows = _pow2(group, 16)
+    if rows < 64 and b * kv_heads * _cdiv(new, 64 // group) >= ATTENTION_PROGRAMS:
+        rows = 64
+    tokens = rows // group
+    programs = b * _cdiv(new, tokens) * kv_heads
+    if splits is None:
+        wanted = min(_cdiv(capacity, SPLIT_SLOTS), _cdiv(ATTENTION_PROGRAMS, programs))
+        splits = wanted if capacity > SPLIT_SLOTS else 1
+    if splits < 1:
+        raise ValueError(f"cache_attention: splits={splits}: at least 1")
+    chunk = _cdiv(_cdiv(capacity, splits), ATTENTION_SLOTS) * ATTENTION_SLOTS
+    return tokens, rows, _cdiv(capacity, chunk), chunk
 
 
 INVARIANT_TILE = (16, 32, 64)  # product_kernel's rows, columns and inner steps a program: fixed, whatever M is

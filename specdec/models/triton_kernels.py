@@ -116,13 +116,14 @@ def rope_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, q_heads, kv_
 
 @triton.jit
 def attend(q, keys, values, seen, best, total, acc, scale, IEEE: tl.constexpr):
-    """One block of keys and values [N, D] into an online softmax over them for queries q [G, D]: where ``seen`` [N],
-    the scores scaled; (best, total, acc) the running max [G], sum of exps [G] and weighted values [G, D], updated."""
+    """One block of keys and values [N, D] into an online softmax over them for queries q [R, D]: where ``seen``
+    [R, N] (or [1, N]), the scores scaled; (best, total, acc) the running max [R], sum of exps [R] and weighted
+    values [R, D], updated."""
     if IEEE:
         scores = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale
     else:
         scores = tl.dot(q, tl.trans(keys)) * scale
-    scores = tl.where(seen[None, :], scores, float("-inf"))
+    scores = tl.where(seen, scores, float("-inf"))
     top = tl.maximum(best, tl.max(scores, axis=1))
     safe = tl.where(top == float("-inf"), 0.0, top)  # a block nothing sees yet: no inf - inf
     p = tl.exp(scores - safe[:, None])
@@ -144,65 +145,132 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 
 
 @triton.jit
-def read_keys(k_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
-              ROTATE: tl.constexpr):
-    """Step tokens' keys [N, D] read where ``at`` [N, 1] says (under ``tile`` [N, D]), in ``kind``; with ROTATE
-    rotated at the positions of the rows ``turns`` [N] (their cos and sin rows)."""
+def read_rotated(x_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
+                 ROTATE: tl.constexpr):
+    """Heads [N, D] read where ``at`` [N, 1] says (under ``tile`` [N, D]), in ``kind``; with ROTATE rotated at the
+    positions of the token rows ``turns`` [N] (their cos and sin rows): a step's queries or keys."""
     if ROTATE:
         c = tl.load(cos_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        raw = tl.load(k_ptr + at + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        other = tl.load(k_ptr + at + partner[None, :], mask=tile, other=0.0).to(tl.float32)
-        keys = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
+        raw = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        other = tl.load(x_ptr + at + partner[None, :], mask=tile, other=0.0).to(tl.float32)
+        heads = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
     else:
-        keys = tl.load(k_ptr + at + d[None, :], mask=tile, other=0.0)
-    return keys
+        heads = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0)
+    return heads
 
 
 @triton.jit
-def step_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, m, b, t, new,
-                   recent, first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign,
-                   scale, kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IEEE: tl.constexpr, PLANT: tl.constexpr):
-    """The attention of step token t (row m = b·new + t) over the committed slots from the cache, then over the
-    step's tokens read from its k and v (rotated as read where ROTATE); the tree mask (causal without one) says who
-    sees whom, and which of the last ``recent`` committed slots."""
+def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
+                     out_ptr, best_ptr, total_ptr, acc_ptr, rows, new, q_heads, kv_heads, capacity, dim, recent, scale,
+                     chunk, q_start, k_start, v_start, q_stride, kv_stride,
+                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, TOKENS: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                     PLANT: tl.constexpr):
+    # One program: TOKENS new tokens of row b times the query heads sharing KV head h, as ROWS query rows (token by
+    # token), over chunk s of the committed slots (chunk slots from s·chunk: all of them without SPLIT), each block of
+    # keys read once for them all; the chunk holding slot lengths[b] also over the step's tokens (read from k and v,
+    # rotated as read where ROTATE, cos and sin [M, D]), whose keys and values it writes into slots lengths[b] + t
+    # (read by no program). The tree mask (causal without one) says who sees whom among the step's tokens and the last
+    # ``recent`` committed slots. Token m's q, k, v start at q_start, k_start, v_start + m · (q_stride or kv_stride):
+    # three tensors or one q|k|v product. Stores the attention, or with SPLIT each query row's running max, sum of
+    # exps and weighted values for attention_merge_kernel.
+    p, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    tiles = tl.cdiv(new, TOKENS)
+    b, t0 = p // tiles, p % tiles * TOKENS
+    group = q_heads // kv_heads
+    r = tl.arange(0, ROWS)
+    t, g = t0 + r // group, r % group  # [R] each query row's step token and head in the group
+    live = (r < TOKENS * group) & (t < new)
+    m = b * new + t
+    length = tl.load(lengths_ptr + (0 if PLANT == 3 else b))
+    pad = tl.load(pad_ptr + b)
+    d = tl.arange(0, BLOCK_D)
+    dims = d < dim
+    half = dim // 2
+    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
+    sign = tl.where(d < half, -1.0, 1.0)
+    kind: tl.constexpr = keys_ptr.dtype.element_ty
+    cached = (b * kv_heads + h) * capacity * dim
+    steps = length // chunk + 0 * r == s  # [R] whether this chunk holds the step's slots (as rows: the interpreter
+    # refuses a mask of a scalar comparison's and a tensor)
+    q = read_rotated(q_ptr, cos_ptr, sin_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim, m,
+                     live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE)  # [R, D]
+    writer = (live & (g == 0) & steps)[:, None] & dims[None, :]  # each token's key and value, once
+    if PLANT != 2:
+        slot = cached + (length + t)[:, None] * dim + d[None, :]
+        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + m[:, None] * kv_stride + h * dim,
+                                               m, writer, d, partner, sign, dim, kind, ROTATE), mask=writer)
+        tl.store(values_ptr + slot, tl.load(v_ptr + v_start + m[:, None] * kv_stride + h * dim + d[None, :],
+                                            mask=writer), mask=writer)
+    best = tl.full([ROWS], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     columns = recent + new
-    # the committed slots from the pad on; of them the last `recent`, only where the tree mask says
-    for start in range(first, length, BLOCK_N):
+    # the chunk's committed slots from the pad on; of them the last `recent`, only where the tree mask says
+    for start in range(tl.maximum(pad // BLOCK_N * BLOCK_N, s * chunk), tl.minimum(length, s * chunk + chunk),
+                       BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        seen = (n >= pad) & (n < length)
+        seen = live[:, None] & ((n >= pad) & (n < length))[None, :]  # [R, N]
         if HAS_TREE:
             column = n - (length - recent)
-            allowed = tl.load(tree_ptr + t * columns + column, mask=seen & (column >= 0), other=1)
+            allowed = tl.load(tree_ptr + t[:, None] * columns + column[None, :], mask=seen & (column >= 0)[None, :],
+                              other=1)
             seen = seen & (allowed != 0)
-        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=seen[:, None] & dims[None, :],
-                       other=0.0)  # [N, D]
-        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :],
-                         mask=seen[:, None] & dims[None, :], other=0.0)
+        tile = (tl.max(seen.to(tl.int32), 0) > 0)[:, None] & dims[None, :]  # the slots some query row sees
+        keys = tl.load(keys_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)  # [N, D]
+        values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     # the step's own tokens: j sees itself always; others where the tree mask (causal without one) allows
-    for start in range(0, new, BLOCK_N):
+    for start in range(0, tl.where(length // chunk == s, new, 0), BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         real = (j < new) & (length + j >= pad)
         if HAS_TREE:
-            allowed = tl.load(tree_ptr + t * columns + recent + j + (1 if PLANT == 1 else 0),
-                              mask=real & (recent + j + (1 if PLANT == 1 else 0) < columns), other=0)
-            seen = real & (allowed != 0)
+            column = recent + j + (1 if PLANT == 1 else 0)
+            allowed = tl.load(tree_ptr + t[:, None] * columns + column[None, :],
+                              mask=live[:, None] & (real & (column < columns))[None, :], other=0)
+            seen = real[None, :] & (allowed != 0)
         else:
-            seen = real & (j <= t + (1 if PLANT == 1 else 0))
-        seen = seen | (j == t)
-        rows = b * new + j
-        tile = seen[:, None] & dims[None, :]
-        if PLANT == 4:  # planted: every step key rotated at the query's position
-            turns = m + 0 * j
+            seen = real[None, :] & (j[None, :] <= t[:, None] + (1 if PLANT == 1 else 0))
+        seen = live[:, None] & (seen | (j[None, :] == t[:, None]))
+        tile = (tl.max(seen.to(tl.int32), 0) > 0)[:, None] & dims[None, :]
+        tokens = b * new + j
+        if PLANT == 4:  # planted: every step key rotated at the position of its tile's first token
+            turns = b * new + t0 + 0 * j
         else:
-            turns = rows
-        keys = read_keys(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, turns, tile, d,
-                         partner, sign, dim, kind, ROTATE)
-        values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
+            turns = tokens
+        keys = read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns, tile, d,
+                            partner, sign, dim, kind, ROTATE)
+        values = tl.load(v_ptr + v_start + tokens[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
-    return best, total, acc
+    heads = m * q_heads + h * group + g  # [R] the query rows' (token, head)
+    if SPLIT:
+        at = s * rows * q_heads + heads
+        tl.store(best_ptr + at, best, mask=live)
+        tl.store(total_ptr + at, total, mask=live)
+        tl.store(acc_ptr + at[:, None] * dim + d[None, :], acc, mask=live[:, None] & dims[None, :])
+    else:
+        out = acc / tl.where(live, total, 1.0)[:, None]  # a row past the step's tokens sees nothing: no 0 / 0
+        tl.store(out_ptr + heads[:, None] * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=live[:, None] & dims[None, :])
+
+
+@triton.jit
+def attention_merge_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, heads, dim, splits, SPLITS: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    # One program: query row (token, head) `row` of the attention split over chunks of slots: the chunks' online
+    # softmaxes (max, sum of exps, weighted values, one row each [splits, rows·heads]) merged into its attention.
+    row = tl.program_id(0)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    chunks = s < splits
+    at = s * heads + row
+    best = tl.load(best_ptr + at, mask=chunks, other=float("-inf"))
+    weight = tl.exp(best - tl.max(best, 0))  # a chunk its row saw nothing of: 0 (its max is -inf)
+    total = tl.sum(tl.load(total_ptr + at, mask=chunks, other=0.0) * weight, 0)
+    acc = tl.load(acc_ptr + at[:, None] * dim + d[None, :], mask=chunks[:, None] & (d < dim)[None, :], other=0.0)
+    out = tl.sum(acc * weight[:, None], 0) / total
+    tl.store(out_ptr + row * dim + d, out.to(out_ptr.dtype.element_ty), mask=d < dim)
 
 
 @triton.jit
@@ -237,27 +305,25 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, t
         values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
         rows = b * new + j
         new_tile = step_seen[:, None] & dims[None, :]
-        step_keys = read_keys(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
+        step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
                               d, partner, sign, dim, kind, ROTATE)
         step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
                               other=0.0)
         keys = tl.where(new_tile, step_keys, keys)
         values = tl.where(new_tile, step_values, values)
-        best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
+        best, total, acc = attend(q, keys, values, seen[None, :], best, total, acc, scale, IEEE)
     return best, total, acc
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
-                     out_ptr, new, q_heads, kv_heads, capacity, dim, recent, scale, q_start, k_start, v_start,
-                     q_stride, kv_stride,
-                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, ORDERED: tl.constexpr, GROUP: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-                     PLANT: tl.constexpr):
-    # One program: new token t of row b, the query heads sharing KV head h. It writes the token's key and value into slot
-    # lengths[b] + t (read by no program: the step's keys come from k and v), then attends (online softmax) to the
-    # committed slots and the step's tokens. Token m's q, k, v start at q_start, k_start, v_start + m * (q_stride or
-    # kv_stride): three tensors or one q|k|v product; ROTATE applies the rotary embedding (cos, sin [M, D]) as read.
+def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr,
+                             tree_ptr, out_ptr, new, q_heads, kv_heads, capacity, dim, q_start, k_start, v_start,
+                             q_stride, kv_stride, scale,
+                             HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
+    # One program: new token t of row b, the query heads sharing KV head h, over the slots in position order
+    # (ordered_attention: target.exact_numerics). It writes the token's key and value into slot lengths[b] + t (read
+    # by no program: the step's keys come from k and v) as attention_kernel does.
     m, h = tl.program_id(0), tl.program_id(1)
     b, t = m // new, m % new
     group = q_heads // kv_heads
@@ -271,40 +337,23 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
     sign = tl.where(d < half, -1.0, 1.0)
     kind: tl.constexpr = keys_ptr.dtype.element_ty
-    k_at = k_start + m * kv_stride + h * dim
-    v_at = v_start + m * kv_stride + h * dim
-    q_at = q_start + m * q_stride + (h * group + g[:, None]) * dim  # [G, 1]
-    q_mask = heads[:, None] & dims[None, :]
-    if ROTATE:
-        c = tl.load(cos_ptr + m * dim + d, mask=dims, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + m * dim + d, mask=dims, other=0.0).to(tl.float32)
-        k_raw = tl.load(k_ptr + k_at + d, mask=dims, other=0.0).to(tl.float32)
-        k_other = tl.load(k_ptr + k_at + partner, mask=dims, other=0.0).to(tl.float32)
-        k_new = rotated(k_raw, k_other, c, s, sign, kind).to(kind)
-        q_raw = tl.load(q_ptr + q_at + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        q_other = tl.load(q_ptr + q_at + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
-        q = rotated(q_raw, q_other, c[None, :], s[None, :], sign[None, :], kind).to(kind)  # [G, D]
-    else:
-        k_new = tl.load(k_ptr + k_at + d, mask=dims)
-        q = tl.load(q_ptr + q_at + d[None, :], mask=q_mask, other=0.0)  # [G, D]
-    cached = (b * kv_heads + h) * capacity * dim
+    token = m + 0 * g  # [G] the token's row, for each head
+    q = read_rotated(q_ptr, cos_ptr, sin_ptr, q_start + m * q_stride + (h * group + g[:, None]) * dim, token,
+                     heads[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE)  # [G, D]
+    writer = (g == 0)[:, None] & dims[None, :]
     if PLANT != 2:
-        tl.store(keys_ptr + cached + (length + t) * dim + d, k_new, mask=dims)
-        tl.store(values_ptr + cached + (length + t) * dim + d, tl.load(v_ptr + v_at + d, mask=dims), mask=dims)
+        slot = (b * kv_heads + h) * capacity * dim + (length + t + 0 * g)[:, None] * dim + d[None, :]
+        at = m * kv_stride + h * dim + 0 * g[:, None]  # [G, 1] the token's head in k and v
+        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + at, token, writer, d, partner, sign,
+                                               dim, kind, ROTATE), mask=writer)
+        tl.store(values_ptr + slot, tl.load(v_ptr + v_start + at + d[None, :], mask=writer), mask=writer)
     best = tl.full([GROUP], float("-inf"), tl.float32)
     total = tl.zeros([GROUP], tl.float32)
     acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
-    first = pad // BLOCK_N * BLOCK_N
-    if ORDERED:  # one pass over the slots in order, the step's tokens at theirs: blocks that do not depend on T
-        best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr,
-                                             best, total, acc, b, t, new, first, pad, length, cached, k_start, v_start,
-                                             kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
-                                             ROTATE, BLOCK_N, BLOCK_T, IEEE)
-    else:  # the committed slots, then the step's tokens
-        best, total, acc = step_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best,
-                                          total, acc, m, b, t, new, recent, first, pad, length, cached, k_start,
-                                          v_start, kv_stride, h, dim, d, dims, partner, sign, scale, kind, HAS_TREE,
-                                          ROTATE, BLOCK_N, IEEE, PLANT)
+    best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total,
+                                         acc, b, t, new, pad // BLOCK_N * BLOCK_N, pad, length,
+                                         (b * kv_heads + h) * capacity * dim, k_start, v_start, kv_stride, h, dim, d,
+                                         dims, partner, sign, scale, kind, HAS_TREE, ROTATE, BLOCK_N, BLOCK_T, IEEE)
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=heads[:, None] & dims[None, :])

@@ -85,12 +85,13 @@ CASES = [
 ]
 
 
-def _attention_agrees(device, dtype, case, planted=None, ordered=False) -> bool:
-    """Whether cache_attention (``planted``: with that bug) writes the cache as KVCache.write does and attends as SDPA
-    over KVCache.attention_mask, on random keys with stale values in every slot past the committed ones."""
+def _attention_agrees(device, dtype, case, planted=None, ordered=False, splits=None, capacity=64) -> bool:
+    """Whether cache_attention (``planted``: with that bug; ``splits``: in that many chunks of slots) writes the cache
+    as KVCache.write does and attends as SDPA over KVCache.attention_mask, on random keys with stale values in every
+    slot past the committed ones."""
     lengths, pad, new, tree, recent = case
     g = torch.Generator().manual_seed(1)
-    b, heads, kv_heads, dim, capacity = 2, 6, 2, 16, 64
+    b, heads, kv_heads, dim = 2, 6, 2, 16
     cache = KVCache.allocate(1, b, kv_heads, capacity, dim, torch.tensor(pad), dtype=dtype, device=torch.device(device))
     cache.stacked.copy_(torch.randn(cache.stacked.shape, generator=g))  # stale values everywhere
     cache.lengths.copy_(torch.tensor(lengths))
@@ -98,7 +99,7 @@ def _attention_agrees(device, dtype, case, planted=None, ordered=False) -> bool:
     mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
     keys, values = cache.keys[0].clone(), cache.values[0].clone()
     out = gpu_kernels.cache_attention(q, k, v, keys, values, cache.lengths, cache.pad, mask, recent, ordered=ordered,
-                                      _planted=planted)
+                                      splits=splits, _planted=planted)
     ref_keys, ref_values = cache.write(0, k.view(b, new, kv_heads, dim).transpose(1, 2),
                                        v.view(b, new, kv_heads, dim).transpose(1, 2))
     attend = cache.attention_mask(new, None, mask, recent)
@@ -122,6 +123,38 @@ def test_the_ordered_attention_writes_and_attends_as_the_torch_ops(device):
     for case in CASES:
         if not case[4]:
             assert _attention_agrees(device, torch.float32, case, ordered=True), case
+
+
+# longer rows: chunks past a row's length, the step's slots in a later chunk than the first, a tree over recent slots
+LONG_CASES = [([70, 101], [3, 40], 4, [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], 0),
+              ([95, 64], [0, 33], 3, [[1, 0, 1, 0, 0], [0, 1, 1, 1, 0], [1, 1, 0, 1, 1]], 2),
+              ([31, 120], [0, 0], 1, None, 0)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_attention_split_over_chunks_of_slots_is_the_torch_ops(device):
+    """The committed slots read in chunks of 32 by a program each, their online softmaxes merged after
+    (flash-decoding: a one-token step over a long context), over a cache of 128 slots: the same check, every case;
+    each planted bug still fails it."""
+    for case in CASES + LONG_CASES:
+        for splits in (2, 4):
+            assert _attention_agrees(device, torch.float32, case, splits=splits, capacity=128), (case, splits)
+    assert _attention_agrees(device, torch.float16, LONG_CASES[0], splits=4, capacity=128)
+    for planted in gpu_kernels.PLANTED:
+        assert not all(_attention_agrees(device, torch.float32, case, planted, splits=4, capacity=128)
+                       for case in CASES + LONG_CASES), planted
+
+
+def test_the_attention_splits_only_a_few_programs_over_a_long_cache():
+    """How a step's attention is divided (tokens, query rows, chunks, chunk slots): a one-token step over 8,192 slots
+    at Llama-3.1-8B's heads (8 programs) in chunks; SmolLM2-135M's step over 1,024 slots in one; a batch of 8
+    verifying 64 tokens a row at 8B in programs of 64 query rows (16 tokens), unsplit."""
+    assert gpu_kernels.attention_tiles(1, 1, 32, 8, 8192) == (4, 16, 8, 1024)
+    assert gpu_kernels.attention_tiles(1, 1, 9, 3, 1024) == (5, 16, 1, 1024)
+    assert gpu_kernels.attention_tiles(1, 32, 9, 3, 1024) == (5, 16, 1, 1024)
+    assert gpu_kernels.attention_tiles(8, 64, 32, 8, 8192) == (16, 64, 1, 8192)
+    with pytest.raises(ValueError, match="splits=0"):
+        gpu_kernels.attention_tiles(1, 1, 9, 3, 1024, splits=0)
 
 
 @pytest.mark.parametrize("planted", gpu_kernels.PLANTED)
