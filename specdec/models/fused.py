@@ -159,9 +159,13 @@ def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch
 
 def head_norms(kernels, qkv: torch.Tensor, layer: Layer, heads: Heads, with_q: bool = True) -> torch.Tensor:
     """A stacked [M, (Hq + 2·Hkv)·D] q|k|v product (k|v alone without ``with_q``) with the layer's per-head q and k
-    RMSNorms applied (contiguous, as ``rope_qkv`` reads it); as it is for a layer without them."""
+    RMSNorms applied (contiguous, as ``rope_qkv`` reads it); as it is for a layer without them. The Triton kernels
+    norm it in place in one kernel (``head_norms``), the others into a new tensor."""
     if layer.k_norm is None:
         return qkv
+    in_place = getattr(kernels, "head_norms", None)  # the Triton kernels': one kernel, the product's output normed
+    if in_place is not None and qkv.is_contiguous():
+        return in_place(qkv, heads.q if with_q else 0, heads.kv, layer.k_norm, layer.q_norm if with_q else None)
     m, dim = qkv.shape[0], heads.dim
     q, k, v = qkv.split((heads.q * dim if with_q else 0, heads.kv * dim, heads.kv * dim), -1)
     parts = [kernels.rms_norm(q.reshape(-1, dim).contiguous(), None, *layer.q_norm).view(m, -1)] if with_q else []

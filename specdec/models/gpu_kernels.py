@@ -10,7 +10,8 @@ the rotary embedding of q and k with the cache writes and the attention over eac
 step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree mask, read on the device, so a
 captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are the same in two kernels), the o
 product (cuBLAS's), the gate|up product over the residual add and RMSNorm (:func:`normed_product` again), the down
-product over SiLU·up (:func:`silu_product`). Apart (``target.fused_products=false``, and a prefill of more than
+product over SiLU·up (:func:`silu_product`); Qwen3's per-head q and k norms one more (:func:`head_norms`, in
+place). Apart (``target.fused_products=false``, and a prefill of more than
 :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
@@ -103,6 +104,25 @@ def rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, 
     _kernels().rms_norm_kernel[(m,)](x, delta, weight, out, width, float(eps), HAS_DELTA=delta is not x,
                                      BLOCK=_pow2(width, 16))
     return out
+
+
+def head_norms(qkv: torch.Tensor, q_heads: int, kv_heads: int, k_norm: tuple[torch.Tensor, float],
+               q_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """A stacked q|k|v product [M, (Hq + 2·Hkv)·D] (contiguous; ``q_heads`` 0: k|v alone) with each q head RMS-normed
+    by ``q_norm`` (weight [D], eps) and each k head by ``k_norm``, in place, in one kernel: :func:`rms_norm` over each
+    head's row, bit for bit (Qwen3's and the block drafter's per-head norms, where splitting, two norms and a cat were
+    five kernels). Returns ``qkv``."""
+    m, width = qkv.shape
+    dim = width // (q_heads + 2 * kv_heads)
+    if not qkv.is_contiguous() or width != (q_heads + 2 * kv_heads) * dim or (q_heads and q_norm is None) \
+            or k_norm[0].shape != (dim,) or (q_heads and q_norm[0].shape != (dim,)):
+        raise ValueError(f"head_norms: q|k|v {tuple(qkv.shape)} (contiguous) with {q_heads} query and {kv_heads} key "
+                         f"heads, norm weights of the head's dimension, k's {tuple(k_norm[0].shape)}, q's "
+                         f"{None if q_norm is None else tuple(q_norm[0].shape)}")
+    q_weight, q_eps = q_norm if q_heads else k_norm
+    _kernels().head_norms_kernel[(m, q_heads + kv_heads)](qkv, q_weight, k_norm[0], q_heads, kv_heads, dim,
+                                                          float(q_eps), float(k_norm[1]), BLOCK=_pow2(dim, 16))
+    return qkv
 
 
 def _in_dtype(x: float, dtype: torch.dtype) -> float:

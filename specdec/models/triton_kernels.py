@@ -50,6 +50,22 @@ def rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, width, eps, HAS_DELTA: tl.
 
 
 @triton.jit
+def head_norms_kernel(qkv_ptr, wq_ptr, wk_ptr, q_heads, kv_heads, dim, eps_q, eps_k, BLOCK: tl.constexpr):
+    # One program: head `head` of row `row` of a stacked q|k|v [M, (Hq + 2·Hkv)·D] (Hq = 0: k|v), in place: a q head
+    # RMS-normed by wq, a k head by wk, each as rms_norm_kernel normalises a row of D (the v heads left as they are).
+    row, head = tl.program_id(0), tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < dim
+    kind: tl.constexpr = qkv_ptr.dtype.element_ty
+    at = qkv_ptr + (row * (q_heads + 2 * kv_heads) + head) * dim + offs
+    x = tl.load(at, mask=inside, other=0.0).to(tl.float32)
+    if head < q_heads:
+        tl.store(at, normed_row(x, wq_ptr, offs, inside, dim, eps_q, kind).to(kind), mask=inside)
+    else:
+        tl.store(at, normed_row(x, wk_ptr, offs, inside, dim, eps_k, kind).to(kind), mask=inside)
+
+
+@triton.jit
 def embedded_norms_kernel(tokens_ptr, embed_ptr, stream_ptr, w_embed_ptr, w_stream_ptr, out_ptr, width, scale,
                           eps_embed, eps_stream, SCALED: tl.constexpr, BLOCK: tl.constexpr):
     """EAGLE's draft layer input (program: one row): the RMSNorm of the token's embedding (a row of the embedding

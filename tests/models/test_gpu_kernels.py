@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_llama
+from helpers import tiny_family, tiny_llama
 
 from specdec import NgramDrafter, autoregressive_generate, speculative_generate
 from specdec.models import Backend, GraphedDecoder, as_decoder
@@ -182,13 +182,17 @@ def _backend(device, exact_numerics=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, monkeypatch):
     """A prefill, a decode step and a tree verification through the fused forward on the Triton kernels (graphs
-    replayed, emulated on CPU) give the logits of torch's ops; every attention went through the kernel."""
-    calls = []
-    real = gpu_kernels.rotary_attention
-    monkeypatch.setattr(gpu_kernels, "rotary_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    model = tiny_llama(layers=2, seed=0).to(device)
+    replayed, emulated on CPU) give the logits of torch's ops; every attention went through the kernel (Qwen3's
+    q and k norms through ``head_norms``)."""
+    calls = collections.Counter()
+    for name in ("rotary_attention", "head_norms"):
+        real = getattr(gpu_kernels, name)
+        monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update([name]) or
+                            real(*a, **kw))
+    model = (tiny_llama(layers=2, seed=0) if family == "llama" else tiny_family("qwen3", window=1024)).to(device)
     fused = GraphedDecoder(as_decoder(model, backend=_backend(device)))
     plain = as_decoder(model, backend=Backend(kernels=False, onednn=False, gpu_kernels=False))
     pad = torch.tensor([0, 2], device=device)
@@ -208,7 +212,33 @@ def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, monkeypat
             outputs.append(logits)
     for got, want in zip(*outputs):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert calls and fused.captures == 2  # the one-token step and the tree, each captured once
+    assert calls["rotary_attention"] and fused.captures == 2  # the one-token step and the tree, each captured once
+    assert calls["head_norms"] == (calls["rotary_attention"] if family == "qwen3" else 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_qkv_s_head_norms_in_one_kernel_are_the_norms_apart(device):
+    """Qwen3's and the block drafter's per-head q and k RMSNorms over a stacked q|k|v (or k|v) product, in place in
+    one kernel: bit for bit the split, the two rms_norm kernels and the cat they replace, in every dtype."""
+    from types import SimpleNamespace
+
+    from specdec.models import fused
+
+    g = torch.Generator().manual_seed(3)
+    heads = fused.Heads(6, 2, 16)
+    apart = SimpleNamespace(rms_norm=gpu_kernels.rms_norm)  # a kernel set without head_norms: the five kernels
+    for dtype in _dtypes(device):
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(device, dtype)
+
+        layer = fused.Layer(None, None, None, None, None, None, q_norm=(rand(16), 1e-6), k_norm=(rand(16), 1e-5))
+        for with_q in (True, False):
+            qkv = rand(5, ((heads.q if with_q else 0) + 2 * heads.kv) * heads.dim)
+            want = fused.head_norms(apart, qkv.clone(), layer, heads, with_q)
+            got = fused.head_norms(gpu_kernels, qkv, layer, heads, with_q)
+            assert got.data_ptr() == qkv.data_ptr() and torch.equal(got, want), (dtype, with_q)
+    with pytest.raises(ValueError, match="head_norms"):
+        gpu_kernels.head_norms(torch.zeros(2, 60), 2, 1, (torch.ones(16), 1e-6), (torch.ones(16), 1e-6))
 
 
 @pytest.mark.parametrize("device", DEVICES)
