@@ -77,6 +77,16 @@ class FeatureDraftModel(nn.Module):
         emb = torch.cat([freqs, freqs], -1)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def rope_at(self, positions: torch.Tensor, dtype: torch.dtype, within: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The fused forwards' rotary embedding of ``positions`` [B, T] below ``within``: on the Triton kernels'
+        devices without autograd the tables [P, D] (:meth:`_rope_table`) and the positions [B·T] the attention kernel
+        reads their rows at (no gather before it: ``fused.Attention.positions``); else cos, sin [B·T, D] and None."""
+        if self.backend.stacks(positions) and not torch.is_grad_enabled():
+            return *self._rope_table(within, dtype, positions.device), positions.reshape(-1)
+        cos, sin = self.rope(positions, dtype, within)
+        return cos.reshape(positions.numel(), -1), sin.reshape(positions.numel(), -1), None
+
     def _rope_table(self, within: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [P, D] of positions 0 .. P - 1 (P ≥ ``within``), kept for the model's lifetime: a captured graph
         reads the table it was captured with, so none is freed while the model lives (one a dtype and device, grown

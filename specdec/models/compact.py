@@ -181,8 +181,11 @@ class CompactDecoder(nn.Module):
         windows = [w if w is not None and w < cache.capacity else None for w in self.windows]  # those that bind
         kernels = self._fused(x)
         if kernels is not None and not any(windows):
-            cos, sin = self._rope_rows(x, positions)  # [B, T, D] each
-            hidden = self._fused_layers(kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured)
+            tables = self._rope_tables(x)  # [P, D] each, read at the positions [B·T]; else the rows [B·T, D]
+            cos, sin, at = ((*tables, positions.reshape(-1)) if tables is not None
+                            else (*(rows.reshape(positions.numel(), -1) for rows in self._rope_rows(x, positions)),
+                                  None))
+            hidden = self._fused_layers(kernels, x, cache, kv_len, tree_mask, cos, sin, at, capture, captured)
             return self._head(hidden[:, -1:] if last_only else hidden, capture, captured)
         x = self._layers(x, cache, positions, kv_len, tree_mask, depths, windows, capture, captured)
         return self._head(self.norm(x[:, -1:] if last_only else x), capture, captured)
@@ -247,16 +250,24 @@ class CompactDecoder(nn.Module):
         not change with the length (:data:`STATIC_ROPE`), the rows of a table of every position's cos and sin that
         the module computed once (on the device, in x's dtype: the same values, elementwise), two gathers where the
         module's own forward is nine kernels a step; elsewhere the module's forward."""
+        tables = self._rope_tables(x)
+        if tables is None:
+            return self.rotary_emb(x, positions)
+        return tables[0][positions], tables[1][positions]
+
+    def _rope_tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The table of every position's cos and sin [P, D] each that :meth:`_rope_rows` reads (None where it runs the
+        module's forward): the attention kernel reads a token's rows at its position itself."""
         emb = self.rotary_emb
         if not self.backend.stacks(x) or getattr(emb, "rope_type", "default") not in STATIC_ROPE:
-            return emb(x, positions)
+            return None
         held = self._rope_table
         state = (_version(emb.inv_freq), x.dtype, x.device)
         if held is None or held[0] is not emb.inv_freq or held[1] != state:
             every = torch.arange(self.max_positions, device=x.device)[None]
             cos, sin = (table[0] for table in emb(x, every))  # [P, D] each
             held = self._rope_table = (emb.inv_freq, state, cos, sin)
-        return held[2][positions], held[3][positions]
+        return held[2], held[3]
 
     def _fused(self, x: torch.Tensor):
         """The kernel set this forward runs the small ops between the products through (:meth:`_fused_layers`), or
@@ -282,7 +293,7 @@ class CompactDecoder(nn.Module):
                 and all(isinstance(layer.mlp.act_fn, nn.SiLU)  # transformers 5: its own SiLU module
                         or type(layer.mlp.act_fn).__name__ == "SiLUActivation" for layer in self.layers))
 
-    def _fused_layers(self, kernels, x, cache, kv_len, tree_mask, cos, sin, capture, captured) -> torch.Tensor:
+    def _fused_layers(self, kernels, x, cache, kv_len, tree_mask, cos, sin, at, capture, captured) -> torch.Tensor:
         """The decoder layers and final norm of :meth:`forward` through a fused kernel set (``kernels``: specdec's
         CPU kernels or its Triton kernels; :func:`specdec.models.fused.decoder_layers` runs them), the normed hidden
         state [B, T, H] (and the captured streams into ``captured``). The cache writes and the attention run in the
@@ -293,7 +304,7 @@ class CompactDecoder(nn.Module):
         b, t, width = x.shape
         dense = None if self.backend.attends_in_kernel(kernels, b * t) else cache.attention_mask(t, kv_len, tree_mask)
         attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len,
-                                    ordered=self.backend.exact_numerics)
+                                    ordered=self.backend.exact_numerics, positions=at)
         layers, final_norm = self._layer_plan(self.backend.stacks(x))
 
         def keep(i: int, stream: torch.Tensor) -> None:
@@ -301,8 +312,8 @@ class CompactDecoder(nn.Module):
                 captured[i] = stream.view(b, t, width).clone()
 
         heads = fused.Heads(self.num_heads, self.num_kv_heads, self.head_dim)
-        h = fused.decoder_layers(self.backend, kernels, layers, heads, x.reshape(b * t, width).clone(),
-                                 cos.reshape(b * t, -1), sin.reshape(b * t, -1), attention, final_norm=final_norm,
+        h = fused.decoder_layers(self.backend, kernels, layers, heads, x.reshape(b * t, width).clone(), cos, sin,
+                                 attention, final_norm=final_norm,
                                  on_layer=keep if capture else None)
         return h.view(b, t, width)
 

@@ -64,11 +64,12 @@ class Attention(NamedTuple):
     dense: torch.Tensor | None = None
     kv_len: int | None = None
     ordered: bool = False  # the Triton kernels' attention over the slots in order (Backend.exact_numerics)
+    positions: torch.Tensor | None = None  # [M]: cos and sin are tables [P, D] read at these (the Triton attention's)
 
 
 def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
                    stream: torch.Tensor,  # [M, H] the residual stream
-                   cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each
+                   cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each, or tables read at attention.positions
                    attention: Attention, *, normed: torch.Tensor | None = None,  # [M, H'] the first layer's input
                    final_norm: Norm | None = None,
                    on_layer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:  # -> [M, H]
@@ -145,7 +146,9 @@ def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch
     in_one = getattr(kernels, "rotary_attention", None)
     if attention.dense is None and in_one is not None:
         return in_one(qkv, cos, sin, heads.q, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
-                      attention.mask, attention.recent, ordered=attention.ordered)
+                      attention.mask, attention.recent, ordered=attention.ordered, positions=attention.positions)
+    if attention.positions is not None:  # the tables' rows, for kernels that read a row a token
+        cos, sin = cos[attention.positions], sin[attention.positions]
     q, k, v = kernels.rope_qkv(qkv, cos, sin, heads.q, heads.kv)
     if attention.dense is None:
         return kernels.cache_attention(q, k, v, cache.keys[i], cache.values[i], cache.lengths, cache.pad,

@@ -206,24 +206,32 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: tor
 def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: int, keys: torch.Tensor,
                      values: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, recent: int = 0, *, ordered: bool = False,
-                     splits: int | None = None, _planted: str | None = None) -> torch.Tensor:
+                     splits: int | None = None, positions: torch.Tensor | None = None,
+                     _planted: str | None = None) -> torch.Tensor:
     """:func:`rope_qkv` then :func:`cache_attention` (``ordered`` as there) in one kernel: the attention of a stacked
     q|k|v product [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same
-    arithmetic and roundings (one kernel a layer fewer)."""
+    arithmetic and roundings (one kernel a layer fewer). ``positions`` [B·T]: cos and sin are tables [P, D] of every
+    position, each token's rows read at its position (no gather of the rows before the step)."""
     kv_heads, dim = keys.shape[1], keys.shape[3]
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     width = (q_heads + 2 * kv_heads) * dim
-    if qkv.dim() != 2 or qkv.shape[1] != width or cos.shape != (qkv.shape[0], dim) or sin.shape != cos.shape:
+    rows = qkv.shape[0] if positions is None else cos.shape[0]
+    if (qkv.dim() != 2 or qkv.shape[1] != width or cos.shape != (rows, dim) or sin.shape != cos.shape
+            or (positions is not None and positions.shape != (qkv.shape[0],))):
         raise ValueError(f"rotary_attention: q|k|v {tuple(qkv.shape)} (expected [M, {width}]), cos {tuple(cos.shape)} "
-                         f"and sin {tuple(sin.shape)} (expected [M, {dim}]) do not fit the keys {tuple(keys.shape)}")
-    return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width), (cos, sin),
-                      q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, splits, _planted)
+                         f"and sin {tuple(sin.shape)} (expected [M, {dim}], or tables [P, {dim}] with positions [M]: "
+                         f"{None if positions is None else tuple(positions.shape)}) do not fit the keys "
+                         f"{tuple(keys.shape)}")
+    return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width),
+                      (cos, sin, positions), q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, splits,
+                      _planted)
 
 
 def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, ordered,
                splits, _planted):
     """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
-    ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin) where given."""
+    ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin, and the positions their rows are read at or
+    None: a row each) where given."""
     plant = _plant(_planted, PLANTED + PLANTED_ROTARY)
     b, kv_heads, capacity, dim = keys.shape
     m = sources[0].shape[0]
@@ -245,15 +253,16 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         raise ValueError("cache_attention: ordered attention reads no recent slots (EAGLE's draft layer keeps the "
                          "unordered one)")
     out = torch.empty(m, q_heads * dim, dtype=keys.dtype, device=keys.device)
-    cos, sin = rotary if rotary is not None else (lengths, lengths)  # not read without the rotation
-    common = dict(HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, BLOCK_N=ATTENTION_SLOTS,
-                  BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
+    cos, sin, positions = rotary if rotary is not None else (lengths, lengths, None)  # not read without the rotation
+    at = lengths if positions is None else positions.contiguous()  # not read without a table
+    common = dict(HAS_TREE=tree_mask is not None, ROTATE=rotary is not None, TABLE=positions is not None,
+                  BLOCK_N=ATTENTION_SLOTS, BLOCK_D=_pow2(dim, 16), IEEE=keys.dtype == torch.float32, PLANT=plant)
     if ordered:
         if splits not in (None, 1):
             raise ValueError(f"cache_attention: splits={splits}: ordered attention reads the slots in one pass")
         _kernels().ordered_attention_kernel[(m, kv_heads)](
             *sources, cos, sin, keys, values, lengths, pad, tree, out, new, q_heads, kv_heads, capacity, dim, *starts,
-            *strides, dim ** -0.5, GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_T=_pow2(new, 16), **common)
+            *strides, dim ** -0.5, at, GROUP=_pow2(q_heads // kv_heads, 16), BLOCK_T=_pow2(new, 16), **common)
         return out
     tokens, rows, splits, chunk = attention_tiles(b, new, q_heads, kv_heads, capacity, splits)
     programs = b * _cdiv(new, tokens)
@@ -262,7 +271,7 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
         (out, out, out)  # float32: each chunk's max, sum of exps and weighted values a query row
     _kernels().attention_kernel[(programs, kv_heads, splits)](
         *sources, cos, sin, keys, values, lengths, pad, tree, out, *partial, m, new, q_heads, kv_heads, capacity, dim,
-        int(recent), dim ** -0.5, chunk, *starts, *strides, SPLIT=splits > 1, TOKENS=tokens, ROWS=rows, **common)
+        int(recent), dim ** -0.5, chunk, *starts, *strides, at, SPLIT=splits > 1, TOKENS=tokens, ROWS=rows, **common)
     if splits > 1:
         _kernels().attention_merge_kernel[(m * q_heads,)](*partial, out, m * q_heads, dim, splits,
                                                           SPLITS=_pow2(splits), BLOCK_D=_pow2(dim, 16))

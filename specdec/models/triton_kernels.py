@@ -161,11 +161,14 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 
 
 @triton.jit
-def read_rotated(x_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
-                 ROTATE: tl.constexpr):
+def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
+                 ROTATE: tl.constexpr, TABLE: tl.constexpr):
     """Heads [N, D] read where ``at`` [N, 1] says (under ``tile`` [N, D]), in ``kind``; with ROTATE rotated at the
-    positions of the token rows ``turns`` [N] (their cos and sin rows): a step's queries or keys."""
+    positions of the token rows ``turns`` [N]: their cos and sin rows, or with TABLE the rows of cos and sin tables at
+    the tokens' positions (``pos_ptr``): a step's queries or keys."""
     if ROTATE:
+        if TABLE:
+            turns = tl.load(pos_ptr + turns, mask=tl.max(tile.to(tl.int32), 1) > 0, other=0)
         c = tl.load(cos_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
         raw = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0).to(tl.float32)
@@ -179,14 +182,15 @@ def read_rotated(x_ptr, cos_ptr, sin_ptr, at, turns, tile, d, partner, sign, dim
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
                      out_ptr, best_ptr, total_ptr, acc_ptr, rows, new, q_heads, kv_heads, capacity, dim, recent, scale,
-                     chunk, q_start, k_start, v_start, q_stride, kv_stride,
-                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, SPLIT: tl.constexpr, TOKENS: tl.constexpr,
+                     chunk, q_start, k_start, v_start, q_stride, kv_stride, pos_ptr,
+                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr, SPLIT: tl.constexpr,
+                     TOKENS: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
                      PLANT: tl.constexpr):
     # One program: TOKENS new tokens of row b times the query heads sharing KV head h, as ROWS query rows (token by
     # token), over chunk s of the committed slots (chunk slots from s·chunk: all of them without SPLIT), each block of
     # keys read once for them all; the chunk holding slot lengths[b] also over the step's tokens (read from k and v,
-    # rotated as read where ROTATE, cos and sin [M, D]), whose keys and values it writes into slots lengths[b] + t
+    # rotated as read where ROTATE: cos and sin [M, D], or tables read at pos [M] with TABLE), whose keys and values it writes into slots lengths[b] + t
     # (read by no program). The tree mask (causal without one) says who sees whom among the step's tokens and the last
     # ``recent`` committed slots. Token m's q, k, v start at q_start, k_start, v_start + m · (q_stride or kv_stride):
     # three tensors or one q|k|v product. Stores the attention, or with SPLIT each query row's running max, sum of
@@ -210,13 +214,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     cached = (b * kv_heads + h) * capacity * dim
     steps = length // chunk + 0 * r == s  # [R] whether this chunk holds the step's slots (as rows: the interpreter
     # refuses a mask of a scalar comparison's and a tensor)
-    q = read_rotated(q_ptr, cos_ptr, sin_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim, m,
-                     live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE)  # [R, D]
+    q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim, m,
+                     live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [R, D]
     writer = (live & (g == 0) & steps)[:, None] & dims[None, :]  # each token's key and value, once
     if PLANT != 2:
         slot = cached + (length + t)[:, None] * dim + d[None, :]
-        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + m[:, None] * kv_stride + h * dim,
-                                               m, writer, d, partner, sign, dim, kind, ROTATE), mask=writer)
+        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + m[:, None] * kv_stride + h * dim,
+                                               m, writer, d, partner, sign, dim, kind, ROTATE, TABLE), mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + m[:, None] * kv_stride + h * dim + d[None, :],
                                             mask=writer), mask=writer)
     best = tl.full([ROWS], float("-inf"), tl.float32)
@@ -255,8 +259,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
             turns = b * new + t0 + 0 * j
         else:
             turns = tokens
-        keys = read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns, tile, d,
-                            partner, sign, dim, kind, ROTATE)
+        keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns, tile, d,
+                            partner, sign, dim, kind, ROTATE, TABLE)
         values = tl.load(v_ptr + v_start + tokens[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     heads = m * q_heads + h * group + g  # [R] the query rows' (token, head)
@@ -290,10 +294,10 @@ def attention_merge_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, heads, dim, sp
 
 
 @triton.jit
-def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc, b, t, new,
-                      first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign, scale,
-                      kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_T: tl.constexpr, IEEE: tl.constexpr):
+def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc,
+                      b, t, new, first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign,
+                      scale, kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr):
     """The attention of step token t of row b over the slots in position order, in blocks of BLOCK_N slots: the
     committed ones, then at slot length + i the step's token t sees at depth i (a chain: token i; a tree: its
     ancestor i levels below the root, found as the (i + 1)-th token its mask row shows, parents coming before their
@@ -321,8 +325,8 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, t
         values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
         rows = b * new + j
         new_tile = step_seen[:, None] & dims[None, :]
-        step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
-                              d, partner, sign, dim, kind, ROTATE)
+        step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
+                              d, partner, sign, dim, kind, ROTATE, TABLE)
         step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
                               other=0.0)
         keys = tl.where(new_tile, step_keys, keys)
@@ -334,8 +338,9 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, t
 @triton.jit
 def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr,
                              tree_ptr, out_ptr, new, q_heads, kv_heads, capacity, dim, q_start, k_start, v_start,
-                             q_stride, kv_stride, scale,
-                             HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                             q_stride, kv_stride, scale, pos_ptr,
+                             HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr, GROUP: tl.constexpr,
+                             BLOCK_N: tl.constexpr,
                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PLANT: tl.constexpr):
     # One program: new token t of row b, the query heads sharing KV head h, over the slots in position order
     # (ordered_attention: target.exact_numerics). It writes the token's key and value into slot lengths[b] + t (read
@@ -354,22 +359,23 @@ def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, va
     sign = tl.where(d < half, -1.0, 1.0)
     kind: tl.constexpr = keys_ptr.dtype.element_ty
     token = m + 0 * g  # [G] the token's row, for each head
-    q = read_rotated(q_ptr, cos_ptr, sin_ptr, q_start + m * q_stride + (h * group + g[:, None]) * dim, token,
-                     heads[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE)  # [G, D]
+    q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m * q_stride + (h * group + g[:, None]) * dim, token,
+                     heads[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [G, D]
     writer = (g == 0)[:, None] & dims[None, :]
     if PLANT != 2:
         slot = (b * kv_heads + h) * capacity * dim + (length + t + 0 * g)[:, None] * dim + d[None, :]
         at = m * kv_stride + h * dim + 0 * g[:, None]  # [G, 1] the token's head in k and v
-        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, k_start + at, token, writer, d, partner, sign,
-                                               dim, kind, ROTATE), mask=writer)
+        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + at, token, writer, d, partner, sign,
+                                               dim, kind, ROTATE, TABLE), mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + at + d[None, :], mask=writer), mask=writer)
     best = tl.full([GROUP], float("-inf"), tl.float32)
     total = tl.zeros([GROUP], tl.float32)
     acc = tl.zeros([GROUP, BLOCK_D], tl.float32)
-    best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, tree_ptr, best, total,
-                                         acc, b, t, new, pad // BLOCK_N * BLOCK_N, pad, length,
+    best, total, acc = ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr, tree_ptr,
+                                         best, total, acc, b, t, new, pad // BLOCK_N * BLOCK_N, pad, length,
                                          (b * kv_heads + h) * capacity * dim, k_start, v_start, kv_stride, h, dim, d,
-                                         dims, partner, sign, scale, kind, HAS_TREE, ROTATE, BLOCK_N, BLOCK_T, IEEE)
+                                         dims, partner, sign, scale, kind, HAS_TREE, ROTATE, TABLE, BLOCK_N, BLOCK_T,
+                                         IEEE)
     out = acc / total[:, None]
     tl.store(out_ptr + (m * q_heads + h * group + g[:, None]) * dim + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=heads[:, None] & dims[None, :])

@@ -306,6 +306,36 @@ def test_rotary_attention_is_the_rotary_embedding_then_the_attention(device, cas
         assert not _rotary_attention_agrees(device, torch.float32, CASES[case], "keys_rotated_at_the_query")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_rotary_attention_reads_cos_and_sin_tables_at_the_positions(device):
+    """cos and sin as tables of every position, each token's rows read by the kernel at its position (no gather a
+    forward): bit for bit the attention over the gathered rows, every case, ordered too; the positions shuffled
+    differ."""
+    g = torch.Generator().manual_seed(4)
+    b, heads, kv_heads, dim, capacity = 2, 6, 2, 16, 64
+    for case in CASES:
+        lengths, pad, new, tree, recent = case
+        for ordered in (False, True) if not recent else (False,):
+            qkv = torch.randn(b * new, (heads + 2 * kv_heads) * dim, generator=g).to(device)
+            tables = [torch.randn(80, dim, generator=g).to(device) for _ in range(2)]
+            positions = torch.randint(0, 80, (b * new,), generator=g).to(device)
+            stale = torch.randn(b, kv_heads, capacity, dim, generator=g).to(device)
+            mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
+            args = (torch.tensor(lengths, device=device), torch.tensor(pad, device=device), mask, recent)
+
+            def attend(cos, sin, at):
+                keys, values = stale.clone(), stale.clone()
+                out = gpu_kernels.rotary_attention(qkv, cos, sin, heads, keys, values, *args, ordered=ordered,
+                                                   positions=at)
+                return out, keys
+
+            rows = attend(tables[0][positions], tables[1][positions], None)
+            assert all(torch.equal(x, y) for x, y in zip(attend(*tables, positions), rows)), (case, ordered)
+            if b * new > 2:
+                shuffled = attend(*tables, positions.flip(0))
+                assert not all(torch.equal(x, y) for x, y in zip(shuffled, rows)), (case, ordered)
+
+
 def test_rotary_attention_refuses_shapes_that_do_not_fit():
     keys, lengths = torch.zeros(2, 2, 16, 8), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match=r"expected \[M, 64\]"):

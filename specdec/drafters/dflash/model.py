@@ -274,11 +274,11 @@ class DFlashModel(FeatureDraftModel):
         (:func:`specdec.models.fused.decoder_layers`) and the products over the plan's panels (codes where the
         weights are)."""
         b, s, h = x.shape
-        cos, sin = self.rope(positions, x.dtype, cache.capacity)
+        cos, sin, at = self.rope_at(positions, x.dtype, cache.capacity)  # tables read at `at` on a GPU
         layers, heads = self._plan_for(x)["layers"], fused.Heads(*self.layers[0].shape)
         out = fused.decoder_layers(self.backend, kernels, layers, heads,
-                                   x.reshape(b * s, h).clone(memory_format=torch.contiguous_format),
-                                   cos.reshape(b * s, -1), sin.reshape(b * s, -1), fused.Attention(cache, everything))
+                                   x.reshape(b * s, h).clone(memory_format=torch.contiguous_format), cos, sin,
+                                   fused.Attention(cache, everything, positions=at))
         return out.view(b, s, h)
 
     def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:

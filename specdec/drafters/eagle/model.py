@@ -158,18 +158,18 @@ class EagleModel(FeatureDraftModel):
         or the layer's own outputs), tokens [B, T], positions [B, T] -> outputs [B, T, H]. Each new entry sees
         its row's committed entries, itself, and what ``tree`` [T, recent + T] allows of the last ``recent``
         committed entries and the new ones (None: the new ones before it; :meth:`KVCache.attention_mask`)."""
-        cos, sin = self.rope(positions, hidden.dtype, cache.capacity)
         kernels = self._fused(hidden)
         if kernels is not None:
-            return self._fused_step(kernels, hidden, tokens, cache, cos, sin, tree, recent)
+            return self._fused_step(kernels, hidden, tokens, cache, positions, tree, recent)
+        cos, sin = self.rope(positions, hidden.dtype, cache.capacity)
         q, k, v = self.layer.project(hidden, self.embed(tokens), cos, sin, self.backend)
         keys, values = cache.write(0, k, v, kv_len)
         mask = cache.attention_mask(tokens.shape[1], keys.shape[2], tree, recent)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.layer.finish(hidden, attended, self.backend)
 
-    def _fused_step(self, kernels, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, cos: torch.Tensor,
-                    sin: torch.Tensor, tree: torch.Tensor | None, recent: int) -> torch.Tensor:
+    def _fused_step(self, kernels, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
+                    tree: torch.Tensor | None, recent: int) -> torch.Tensor:
         """:meth:`step` through a fused kernel set (``kernels``: the CPU's or the Triton kernels;
         :func:`specdec.models.fused.decoder_layers` runs the layer) and the products over the plan's (panels on CPU,
         float16 where the weights are exactly float16; stacked for ``F.linear`` on a GPU): the ops of
@@ -188,9 +188,9 @@ class EagleModel(FeatureDraftModel):
             embeds = self._scaled(F.embedding(tokens.reshape(-1), self.embed_weight))
             normed = torch.cat([kernels.rms_norm(embeds, None, *plan["input_norm"]),
                                 kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
+        cos, sin, at = self.rope_at(positions, hidden.dtype, cache.capacity)  # tables read at `at` on a GPU
         out = fused.decoder_layers(self.backend, kernels, [plan["layer"]], fused.Heads(*self.layer.shape), stream,
-                                   cos.reshape(b * t, -1), sin.reshape(b * t, -1),
-                                   fused.Attention(cache, tree, recent), normed=normed)
+                                   cos, sin, fused.Attention(cache, tree, recent, positions=at), normed=normed)
         return out.view(b, t, h)
 
     def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:
