@@ -190,11 +190,11 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     # One program: TOKENS new tokens of row b times the query heads sharing KV head h, as ROWS query rows (token by
     # token), over chunk s of the committed slots (chunk slots from s·chunk: all of them without SPLIT), each block of
     # keys read once for them all; the chunk holding slot lengths[b] also over the step's tokens (read from k and v,
-    # rotated as read where ROTATE: cos and sin [M, D], or tables read at pos [M] with TABLE), whose keys and values it writes into slots lengths[b] + t
-    # (read by no program). The tree mask (causal without one) says who sees whom among the step's tokens and the last
-    # ``recent`` committed slots. Token m's q, k, v start at q_start, k_start, v_start + m · (q_stride or kv_stride):
-    # three tensors or one q|k|v product. Stores the attention, or with SPLIT each query row's running max, sum of
-    # exps and weighted values for attention_merge_kernel.
+    # rotated as read where ROTATE: cos and sin [M, D], or with TABLE tables read at the positions pos [M]), whose keys
+    # and values it writes into slots lengths[b] + t (read by no program). The tree mask (causal without one) says who
+    # sees whom among the step's tokens and the last ``recent`` committed slots. Token m's q, k, v start at q_start,
+    # k_start, v_start + m · (q_stride or kv_stride): three tensors or one q|k|v product. Stores the attention, or
+    # with SPLIT each query row's running max, sum of exps and weighted values for attention_merge_kernel.
     p, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tiles = tl.cdiv(new, TOKENS)
     b, t0 = p // tiles, p % tiles * TOKENS
@@ -214,13 +214,14 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     cached = (b * kv_heads + h) * capacity * dim
     steps = length // chunk + 0 * r == s  # [R] whether this chunk holds the step's slots (as rows: the interpreter
     # refuses a mask of a scalar comparison's and a tensor)
-    q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim, m,
-                     live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [R, D]
+    q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim,
+                     m, live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [R, D]
     writer = (live & (g == 0) & steps)[:, None] & dims[None, :]  # each token's key and value, once
     if PLANT != 2:
         slot = cached + (length + t)[:, None] * dim + d[None, :]
-        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + m[:, None] * kv_stride + h * dim,
-                                               m, writer, d, partner, sign, dim, kind, ROTATE, TABLE), mask=writer)
+        key = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + m[:, None] * kv_stride + h * dim, m, writer, d,
+                           partner, sign, dim, kind, ROTATE, TABLE)
+        tl.store(keys_ptr + slot, key, mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + m[:, None] * kv_stride + h * dim + d[None, :],
                                             mask=writer), mask=writer)
     best = tl.full([ROWS], float("-inf"), tl.float32)
@@ -259,8 +260,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
             turns = b * new + t0 + 0 * j
         else:
             turns = tokens
-        keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns, tile, d,
-                            partner, sign, dim, kind, ROTATE, TABLE)
+        keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns,
+                            tile, d, partner, sign, dim, kind, ROTATE, TABLE)
         values = tl.load(v_ptr + v_start + tokens[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     heads = m * q_heads + h * group + g  # [R] the query rows' (token, head)
@@ -295,9 +296,9 @@ def attention_merge_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, heads, dim, sp
 
 @triton.jit
 def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr, tree_ptr, best, total, acc,
-                      b, t, new, first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner, sign,
-                      scale, kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr):
+                      b, t, new, first, pad, length, cached, k_start, v_start, kv_stride, h, dim, d, dims, partner,
+                      sign, scale, kind: tl.constexpr, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr,
+                      TABLE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr):
     """The attention of step token t of row b over the slots in position order, in blocks of BLOCK_N slots: the
     committed ones, then at slot length + i the step's token t sees at depth i (a chain: token i; a tree: its
     ancestor i levels below the root, found as the (i + 1)-th token its mask row shows, parents coming before their
@@ -325,8 +326,8 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, valu
         values = tl.load(values_ptr + cached + n[:, None] * dim + d[None, :], mask=tile, other=0.0)
         rows = b * new + j
         new_tile = step_seen[:, None] & dims[None, :]
-        step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows, new_tile,
-                              d, partner, sign, dim, kind, ROTATE, TABLE)
+        step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows,
+                                 new_tile, d, partner, sign, dim, kind, ROTATE, TABLE)
         step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
                               other=0.0)
         keys = tl.where(new_tile, step_keys, keys)
@@ -365,8 +366,9 @@ def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, va
     if PLANT != 2:
         slot = (b * kv_heads + h) * capacity * dim + (length + t + 0 * g)[:, None] * dim + d[None, :]
         at = m * kv_stride + h * dim + 0 * g[:, None]  # [G, 1] the token's head in k and v
-        tl.store(keys_ptr + slot, read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + at, token, writer, d, partner, sign,
-                                               dim, kind, ROTATE, TABLE), mask=writer)
+        key = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + at, token, writer, d, partner, sign, dim, kind,
+                           ROTATE, TABLE)
+        tl.store(keys_ptr + slot, key, mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + at + d[None, :], mask=writer), mask=writer)
     best = tl.full([GROUP], float("-inf"), tl.float32)
     total = tl.zeros([GROUP], tl.float32)
