@@ -178,14 +178,21 @@ def head_norms(kernels, qkv: torch.Tensor, layer: Layer, heads: Heads, with_q: b
 
 def context_keys_values(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
                         context: torch.Tensor,  # [B, T, H] the block drafter's fused context
-                        cos: torch.Tensor, sin: torch.Tensor,  # [B·T, D] each
-                        cache: KVCache, kv_len: int | None) -> None:
+                        cos: torch.Tensor, sin: torch.Tensor,  # [B·T, D] each, or tables read at ``positions``
+                        cache: KVCache, kv_len: int | None, positions: torch.Tensor | None = None) -> None:
     """Each layer's keys (per-head normed, rotated) and values of ``context``, written into its cache layer
-    (uncommitted) at the rows' next slots: the block drafter's injected context."""
+    (uncommitted) at the rows' next slots: the block drafter's injected context. The Triton kernels rotate and write
+    a layer's in one kernel (``rotary_write``)."""
     b, t, _ = context.shape
     rows = context.reshape(b * t, -1)
+    in_one = getattr(kernels, "rotary_write", None)
+    if positions is not None and in_one is None:  # the tables' rows, for kernels that read a row a token
+        cos, sin = cos[positions], sin[positions]
     for i, layer in enumerate(layers):
         kv = head_norms(kernels, backend.step_product(rows, layer.kv), layer, heads, with_q=False)
+        if in_one is not None:
+            in_one(kv, cos, sin, cache.keys[i], cache.values[i], cache.lengths, positions)
+            continue
         _, k, v = kernels.rope_qkv(kv, cos, sin, 0, heads.kv)
         cache.write(i, k.view(b, t, heads.kv, heads.dim).transpose(1, 2),
                     v.view(b, t, heads.kv, heads.dim).transpose(1, 2), kv_len)

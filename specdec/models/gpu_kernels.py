@@ -180,6 +180,27 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: i
     return q, k, v
 
 
+def rotary_write(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 lengths: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+    """A stacked k|v product [B·T, 2·Hkv·D] (the step's T new tokens of each row) written into one cache layer, keys
+    and values [B, Hkv, S, D], at slots lengths + t, its keys rotated (cos, sin [B·T, D]; with ``positions`` [B·T]
+    tables [P, D] read at them): :func:`rope_qkv` then ``KVCache.write`` in one kernel, bit for bit (the block
+    drafter's context, where they were ~7 kernels a layer)."""
+    b, kv_heads, capacity, dim = keys.shape
+    m = kv.shape[0]
+    rows = m if positions is None else cos.shape[0]
+    if (kv.shape != (m, 2 * kv_heads * dim) or m % b or cos.shape != (rows, dim) or sin.shape != cos.shape
+            or not keys.is_contiguous() or values.shape != keys.shape or not values.is_contiguous()
+            or (positions is not None and positions.shape != (m,))):
+        raise ValueError(f"rotary_write: k|v {tuple(kv.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, "
+                         f"positions {None if positions is None else tuple(positions.shape)} do not fit the contiguous "
+                         f"keys {tuple(keys.shape)} and values {tuple(values.shape)}")
+    kv, cos, sin = kv.contiguous(), cos.contiguous(), sin.contiguous()
+    at = lengths if positions is None else positions.contiguous()  # not read without a table
+    _kernels().rotary_write_kernel[(m, kv_heads)](kv, cos, sin, at, keys, values, lengths, m // b, kv_heads, capacity,
+                                                  dim, TABLE=positions is not None, BLOCK_D=_pow2(dim, 16))
+
+
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     lengths: torch.Tensor, pad: torch.Tensor, tree_mask: torch.Tensor | None = None, recent: int = 0,
                     *, ordered: bool = False, splits: int | None = None, _planted: str | None = None) -> torch.Tensor:

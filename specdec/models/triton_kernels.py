@@ -180,6 +180,28 @@ def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, 
 
 
 @triton.jit
+def rotary_write_kernel(kv_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr, lengths_ptr, new, kv_heads, capacity,
+                        dim, TABLE: tl.constexpr, BLOCK_D: tl.constexpr):
+    # One program: KV head h of token m (new token t of row b) of a stacked k|v [M, 2·Hkv·D]: its key rotated (cos and
+    # sin rows [M, D], or with TABLE tables read at the positions pos [M]) as rope_qkv_kernel rotates it, and its value,
+    # written into slot lengths[b] + t of the cache layer [B, Hkv, S, D].
+    m, h = tl.program_id(0), tl.program_id(1)
+    b, t = m // new, m % new
+    d = tl.arange(0, BLOCK_D)
+    half = dim // 2
+    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
+    sign = tl.where(d < half, -1.0, 1.0)
+    kind: tl.constexpr = keys_ptr.dtype.element_ty
+    token = m + tl.zeros([1], tl.int32)  # [1]: one row
+    tile = (d < dim)[None, :]  # [1, D]
+    at = (m * 2 * kv_heads + h) * dim + tl.zeros([1, 1], tl.int32)
+    slot = ((b * kv_heads + h) * capacity + tl.load(lengths_ptr + b) + t) * dim + d[None, :]
+    tl.store(keys_ptr + slot, read_rotated(kv_ptr, cos_ptr, sin_ptr, pos_ptr, at, token, tile, d, partner, sign, dim,
+                                           kind, True, TABLE), mask=tile)
+    tl.store(values_ptr + slot, tl.load(kv_ptr + at + kv_heads * dim + d[None, :], mask=tile), mask=tile)
+
+
+@triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
                      out_ptr, best_ptr, total_ptr, acc_ptr, rows, new, q_heads, kv_heads, capacity, dim, recent, scale,
                      chunk, q_start, k_start, v_start, q_stride, kv_stride, pos_ptr,

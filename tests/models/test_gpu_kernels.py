@@ -336,6 +336,32 @@ def test_rotary_attention_reads_cos_and_sin_tables_at_the_positions(device):
                 assert not all(torch.equal(x, y) for x, y in zip(shuffled, rows)), (case, ordered)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_context_s_keys_rotated_and_written_in_one_kernel_are_rope_then_the_cache_write(device):
+    """The block drafter's context: a stacked k|v rotated and written into the cache at each row's next slots in one
+    kernel, bit for bit rope_qkv then KVCache.write, in every dtype, from cos and sin rows or tables read at the
+    positions; the slots past them untouched."""
+    g = torch.Generator().manual_seed(5)
+    b, t, kv_heads, dim, capacity = 2, 3, 2, 16, 24
+    for dtype in _dtypes(device):
+        kv = torch.randn(b * t, 2 * kv_heads * dim, generator=g).to(device, dtype)
+        tables = [torch.randn(40, dim, generator=g).to(device, dtype) for _ in range(2)]
+        positions = torch.randint(0, 40, (b * t,), generator=g).to(device)
+        cache = KVCache.allocate(1, b, kv_heads, capacity, dim, torch.tensor([0, 2]), dtype=dtype,
+                                 device=torch.device(device))
+        cache.stacked.copy_(torch.randn(cache.stacked.shape, generator=g))
+        cache.lengths.copy_(torch.tensor([5, 17]))
+        keys, values = cache.keys[0].clone(), cache.values[0].clone()
+        _, k, v = gpu_kernels.rope_qkv(kv, tables[0][positions], tables[1][positions], 0, kv_heads)
+        cache.write(0, k.view(b, t, kv_heads, dim).transpose(1, 2), v.view(b, t, kv_heads, dim).transpose(1, 2))
+        for cos, sin, at in ((tables[0][positions], tables[1][positions], None), (*tables, positions)):
+            written = keys.clone(), values.clone()
+            gpu_kernels.rotary_write(kv, cos, sin, *written, cache.lengths, at)
+            assert torch.equal(written[0], cache.keys[0]) and torch.equal(written[1], cache.values[0]), dtype
+    with pytest.raises(ValueError, match="rotary_write"):
+        gpu_kernels.rotary_write(kv[:, :-1], cos, sin, keys, values, cache.lengths, at)
+
+
 def test_rotary_attention_refuses_shapes_that_do_not_fit():
     keys, lengths = torch.zeros(2, 2, 16, 8), torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match=r"expected \[M, 64\]"):

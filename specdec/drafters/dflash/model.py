@@ -262,9 +262,9 @@ class DFlashModel(FeatureDraftModel):
         rows = features.reshape(b * t, -1).contiguous()
         context = kernels.rms_norm(self.backend.step_product(rows, plan["fc"]), None, *plan["hidden_norm"])
         context = context.view(b, t, -1)
-        cos, sin = self.rope(positions, context.dtype, cache.capacity)
+        cos, sin, at = self.rope_at(positions, context.dtype, cache.capacity)  # tables read at `at` on a GPU
         fused.context_keys_values(self.backend, kernels, plan["layers"], fused.Heads(*self.layers[0].shape), context,
-                                  cos.reshape(b * t, -1), sin.reshape(b * t, -1), cache, kv_len)
+                                  cos, sin, cache, kv_len, at)
         return context
 
     def _fused_blocks(self, kernels, x: torch.Tensor, positions: torch.Tensor, cache: KVCache,
