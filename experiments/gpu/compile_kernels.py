@@ -154,7 +154,8 @@ def _forwards(preset: str, fields: dict, dtype, settings: str) -> None:
 def _drafter_kernels(dtype) -> None:
     """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
     chunks of a long row then their merge), EAGLE's attention over its recent slots, the block drafter's per-head
-    norms and its context's keys rotated and written, EAGLE's layer input, its device tree's levels and choice, the n-gram lookup on the device."""
+    norms, its context's keys rotated and written and its block's inputs, EAGLE's layer input, its device tree's
+    levels and choice, the n-gram lookup on the device."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -184,6 +185,9 @@ def _drafter_kernels(dtype) -> None:
     kv = torch.randn(2 * new, 2 * kv_heads * dim, generator=g).to(dtype)  # the block drafter's context written
     for at in (None, torch.arange(2 * new)):
         gpu_kernels.rotary_write(kv, cos, sin, keys, keys.clone(), lengths, at)
+    for scale in (1.0, 24.0):  # the block drafter's block inputs (a Gemma target's scaled embeddings)
+        gpu_kernels.block_inputs(torch.tensor([1, 5]), torch.randn(2, 576).to(dtype), torch.randn(32, 576).to(dtype),
+                                 scale, 16, 0, torch.ones(576).to(dtype), 1e-6)
     gpu_kernels.embedded_norms(torch.tensor([1, 5]), torch.randn(32, 576).to(dtype), 1.0, torch.randn(2, 576).to(dtype),
                                torch.ones(576).to(dtype), 1e-5, torch.ones(576).to(dtype), 1e-5)
     seq = torch.randint(0, 5, (2, 1024))  # the n-gram lookup: the drafter's (k = 4) and a lookup branch's (3)

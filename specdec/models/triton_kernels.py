@@ -66,6 +66,36 @@ def head_norms_kernel(qkv_ptr, wq_ptr, wk_ptr, q_heads, kv_heads, dim, eps_q, ep
 
 
 @triton.jit
+def embedded_row(embed_ptr, token, offs, inside, width, scale, kind: tl.constexpr, SCALED: tl.constexpr):
+    """Row ``token`` of the embedding table in float32, times ``scale`` rounded as torch's product in the dtype
+    rounds it where SCALED (Gemma's)."""
+    embedded = tl.load(embed_ptr + token * width + offs, mask=inside, other=0.0).to(tl.float32)
+    if SCALED:
+        embedded = rounded(embedded * scale, kind)
+    return embedded
+
+
+@triton.jit
+def block_inputs_kernel(anchors_ptr, last_ptr, embed_ptr, w_ptr, out_ptr, width, size, mask_token, scale, eps,
+                        SCALED: tl.constexpr, BLOCK: tl.constexpr):
+    """The block drafter's inputs (program: position p of row n's block of ``size``): the RMSNorm (by w) of the
+    embedding of the row's anchor (p = 0) or of the mask token, plus the anchor's where p > 0, plus the row's
+    ``last`` context; each sum rounded as torch's ops round it in the dtype."""
+    n, p = tl.program_id(0), tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < width
+    kind: tl.constexpr = out_ptr.dtype.element_ty
+    anchor = tl.load(anchors_ptr + n)
+    x = normed_row(embedded_row(embed_ptr, tl.where(p == 0, anchor, mask_token), offs, inside, width, scale, kind,
+                                SCALED), w_ptr, offs, inside, width, eps, kind)
+    first = normed_row(embedded_row(embed_ptr, anchor, offs, inside, width, scale, kind, SCALED), w_ptr, offs,
+                       inside, width, eps, kind)
+    x = tl.where(p == 0, x, rounded(x + first, kind))
+    last = rounded(tl.load(last_ptr + n * width + offs, mask=inside, other=0.0).to(tl.float32), kind)
+    tl.store(out_ptr + (n * size + p) * width + offs, rounded(x + last, kind).to(kind), mask=inside)
+
+
+@triton.jit
 def embedded_norms_kernel(tokens_ptr, embed_ptr, stream_ptr, w_embed_ptr, w_stream_ptr, out_ptr, width, scale,
                           eps_embed, eps_stream, SCALED: tl.constexpr, BLOCK: tl.constexpr):
     """EAGLE's draft layer input (program: one row): the RMSNorm of the token's embedding (a row of the embedding
@@ -75,10 +105,7 @@ def embedded_norms_kernel(tokens_ptr, embed_ptr, stream_ptr, w_embed_ptr, w_stre
     offs = tl.arange(0, BLOCK)
     inside = offs < width
     kind: tl.constexpr = out_ptr.dtype.element_ty
-    token = tl.load(tokens_ptr + row)
-    embedded = tl.load(embed_ptr + token * width + offs, mask=inside, other=0.0).to(tl.float32)
-    if SCALED:
-        embedded = rounded(embedded * scale, kind)
+    embedded = embedded_row(embed_ptr, tl.load(tokens_ptr + row), offs, inside, width, scale, kind, SCALED)
     stream = tl.load(stream_ptr + row * width + offs, mask=inside, other=0.0).to(tl.float32)
     out = out_ptr + row * 2 * width + offs
     tl.store(out, normed_row(embedded, w_embed_ptr, offs, inside, width, eps_embed, kind).to(kind), mask=inside)

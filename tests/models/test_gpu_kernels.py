@@ -1257,6 +1257,29 @@ def test_eagle_s_device_tree_levels_on_the_kernels_feed_the_torch_ops_inputs(dev
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_block_drafter_s_inputs_in_one_kernel_are_its_torch_ops(device):
+    """``block_inputs`` (each row's block: the anchor's and the mask token's embeddings RMS-normed, the anchor's added
+    to the mask positions, the row's context to all) equals DFlashModel.block_inputs' torch ops, every dtype, an
+    embedding scaled as Gemma's too (the norm's mean summed in another order: a last bit)."""
+    from helpers import random_dflash
+
+    target = tiny_llama(layers=2, seed=0)
+    for dtype in _dtypes(device):
+        model = random_dflash(target).to(device, dtype)
+        model.embed_weight = target.model.embed_tokens.weight.detach().to(device, dtype)
+        with torch.no_grad():
+            model.embed_norm.weight.uniform_(0.5, 1.5)
+        anchors, last = torch.tensor([3, 60, 7], device=device), torch.randn(3, 32).to(device, dtype)
+        for scale in (1.0, 32 ** 0.5):
+            model.embed_scale = scale
+            got = gpu_kernels.block_inputs(anchors, last, model.embed_weight, scale, model.cfg.block_size,
+                                           model.cfg.mask_token_id, model.embed_norm.weight, model.embed_norm.eps)
+            want = model.block_inputs(anchors, last)
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, atol=_tolerance(dtype), rtol=_tolerance(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_eagle_s_layer_input_in_one_kernel_is_the_two_norms_side_by_side(device):
     """``embedded_norms`` (the token's embedding, scaled as Gemma's are, and the stream, each RMS-normed, side by
     side) equals the embedding, the two ``rms_norm`` kernels and their concatenation bit for bit in every dtype."""
