@@ -9,9 +9,9 @@ one layer of a random target at SmolLM2-135M's, Llama-3.1-8B's and Qwen3-8B's sh
 kernels' specialisations matter) on specdec's Triton kernels, the norms inside the products or apart, with and without
 ``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32
 too); then the drafters' kernels alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots and
-its device tree's choice). On 2026-11-29 all 58 launches compiled for sm_90 with Triton 3.9 (this project's) and 3.6
-(the GPU machines'), none spilling; so did the step's kernels added since (greedy verdict, path move, commit) and the
-device tree's choice (255 registers, none spilled).
+its device tree, the block drafter's inputs and context) and the attention's other divisions (a long cache split into
+chunks, 64-row programs). On 2026-11-30 all 139 launches compiled for sm_90 with Triton 3.9 (this project's) and 3.6
+(the GPU machines'), none spilling.
 
     python experiments/gpu/compile_kernels.py                  # sm_90: every launch compiled, the table
     python experiments/gpu/compile_kernels.py --arch 80 90 --json /tmp/compiled.json
