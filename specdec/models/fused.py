@@ -71,15 +71,17 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
                    stream: torch.Tensor,  # [M, H] the residual stream
                    cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each, or tables read at attention.positions
                    attention: Attention, *, normed: torch.Tensor | None = None,  # [M, H'] the first layer's input
-                   final_norm: Norm | None = None,
-                   on_layer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:  # -> [M, H]
+                   final_norm: Norm | None = None, head: Any = None,
+                   on_layer: Callable[[int, torch.Tensor], None] | None = None) -> Any:  # -> [M, H]
     """``layers`` over ``stream`` through ``kernels``: the final norm of the stream where ``final_norm`` is given
     (each residual add fused into the norm after it), else the stream itself (the last add in place). The stream
     passed in may be updated in place or left as it was: read the result. ``normed``: the first layer's normed
     input (None: its ``input_norm`` of the stream). ``on_layer(i, stream)`` after each layer i = 1..len(layers) (the
     captured streams). On CPU the same arithmetic as torch's ops (no fused multiply-adds), sums in another order:
     logits equal to float32 rounding (tested). Where :func:`fuses_products`, each RMSNorm before a product and
-    SiLU·up run inside that product's kernel (``normed_product``, ``silu_product``: five kernels a layer)."""
+    SiLU·up run inside that product's kernel (``normed_product``, ``silu_product``: five kernels a layer). ``head``
+    (a plan's entry, with ``final_norm``): returns (the stream, ``head``'s product over its final norm), the last
+    residual add and the norm inside that product's kernel where fused (EAGLE's LM head: one kernel, not two)."""
     product = backend.step_product
     fuse = fuses_products(backend, kernels, layers, stream.shape[0])
     tile = {"tile": kernels.INVARIANT_TILE} if fuse and backend.exact_numerics else {}  # invariant_linear's sums
@@ -102,6 +104,13 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
             raise ValueError(f"layer {i + 1} of {len(layers)} has no input norm: only the first layer's input may "
                              f"come normed (normed=)")
         pending = (down, following)
+    if head is not None:
+        fuse_head = _fuses(backend, kernels, [head], stream.shape[0])
+        tile = {"tile": kernels.INVARIANT_TILE} if fuse_head and backend.exact_numerics else {}
+        stream, out = _normed_product(kernels, fuse_head, product, stream, down, final_norm, head, tile)
+        if on_layer is not None:
+            on_layer(len(layers), stream)
+        return stream, out
     h = None
     if final_norm is None:
         stream += down

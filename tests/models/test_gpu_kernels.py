@@ -1205,6 +1205,37 @@ def test_eagle_s_device_tree_grown_on_the_step_kernels_is_the_torch_ops_tree(dev
     assert calls["device_tree"] >= len(proposals[1]) and calls["grow_level"] == 3 * calls["device_tree"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_eagle_s_step_with_its_logits_in_one_pass_is_the_step_then_the_logits(device):
+    """EAGLE's draft step with its LM head's logits (the last residual add and the final norm inside the head's
+    product) gives the step's outputs and the logits of them bit for bit, on a tree over recent slots, with its
+    products' norms inside and apart; the draft cache written alike."""
+    from helpers import random_eagle
+
+    target = tiny_llama(layers=4, seed=0)
+    g = torch.Generator().manual_seed(6)
+    for fused_products in (True, False):
+        backend = dataclasses.replace(_backend(device), fused_products=fused_products)
+        model = random_eagle(target, draft_vocab=40).to(device)
+        model.backend = backend
+        hidden = torch.randn(2, 3, 32, generator=g).to(device)
+        tokens = torch.randint(0, 64, (2, 3), generator=g).to(device)
+        positions = torch.tensor([[7, 8, 8], [4, 5, 5]], device=device)
+        tree = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 1, 1, 0], [1, 1, 0, 1, 1]], dtype=torch.bool, device=device)
+        runs = []
+        for both in (False, True):
+            cache = model.new_cache(2, 16, torch.tensor([0, 2], device=device))
+            cache.lengths.copy_(torch.tensor([9, 6]))
+            with torch.no_grad():
+                if both:
+                    out, logits = model.step_logits(hidden, tokens, cache, positions, None, tree, 2)
+                else:
+                    out = model.step(hidden, tokens, cache, positions, None, tree, 2)
+                    logits = model.logits(out)
+            runs.append((out, logits, cache.stacked.clone()))
+        assert all(torch.equal(x, y) for x, y in zip(*runs)), fused_products
+
+
 class _LevelModel:
     """A stand-in draft layer for DeviceGrowth: its output depends on every input it is given (the entries' states,
     tokens, positions and tree mask), each call recorded."""
@@ -1222,6 +1253,10 @@ class _LevelModel:
         self.calls.append([t.clone() for t in (inputs, tokens, positions, mask)] + [drafted])
         seen = mask.float() @ torch.arange(1.0, mask.shape[1] + 1, device=mask.device)  # [E]: whom each sees
         return torch.tanh(inputs + self.embed[tokens] + 0.1 * positions[..., None] + 0.05 * seen[None, :, None])
+
+    def step_logits(self, *args):
+        out = self.step(*args)
+        return out, self.logits(out)
 
 
 @pytest.mark.parametrize("device", DEVICES)

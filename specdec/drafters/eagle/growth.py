@@ -254,10 +254,10 @@ class DeviceGrowth:
             chosen, tokens, inputs, mask, positions = kernels.grow_level(
                 mean_confidence(logp[:, start:start + size]), index, d.token_ids, outputs, hidden, seen, cache.lengths,
                 cache.pad, start, drafted, level, expand, top_k)
-            out = d.model.step(inputs, tokens, cache, positions,
-                               None if kv_len is None else min(kv_len + drafted + expand, cache.capacity),
-                               mask, drafted)  # [B, E, H]
-            values, children = d.backend.top_log_softmax(d.model.logits(out), top_k)  # [B, E, top_k]
+            out, logits = d.model.step_logits(inputs, tokens, cache, positions,
+                                              None if kv_len is None else min(kv_len + drafted + expand,
+                                                                              cache.capacity), mask, drafted)
+            values, children = d.backend.top_log_softmax(logits, top_k)  # [B, E, top_k]
             start += size
             kernels.grown_level(values, children, chosen, out, logp, index, parent, outputs, cache.lengths, start,
                                 drafted, expand, top_k)

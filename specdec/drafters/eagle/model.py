@@ -168,8 +168,20 @@ class EagleModel(FeatureDraftModel):
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.layer.finish(hidden, attended, self.backend)
 
+    def step_logits(self, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
+                    kv_len: int | None = None, tree: torch.Tensor | None = None, recent: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step`'s outputs [B, T, H] and :meth:`logits` of them [B, T, Dv], the same values; through the fused
+        kernels the layer's last residual add and the final norm run inside the LM head's product (one kernel where
+        they were two)."""
+        kernels = self._fused(hidden)
+        if kernels is not None and type(self).step is EagleModel.step:  # a subclass's own step: called as it is
+            return self._fused_step(kernels, hidden, tokens, cache, positions, tree, recent, with_logits=True)
+        out = self.step(hidden, tokens, cache, positions, kv_len, tree, recent)
+        return out, self.logits(out)
+
     def _fused_step(self, kernels, hidden: torch.Tensor, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
-                    tree: torch.Tensor | None, recent: int) -> torch.Tensor:
+                    tree: torch.Tensor | None, recent: int, with_logits: bool = False) -> Any:
         """:meth:`step` through a fused kernel set (``kernels``: the CPU's or the Triton kernels;
         :func:`specdec.models.fused.decoder_layers` runs the layer) and the products over the plan's (panels on CPU,
         float16 where the weights are exactly float16; stacked for ``F.linear`` on a GPU): the ops of
@@ -190,7 +202,11 @@ class EagleModel(FeatureDraftModel):
                                 kernels.rms_norm(stream, None, *plan["hidden_norm"])], -1)  # [B·T, 2H]
         cos, sin, at = self.rope_at(positions, hidden.dtype, cache.capacity)  # tables read at `at` on a GPU
         out = fused.decoder_layers(self.backend, kernels, [plan["layer"]], fused.Heads(*self.layer.shape), stream,
-                                   cos, sin, fused.Attention(cache, tree, recent, positions=at), normed=normed)
+                                   cos, sin, fused.Attention(cache, tree, recent, positions=at), normed=normed,
+                                   final_norm=plan["norm"] if with_logits else None,
+                                   head=plan["lm_head"] if with_logits else None)
+        if with_logits:  # (outputs, logits)
+            return out[0].view(b, t, h), out[1].view(b, t, -1)
         return out.view(b, t, h)
 
     def _layer_plan(self, stacked: bool = False) -> dict[str, Any]:
