@@ -312,9 +312,11 @@ class CompactDecoder(nn.Module):
                 captured[i] = stream.view(b, t, width).clone()
 
         heads = fused.Heads(self.num_heads, self.num_kv_heads, self.head_dim)
-        h = fused.decoder_layers(self.backend, kernels, layers, heads, x.reshape(b * t, width).clone(), cos, sin,
-                                 attention, final_norm=final_norm,
-                                 on_layer=keep if capture else None)
+        stream = x.reshape(b * t, width)  # the embeddings: updated in place by the norms apart, so copied for them
+        if not fused.fuses_products(self.backend, kernels, layers, b * t):
+            stream = stream.clone()
+        h = fused.decoder_layers(self.backend, kernels, layers, heads, stream, cos, sin, attention,
+                                 final_norm=final_norm, on_layer=keep if capture else None)
         return h.view(b, t, width)
 
     def _layer_plan(self, stacked: bool = False) -> tuple[list[fused.Layer], fused.Norm]:

@@ -182,18 +182,20 @@ def _backend(device, exact_numerics=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, monkeypatch):
+@pytest.mark.parametrize("family,fused_products", [("llama", True), ("llama", False), ("qwen3", True)])
+def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, fused_products, monkeypatch):
     """A prefill, a decode step and a tree verification through the fused forward on the Triton kernels (graphs
-    replayed, emulated on CPU) give the logits of torch's ops; every attention went through the kernel (Qwen3's
-    q and k norms through ``head_norms``)."""
+    replayed, emulated on CPU; the norms inside the products or apart) give the logits, the hidden states and the
+    captured streams (the embeddings' among them, which the norms apart would update in place) of torch's ops; every
+    attention went through the kernel (Qwen3's q and k norms through ``head_norms``)."""
     calls = collections.Counter()
     for name in ("rotary_attention", "head_norms"):
         real = getattr(gpu_kernels, name)
         monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update([name]) or
                             real(*a, **kw))
     model = (tiny_llama(layers=2, seed=0) if family == "llama" else tiny_family("qwen3", window=1024)).to(device)
-    fused = GraphedDecoder(as_decoder(model, backend=_backend(device)))
+    backend = dataclasses.replace(_backend(device), fused_products=fused_products)
+    fused = GraphedDecoder(as_decoder(model, backend=backend))
     plain = as_decoder(model, backend=Backend(kernels=False, onednn=False, gpu_kernels=False))
     pad = torch.tensor([0, 2], device=device)
     ids = torch.tensor([[5, 9, 3, 7, 11, 2], [0, 0, 6, 7, 8, 9]], device=device)
@@ -203,13 +205,13 @@ def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, m
     outputs = []
     with torch.no_grad():  # as the decode loop runs (autograd keeps the torch ops)
         for decoder, cache in zip((fused, plain), caches):
-            logits = [decoder(ids, cache, last_only=True)[0]]
+            results = [decoder(ids, cache, last_only=True, capture=(0, 2))]
             cache.commit(torch.tensor([6, 6], device=device))
             for step in range(2):
-                logits.append(decoder(ids[:, step:step + 1], cache)[0])
+                results.append(decoder(ids[:, step:step + 1], cache, capture=(0, 2)))
                 cache.commit(torch.ones(2, dtype=torch.long, device=device))
-            logits.append(decoder(ids[:, :3], cache, tree_mask=tree, depths=depths)[0])
-            outputs.append(logits)
+            results.append(decoder(ids[:, :3], cache, tree_mask=tree, depths=depths, capture=(0, 2)))
+            outputs.append([x for result in results for x in result])  # logits, hidden, captured, a forward
     for got, want in zip(*outputs):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert calls["rotary_attention"] and fused.captures == 2  # the one-token step and the tree, each captured once
