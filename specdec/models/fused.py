@@ -72,7 +72,7 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
                    cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each, or tables read at attention.positions
                    attention: Attention, *, normed: torch.Tensor | None = None,  # [M, H'] the first layer's input
                    final_norm: Norm | None = None, head: Any = None,
-                   on_layer: Callable[[int, torch.Tensor], None] | None = None) -> Any:  # -> [M, H]
+                   on_layer: Callable[[int, torch.Tensor], None] | None = None) -> Any:  # [M, H] (with head: a pair)
     """``layers`` over ``stream`` through ``kernels``: the final norm of the stream where ``final_norm`` is given
     (each residual add fused into the norm after it), else the stream itself (the last add in place). The stream
     passed in may be updated in place or left as it was: read the result. ``normed``: the first layer's normed
