@@ -205,10 +205,8 @@ def rotary_write(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: t
     drafter's context, where they were ~7 kernels a layer)."""
     b, kv_heads, capacity, dim = keys.shape
     m = kv.shape[0]
-    rows = m if positions is None else cos.shape[0]
-    if (kv.shape != (m, 2 * kv_heads * dim) or m % b or cos.shape != (rows, dim) or sin.shape != cos.shape
-            or not keys.is_contiguous() or values.shape != keys.shape or not values.is_contiguous()
-            or (positions is not None and positions.shape != (m,))):
+    if (kv.shape != (m, 2 * kv_heads * dim) or m % b or not _rotary_fits(cos, sin, positions, m, dim)
+            or not keys.is_contiguous() or values.shape != keys.shape or not values.is_contiguous()):
         raise ValueError(f"rotary_write: k|v {tuple(kv.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, "
                          f"positions {None if positions is None else tuple(positions.shape)} do not fit the contiguous "
                          f"keys {tuple(keys.shape)} and values {tuple(values.shape)}")
@@ -216,6 +214,14 @@ def rotary_write(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: t
     at = lengths if positions is None else positions.contiguous()  # not read without a table
     _kernels().rotary_write_kernel[(m, kv_heads)](kv, cos, sin, at, keys, values, lengths, m // b, kv_heads, capacity,
                                                   dim, TABLE=positions is not None, BLOCK_D=_pow2(dim, 16))
+
+
+def _rotary_fits(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, m: int, dim: int) -> bool:
+    """Whether cos and sin fit ``m`` token rows of heads of ``dim``: a row each [M, D], or with ``positions`` [M]
+    tables [P, D] read at them."""
+    rows = m if positions is None else cos.shape[0]
+    return (cos.shape == (rows, dim) and sin.shape == cos.shape
+            and (positions is None or tuple(positions.shape) == (m,)))
 
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -253,9 +259,7 @@ def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_
     kv_heads, dim = keys.shape[1], keys.shape[3]
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     width = (q_heads + 2 * kv_heads) * dim
-    rows = qkv.shape[0] if positions is None else cos.shape[0]
-    if (qkv.dim() != 2 or qkv.shape[1] != width or cos.shape != (rows, dim) or sin.shape != cos.shape
-            or (positions is not None and positions.shape != (qkv.shape[0],))):
+    if qkv.dim() != 2 or qkv.shape[1] != width or not _rotary_fits(cos, sin, positions, qkv.shape[0], dim):
         raise ValueError(f"rotary_attention: q|k|v {tuple(qkv.shape)} (expected [M, {width}]), cos {tuple(cos.shape)} "
                          f"and sin {tuple(sin.shape)} (expected [M, {dim}], or tables [P, {dim}] with positions [M]: "
                          f"{None if positions is None else tuple(positions.shape)}) do not fit the keys "

@@ -180,6 +180,14 @@ def attend(q, keys, values, seen, best, total, acc, scale, IEEE: tl.constexpr):
 
 
 @triton.jit
+def rotate_half_lanes(d, dim):
+    """For lanes ``d`` of a head of ``dim``: rotate_half's source dimension of each, and its sign (-1 in the first
+    half, +1 in the second), as :func:`rotated` reads them."""
+    half = dim // 2
+    return tl.where(d < half, d + half, d - half), tl.where(d < half, -1.0, 1.0)
+
+
+@triton.jit
 def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
     """The rotary embedding of float32 ``x`` (``partner``: x's other half at each dimension, ``sign`` -1 in the first
     half, +1 in the second; ``cos``, ``sin`` float32, broadcast alike): x·cos + rotate_half(x)·sin, each product
@@ -215,9 +223,7 @@ def rotary_write_kernel(kv_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr,
     m, h = tl.program_id(0), tl.program_id(1)
     b, t = m // new, m % new
     d = tl.arange(0, BLOCK_D)
-    half = dim // 2
-    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
-    sign = tl.where(d < half, -1.0, 1.0)
+    partner, sign = rotate_half_lanes(d, dim)
     kind: tl.constexpr = keys_ptr.dtype.element_ty
     token = m + tl.zeros([1], tl.int32)  # [1]: one row
     tile = (d < dim)[None, :]  # [1, D]
@@ -256,9 +262,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     pad = tl.load(pad_ptr + b)
     d = tl.arange(0, BLOCK_D)
     dims = d < dim
-    half = dim // 2
-    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
-    sign = tl.where(d < half, -1.0, 1.0)
+    partner, sign = rotate_half_lanes(d, dim)
     kind: tl.constexpr = keys_ptr.dtype.element_ty
     cached = (b * kv_heads + h) * capacity * dim
     steps = length // chunk + 0 * r == s  # [R] whether this chunk holds the step's slots (as rows: the interpreter
@@ -404,9 +408,7 @@ def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, va
     g = tl.arange(0, GROUP)
     dims = d < dim
     heads = g < group
-    half = dim // 2
-    partner = tl.where(d < half, d + half, d - half)  # rotate_half's source dimension
-    sign = tl.where(d < half, -1.0, 1.0)
+    partner, sign = rotate_half_lanes(d, dim)
     kind: tl.constexpr = keys_ptr.dtype.element_ty
     token = m + 0 * g  # [G] the token's row, for each head
     q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m * q_stride + (h * group + g[:, None]) * dim, token,
