@@ -65,7 +65,8 @@ class OutsideGraphs(TorchDispatchMode):
 
 class InGraphs(TorchDispatchMode):
     """Counts, by graph, the kernels its replays launch: the torch ops that launch one (not views, not allocations)
-    and each Triton kernel's launch (the interpreter's own copies of its tensors left out). A graph is named when
+    and each Triton kernel's launch (the interpreter's own copies of its tensors left out, and the emulation's copies
+    of a replay's outputs into the capture's, which a CUDA graph's kernels write in place). A graph is named when
     captured: a drafter's by the key its runtime calls it with, else the target's verification."""
 
     def __init__(self):
@@ -81,7 +82,7 @@ class InGraphs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-ALLOCATIONS = ("empty", "new_empty", "empty_like", "empty_strided")
+ALLOCATIONS = ("empty", "new_empty", "empty_like", "empty_strided", "_unsafe_view")  # (_unsafe_view: a view not marked one)
 
 
 def counting_in_graphs(mode: InGraphs, outside: OutsideGraphs) -> None:
@@ -94,6 +95,7 @@ def counting_in_graphs(mode: InGraphs, outside: OutsideGraphs) -> None:
     from specdec.models.graphs import EmulatedGraph
 
     capture, replay, launch = EmulatedGraph.capture, EmulatedGraph.replay, interpreter.InterpretedFunction.run
+    written = EmulatedGraph.written
 
     def named(self, run):
         stack = inspect.stack()
@@ -125,7 +127,15 @@ def counting_in_graphs(mode: InGraphs, outside: OutsideGraphs) -> None:
             mode.launching -= 1
             outside.inside -= 1
 
+    def uncounted(self, fresh):  # the emulation's copies of a replay's outputs: a CUDA graph writes them in place
+        mode.launching += 1
+        try:
+            return written(self, fresh)
+        finally:
+            mode.launching -= 1
+
     EmulatedGraph.capture, EmulatedGraph.replay, interpreter.InterpretedFunction.run = named, counted, launched
+    EmulatedGraph.written = uncounted
 
 
 def counting(mode: OutsideGraphs) -> None:

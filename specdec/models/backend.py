@@ -143,6 +143,11 @@ class Backend:
         each (:class:`Stacked`)."""
         return x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
 
+    def runs_as_accelerator(self, x: torch.Tensor) -> bool:
+        """Whether products over ``x`` run as an accelerator runs them (``F.linear``, the CPU's choices of kernel aside):
+        ``x`` is on one, or on the CPU where this backend runs a GPU's ops (:meth:`emulated_gpu`)."""
+        return x.device.type != "cpu" or self.emulate_graphs
+
     def linear(self, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:  # x [..., in] -> [..., out]
         """``layer(x)``: ``F.linear`` on an accelerator; on CPU through specdec's few-row kernel or oneDNN where
         they apply (see :meth:`_cpu_product`), else computed as W·xᵀ with at least two rows.
@@ -154,7 +159,7 @@ class Backend:
         exact = self.exact_kernels(x)
         if exact is not None:
             return exact.invariant_linear(x, layer.weight, layer.bias)
-        if x.device.type != "cpu":  # the CPU kernel choice below does not apply on an accelerator
+        if self.runs_as_accelerator(x):  # the CPU's choice below is not an accelerator's
             return F.linear(x, layer.weight, layer.bias)
         out = self._cpu_product(x, (layer,))
         if out is not None:

@@ -123,6 +123,11 @@ class EmulatedGraph:
             wanted = self.ops[first] if first < len(self.ops) else "nothing"
             raise GraphCaptureError(f"a replay ran other ops than its capture (op {first}: {seen} where the capture ran "
                                     f"{wanted}): a CUDA graph would replay the captured ones, on the captured memory")
+        self.written(fresh)
+
+    def written(self, fresh: Any) -> None:
+        """A replay's outputs copied into the capture's: where a CUDA graph's kernels write them (no kernels of
+        their own, which is why a count of a step's kernels leaves these copies out)."""
         for out, new in zip(_tensors(self.outputs), _tensors(fresh)):
             out.copy_(new)
 
