@@ -155,7 +155,7 @@ def _drafter_kernels(dtype) -> None:
     """What the drafters launch beside the target's layers: the top-k over a draft vocabulary (one kernel, and the
     chunks of a long row then their merge), EAGLE's attention over its recent slots, the block drafter's per-head
     norms, its context's keys rotated and written and its block's inputs, EAGLE's layer input, its device tree's
-    levels and choice, the n-gram lookup on the device."""
+    levels and choice, the n-gram lookup on the device, a catch-up's inputs, Medusa's residual blocks."""
     import torch
 
     from specdec.models import gpu_kernels
@@ -193,6 +193,13 @@ def _drafter_kernels(dtype) -> None:
     seq = torch.randint(0, 5, (2, 1024))  # the n-gram lookup: the drafter's (k = 4) and a lookup branch's (3)
     for max_tokens in (4, 3):
         gpu_kernels.lookup_continuations(seq, torch.tensor([900, 17]), torch.tensor([0, 3]), max_tokens)
+    for tokens in (seq, None):  # a catch-up's inputs: EAGLE's (its tokens), the block drafter's (none)
+        gpu_kernels.catch_up_inputs(tokens, torch.tensor([900, 17]), torch.tensor([890, 12]), torch.tensor([0, 3]),
+                                    16, 1024)
+    for blocks in (4, 3):  # Medusa's residual blocks (4 heads, then the last 3), at SmolLM2-135M's width
+        gpu_kernels.residual_silu_product(torch.randn(2, 576, generator=g).to(dtype),
+                                          torch.randn(blocks * 576, 576, generator=g).to(dtype),
+                                          torch.randn(blocks * 576, generator=g).to(dtype))
     for width in (576, 4096):  # a level's bookkeeping before and after its forward (the first level, a later one)
         logp, index = torch.zeros(2, candidates), torch.zeros(2, candidates, dtype=torch.long)
         outputs, seen = torch.zeros(2, 20, width).to(dtype), torch.zeros(20, 20, dtype=torch.int8)

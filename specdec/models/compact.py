@@ -174,12 +174,11 @@ class CompactDecoder(nn.Module):
         decoder layers (0 = the embeddings), as transformers' ``hidden_states[k]`` for k below the layer
         count, and the stream *before* the final norm for k = the layer count. EAGLE-style drafters read them.
         """
-        offsets = torch.arange(input_ids.shape[1], device=input_ids.device) if depths is None else depths
-        positions = cache.positions(offsets).clamp_(min=0)  # [B, T]; padding slots get position 0
         x = self.embed_tokens(input_ids)  # [B, T, H]
         captured = {0: x} if 0 in capture else {}
         windows = [w if w is not None and w < cache.capacity else None for w in self.windows]  # those that bind
         kernels = self._fused(x)
+        positions = fused.new_positions(kernels, cache, depths, input_ids.shape[1])  # [B, T]; padding slots at 0
         if kernels is not None and not any(windows):
             tables = self._rope_tables(x)  # [P, D] each, read at the positions [B·T]; else the rows [B·T, D]
             cos, sin, at = ((*tables, positions.reshape(-1)) if tables is not None
@@ -307,13 +306,15 @@ class CompactDecoder(nn.Module):
                                     ordered=self.backend.exact_numerics, positions=at)
         layers, final_norm = self._layer_plan(self.backend.stacks(x))
 
-        def keep(i: int, stream: torch.Tensor) -> None:
-            if i in capture:
-                captured[i] = stream.view(b, t, width).clone()
+        apart = not fused.fuses_products(self.backend, kernels, layers, b * t)
+
+        def keep(i: int, stream: torch.Tensor) -> None:  # the norms apart update the stream in place, so copied for
+            if i in capture:  # them; the fused products' streams are new tensors, never updated after this
+                captured[i] = stream.view(b, t, width).clone() if apart else stream.view(b, t, width)
 
         heads = fused.Heads(self.num_heads, self.num_kv_heads, self.head_dim)
         stream = x.reshape(b * t, width)  # the embeddings: updated in place by the norms apart, so copied for them
-        if not fused.fuses_products(self.backend, kernels, layers, b * t):
+        if apart:
             stream = stream.clone()
         h = fused.decoder_layers(self.backend, kernels, layers, heads, stream, cos, sin, attention,
                                  final_norm=final_norm, on_layer=keep if capture else None)

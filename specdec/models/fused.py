@@ -67,6 +67,18 @@ class Attention(NamedTuple):
     positions: torch.Tensor | None = None  # [M]: cos and sin are tables [P, D] read at these (the Triton attention's)
 
 
+def new_positions(kernels, cache: KVCache, offsets: torch.Tensor | None, count: int) -> torch.Tensor:  # [B, T] long
+    """The position ids of ``count`` new tokens a row, ``offsets`` [count] after each row's committed ones (None: 0 ..
+    count - 1), padding slots at 0: ``cache.positions(offsets).clamp_(min=0)``, in one kernel where the kernel set has
+    ``cache_positions`` (the Triton kernels') where torch's ops are three or four."""
+    in_one = getattr(kernels, "cache_positions", None)
+    if in_one is not None:
+        return in_one(cache.lengths, cache.pad, offsets, count)
+    if offsets is None:
+        offsets = torch.arange(count, device=cache.lengths.device)
+    return cache.positions(offsets).clamp_(min=0)
+
+
 def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: Heads,
                    stream: torch.Tensor,  # [M, H] the residual stream
                    cos: torch.Tensor, sin: torch.Tensor,  # [M, D] each, or tables read at attention.positions

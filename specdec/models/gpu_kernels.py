@@ -400,11 +400,24 @@ def silu_product(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return _product(gate_up.contiguous(), weight, bias, 2, tile=tile)
 
 
+def residual_silu_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                          tile: tuple[int, int, int] = FUSED_TILE) -> torch.Tensor:
+    """x + silu(x·W_jᵀ + b_j) for each block W_j of K rows of ``weight`` [N, K] (x [M, K]; N a multiple of K), side by
+    side: [M, N]. Medusa's residual blocks, every head's in one kernel (weights and biases stacked) where torch's ops
+    are three a head; rounded where those round (the product with its bias, SiLU, the add), a row's arithmetic the
+    same whatever M is (``tile`` as :func:`normed_product`'s)."""
+    if x.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] % x.shape[1]:
+        raise ValueError(f"residual_silu_product: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit (a "
+                         f"weight of blocks of the rows' width, [n·K, K])")
+    return _product(x.contiguous(), weight, bias, 0, residual_silu=True, tile=tile)
+
+
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: int, *,
              delta: torch.Tensor | None = None, norm: torch.Tensor | None = None, after: torch.Tensor | None = None,
-             eps: float = 0.0, tile: tuple[int, int, int] = INVARIANT_TILE, _planted: bool = False) -> torch.Tensor:
+             eps: float = 0.0, tile: tuple[int, int, int] = INVARIANT_TILE, residual_silu: bool = False,
+             _planted: bool = False) -> torch.Tensor:
     """Launch :func:`~specdec.models.triton_kernels.product_kernel` over the rows of x (contiguous) with ``prologue``
-    (0: none, 1: RMSNorm, 2: SiLU·up), in ``tile``s."""
+    (0: none, 1: RMSNorm, 2: SiLU·up), in ``tile``s; ``residual_silu``: x + silu(the product) as the output."""
     m, n = x.shape[0], weight.shape[0]
     k = x.shape[1] // 2 if prologue == 2 else x.shape[1]
     if weight.shape[1] != k:
@@ -415,7 +428,7 @@ def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p
         x, x if delta is None else delta, weight if norm is None else norm, x if after is None else after,
         weight.contiguous(), weight if bias is None else bias, out, m, n, k, float(eps), PROLOGUE=prologue,
         HAS_DELTA=delta is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=rows,
-        BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1)
+        BLOCK_N=cols, BLOCK_K=inner, REVERSED=_planted and m > 1, RESIDUAL_SILU=residual_silu)
     return out
 
 
@@ -696,3 +709,34 @@ def lookup_continuations(seq: torch.Tensor, seq_lens: torch.Tensor, pad: torch.T
                                        capacity, max_tokens, MIN_NGRAM=min_ngram, MAX_NGRAM=max_ngram,
                                        BLOCK=min(_pow2(capacity, 16), 1024), BLOCK_L=_pow2(max_tokens, 2))
     return tokens, found
+
+
+def cache_positions(lengths: torch.Tensor, pad: torch.Tensor, offsets: torch.Tensor | None, count: int
+                    ) -> torch.Tensor:
+    """The position ids [B, count] of ``count`` new tokens a row, ``offsets`` [count] after each row's committed ones
+    (None: 0 .. count - 1), padding slots at 0: ``KVCache.positions(offsets).clamp_(min=0)`` (``lengths``, ``pad``
+    [B] its) in one kernel where torch's ops are three or four."""
+    batch = lengths.shape[0]
+    out = torch.empty(batch, count, dtype=torch.long, device=lengths.device)
+    _kernels().positions_kernel[(batch,)](lengths, pad, lengths if offsets is None else offsets.contiguous(), out,
+                                          count, HAS_OFFSETS=offsets is not None, BLOCK=_pow2(count, 2))
+    return out
+
+
+def catch_up_inputs(seq: torch.Tensor | None, seq_lens: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
+                    count: int, capacity: int) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a feature drafter's catch-up reads of the ``count`` positions a row after its cache's committed ones
+    (``lengths``, ``pad`` [B]), in one kernel where torch's ops are ~10-13: the tokens after them in ``seq`` [B, S] (the
+    slot after each, clamped below ``capacity``) [B, count] (None without a ``seq``), their position ids (clamped at 0)
+    [B, count], how many a row has committed since (``seq_lens`` [B] less one, less ``lengths``, within 0 .. count)
+    [B], and the flat index of each row's newest of them in a [B·count] view (b·count, plus that many less one, at
+    least 0) [B]."""
+    batch, device = seq_lens.shape[0], seq_lens.device
+    positions = torch.empty(batch, count, dtype=torch.long, device=device)
+    tokens = None if seq is None else torch.empty_like(positions)
+    new, last = (torch.empty(batch, dtype=torch.long, device=device) for _ in range(2))
+    width = 1 if seq is None else seq.shape[1]
+    _kernels().catch_up_kernel[(batch,)](positions if seq is None else seq.contiguous(), seq_lens, lengths, pad,
+                                         positions if tokens is None else tokens, positions, new, last, width, count,
+                                         min(capacity, width), HAS_SEQ=seq is not None, BLOCK=_pow2(count, 2))
+    return tokens, positions, new, last

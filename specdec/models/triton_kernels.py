@@ -470,13 +470,15 @@ def product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE: 
 @triton.jit
 def product_kernel(x_ptr, delta_ptr, norm_ptr, stream_ptr, w_ptr, bias_ptr, out_ptr, m, n, k, eps,
                    PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REVERSED: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, REVERSED: tl.constexpr = False,
+                   RESIDUAL_SILU: tl.constexpr = False):
     # out [M, N] = a [M, K] · w [N, K]ᵀ (+ bias), one program a tile of BLOCK_M rows by BLOCK_N columns, its sum over
     # K in BLOCK_K steps in one order: a row's arithmetic is the same whatever M is, and whatever the other rows hold.
     # a is x (PROLOGUE 0), the RMSNorm of x + delta by the norm's weights (1: the rows' mean of squares first, in the
     # same steps; the first column of programs writes x + delta into stream), or silu(gate)·up of x = gate|up [M, 2K]
-    # (2): the small op before a product in its program, one kernel fewer. REVERSED (a planted bug, tests only): the
-    # steps summed last to first.
+    # (2): the small op before a product in its program, one kernel fewer. RESIDUAL_SILU (with PROLOGUE 0): the output
+    # is x + silu(the product), x's column of each block of K output columns (Medusa's residual blocks, side by side),
+    # rounded where torch's ops round. REVERSED (a planted bug, tests only): the steps summed last to first.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inner = tl.arange(0, BLOCK_K)
@@ -508,7 +510,12 @@ def product_kernel(x_ptr, delta_ptr, norm_ptr, stream_ptr, w_ptr, bias_ptr, out_
             acc += tl.dot(a, tl.trans(w))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(kind), mask=(rows[:, None] < m) & (cols[None, :] < n))
+    inside = (rows[:, None] < m) & (cols[None, :] < n)
+    if RESIDUAL_SILU:
+        y = rounded(acc, kind)
+        residual = tl.load(x_ptr + rows[:, None] * k + (cols % k)[None, :], mask=inside, other=0.0).to(tl.float32)
+        acc = rounded(residual + rounded(y / (1.0 + tl.exp(-y)), kind), kind)
+    tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(kind), mask=inside)
 
 
 @triton.jit
@@ -1245,3 +1252,40 @@ def lookup_kernel(seq_ptr, seq_lens_ptr, pad_ptr, tokens_ptr, found_ptr, capacit
     token = tl.load(row + slot, mask=i < found, other=0)
     tl.store(tokens_ptr + b * max_tokens + i, tl.where(i < found, token, last), mask=i < max_tokens)
     tl.store(found_ptr + b, found)
+
+
+@triton.jit
+def positions_kernel(lengths_ptr, pad_ptr, offsets_ptr, out_ptr, count, HAS_OFFSETS: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Row ``program_id``'s position ids: its committed tokens (lengths less pad) plus each new token's offset (read,
+    or 0 .. count - 1 without HAS_OFFSETS), at least 0."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < count
+    if HAS_OFFSETS:
+        offset = tl.load(offsets_ptr + offs, mask=inside, other=0)
+    else:
+        offset = offs.to(tl.int64)
+    base = tl.load(lengths_ptr + row) - tl.load(pad_ptr + row)
+    tl.store(out_ptr + row * count + offs, tl.maximum(base + offset, 0), mask=inside)
+
+
+@triton.jit
+def catch_up_kernel(seq_ptr, seq_lens_ptr, lengths_ptr, pad_ptr, tokens_ptr, positions_ptr, new_ptr, last_ptr, width,
+                    count, capacity, HAS_SEQ: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``program_id``'s catch-up inputs (:func:`~specdec.models.gpu_kernels.catch_up_inputs`): after its ``base``
+    committed cache slots, the tokens one slot later in seq (HAS_SEQ; clamped below the capacity), their positions
+    (base less pad, plus 0 .. count - 1, at least 0), the positions committed since (seq_lens - 1 - base within
+    0 .. count) and the flat index of the newest (row·count + that less one, at least 0)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK).to(tl.int64)
+    inside = offs < count
+    base = tl.load(lengths_ptr + row)
+    at = row * count + offs
+    if HAS_SEQ:
+        slot = tl.minimum(base + 1 + offs, capacity - 1)
+        tl.store(tokens_ptr + at, tl.load(seq_ptr + row * width + slot, mask=inside, other=0), mask=inside)
+    tl.store(positions_ptr + at, tl.maximum(base - tl.load(pad_ptr + row) + offs, 0), mask=inside)
+    new = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + row) - 1 - base, 0), count)
+    tl.store(new_ptr + row, new)
+    tl.store(last_ptr + row, row * count + tl.maximum(new - 1, 0))

@@ -655,6 +655,86 @@ def test_medusa_drafts_its_tree_on_the_top_k_kernel_as_on_torchs_topk(device, mi
         [(r.stats.proposed_tokens, r.stats.accepted_per_position, r.stats.verify_steps) for r in runs[1:]]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_medusa_s_residual_blocks_in_one_kernel_are_the_torch_ops(device):
+    """residual_silu_product: x + silu(x·W_jᵀ + b_j) for every head j at once, its weights stacked, as each head's
+    three torch ops give it (to float32 rounding of the product's sums: another order; each row as it is alone); the
+    heads on the Triton kernels run it, one kernel for all their blocks, and give the torch ops' logits."""
+    from helpers import random_heads
+
+    g = torch.Generator().manual_seed(8)
+    for dtype in _dtypes(device, products=True):
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(device, dtype)
+
+        x, weight, bias = rand(7, 48), rand(3 * 48, 48) * 0.2, rand(3 * 48)
+        out = gpu_kernels.residual_silu_product(x, weight, bias)
+        expected = torch.cat([x + F.silu(F.linear(x, w, b)) for w, b in zip(weight.split(48), bias.split(48))], -1)
+        torch.testing.assert_close(out, expected, atol=_tolerance(dtype), rtol=_tolerance(dtype))
+        assert all(torch.equal(gpu_kernels.residual_silu_product(x[i:i + 1], weight, bias)[0], out[i]) for i in (0, 6))
+    with pytest.raises(ValueError, match="do not fit"):
+        gpu_kernels.residual_silu_product(torch.zeros(3, 8), torch.zeros(12, 8))
+    heads = random_heads().to(device)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.bias, generator=g)
+    hidden, lm_head = torch.randn(2, 32, generator=g).to(device), torch.randn(64, 32, generator=g).to(device)
+    expected = heads(hidden, lm_head)
+    calls = []
+    real = gpu_kernels.residual_silu_product
+    heads.backend = _backend(device)
+    try:
+        gpu_kernels.residual_silu_product = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        with torch.no_grad():
+            logits = heads(hidden, lm_head)
+            later = heads(hidden, lm_head, num_heads=3, first=1)  # heads 1 and 2
+    finally:
+        gpu_kernels.residual_silu_product = real
+    assert len(calls) == 2
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(later, expected[:, 1:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_positions_in_one_kernel_are_the_caches(device):
+    """cache_positions: ``KVCache.positions(offsets).clamp_(min=0)`` (a step's 0..T-1, or a tree's depths) in one
+    kernel, padding slots (committed fewer than the padding) at 0."""
+    g = torch.Generator().manual_seed(9)
+    for _ in range(6):
+        batch, count = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(1, 20, (), generator=g))
+        lengths, pad = (torch.randint(0, 12, (batch,), generator=g).to(device) for _ in range(2))
+        depths = torch.randint(0, 6, (count,), generator=g).to(device)
+        cache = KVCache(keys=[], values=[], lengths=lengths, pad=pad)
+        assert torch.equal(gpu_kernels.cache_positions(lengths, pad, None, count),
+                           cache.positions(torch.arange(count, device=device)).clamp_(min=0))
+        assert torch.equal(gpu_kernels.cache_positions(lengths, pad, depths, count),
+                           cache.positions(depths).clamp_(min=0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_catch_up_s_inputs_in_one_kernel_are_the_torch_ops(device):
+    """catch_up_inputs: what EAGLE's catch-up reads (the tokens after its cache's committed positions, their position
+    ids, how many a row committed since, the flat index of the newest; the block drafter's, the tokens aside) in one
+    kernel, as its torch ops give them: the slots clamped below the capacity, the counts within 0..T, positions of
+    padding slots at 0."""
+    g = torch.Generator().manual_seed(10)
+    for _ in range(8):
+        batch, t, capacity = int(torch.randint(1, 5, (), generator=g)), int(torch.randint(1, 9, (), generator=g)), 24
+        seq = torch.randint(0, 100, (batch, 32), generator=g).to(device)
+        base, pad = torch.randint(0, 22, (batch,), generator=g).to(device), torch.randint(0, 6, (batch,), generator=g)
+        seq_lens = (base + torch.randint(-2, t + 3, (batch,), generator=g).to(device)).clamp(min=0)
+        pad = pad.to(device)
+        steps = torch.arange(t, device=device)
+        tokens = seq.gather(1, (base[:, None] + 1 + steps).clamp_(max=capacity - 1))
+        positions = KVCache(keys=[], values=[], lengths=base, pad=pad).positions(steps).clamp_(min=0)
+        count = (seq_lens - 1 - base).clamp_(min=0, max=t)
+        last = torch.arange(batch, device=device) * t + (count - 1).clamp(min=0)
+        got = gpu_kernels.catch_up_inputs(seq, seq_lens, base, pad, t, capacity)
+        for name, a, b in zip(("tokens", "positions", "count", "last"), got, (tokens, positions, count, last)):
+            assert torch.equal(a, b), name
+        without = gpu_kernels.catch_up_inputs(None, seq_lens, base, pad, t, capacity)  # the block drafter's: no tokens
+        assert without[0] is None and all(torch.equal(a, b) for a, b in zip(without[1:], got[1:]))
+
+
 def _random_step(generator, device):
     """A verification's argmax and block for a random chain (T 1..6) or tree (2..10 nodes), batch 1 or 3, over a
     vocabulary of 4 (many drafts accepted): (tree or None, block [B, T], best [B, T])."""

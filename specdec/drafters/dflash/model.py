@@ -213,13 +213,16 @@ class DFlashModel(FeatureDraftModel):
         return KVCache.allocate(cfg.num_layers, batch_size, cfg.num_kv_heads, capacity, cfg.head_dim, pad,
                                 dtype=self.fc.weight.dtype, device=self.fc.weight.device)
 
-    def write_context(self, features: torch.Tensor, cache: KVCache, kv_len: int | None = None) -> torch.Tensor:
+    def write_context(self, features: torch.Tensor, cache: KVCache, kv_len: int | None = None,
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
         """The context entries of T positions per row [B, T, L*Ht], written (uncommitted) after each row's
-        committed ones at their positions; the caller commits those that are real. Returns the fused context
-        [B, T, H] (a block's ``last`` input is the newest committed position's)."""
-        positions = cache.positions(torch.arange(features.shape[1], device=features.device)).clamp_(min=0)
+        committed ones at their positions (``positions`` [B, T]: those, as the caller has them already); the caller
+        commits those that are real. Returns the fused context [B, T, H] (a block's ``last`` input is the newest
+        committed position's)."""
         features = features.to(self.fc.weight.dtype)
         kernels = self._fused(features)
+        if positions is None:
+            positions = fused.new_positions(kernels, cache, None, features.shape[1])
         if kernels is not None:
             return self._fused_context(kernels, features, positions, cache, kv_len)
         context, kv = self.context_kv(features, positions)
@@ -233,7 +236,6 @@ class DFlashModel(FeatureDraftModel):
         after its context) and ``last`` [B, H] (the fused context of the row's newest committed position) ->
         hidden states [B, block, H]. The block's entries are written uncommitted (forgotten by the next write)."""
         size = self.cfg.block_size
-        positions = cache.positions(torch.arange(size, device=anchors.device))
         key = (size, anchors.device)
         if key not in self._block_masks:  # bidirectional in the block
             self._block_masks[key] = torch.ones(size, size, dtype=torch.bool, device=anchors.device)
@@ -247,7 +249,8 @@ class DFlashModel(FeatureDraftModel):
             x = self.block_inputs(anchors, last)
         kernels = self._fused(x)
         if kernels is not None:
-            return self._fused_blocks(kernels, x, positions, cache, everything)
+            return self._fused_blocks(kernels, x, fused.new_positions(kernels, cache, None, size), cache, everything)
+        positions = cache.positions(torch.arange(size, device=anchors.device))
         mask = cache.attention_mask(size, kv_len, everything)
 
         def attend(i, q, k, v):

@@ -30,7 +30,7 @@ from torch import nn
 
 from specdec.errors import CheckpointError
 from specdec.jobs.io import read_metadata, read_tensors
-from specdec.models.backend import Backend
+from specdec.models.backend import Backend, ProductPlan
 
 FORMAT = "specdec-medusa-1"
 DEFAULT_HEADS = "default"  # the heads shipped for the default target, SmolLM2-135M-Instruct
@@ -96,6 +96,7 @@ class MedusaHeads(nn.Module):
         self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, self.draft_vocab_size, bias=False)
                                       for _ in range(num_heads)) if own_lm_head else None
         self.backend = Backend()
+        self._stacked: dict[tuple, tuple] = {}  # see _blocks_in_one
 
     @property
     def num_heads(self) -> int:
@@ -129,16 +130,38 @@ class MedusaHeads(nn.Module):
         if self.token_aware and known is None:
             raise ValueError("token-aware Medusa heads need the embeddings of the known tokens (known=...)")
         blocks = self.blocks[first: num_heads or self.num_heads]
-        z = torch.stack([block(hidden, known, self.backend) for block in blocks], -2)  # [..., h, H]
+        z = self._blocks_in_one(hidden, first, len(blocks))
+        if z is None:
+            z = torch.stack([block(hidden, known, self.backend) for block in blocks], -2)  # [..., h, H]
         if self.lm_heads is not None:
             return torch.stack([head(z[..., i, :]) for i, head in enumerate(self.lm_heads[first: first + len(blocks)])], -2)
         if self.token_ids is not None and lm_head_weight.shape[0] == self.vocab_size:
             lm_head_weight = self.draft_lm_head(lm_head_weight)  # callers in a loop pass the rows, sliced once
         flat = z.reshape(-1, z.shape[-1])  # [R, H]
         logits = self.backend.rows_product(flat, lm_head_weight)  # specdec's CPU kernel, drafting in float32
-        if logits is None:  # W·zᵀ rather than z·Wᵀ: the same product, several times faster on CPU for a few rows
-            logits = torch.mm(lm_head_weight, flat.t()).t()
+        if logits is None:  # on CPU W·zᵀ rather than z·Wᵀ: the same product, several times faster for a few rows
+            logits = (F.linear(flat, lm_head_weight) if self.backend.runs_as_accelerator(flat)
+                      else torch.mm(lm_head_weight, flat.t()).t())
         return logits.reshape(*z.shape[:-1], -1)
+
+    def _blocks_in_one(self, hidden: torch.Tensor, first: int, count: int) -> torch.Tensor | None:
+        """The residual blocks ``first`` .. ``first + count - 1`` over ``hidden`` [..., H] -> [..., count, H] in one
+        kernel where three a head run otherwise (the Triton kernels' ``residual_silu_product`` over their weights and
+        biases stacked once, again when one is replaced or updated in place: :class:`ProductPlan`), or None where it
+        does not run (token-aware heads, autograd, the CPU)."""
+        kernels = None if self.token_aware else self.backend.fused_kernels(hidden)
+        in_one = getattr(kernels, "residual_silu_product", None)
+        if in_one is None or hidden.dtype != self.blocks[first].linear.weight.dtype:
+            return None
+        key = (first, count, hidden.dtype, hidden.device)
+        held = self._stacked.get(key)
+        if held is None or not held[0].current(self.backend):
+            plan = ProductPlan(self.backend, hidden.dtype, stacked=True)
+            entries = [plan.group(block, "linear")[0] for block in self.blocks[first:first + count]]
+            held = self._stacked[key] = (plan, torch.cat([entry.weight for entry in entries]),
+                                         torch.cat([entry.bias for entry in entries]))
+        width = hidden.shape[-1]
+        return in_one(hidden.reshape(-1, width), held[1], held[2]).view(*hidden.shape[:-1], count, width)
 
 
 def save_heads(path: str | Path, heads: MedusaHeads, *, target: str = "", tree: list[list[int]] | None = None,
