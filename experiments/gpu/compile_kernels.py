@@ -185,6 +185,8 @@ def _drafter_kernels(dtype) -> None:
     kv = torch.randn(2 * new, 2 * kv_heads * dim, generator=g).to(dtype)  # the block drafter's context written
     for at in (None, torch.arange(2 * new)):
         gpu_kernels.rotary_write(kv, cos, sin, keys, keys.clone(), lengths, at)
+        gpu_kernels.rotary_write(kv, cos, sin, keys, keys.clone(), lengths, at, norm)  # its keys normed inside
+    gpu_kernels.rotary_attention(qkv, cos, sin, heads, keys, keys.clone(), lengths, pad, norms=(norm, norm))  # block's
     for scale in (1.0, 24.0):  # the block drafter's block inputs (a Gemma target's scaled embeddings)
         gpu_kernels.block_inputs(torch.tensor([1, 5]), torch.randn(2, 576).to(dtype), torch.randn(32, 576).to(dtype),
                                  scale, 16, 0, torch.ones(576).to(dtype), 1e-6)

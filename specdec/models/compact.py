@@ -299,7 +299,8 @@ class CompactDecoder(nn.Module):
         kernel set for a decode or verification step, through SDPA for a CPU prefill (``Backend.attends_in_kernel``).
         On a GPU the products are one ``F.linear`` each over q|k|v and gate|up stacked once
         (:class:`~specdec.models.backend.Stacked`), each RMSNorm and SiLU·up inside the product reading it: five
-        kernels a layer, the rotary embedding inside the attention kernel (one more for Qwen3's q/k norms)."""
+        kernels a layer, the rotary embedding (and Qwen3's q/k norms, but with exact numerics) inside the attention
+        kernel."""
         b, t, width = x.shape
         dense = None if self.backend.attends_in_kernel(kernels, b * t) else cache.attention_mask(t, kv_len, tree_mask)
         attention = fused.Attention(cache, tree_mask, dense=dense, kv_len=kv_len,

@@ -106,7 +106,7 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
             stream, qkv = _normed_product(kernels, fuse, product, stream, *pending, layer.qkv, tile)
             if i and on_layer is not None:
                 on_layer(i, stream)
-        out = _attend(kernels, attention, i, head_norms(kernels, qkv, layer, heads), cos, sin, heads)
+        out = _attend(kernels, attention, i, qkv, layer, cos, sin, heads)
         stream, gate_up = _normed_product(kernels, fuse, product, stream, product(out, layer.o), layer.post_norm,
                                           layer.gate_up, tile)
         down = (kernels.silu_product(gate_up, *layer.down[0], **tile) if fuse
@@ -159,15 +159,20 @@ def _normed_product(kernels, fuse: bool, product, stream: torch.Tensor, delta: t
     return stream, product(kernels.rms_norm(stream, delta, *norm), entry)
 
 
-def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            heads: Heads) -> torch.Tensor:  # qkv [M, (Hq + 2·Hkv)·D] -> [M, Hq·D]
-    """Layer i's rotary embedding, cache writes and attention of a stacked q|k|v: in one call where the kernel set
-    has ``rotary_attention`` (the Triton kernels), else ``rope_qkv`` then ``cache_attention`` (or SDPA)."""
+def _attend(kernels, attention: Attention, i: int, qkv: torch.Tensor, layer: Layer, cos: torch.Tensor,
+            sin: torch.Tensor, heads: Heads) -> torch.Tensor:  # qkv [M, (Hq + 2·Hkv)·D] -> [M, Hq·D]
+    """Layer i's per-head q and k norms (:func:`head_norms`), rotary embedding, cache writes and attention of a
+    stacked q|k|v: in one call where the kernel set has ``rotary_attention`` (the Triton kernels; the norms apart
+    for ordered attention), else ``rope_qkv`` then ``cache_attention`` (or SDPA)."""
     cache = attention.cache
     in_one = getattr(kernels, "rotary_attention", None)
     if attention.dense is None and in_one is not None:
-        return in_one(qkv, cos, sin, heads.q, cache.keys[i], cache.values[i], cache.lengths, cache.pad,
-                      attention.mask, attention.recent, ordered=attention.ordered, positions=attention.positions)
+        inside = layer.k_norm is not None and not attention.ordered  # the norms in the attention's kernel
+        return in_one(qkv if inside else head_norms(kernels, qkv, layer, heads), cos, sin, heads.q, cache.keys[i],
+                      cache.values[i], cache.lengths, cache.pad, attention.mask, attention.recent,
+                      ordered=attention.ordered, positions=attention.positions,
+                      norms=(layer.q_norm, layer.k_norm) if inside else None)
+    qkv = head_norms(kernels, qkv, layer, heads)
     if attention.positions is not None:  # the tables' rows, for kernels that read a row a token
         cos, sin = cos[attention.positions], sin[attention.positions]
     q, k, v = kernels.rope_qkv(qkv, cos, sin, heads.q, heads.kv)
@@ -202,18 +207,19 @@ def context_keys_values(backend: Backend, kernels, layers: Sequence[Layer], head
                         cos: torch.Tensor, sin: torch.Tensor,  # [B·T, D] each, or tables read at ``positions``
                         cache: KVCache, kv_len: int | None, positions: torch.Tensor | None = None) -> None:
     """Each layer's keys (per-head normed, rotated) and values of ``context``, written into its cache layer
-    (uncommitted) at the rows' next slots: the block drafter's injected context. The Triton kernels rotate and write
-    a layer's in one kernel (``rotary_write``)."""
+    (uncommitted) at the rows' next slots: the block drafter's injected context. The Triton kernels norm, rotate and
+    write a layer's in one kernel (``rotary_write``)."""
     b, t, _ = context.shape
     rows = context.reshape(b * t, -1)
     in_one = getattr(kernels, "rotary_write", None)
     if positions is not None and in_one is None:  # the tables' rows, for kernels that read a row a token
         cos, sin = cos[positions], sin[positions]
     for i, layer in enumerate(layers):
-        kv = head_norms(kernels, backend.step_product(rows, layer.kv), layer, heads, with_q=False)
-        if in_one is not None:
-            in_one(kv, cos, sin, cache.keys[i], cache.values[i], cache.lengths, positions)
+        kv = backend.step_product(rows, layer.kv)
+        if in_one is not None:  # the k norm inside
+            in_one(kv, cos, sin, cache.keys[i], cache.values[i], cache.lengths, positions, layer.k_norm)
             continue
+        kv = head_norms(kernels, kv, layer, heads, with_q=False)
         _, k, v = kernels.rope_qkv(kv, cos, sin, 0, heads.kv)
         cache.write(i, k.view(b, t, heads.kv, heads.dim).transpose(1, 2),
                     v.view(b, t, heads.kv, heads.dim).transpose(1, 2), kv_len)

@@ -10,8 +10,8 @@ the rotary embedding of q and k with the cache writes and the attention over eac
 step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree mask, read on the device, so a
 captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are the same in two kernels), the o
 product (cuBLAS's), the gate|up product over the residual add and RMSNorm (:func:`normed_product` again), the down
-product over SiLU·up (:func:`silu_product`); Qwen3's per-head q and k norms one more (:func:`head_norms`, in
-place). Apart (``target.fused_products=false``, and a prefill of more than
+product over SiLU·up (:func:`silu_product`); Qwen3's per-head q and k norms inside the attention too (apart with
+exact numerics: :func:`head_norms`, in place, one kernel more). Apart (``target.fused_products=false``, and a prefill of more than
 :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
@@ -111,7 +111,8 @@ def head_norms(qkv: torch.Tensor, q_heads: int, kv_heads: int, k_norm: tuple[tor
     """A stacked q|k|v product [M, (Hq + 2·Hkv)·D] (contiguous; ``q_heads`` 0: k|v alone) with each q head RMS-normed
     by ``q_norm`` (weight [D], eps) and each k head by ``k_norm``, in place, in one kernel: :func:`rms_norm` over each
     head's row, bit for bit (Qwen3's and the block drafter's per-head norms, where splitting, two norms and a cat were
-    five kernels). Returns ``qkv``."""
+    five kernels; :func:`rotary_attention` and :func:`rotary_write` norm them inside, but in ordered attention).
+    Returns ``qkv``."""
     m, width = qkv.shape
     dim = width // (q_heads + 2 * kv_heads)
     if not qkv.is_contiguous() or width != (q_heads + 2 * kv_heads) * dim or (q_heads and q_norm is None) \
@@ -198,22 +199,28 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_heads: i
 
 
 def rotary_write(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 lengths: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+                 lengths: torch.Tensor, positions: torch.Tensor | None = None,
+                 k_norm: tuple[torch.Tensor, float] | None = None) -> None:
     """A stacked k|v product [B·T, 2·Hkv·D] (the step's T new tokens of each row) written into one cache layer, keys
     and values [B, Hkv, S, D], at slots lengths + t, its keys rotated (cos, sin [B·T, D]; with ``positions`` [B·T]
     tables [P, D] read at them): :func:`rope_qkv` then ``KVCache.write`` in one kernel, bit for bit (the block
-    drafter's context, where they were ~7 kernels a layer)."""
+    drafter's context, where they were ~7 kernels a layer). ``k_norm`` (weight [D], eps): each key RMS-normed first,
+    as :func:`head_norms` norms it (the block drafter's, one kernel a layer fewer)."""
     b, kv_heads, capacity, dim = keys.shape
     m = kv.shape[0]
     if (kv.shape != (m, 2 * kv_heads * dim) or m % b or not _rotary_fits(cos, sin, positions, m, dim)
-            or not keys.is_contiguous() or values.shape != keys.shape or not values.is_contiguous()):
+            or not keys.is_contiguous() or values.shape != keys.shape or not values.is_contiguous()
+            or (k_norm is not None and k_norm[0].shape != (dim,))):
         raise ValueError(f"rotary_write: k|v {tuple(kv.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, "
-                         f"positions {None if positions is None else tuple(positions.shape)} do not fit the contiguous "
-                         f"keys {tuple(keys.shape)} and values {tuple(values.shape)}")
+                         f"positions {None if positions is None else tuple(positions.shape)}, k norm "
+                         f"{None if k_norm is None else tuple(k_norm[0].shape)} do not fit the contiguous keys "
+                         f"{tuple(keys.shape)} and values {tuple(values.shape)}")
     kv, cos, sin = kv.contiguous(), cos.contiguous(), sin.contiguous()
     at = lengths if positions is None else positions.contiguous()  # not read without a table
+    weight, eps = (cos, 0.0) if k_norm is None else k_norm  # not read without a norm
     _kernels().rotary_write_kernel[(m, kv_heads)](kv, cos, sin, at, keys, values, lengths, m // b, kv_heads, capacity,
-                                                  dim, TABLE=positions is not None, BLOCK_D=_pow2(dim, 16))
+                                                  dim, weight, float(eps), TABLE=positions is not None,
+                                                  BLOCK_D=_pow2(dim, 16), NORM=k_norm is not None)
 
 
 def _rotary_fits(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, m: int, dim: int) -> bool:
@@ -251,11 +258,15 @@ def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_
                      values: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
                      tree_mask: torch.Tensor | None = None, recent: int = 0, *, ordered: bool = False,
                      splits: int | None = None, positions: torch.Tensor | None = None,
+                     norms: tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]] | None = None,
                      _planted: str | None = None) -> torch.Tensor:
     """:func:`rope_qkv` then :func:`cache_attention` (``ordered`` as there) in one kernel: the attention of a stacked
     q|k|v product [B·T, (Hq + 2·Hkv)·D], its q and k rotated (cos, sin [B·T, D]) as the kernel reads them, the same
     arithmetic and roundings (one kernel a layer fewer). ``positions`` [B·T]: cos and sin are tables [P, D] of every
-    position, each token's rows read at its position (no gather of the rows before the step)."""
+    position, each token's rows read at its position (no gather of the rows before the step). ``norms`` (the q norm's
+    and the k norm's (weight [D], eps)): each q and k head RMS-normed first, as :func:`head_norms` norms them (Qwen3's
+    layer: one kernel fewer again); not ``ordered`` (a norm's sum over a head read in tiles of other shapes than the
+    one-token step's could round otherwise: exact numerics norm the heads apart)."""
     kv_heads, dim = keys.shape[1], keys.shape[3]
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     width = (q_heads + 2 * kv_heads) * dim
@@ -264,16 +275,19 @@ def rotary_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_
                          f"and sin {tuple(sin.shape)} (expected [M, {dim}], or tables [P, {dim}] with positions [M]: "
                          f"{None if positions is None else tuple(positions.shape)}) do not fit the keys "
                          f"{tuple(keys.shape)}")
+    if norms is not None and (ordered or any(norm[0].shape != (dim,) for norm in norms)):
+        raise ValueError(f"rotary_attention: q and k norms {[tuple(norm[0].shape) for norm in norms]} (expected "
+                         f"[{dim}] each) inside the attention, not ordered (ordered={ordered}: norm them apart)")
     return _attention((qkv, qkv, qkv), (0, q_heads * dim, (q_heads + kv_heads) * dim), (width, width),
                       (cos, sin, positions), q_heads, keys, values, lengths, pad, tree_mask, recent, ordered, splits,
-                      _planted)
+                      _planted, norms)
 
 
 def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths, pad, tree_mask, recent, ordered,
-               splits, _planted):
+               splits, _planted, norms=None):
     """Launch the attention kernel over token rows read from ``sources`` (q, k, v tensors) at ``starts`` + m ·
     ``strides`` (q's, k's and v's), rotated by ``rotary`` (cos, sin, and the positions their rows are read at or
-    None: a row each) where given."""
+    None: a row each) where given, its q and k heads normed first by ``norms`` (q's, k's) where given."""
     plant = _plant(_planted, PLANTED + PLANTED_ROTARY)
     b, kv_heads, capacity, dim = keys.shape
     m = sources[0].shape[0]
@@ -311,9 +325,11 @@ def _attention(sources, starts, strides, rotary, q_heads, keys, values, lengths,
     partial = (torch.empty(splits, m * q_heads, device=keys.device), torch.empty(splits, m * q_heads,
                device=keys.device), torch.empty(splits, m * q_heads, dim, device=keys.device)) if splits > 1 else \
         (out, out, out)  # float32: each chunk's max, sum of exps and weighted values a query row
+    (q_norm, q_eps), (k_norm, k_eps) = norms if norms is not None else ((lengths, 0.0), (lengths, 0.0))  # or unread
     _kernels().attention_kernel[(programs, kv_heads, splits)](
         *sources, cos, sin, keys, values, lengths, pad, tree, out, *partial, m, new, q_heads, kv_heads, capacity, dim,
-        int(recent), dim ** -0.5, chunk, *starts, *strides, at, SPLIT=splits > 1, TOKENS=tokens, ROWS=rows, **common)
+        int(recent), dim ** -0.5, chunk, *starts, *strides, at, q_norm, k_norm, float(q_eps), float(k_eps),
+        SPLIT=splits > 1, TOKENS=tokens, ROWS=rows, NORM=norms is not None, **common)
     if splits > 1:
         _kernels().attention_merge_kernel[(m * q_heads,)](*partial, out, m * q_heads, dim, splits,
                                                           SPLITS=_pow2(splits), BLOCK_D=_pow2(dim, 16))

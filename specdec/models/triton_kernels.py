@@ -197,10 +197,11 @@ def rotated(x, partner, cos, sin, sign, KIND: tl.constexpr):
 
 @triton.jit
 def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, sign, dim, kind: tl.constexpr,
-                 ROTATE: tl.constexpr, TABLE: tl.constexpr):
+                 ROTATE: tl.constexpr, TABLE: tl.constexpr, norm_ptr, eps, NORM: tl.constexpr):
     """Heads [N, D] read where ``at`` [N, 1] says (under ``tile`` [N, D]), in ``kind``; with ROTATE rotated at the
     positions of the token rows ``turns`` [N]: their cos and sin rows, or with TABLE the rows of cos and sin tables at
-    the tokens' positions (``pos_ptr``): a step's queries or keys."""
+    the tokens' positions (``pos_ptr``): a step's queries or keys; with NORM (and ROTATE) each head RMS-normed first
+    by the weight at ``norm_ptr`` (Qwen3's q and k norms) as :func:`head_norms_kernel` norms it."""
     if ROTATE:
         if TABLE:
             turns = tl.load(pos_ptr + turns, mask=tl.max(tile.to(tl.int32), 1) > 0, other=0)
@@ -208,6 +209,13 @@ def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, 
         s = tl.load(sin_ptr + turns[:, None] * dim + d[None, :], mask=tile, other=0.0).to(tl.float32)
         raw = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0).to(tl.float32)
         other = tl.load(x_ptr + at + partner[None, :], mask=tile, other=0.0).to(tl.float32)
+        if NORM:  # the head's mean of squares (its lanes past dim read as 0), then each lane and its partner normed
+            rstd = tl.rsqrt(tl.sum(raw * raw, axis=1) / dim + eps)[:, None]
+            lanes = d < dim
+            weight = tl.load(norm_ptr + d, mask=lanes, other=0.0).to(tl.float32)[None, :]
+            partners = tl.load(norm_ptr + partner, mask=lanes, other=0.0).to(tl.float32)[None, :]
+            raw = rounded(weight * rounded(raw * rstd, kind), kind)
+            other = rounded(partners * rounded(other * rstd, kind), kind)
         heads = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
     else:
         heads = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0)
@@ -216,10 +224,11 @@ def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, 
 
 @triton.jit
 def rotary_write_kernel(kv_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr, lengths_ptr, new, kv_heads, capacity,
-                        dim, TABLE: tl.constexpr, BLOCK_D: tl.constexpr):
+                        dim, k_norm_ptr, k_eps, TABLE: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr = False):
     # One program: KV head h of token m (new token t of row b) of a stacked k|v [M, 2·Hkv·D]: its key rotated (cos and
-    # sin rows [M, D], or with TABLE tables read at the positions pos [M]) as rope_qkv_kernel rotates it, and its value,
-    # written into slot lengths[b] + t of the cache layer [B, Hkv, S, D].
+    # sin rows [M, D], or with TABLE tables read at the positions pos [M]) as rope_qkv_kernel rotates it (with NORM
+    # RMS-normed first by the k norm, as head_norms_kernel norms it), and its value, written into slot lengths[b] + t of
+    # the cache layer [B, Hkv, S, D].
     m, h = tl.program_id(0), tl.program_id(1)
     b, t = m // new, m % new
     d = tl.arange(0, BLOCK_D)
@@ -230,18 +239,18 @@ def rotary_write_kernel(kv_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, values_ptr,
     at = (m * 2 * kv_heads + h) * dim + tl.zeros([1, 1], tl.int32)
     slot = ((b * kv_heads + h) * capacity + tl.load(lengths_ptr + b) + t) * dim + d[None, :]
     tl.store(keys_ptr + slot, read_rotated(kv_ptr, cos_ptr, sin_ptr, pos_ptr, at, token, tile, d, partner, sign, dim,
-                                           kind, True, TABLE), mask=tile)
+                                           kind, True, TABLE, k_norm_ptr, k_eps, NORM), mask=tile)
     tl.store(values_ptr + slot, tl.load(kv_ptr + at + kv_heads * dim + d[None, :], mask=tile), mask=tile)
 
 
 @triton.jit
 def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr, lengths_ptr, pad_ptr, tree_ptr,
                      out_ptr, best_ptr, total_ptr, acc_ptr, rows, new, q_heads, kv_heads, capacity, dim, recent, scale,
-                     chunk, q_start, k_start, v_start, q_stride, kv_stride, pos_ptr,
-                     HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr, SPLIT: tl.constexpr,
+                     chunk, q_start, k_start, v_start, q_stride, kv_stride, pos_ptr, q_norm_ptr, k_norm_ptr, q_eps,
+                     k_eps, HAS_TREE: tl.constexpr, ROTATE: tl.constexpr, TABLE: tl.constexpr, SPLIT: tl.constexpr,
                      TOKENS: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-                     PLANT: tl.constexpr):
+                     PLANT: tl.constexpr, NORM: tl.constexpr = False):
     # One program: TOKENS new tokens of row b times the query heads sharing KV head h, as ROWS query rows (token by
     # token), over chunk s of the committed slots (chunk slots from s·chunk: all of them without SPLIT), each block of
     # keys read once for them all; the chunk holding slot lengths[b] also over the step's tokens (read from k and v,
@@ -249,7 +258,8 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     # and values it writes into slots lengths[b] + t (read by no program). The tree mask (causal without one) says who
     # sees whom among the step's tokens and the last ``recent`` committed slots. Token m's q, k, v start at q_start,
     # k_start, v_start + m · (q_stride or kv_stride): three tensors or one q|k|v product. Stores the attention, or
-    # with SPLIT each query row's running max, sum of exps and weighted values for attention_merge_kernel.
+    # with SPLIT each query row's running max, sum of exps and weighted values for attention_merge_kernel. NORM (with
+    # ROTATE): each q and k head RMS-normed first by the q and k norms (Qwen3's), as head_norms_kernel norms it.
     p, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tiles = tl.cdiv(new, TOKENS)
     b, t0 = p // tiles, p % tiles * TOKENS
@@ -268,12 +278,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
     steps = length // chunk + 0 * r == s  # [R] whether this chunk holds the step's slots (as rows: the interpreter
     # refuses a mask of a scalar comparison's and a tensor)
     q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m[:, None] * q_stride + (h * group + g[:, None]) * dim,
-                     m, live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [R, D]
+                     m, live[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE, q_norm_ptr, q_eps,
+                     NORM)  # [R, D]
     writer = (live & (g == 0) & steps)[:, None] & dims[None, :]  # each token's key and value, once
     if PLANT != 2:
         slot = cached + (length + t)[:, None] * dim + d[None, :]
         key = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + m[:, None] * kv_stride + h * dim, m, writer, d,
-                           partner, sign, dim, kind, ROTATE, TABLE)
+                           partner, sign, dim, kind, ROTATE, TABLE, k_norm_ptr, k_eps, NORM)
         tl.store(keys_ptr + slot, key, mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + m[:, None] * kv_stride + h * dim + d[None, :],
                                             mask=writer), mask=writer)
@@ -314,7 +325,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, values_ptr
         else:
             turns = tokens
         keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + tokens[:, None] * kv_stride + h * dim, turns,
-                            tile, d, partner, sign, dim, kind, ROTATE, TABLE)
+                            tile, d, partner, sign, dim, kind, ROTATE, TABLE, k_norm_ptr, k_eps, NORM)
         values = tl.load(v_ptr + v_start + tokens[:, None] * kv_stride + h * dim + d[None, :], mask=tile, other=0.0)
         best, total, acc = attend(q, keys, values, seen, best, total, acc, scale, IEEE)
     heads = m * q_heads + h * group + g  # [R] the query rows' (token, head)
@@ -380,7 +391,7 @@ def ordered_attention(q, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, keys_ptr, valu
         rows = b * new + j
         new_tile = step_seen[:, None] & dims[None, :]
         step_keys = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + rows[:, None] * kv_stride + h * dim, rows,
-                                 new_tile, d, partner, sign, dim, kind, ROTATE, TABLE)
+                                 new_tile, d, partner, sign, dim, kind, ROTATE, TABLE, k_ptr, 0.0, False)
         step_values = tl.load(v_ptr + v_start + rows[:, None] * kv_stride + h * dim + d[None, :], mask=new_tile,
                               other=0.0)
         keys = tl.where(new_tile, step_keys, keys)
@@ -412,13 +423,14 @@ def ordered_attention_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, keys_ptr, va
     kind: tl.constexpr = keys_ptr.dtype.element_ty
     token = m + 0 * g  # [G] the token's row, for each head
     q = read_rotated(q_ptr, cos_ptr, sin_ptr, pos_ptr, q_start + m * q_stride + (h * group + g[:, None]) * dim, token,
-                     heads[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE)  # [G, D]
+                     heads[:, None] & dims[None, :], d, partner, sign, dim, kind, ROTATE, TABLE, q_ptr, 0.0,
+                     False)  # [G, D]
     writer = (g == 0)[:, None] & dims[None, :]
     if PLANT != 2:
         slot = (b * kv_heads + h) * capacity * dim + (length + t + 0 * g)[:, None] * dim + d[None, :]
         at = m * kv_stride + h * dim + 0 * g[:, None]  # [G, 1] the token's head in k and v
         key = read_rotated(k_ptr, cos_ptr, sin_ptr, pos_ptr, k_start + at, token, writer, d, partner, sign, dim, kind,
-                           ROTATE, TABLE)
+                           ROTATE, TABLE, k_ptr, 0.0, False)
         tl.store(keys_ptr + slot, key, mask=writer)
         tl.store(values_ptr + slot, tl.load(v_ptr + v_start + at + d[None, :], mask=writer), mask=writer)
     best = tl.full([GROUP], float("-inf"), tl.float32)

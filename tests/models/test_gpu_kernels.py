@@ -182,19 +182,21 @@ def _backend(device, exact_numerics=False):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family,fused_products", [("llama", True), ("llama", False), ("qwen3", True)])
-def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, fused_products, monkeypatch):
+@pytest.mark.parametrize("family,fused_products,exact", [("llama", True, False), ("llama", False, False),
+                                                          ("qwen3", True, False), ("qwen3", True, True)])
+def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, fused_products, exact, monkeypatch):
     """A prefill, a decode step and a tree verification through the fused forward on the Triton kernels (graphs
     replayed, emulated on CPU; the norms inside the products or apart) give the logits, the hidden states and the
     captured streams (the embeddings' among them, which the norms apart would update in place) of torch's ops; every
-    attention went through the kernel (Qwen3's q and k norms through ``head_norms``)."""
+    attention went through the kernel, Qwen3's q and k norms inside it (through ``head_norms`` with exact numerics,
+    whose ordered attention norms apart)."""
     calls = collections.Counter()
     for name in ("rotary_attention", "head_norms"):
         real = getattr(gpu_kernels, name)
-        monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update([name]) or
-                            real(*a, **kw))
+        monkeypatch.setattr(gpu_kernels, name, lambda *a, real=real, name=name, **kw: calls.update(
+            [name] + (["normed inside"] if kw.get("norms") is not None else [])) or real(*a, **kw))
     model = (tiny_llama(layers=2, seed=0) if family == "llama" else tiny_family("qwen3", window=1024)).to(device)
-    backend = dataclasses.replace(_backend(device), fused_products=fused_products)
+    backend = dataclasses.replace(_backend(device, exact), fused_products=fused_products)
     fused = GraphedDecoder(as_decoder(model, backend=backend))
     plain = as_decoder(model, backend=Backend(kernels=False, onednn=False, gpu_kernels=False))
     pad = torch.tensor([0, 2], device=device)
@@ -215,7 +217,8 @@ def test_the_decoder_on_the_kernels_gives_the_torch_ops_logits(device, family, f
     for got, want in zip(*outputs):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert calls["rotary_attention"] and fused.captures == 2  # the one-token step and the tree, each captured once
-    assert calls["head_norms"] == (calls["rotary_attention"] if family == "qwen3" else 0)
+    qwen3 = calls["rotary_attention"] if family == "qwen3" else 0
+    assert (calls["head_norms"], calls["normed inside"]) == ((qwen3, 0) if exact else (0, qwen3)), calls
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -336,6 +339,42 @@ def test_rotary_attention_reads_cos_and_sin_tables_at_the_positions(device):
             if b * new > 2:
                 shuffled = attend(*tables, positions.flip(0))
                 assert not all(torch.equal(x, y) for x, y in zip(shuffled, rows)), (case, ordered)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_q_and_k_norms_inside_the_attention_are_the_norms_apart(device):
+    """Qwen3's per-head q and k RMSNorms inside the attention's kernel (and inside the block drafter's context write):
+    the keys written and the attention bit for bit those of head_norms then the kernel, every case, every dtype; the
+    q norm's weight given for k's differs; ordered attention refuses them (exact numerics norm apart). A Qwen3
+    target's fused step then runs no head_norms kernel (its logits: the decoder test)."""
+    g = torch.Generator().manual_seed(6)
+    b, heads, kv_heads, dim, capacity = 2, 6, 2, 16, 64
+    for dtype in _dtypes(device, products=True):
+        norms = tuple((torch.randn(dim, generator=g).to(device, dtype), eps) for eps in (1e-6, 1e-5))
+        for lengths, pad, new, tree, recent in CASES:
+            qkv = torch.randn(b * new, (heads + 2 * kv_heads) * dim, generator=g).to(device, dtype)
+            cos, sin = (torch.randn(b * new, dim, generator=g).to(device, dtype) for _ in range(2))
+            stale = torch.randn(b, kv_heads, capacity, dim, generator=g).to(device, dtype)
+            mask = None if tree is None else torch.tensor(tree, dtype=torch.bool, device=device)
+            args = (torch.tensor(lengths, device=device), torch.tensor(pad, device=device), mask, recent)
+
+            def attend(x, norms=None):
+                keys, values = stale.clone(), stale.clone()
+                return gpu_kernels.rotary_attention(x, cos, sin, heads, keys, values, *args, norms=norms), keys
+
+            apart = attend(gpu_kernels.head_norms(qkv.clone(), heads, kv_heads, norms[1], norms[0]))
+            assert all(torch.equal(x, y) for x, y in zip(attend(qkv, norms), apart)), (dtype, lengths, new)
+            swapped = attend(qkv, (norms[0], norms[0]))
+            assert not torch.equal(swapped[1], apart[1]), (dtype, lengths, new)
+            kv = qkv[:, heads * dim:].contiguous()  # a context's k|v, its keys normed inside the write
+            written = [(stale.clone(), stale.clone()) for _ in range(2)]
+            gpu_kernels.rotary_write(gpu_kernels.head_norms(kv.clone(), 0, kv_heads, norms[1]), cos, sin, *written[0],
+                                     args[0])
+            gpu_kernels.rotary_write(kv, cos, sin, *written[1], args[0], k_norm=norms[1])
+            assert all(torch.equal(x, y) for x, y in zip(*written)), (dtype, lengths, new)
+    with pytest.raises(ValueError, match="not ordered"):
+        gpu_kernels.rotary_attention(qkv, cos, sin, heads, stale.clone(), stale.clone(), args[0], args[1],
+                                     ordered=True, norms=norms)
 
 
 @pytest.mark.parametrize("device", DEVICES)
