@@ -10,8 +10,9 @@ kernels' specialisations matter) on specdec's Triton kernels, the norms inside t
 ``exact_numerics`` (a prefill, a one-token step, a chain of 4, a tree of 3), in bf16 (at 135M in float16 and float32
 too); then the drafters' kernels alone (the top-k over 8,192 and 49,152 logits, EAGLE's attention over recent slots and
 its device tree, the block drafter's inputs and context) and the attention's other divisions (a long cache split into
-chunks, 64-row programs). On 2026-11-30 all 139 launches compiled for sm_90 with Triton 3.9 (this project's) and 3.6
-(the GPU machines'), none spilling.
+chunks, 64-row programs). On 2026-11-30 all 155 launches (Medusa's blocks, a catch-up's inputs and the q and k norms
+inside the attention among them) compiled for sm_90 with Triton 3.9 (this project's) and 3.6 (the GPU machines'),
+none spilling.
 
     python experiments/gpu/compile_kernels.py                  # sm_90: every launch compiled, the table
     python experiments/gpu/compile_kernels.py --arch 80 90 --json /tmp/compiled.json
