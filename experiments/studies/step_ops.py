@@ -82,7 +82,7 @@ class InGraphs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-ALLOCATIONS = ("empty", "new_empty", "empty_like", "empty_strided", "_unsafe_view")  # (_unsafe_view: a view not marked one)
+ALLOCATIONS = ("empty", "new_empty", "empty_like", "empty_strided", "_unsafe_view")  # the last: a view, unmarked
 
 
 def counting_in_graphs(mode: InGraphs, outside: OutsideGraphs) -> None:

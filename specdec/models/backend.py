@@ -144,7 +144,7 @@ class Backend:
         return x.device.type == "cuda" or (self.triton_on_cpu and x.device.type == "cpu")
 
     def runs_as_accelerator(self, x: torch.Tensor) -> bool:
-        """Whether products over ``x`` run as an accelerator runs them (``F.linear``, the CPU's choices of kernel aside):
+        """Whether products over ``x`` run as an accelerator runs them (``F.linear``, not the CPU's choices of kernel):
         ``x`` is on one, or on the CPU where this backend runs a GPU's ops (:meth:`emulated_gpu`)."""
         return x.device.type != "cpu" or self.emulate_graphs
 

@@ -11,8 +11,8 @@ step's new tokens (:func:`rotary_attention`: per-row lengths and padding, a tree
 captured graph replays any step; :func:`rope_qkv` then :func:`cache_attention` are the same in two kernels), the o
 product (cuBLAS's), the gate|up product over the residual add and RMSNorm (:func:`normed_product` again), the down
 product over SiLU·up (:func:`silu_product`); Qwen3's per-head q and k norms inside the attention too (apart with
-exact numerics: :func:`head_norms`, in place, one kernel more). Apart (``target.fused_products=false``, and a prefill of more than
-:data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
+exact numerics: :func:`head_norms`, in place, one kernel more). Apart (``target.fused_products=false``, and a prefill
+of more than :data:`FUSED_ROWS` rows) a layer is eight: :func:`rms_norm`, :func:`silu_mul` and cuBLAS's products.
 ``target.exact_numerics`` runs every product through this module's product kernel (:func:`invariant_linear`) and the
 attention ``ordered``: a row's arithmetic the same whatever the forward carries. Beside the layers, a drafter's
 candidates: :func:`top_k` over its vocabulary (``Backend.top_k``, ``Backend.top_log_softmax``); EAGLE's layer input
@@ -734,9 +734,14 @@ def cache_positions(lengths: torch.Tensor, pad: torch.Tensor, offsets: torch.Ten
     [B] its) in one kernel where torch's ops are three or four."""
     batch = lengths.shape[0]
     out = torch.empty(batch, count, dtype=torch.long, device=lengths.device)
-    _kernels().positions_kernel[(batch,)](lengths, pad, lengths if offsets is None else offsets.contiguous(), out,
-                                          count, HAS_OFFSETS=offsets is not None, BLOCK=_pow2(count, 2))
+    block = min(_pow2(count, 2), POSITIONS_BLOCK)
+    _kernels().positions_kernel[(batch, _cdiv(count, block))](
+        lengths, pad, lengths if offsets is None else offsets.contiguous(), out, count, HAS_OFFSETS=offsets is not None,
+        BLOCK=block)
     return out
+
+
+POSITIONS_BLOCK = 1024  # the most positions a program of cache_positions or catch_up_inputs takes (a prefill's more)
 
 
 def catch_up_inputs(seq: torch.Tensor | None, seq_lens: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor,
@@ -752,7 +757,8 @@ def catch_up_inputs(seq: torch.Tensor | None, seq_lens: torch.Tensor, lengths: t
     tokens = None if seq is None else torch.empty_like(positions)
     new, last = (torch.empty(batch, dtype=torch.long, device=device) for _ in range(2))
     width = 1 if seq is None else seq.shape[1]
-    _kernels().catch_up_kernel[(batch,)](positions if seq is None else seq.contiguous(), seq_lens, lengths, pad,
-                                         positions if tokens is None else tokens, positions, new, last, width, count,
-                                         min(capacity, width), HAS_SEQ=seq is not None, BLOCK=_pow2(count, 2))
+    block = min(_pow2(count, 2), POSITIONS_BLOCK)
+    _kernels().catch_up_kernel[(batch, _cdiv(count, block))](
+        positions if seq is None else seq.contiguous(), seq_lens, lengths, pad, positions if tokens is None else tokens,
+        positions, new, last, width, count, min(capacity, width), HAS_SEQ=seq is not None, BLOCK=block)
     return tokens, positions, new, last

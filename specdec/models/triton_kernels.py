@@ -1269,10 +1269,10 @@ def lookup_kernel(seq_ptr, seq_lens_ptr, pad_ptr, tokens_ptr, found_ptr, capacit
 @triton.jit
 def positions_kernel(lengths_ptr, pad_ptr, offsets_ptr, out_ptr, count, HAS_OFFSETS: tl.constexpr,
                      BLOCK: tl.constexpr):
-    """Row ``program_id``'s position ids: its committed tokens (lengths less pad) plus each new token's offset (read,
-    or 0 .. count - 1 without HAS_OFFSETS), at least 0."""
+    """Row ``program_id(0)``'s position ids, BLOCK of them from ``program_id(1)``·BLOCK: its committed tokens (lengths
+    less pad) plus each new token's offset (read, or 0 .. count - 1 without HAS_OFFSETS), at least 0."""
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < count
     if HAS_OFFSETS:
         offset = tl.load(offsets_ptr + offs, mask=inside, other=0)
@@ -1285,12 +1285,13 @@ def positions_kernel(lengths_ptr, pad_ptr, offsets_ptr, out_ptr, count, HAS_OFFS
 @triton.jit
 def catch_up_kernel(seq_ptr, seq_lens_ptr, lengths_ptr, pad_ptr, tokens_ptr, positions_ptr, new_ptr, last_ptr, width,
                     count, capacity, HAS_SEQ: tl.constexpr, BLOCK: tl.constexpr):
-    """Row ``program_id``'s catch-up inputs (:func:`~specdec.models.gpu_kernels.catch_up_inputs`): after its ``base``
-    committed cache slots, the tokens one slot later in seq (HAS_SEQ; clamped below the capacity), their positions
-    (base less pad, plus 0 .. count - 1, at least 0), the positions committed since (seq_lens - 1 - base within
-    0 .. count) and the flat index of the newest (row·count + that less one, at least 0)."""
+    """Row ``program_id(0)``'s catch-up inputs (:func:`~specdec.models.gpu_kernels.catch_up_inputs`), BLOCK positions
+    of them from ``program_id(1)``·BLOCK: after its ``base`` committed cache slots, the tokens one slot later in seq
+    (HAS_SEQ; clamped below the capacity), their positions (base less pad, plus 0 .. count - 1, at least 0); and (the
+    first program of the row) the positions committed since (seq_lens - 1 - base within 0 .. count) and the flat index
+    of the newest (row·count + that less one, at least 0)."""
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK).to(tl.int64)
+    offs = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     inside = offs < count
     base = tl.load(lengths_ptr + row)
     at = row * count + offs
@@ -1298,6 +1299,7 @@ def catch_up_kernel(seq_ptr, seq_lens_ptr, lengths_ptr, pad_ptr, tokens_ptr, pos
         slot = tl.minimum(base + 1 + offs, capacity - 1)
         tl.store(tokens_ptr + at, tl.load(seq_ptr + row * width + slot, mask=inside, other=0), mask=inside)
     tl.store(positions_ptr + at, tl.maximum(base - tl.load(pad_ptr + row) + offs, 0), mask=inside)
-    new = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + row) - 1 - base, 0), count)
-    tl.store(new_ptr + row, new)
-    tl.store(last_ptr + row, row * count + tl.maximum(new - 1, 0))
+    if tl.program_id(1) == 0:
+        new = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + row) - 1 - base, 0), count)
+        tl.store(new_ptr + row, new)
+        tl.store(last_ptr + row, row * count + tl.maximum(new - 1, 0))
