@@ -307,16 +307,13 @@ class CompactDecoder(nn.Module):
                                     ordered=self.backend.exact_numerics, positions=at)
         layers, final_norm = self._layer_plan(self.backend.stacks(x))
 
-        apart = not fused.fuses_products(self.backend, kernels, layers, b * t)
+        stream, apart = fused.input_stream(self.backend, kernels, layers, x)  # the embeddings, copied for norms apart
 
         def keep(i: int, stream: torch.Tensor) -> None:  # the norms apart update the stream in place, so copied for
             if i in capture:  # them; the fused products' streams are new tensors, never updated after this
                 captured[i] = stream.view(b, t, width).clone() if apart else stream.view(b, t, width)
 
         heads = fused.Heads(self.num_heads, self.num_kv_heads, self.head_dim)
-        stream = x.reshape(b * t, width)  # the embeddings: updated in place by the norms apart, so copied for them
-        if apart:
-            stream = stream.clone()
         h = fused.decoder_layers(self.backend, kernels, layers, heads, stream, cos, sin, attention,
                                  final_norm=final_norm, on_layer=keep if capture else None)
         return h.view(b, t, width)

@@ -133,6 +133,15 @@ def decoder_layers(backend: Backend, kernels, layers: Sequence[Layer], heads: He
     return stream if final_norm is None else h
 
 
+def input_stream(backend: Backend, kernels, layers: Sequence[Layer], x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``x`` [..., H] as :func:`decoder_layers`' residual stream [M, H], and whether the norms run apart: then a copy
+    (contiguous), as they update the stream in place; ``x``'s rows themselves where :func:`fuses_products` (the
+    products with the norms inside leave the stream given as it was)."""
+    stream = x.reshape(-1, x.shape[-1])
+    apart = not fuses_products(backend, kernels, layers, stream.shape[0])
+    return (stream.clone(memory_format=torch.contiguous_format) if apart else stream), apart
+
+
 def fuses_products(backend: Backend, kernels, layers: Sequence[Layer], rows: int) -> bool:
     """Whether :func:`decoder_layers` runs each RMSNorm and SiLU·up inside the product that reads it: the kernel set
     has those products (the Triton kernels), :attr:`Backend.fused_products` is on, the products' weights are stacked

@@ -26,13 +26,25 @@ def rounded(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def scaled_norm(x, rstd, weight, kind: tl.constexpr):
+    """float32 ``x`` times its row's ``rstd``, then by the norm's ``weight``, each rounded in ``kind`` as transformers'
+    ``weight * (x * rstd).to(input dtype)`` rounds it (float32 values)."""
+    return rounded(weight * rounded(x * rstd, kind), kind)
+
+
+@triton.jit
+def silu_rounded(x, kind: tl.constexpr):
+    """silu of float32 ``x`` rounded in ``kind`` as torch's ``F.silu`` rounds it (float32 values; the exp may differ
+    from torch's in its last bit)."""
+    return rounded(x / (1.0 + tl.exp(-x)), kind)
+
+
+@triton.jit
 def normed_row(x, w_ptr, offs, inside, width, eps, kind: tl.constexpr):
     """The RMSNorm of one row ``x`` [BLOCK] (float32, zero past ``width``) by the weight at ``w_ptr``, rounded as
     transformers' ``weight * x.to(input dtype)`` rounds it in ``kind`` (float32 values)."""
-    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / width + eps)
-    normed = rounded(normed, kind)
     w = tl.load(w_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-    return rounded(w * normed, kind)
+    return scaled_norm(x, tl.rsqrt(tl.sum(x * x, axis=0) / width + eps), w, kind)
 
 
 @triton.jit
@@ -121,7 +133,7 @@ def silu_mul_kernel(x_ptr, out_ptr, width, BLOCK: tl.constexpr):
     gate = tl.load(x_ptr + row * 2 * width + offs, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * 2 * width + width + offs, mask=inside, other=0.0).to(tl.float32)
     kind: tl.constexpr = out_ptr.dtype.element_ty
-    act = rounded(gate / (1.0 + tl.exp(-gate)), kind)
+    act = silu_rounded(gate, kind)
     tl.store(out_ptr + row * width + offs, rounded(act * up, kind).to(kind), mask=inside)
 
 
@@ -214,8 +226,8 @@ def read_rotated(x_ptr, cos_ptr, sin_ptr, pos_ptr, at, turns, tile, d, partner, 
             lanes = d < dim
             weight = tl.load(norm_ptr + d, mask=lanes, other=0.0).to(tl.float32)[None, :]
             partners = tl.load(norm_ptr + partner, mask=lanes, other=0.0).to(tl.float32)[None, :]
-            raw = rounded(weight * rounded(raw * rstd, kind), kind)
-            other = rounded(partners * rounded(other * rstd, kind), kind)
+            raw = scaled_norm(raw, rstd, weight, kind)
+            other = scaled_norm(other, rstd, partners, kind)
         heads = rotated(raw, other, c, s, sign[None, :], kind).to(kind)
     else:
         heads = tl.load(x_ptr + at + d[None, :], mask=tile, other=0.0)
@@ -468,12 +480,11 @@ def product_operand(x_ptr, delta_ptr, norm_ptr, rows, ks, m, k, rstd, PROLOGUE: 
     if PROLOGUE == 2:
         gate = tl.load(x_ptr + rows[:, None] * 2 * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + rows[:, None] * 2 * k + k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
-        act = rounded(gate / (1.0 + tl.exp(-gate)), kind)
-        operand = rounded(act * up, kind)
+        operand = rounded(silu_rounded(gate, kind) * up, kind)
     elif PROLOGUE == 1:
         operand = stream_rows(x_ptr, delta_ptr, rows, ks, tile, k, HAS_DELTA, kind)
         weight = tl.load(norm_ptr + ks, mask=ks < k, other=0.0).to(tl.float32)
-        operand = rounded(weight[None, :] * rounded(operand * rstd[:, None], kind), kind)
+        operand = scaled_norm(operand, rstd[:, None], weight[None, :], kind)
     else:
         operand = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=tile, other=0.0).to(tl.float32)
     return operand.to(kind)
@@ -526,7 +537,7 @@ def product_kernel(x_ptr, delta_ptr, norm_ptr, stream_ptr, w_ptr, bias_ptr, out_
     if RESIDUAL_SILU:
         y = rounded(acc, kind)
         residual = tl.load(x_ptr + rows[:, None] * k + (cols % k)[None, :], mask=inside, other=0.0).to(tl.float32)
-        acc = rounded(residual + rounded(y / (1.0 + tl.exp(-y)), kind), kind)
+        acc = rounded(residual + silu_rounded(y, kind), kind)
     tl.store(out_ptr + rows[:, None] * n + cols[None, :], acc.to(kind), mask=inside)
 
 

@@ -171,12 +171,12 @@ class DFlashDrafter(Drafter):
             in_one = getattr(self.backend.fused_kernels(last), "catch_up_inputs", None)  # the Triton kernels'
             if in_one is not None:  # the count, positions and newest's index in one kernel where torch's ops are ~10
                 _, positions, count, at = in_one(None, seq_lens, cache.lengths, cache.pad, t, cache.capacity)
-                context = self.model.write_context(feats, cache, kv_len, positions)  # [B, T, H]
-                newest = context.reshape(-1, context.shape[-1])[at]
-            else:
+            else:  # the positions: write_context's
+                positions = None
                 count = (seq_lens - 1 - cache.lengths).clamp(min=0, max=t)  # per row: its positions before the newest
-                context = self.model.write_context(feats, cache, kv_len)  # [B, T, H]
-                newest = context[torch.arange(count.shape[0], device=count.device), (count - 1).clamp(min=0)]
+                at = torch.arange(count.shape[0], device=count.device) * t + (count - 1).clamp(min=0)  # flat index
+            context = self.model.write_context(feats, cache, kv_len, positions)  # [B, T, H]
+            newest = context.reshape(-1, context.shape[-1])[at]
             return torch.where((count > 0)[:, None], newest, last), count
 
         inputs = (feats, state.seq_lens, self.last)

@@ -285,9 +285,7 @@ class DFlashModel(FeatureDraftModel):
         b, s, h = x.shape
         cos, sin, at = self.rope_at(positions, x.dtype, cache.capacity)  # tables read at `at` on a GPU
         layers, heads = self._plan_for(x)["layers"], fused.Heads(*self.layers[0].shape)
-        stream = x.reshape(b * s, h)  # updated in place by the norms apart, so copied for them
-        if not fused.fuses_products(self.backend, kernels, layers, b * s):
-            stream = stream.clone(memory_format=torch.contiguous_format)
+        stream, _ = fused.input_stream(self.backend, kernels, layers, x)  # copied for the norms apart
         out = fused.decoder_layers(self.backend, kernels, layers, heads, stream, cos, sin,
                                    fused.Attention(cache, everything, positions=at))
         return out.view(b, s, h)

@@ -167,16 +167,15 @@ class EagleDrafter(Drafter):
             in_one = getattr(self.backend.fused_kernels(feats), "catch_up_inputs", None)  # the Triton kernels'
             if in_one is not None:  # one kernel where the ops below are ~13
                 tokens, positions, count, last = in_one(seq, seq_lens, cache.lengths, cache.pad, t, capacity)
-                out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
-                return out.reshape(-1, out.shape[-1])[last], count
-            base = cache.lengths
-            steps = torch.arange(t, device=base.device)
-            tokens = seq.gather(1, (base[:, None] + 1 + steps).clamp_(max=capacity - 1))  # [B, T]: each one's next
-            positions = cache.positions(steps).clamp_(min=0)
+            else:
+                base = cache.lengths
+                steps = torch.arange(t, device=base.device)
+                tokens = seq.gather(1, (base[:, None] + 1 + steps).clamp_(max=capacity - 1))  # [B, T]: each one's next
+                positions = cache.positions(steps).clamp_(min=0)
+                count = (seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
+                last = torch.arange(count.shape[0], device=count.device) * t + (count - 1).clamp(min=0)  # flat index
             out = self.model.step(self.model.fuse(feats), tokens, cache, positions, kv_len)
-            count = (seq_lens - 1 - base).clamp_(min=0, max=t)  # [B] new positions per row
-            rows = torch.arange(out.shape[0], device=out.device)
-            return out[rows, (count - 1).clamp(min=0)], count
+            return out.reshape(-1, out.shape[-1])[last], count  # each row's newest
 
         inputs = (feats, state.seq, state.seq_lens)  # the tokens are gathered inside: no ops between the graphs
         out, count = self.runtime.call(run, inputs, key="catch_up") if replayed else run(*inputs)

@@ -189,9 +189,7 @@ class EagleModel(FeatureDraftModel):
         rounding, tested)."""
         b, t, h = hidden.shape
         plan = self._plan_for(hidden)
-        stream = hidden.reshape(b * t, h)  # the residual: updated in place by the norms apart, so copied for them
-        if not fused.fuses_products(self.backend, kernels, [plan["layer"]], b * t):
-            stream = stream.clone(memory_format=torch.contiguous_format)
+        stream, _ = fused.input_stream(self.backend, kernels, [plan["layer"]], hidden)  # copied for norms apart
         in_one = getattr(kernels, "embedded_norms", None)  # the Triton kernels': one kernel where these are four
         if in_one is not None:
             normed = in_one(tokens.reshape(-1), self.embed_weight, self.embed_scale, stream, *plan["input_norm"],
